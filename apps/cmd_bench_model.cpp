@@ -1,0 +1,138 @@
+// `depcache bench-model`: prompt-processing (pp) and generation (tg)
+// throughput, in the table form of the leading C++ engine's bench tool so the
+// two can be compared on one GGUF file.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "commands.h"
+#include "engine/forward.h"
+#include "model/model.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache::cli {
+
+DType parse_kv_type(const std::string& name);
+
+namespace {
+
+std::vector<int> parse_list(const std::string& s, const char* what) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 0) fail(ErrorKind::InvalidInput, "{}: '{}' is not a non-negative integer", what, item);
+    if (v > 0) out.push_back(v);
+  }
+  return out;
+}
+
+struct Stats {
+  double mean = 0, stddev = 0;
+};
+
+Stats stats(const std::vector<double>& xs) {
+  Stats s;
+  for (double x : xs) s.mean += x;
+  s.mean /= xs.size();
+  for (double x : xs) s.stddev += (x - s.mean) * (x - s.mean);
+  s.stddev = xs.size() > 1 ? std::sqrt(s.stddev / (xs.size() - 1)) : 0;
+  return s;
+}
+
+}  // namespace
+
+void add_bench_model_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("bench-model", "Measure prompt (pp) and generation (tg) tokens/s");
+  static std::string model_path, pp_list = "512", tg_list = "128", kv_type = "f16";
+  static int threads = 0, reps = 3, ubatch = 512;
+  static bool json = false;
+  cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
+  cmd->add_option("-p,--n-prompt", pp_list, "Prompt lengths, comma-separated (0: none)")->capture_default_str();
+  cmd->add_option("-n,--n-gen", tg_list, "Generation lengths, comma-separated (0: none)")->capture_default_str();
+  cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
+  cmd->add_option("-r,--repetitions", reps, "Timed runs per test (after one warm-up)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("-u,--ubatch", ubatch, "Prompt tokens per forward call")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
+  cmd->add_flag("--json", json, "Print JSON lines instead of a table");
+  cmd->callback([] {
+    const std::vector<int> pps = parse_list(pp_list, "--n-prompt");
+    const std::vector<int> tgs = parse_list(tg_list, "--n-gen");
+    const DType kv = parse_kv_type(kv_type);
+    auto model = Model::load(model_path);
+    const ModelConfig& c = model->config();
+    ThreadPool pool(threads);
+    Forward fwd(model, pool);
+
+    int64_t n_params = 0;
+    for (const GgufTensor& t : model->file().tensors()) n_params += t.n_elements();
+    const double size_mib = model->file().file_size() / 1048576.0;
+    std::string type_name = std::string(dtype_info(model->layers[0].wq.type).name);
+    const std::string model_desc = fmt::format("{} {}L {}d {}", c.arch_name, c.n_layer, c.n_embd, type_name);
+
+    std::mt19937 rng(1234);
+    std::uniform_int_distribution<int32_t> pick(0, c.n_vocab - 1);
+    std::vector<float> logits;
+    auto run_pp = [&](int n) {
+      KvCache cache(c, n, kv);
+      std::vector<int32_t> toks(n);
+      for (auto& t : toks) t = pick(rng);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; i += ubatch)
+        fwd.eval(std::span(toks).subspan(i, std::min(ubatch, n - i)), cache, Logits::Last, logits);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    auto run_tg = [&](int n) {
+      KvCache cache(c, n, kv);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) {
+        const int32_t id = pick(rng);
+        fwd.eval(std::span(&id, 1), cache, Logits::Last, logits);
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+
+    if (!json) {
+      fmt::print("| {:<24} | {:>10} | {:>8} | {:>7} | {:>7} | {:>20} |\n", "model", "size", "params", "threads",
+                 "test", "t/s");
+      fmt::print("| {:-<24} | {:->10} | {:->8} | {:->7} | {:->7} | {:->20} |\n", "", ":", ":", ":", ":", ":");
+    }
+    auto report = [&](const std::string& test, int n, const std::function<double(int)>& run) {
+      if (n > c.n_ctx_train) fail(ErrorKind::LimitExceeded, "{} exceeds the model's context {}", test, c.n_ctx_train);
+      run(n);  // warm-up
+      std::vector<double> tps;
+      for (int r = 0; r < reps; ++r) tps.push_back(n / run(n));
+      const Stats s = stats(tps);
+      if (json) {
+        nlohmann::json j = {{"model", model_desc}, {"model_size_bytes", model->file().file_size()},
+                            {"n_params", n_params}, {"n_threads", pool.size()}, {"test", test},
+                            {"n_tokens", n}, {"avg_ts", s.mean}, {"stddev_ts", s.stddev}, {"samples_ts", tps},
+                            {"kv_type", kv_type}, {"ubatch", ubatch}};
+        fmt::print("{}\n", j.dump());
+      } else {
+        fmt::print("| {:<24} | {:>6.2f} MiB | {:>6.2f} M | {:>7} | {:>7} | {:>12.2f} ± {:>5.2f} |\n", model_desc,
+                   size_mib, n_params / 1e6, pool.size(), test, s.mean, s.stddev);
+      }
+      std::fflush(stdout);
+    };
+    for (int n : pps) report(fmt::format("pp{}", n), n, run_pp);
+    for (int n : tgs) report(fmt::format("tg{}", n), n, run_tg);
+  });
+}
+
+}  // namespace depcache::cli

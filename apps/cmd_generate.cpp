@@ -1,0 +1,91 @@
+// `depcache generate`: complete a prompt, streaming text to stdout and
+// timings to stderr.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "commands.h"
+#include "compute/dtype.h"
+#include "engine/forward.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache::cli {
+
+DType parse_kv_type(const std::string& name) {
+  if (name == "f16") return DType::F16;
+  if (name == "f32") return DType::F32;
+  fail(ErrorKind::InvalidInput, "KV cache type '{}' is not supported (f16, f32)", name);
+}
+
+void add_generate_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("generate", "Complete a prompt with a GGUF model");
+  static std::string model_path, prompt, kv_type = "f16";
+  static int n_predict = 64, threads = 0, ctx = 0;
+  static bool no_bos = false, ignore_eos = false;
+  static SamplerParams sp{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
+  static int64_t seed = -1;
+  cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
+  cmd->add_option("-p,--prompt", prompt, "Prompt text")->required();
+  cmd->add_option("-n,--n-predict", n_predict, "Tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temp", sp.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+  cmd->add_option("--top-p", sp.top_p, "Nucleus sampling mass (1: off)")->capture_default_str();
+  cmd->add_option("--min-p", sp.min_p, "Drop tokens below min-p x the top probability (0: off)")->capture_default_str();
+  cmd->add_option("--seed", seed, "Sampling seed (default: random)");
+  cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
+  cmd->add_option("-c,--ctx-size", ctx, "Context size (default: prompt + n, at most the model's)");
+  cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
+  cmd->add_flag("--no-bos", no_bos, "Do not prepend the BOS token");
+  cmd->add_flag("--ignore-eos", ignore_eos, "Keep generating after an end-of-generation token");
+  cmd->callback([] {
+    sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+    sp.validate();
+    const DType kv = parse_kv_type(kv_type);
+    auto model = Model::load(model_path);
+    const Tokenizer tok(Vocab::from_gguf(model->file()));
+    const std::vector<int32_t> ids = tok.encode(prompt, !no_bos, true);
+    if (ids.empty()) fail(ErrorKind::InvalidInput, "the prompt tokenizes to nothing; give text or drop --no-bos");
+    const int64_t want = static_cast<int64_t>(ids.size()) + n_predict;
+    const int64_t n_ctx = ctx > 0 ? ctx : std::min<int64_t>(want, model->config().n_ctx_train);
+    if (want > n_ctx)
+      fail(ErrorKind::LimitExceeded, "prompt of {} tokens + {} to generate exceeds the context size {}", ids.size(),
+           n_predict, n_ctx);
+
+    ThreadPool pool(threads);
+    Forward fwd(model, pool);
+    KvCache cache(model->config(), n_ctx, kv);
+    GenerateOptions go;
+    go.n_predict = n_predict;
+    go.sampler = sp;
+    go.stop_at_eog = !ignore_eos;
+    for (int32_t id = 0; id < tok.n_vocab(); ++id)
+      if (tok.is_eog(id)) go.eog_ids.push_back(id);
+
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    std::fflush(stdout);
+    StreamDecoder stream(tok);
+    const GenerateResult r = generate(fwd, cache, ids, go, [&](int32_t id) {
+      if (tok.is_eog(id)) return true;
+      const std::string text = stream.push(id);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    const std::string rest = stream.flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+    const double n_gen_after_first = r.tokens.size() > 1 ? double(r.tokens.size() - 1) : 0;
+    fmt::print(stderr,
+               "\nprompt: {} tokens in {:.1f} ms ({:.1f} tok/s)\ngeneration: {} tokens, {:.1f} tok/s after the first\n"
+               "TTFT: {:.1f} ms\n",
+               r.n_prompt, r.prompt_ms, r.n_prompt * 1000.0 / std::max(r.prompt_ms, 1e-9), r.tokens.size(),
+               n_gen_after_first > 0 ? n_gen_after_first * 1000.0 / r.decode_ms : 0.0, r.ttft_ms);
+  });
+}
+
+}  // namespace depcache::cli

@@ -1,0 +1,3 @@
+#include "commands.h"
+namespace depcache::cli {
+}

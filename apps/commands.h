@@ -1,0 +1,13 @@
+#pragma once
+// Each subcommand family registers itself on the root CLI app. Callbacks throw
+// depcache::Error; main() turns its kind into the exit code.
+#include <CLI/CLI.hpp>
+
+namespace depcache::cli {
+
+void add_model_commands(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_bench_model_command(CLI::App& app);
+
+}  // namespace depcache::cli

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what depcache needs on Debian 12, then configures and builds it.
+# Safe to run again: apt-get skips what is present and CMake rebuilds only what changed.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  clang libclang-rt-14-dev      # libFuzzer and sanitizer runtimes
+  libopenblas-dev               # float GEMM for prefill
+  libpcre2-dev                  # Unicode-aware pre-tokenizer regexes (\p{L}, \p{N}, look-ahead)
+  nlohmann-json3-dev            # JSON output (bench --json) and request files
+  libcli11-dev                  # command-line parsing
+  libfmt-dev                    # formatting
+  libgtest-dev libgmock-dev     # tests
+  libbenchmark-dev              # kernel micro-benchmarks
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update
+  $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$BUILD_DIR"

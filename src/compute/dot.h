@@ -1,0 +1,66 @@
+#pragma once
+// Row-times-vector kernels for the matmuls of the forward pass, with the
+// instruction set chosen once at run time.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "compute/dtype.h"
+
+namespace depcache {
+
+enum class Isa { Scalar, Avx2, Avx512 };
+
+// Best ISA this CPU (and OS) supports: Avx2 needs avx2+fma+f16c, Avx512 needs
+// avx512f+bw+vl+dq.
+Isa best_isa();
+bool isa_supported(Isa isa);
+// Selects the kernels; Error(InvalidInput) if the CPU lacks the ISA.
+void set_isa(Isa isa);
+// The ISA in use. The first use picks DEPCACHE_ISA=scalar|avx2|avx512 when set
+// (falling back to best_isa() with a warning if unsupported), else best_isa().
+Isa current_isa();
+std::string_view isa_name(Isa isa);                       // "scalar", "avx2", "avx512"
+std::optional<Isa> isa_from_name(std::string_view name);  // case-insensitive
+
+// sum_i dequant(w_row)[i] * x[i] for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K.
+// n must be a multiple of the block size, else Error(InvalidInput).
+float dot_row(DType t, const void* w_row, const float* x, int64_t n);
+
+// Dequantizes n_rows rows of n elements, row r starting at
+// src + r * row_stride_bytes, into dst (n_rows * n floats, rows contiguous).
+void dequantize_rows(DType t, const void* src, size_t row_stride_bytes, int64_t n_rows, int64_t n,
+                     float* dst);
+
+namespace detail {
+
+// Kernels take n already checked against the block size.
+using DotFn = float (*)(const void* w, const float* x, int64_t n);
+using DequantFn = void (*)(const void* src, float* dst, int64_t n);
+
+struct TypeKernels {
+  DotFn dot = nullptr;
+  DequantFn dequant = nullptr;
+};
+
+// Indexed by the DType number (all supported numbers are below 32).
+inline constexpr uint32_t kKernelTableSize = 32;
+struct KernelSet {
+  TypeKernels by_type[kKernelTableSize];
+};
+
+// The set of the current ISA.
+const KernelSet& active_kernels();
+// The current kernels of t, after checking that t has kernels and that n is a
+// non-negative multiple of its block size (else Error(InvalidInput)).
+const TypeKernels& kernels_for(DType t, int64_t n);
+
+// Each ISA fills the entries it implements over a copy of the set below it,
+// so unimplemented entries fall back to the lower ISA.
+void fill_scalar_dequant(KernelSet& set);  // quant.cpp
+void fill_avx2_kernels(KernelSet& set);    // dot_avx2.cpp
+void fill_avx512_kernels(KernelSet& set);  // dot_avx512.cpp
+
+}  // namespace detail
+}  // namespace depcache

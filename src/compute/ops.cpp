@@ -1,0 +1,66 @@
+#include "compute/ops.h"
+
+#include <cmath>
+#include <vector>
+
+#include "compute/vec.h"
+
+namespace depcache {
+
+void rms_norm(const float* x, const float* w, float* out, int64_t n_rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * n;
+    float* o = out + r * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / n) + eps);
+    for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+void add_bias(float* x, const float* b, int64_t n_rows, int64_t n) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t i = 0; i < n; ++i) x[r * n + i] += b[i];
+}
+
+void swiglu(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, x[i]);
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - m));
+  vec::scale(x, 1.0f / sum, n);
+}
+
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions, float base,
+          bool neox) {
+  const int half = n_rot / 2;
+  std::vector<double> inv_freq(half);
+  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(base), -2.0 * i / n_rot);
+  std::vector<float> cs(half), sn(half);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int i = 0; i < half; ++i) {
+      const double theta = positions[r] * inv_freq[i];
+      cs[i] = static_cast<float>(std::cos(theta));
+      sn[i] = static_cast<float>(std::sin(theta));
+    }
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + (r * n_heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + half : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs[i] - x1 * sn[i];
+        v[b] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+}  // namespace depcache

@@ -1,0 +1,95 @@
+#include "model/model.h"
+
+#include <fmt/format.h>
+
+#include "compute/quant.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+class TensorLoader {
+ public:
+  explicit TensorLoader(const GgufFile& f) : f_(f) {}
+
+  const GgufTensor& require(const std::string& name) const {
+    const GgufTensor* t = f_.find_tensor(name);
+    if (!t) fail(ErrorKind::InvalidInput, "{}: tensor '{}' is missing", f_.source(), name);
+    if (!dtype_info(t->type).compute)
+      fail(ErrorKind::InvalidInput, "{}: tensor '{}' has type {}, which the engine cannot compute with", f_.source(),
+           name, dtype_info(t->type).name);
+    return *t;
+  }
+
+  WeightMatrix matrix(const std::string& name, int64_t n_in, int64_t n_out) const {
+    return view(require(name), n_in, n_out);
+  }
+
+  WeightMatrix view(const GgufTensor& t, int64_t n_in, int64_t n_out) const {
+    if (t.dims.size() != 2 || t.dims[0] != n_in || t.dims[1] != n_out)
+      fail(ErrorKind::InvalidInput, "{}: tensor '{}' has shape [{}], expected [{}, {}]", f_.source(), t.name,
+           fmt::join(t.dims, ", "), n_in, n_out);
+    return {t.type, n_in, n_out, t.data, row_bytes(t.type, n_in)};
+  }
+
+  std::vector<float> vector(const std::string& name, int64_t n) const {
+    const GgufTensor& t = require(name);
+    if (t.n_elements() != n)
+      fail(ErrorKind::InvalidInput, "{}: tensor '{}' has {} elements, expected {}", f_.source(), name,
+           t.n_elements(), n);
+    std::vector<float> out(n);
+    dequantize_row(t.type, t.data, out.data(), n);
+    return out;
+  }
+
+ private:
+  const GgufFile& f_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Model> Model::load(const std::filesystem::path& path) {
+  return from_file(GgufFile::open(path));
+}
+
+std::shared_ptr<const Model> Model::from_file(GgufFile file) {
+  auto m = std::make_shared<Model>();
+  m->file_ = std::move(file);
+  m->config_ = ModelConfig::from_gguf(m->file_);
+  ModelConfig& c = m->config_;
+  const TensorLoader ld(m->file_);
+
+  const GgufTensor& embd = ld.require("token_embd.weight");
+  if (embd.dims.size() != 2)
+    fail(ErrorKind::InvalidInput, "{}: token_embd.weight must be 2-D", m->file_.source());
+  c.n_vocab = static_cast<int>(embd.dims[1]);
+  m->tok_embd = ld.view(embd, c.n_embd, c.n_vocab);
+
+  const int64_t n_q = int64_t{c.n_head} * c.head_dim;
+  const int64_t n_kv = c.n_embd_kv();
+  m->layers.resize(c.n_layer);
+  for (int il = 0; il < c.n_layer; ++il) {
+    LayerWeights& l = m->layers[il];
+    const std::string p = fmt::format("blk.{}.", il);
+    l.attn_norm = ld.vector(p + "attn_norm.weight", c.n_embd);
+    l.wq = ld.matrix(p + "attn_q.weight", c.n_embd, n_q);
+    l.wk = ld.matrix(p + "attn_k.weight", c.n_embd, n_kv);
+    l.wv = ld.matrix(p + "attn_v.weight", c.n_embd, n_kv);
+    l.wo = ld.matrix(p + "attn_output.weight", n_q, c.n_embd);
+    if (c.qkv_bias) {
+      l.bq = ld.vector(p + "attn_q.bias", n_q);
+      l.bk = ld.vector(p + "attn_k.bias", n_kv);
+      l.bv = ld.vector(p + "attn_v.bias", n_kv);
+    }
+    l.ffn_norm = ld.vector(p + "ffn_norm.weight", c.n_embd);
+    l.w_gate = ld.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    l.w_up = ld.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    l.w_down = ld.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+  }
+  m->output_norm = ld.vector("output_norm.weight", c.n_embd);
+  // Tied embeddings: models without output.weight reuse the token embedding.
+  m->output = m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
+  return m;
+}
+
+}  // namespace depcache

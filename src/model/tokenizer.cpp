@@ -1,0 +1,498 @@
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "model/tokenizer.h"
+
+#include <pcre2.h>
+
+#include <algorithm>
+#include <array>
+#include <queue>
+#include <unordered_map>
+
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+constexpr std::string_view kSpaceMark = "\xE2\x96\x81";    // U+2581, SentencePiece's visible space
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+// Pre-tokenizer regexes of the BPE families (their published patterns).
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// Length of the well-formed UTF-8 character at p (Unicode table 3-7), or 0 if
+// the bytes there are not one. Then *prefix is the length of the longest valid
+// start of a character (at least 1) and *incomplete tells whether the input
+// simply ended inside it, so that more bytes could still complete it.
+size_t utf8_char_len(const unsigned char* p, size_t avail, size_t* prefix = nullptr,
+                     bool* incomplete = nullptr) {
+  const unsigned char b = p[0];
+  size_t need = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (b < 0x80) return 1;
+  if (b >= 0xC2 && b <= 0xDF) {
+    need = 1;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    need = 2;
+    if (b == 0xE0) lo = 0xA0;  // no overlong forms
+    if (b == 0xED) hi = 0x9F;  // no surrogates
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    need = 3;
+    if (b == 0xF0) lo = 0x90;
+    if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+  }
+  size_t k = 0;
+  if (need > 0)
+    for (; k < need && 1 + k < avail; ++k) {
+      const unsigned char c = p[1 + k];
+      if (c < (k == 0 ? lo : 0x80) || c > (k == 0 ? hi : 0xBF)) break;
+    }
+  if (need > 0 && k == need) return need + 1;
+  if (prefix) *prefix = 1 + k;
+  if (incomplete) *incomplete = need > 0 && 1 + k == avail;
+  return 0;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  size_t pos = 0;
+  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size())
+    out.append(s.substr(pos, hit - pos)).append(to);
+  return out.append(s.substr(pos));
+}
+
+struct CodeDeleter {
+  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
+};
+struct MatchDataDeleter {
+  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  Vocab v;
+  std::unordered_map<std::string_view, int32_t> piece_id;  // normal tokens only (first wins)
+  std::array<int32_t, 256> byte_id{};                      // <0xXX> tokens, -1 if absent
+  std::array<std::vector<int32_t>, 256> specials;          // by first byte, longest first
+  std::vector<bool> eog;
+  // Byte-level BPE.
+  std::unique_ptr<pcre2_code, CodeDeleter> regex;
+  bool ignore_merges = false;               // llama3: a whole-word token wins
+  std::array<std::string, 256> byte_chars;  // byte -> its GPT-2 stand-in character
+  std::array<int16_t, 512> char_byte{};     // stand-in code point -> byte, -1 if none
+  std::array<int32_t, 256> byte_char_id{};  // byte -> token of its stand-in, -1 if none
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge;  // (left, right) -> (rank, result)
+
+  int32_t find_piece(std::string_view s) const {
+    const auto it = piece_id.find(s);
+    return it == piece_id.end() ? -1 : it->second;
+  }
+  void spm_fragment(std::string_view text, bool prefix, std::vector<int32_t>& out) const;
+  void bpe_fragment(std::string_view text, bool prefix, std::vector<int32_t>& out) const;
+  void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
+  void emit_unknown(std::string_view what, std::vector<int32_t>& out) const;
+};
+
+Tokenizer::Tokenizer(Vocab vocab) {
+  vocab.validate();
+  auto impl = std::make_shared<Impl>();
+  impl->v = std::move(vocab);
+  const Vocab& v = impl->v;
+  impl->byte_id.fill(-1);
+  impl->eog.assign(v.tokens.size(), false);
+  // Control tokens that end a turn in common chat vocabularies, besides eos/eot.
+  const std::string_view end_of_turn[] = {"<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<|end|>",
+                                          "<end_of_turn>"};
+  for (int32_t id = 0; id < v.n_tokens(); ++id) {
+    const std::string& text = v.tokens[id];
+    switch (v.type(id)) {
+      case TokenType::Normal:
+        impl->piece_id.emplace(text, id);
+        break;
+      case TokenType::Byte: {
+        const int b = std::stoi(text.substr(3, 2), nullptr, 16);  // validate() checked <0xXX>
+        if (impl->byte_id[b] < 0) impl->byte_id[b] = id;
+        break;
+      }
+      case TokenType::Control:
+        if (std::find(std::begin(end_of_turn), std::end(end_of_turn), text) != std::end(end_of_turn))
+          impl->eog[id] = true;
+        [[fallthrough]];
+      case TokenType::UserDefined:
+      case TokenType::Unknown:
+        if (!text.empty()) impl->specials[static_cast<unsigned char>(text[0])].push_back(id);
+        break;
+      case TokenType::Unused:
+        break;
+    }
+  }
+  for (auto& list : impl->specials)
+    std::stable_sort(list.begin(), list.end(),
+                     [&v](int32_t a, int32_t b) { return v.tokens[a].size() > v.tokens[b].size(); });
+  if (v.eos >= 0) impl->eog[v.eos] = true;
+  if (v.eot >= 0) impl->eog[v.eot] = true;
+
+  if (v.kind == VocabKind::Bpe) {
+    std::string_view pattern;
+    if (v.pre == "default" || v.pre == "gpt-2")
+      pattern = kGpt2Pattern;
+    else if (v.pre == "llama-bpe" || v.pre == "llama3") {
+      pattern = kLlama3Pattern;
+      impl->ignore_merges = true;
+    } else if (v.pre == "qwen2")
+      pattern = kQwen2Pattern;
+    else
+      fail(ErrorKind::InvalidInput,
+           "unsupported BPE pre-tokenizer '{}' (tokenizer.ggml.pre); supported: default, gpt-2, llama-bpe, "
+           "llama3, qwen2",
+           v.pre);
+    int err = 0;
+    PCRE2_SIZE err_off = 0;
+    // MATCH_INVALID_UTF: invalid bytes never match and fall into the gaps between matches.
+    impl->regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off,
+                                    nullptr));
+    if (!impl->regex) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      fail(ErrorKind::Internal, "pre-tokenizer regex '{}' does not compile at {}: {}", v.pre, err_off,
+           reinterpret_cast<const char*>(msg));
+    }
+    pcre2_jit_compile(impl->regex.get(), PCRE2_JIT_COMPLETE);  // optional: the interpreter is the fallback
+
+    // GPT-2 maps every byte to a printable character: printable Latin-1 bytes
+    // stand for themselves, the others take code points 256, 257, ... in order.
+    impl->char_byte.fill(-1);
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      const uint32_t cp = printable ? static_cast<uint32_t>(b) : next++;
+      append_utf8(impl->byte_chars[b], cp);
+      impl->char_byte[cp] = static_cast<int16_t>(b);
+      impl->byte_char_id[b] = impl->find_piece(impl->byte_chars[b]);
+    }
+    for (size_t rank = 0; rank < v.merges.size(); ++rank) {
+      const auto& [l, r] = v.merges[rank];
+      const int32_t a = impl->find_piece(l), b = impl->find_piece(r), c = impl->find_piece(l + r);
+      if (a < 0 || b < 0 || c < 0) continue;  // involves a non-normal token: never reachable
+      const uint64_t key = (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+      impl->merge.emplace(key, std::pair<int32_t, int32_t>(static_cast<int32_t>(rank), c));
+    }
+  }
+  impl_ = std::move(impl);
+}
+
+int32_t Tokenizer::n_vocab() const { return impl_->v.n_tokens(); }
+int32_t Tokenizer::bos() const { return impl_->v.bos; }
+int32_t Tokenizer::eos() const { return impl_->v.eos; }
+const Vocab& Tokenizer::vocab() const { return impl_->v; }
+bool Tokenizer::is_eog(int32_t id) const { return id >= 0 && id < n_vocab() && impl_->eog[id]; }
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+  const Impl& m = *impl_;
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 2);
+  if (add_bos && m.v.bos >= 0) out.push_back(m.v.bos);
+  bool after_special = true;  // the text start counts as a boundary for the space prefix
+  auto raw = [&](std::string_view frag) {
+    if (frag.empty()) return;
+    const bool prefix = m.v.add_space_prefix && after_special;
+    if (m.v.kind == VocabKind::Spm)
+      m.spm_fragment(frag, prefix, out);
+    else
+      m.bpe_fragment(frag, prefix, out);
+    after_special = false;
+  };
+  size_t start = 0;
+  if (parse_special) {
+    for (size_t i = 0; i < text.size();) {
+      int32_t hit = -1;
+      for (int32_t id : m.specials[static_cast<unsigned char>(text[i])])
+        if (text.substr(i).starts_with(m.v.tokens[id])) {
+          hit = id;  // lists are sorted longest first
+          break;
+        }
+      if (hit < 0) {
+        ++i;
+        continue;
+      }
+      raw(text.substr(start, i - start));
+      out.push_back(hit);
+      after_special = true;
+      i += m.v.tokens[hit].size();
+      start = i;
+    }
+  }
+  raw(text.substr(start));
+  if (add_bos && m.v.add_eos && m.v.eos >= 0) out.push_back(m.v.eos);
+  return out;
+}
+
+void Tokenizer::Impl::emit_unknown(std::string_view what, std::vector<int32_t>& out) const {
+  if (v.unk < 0)
+    fail(ErrorKind::InvalidInput,
+         "cannot encode {} bytes starting 0x{:02X}: no matching, byte or unknown token", what.size(),
+         static_cast<unsigned char>(what[0]));
+  out.push_back(v.unk);
+}
+
+// SentencePiece BPE: start from single characters and repeatedly merge the
+// adjacent pair whose concatenation is the highest-scoring token (leftmost on
+// ties). A heap of candidate pairs keeps this O(n log n); entries made stale
+// by an earlier merge are recognised by their length and skipped.
+void Tokenizer::Impl::spm_fragment(std::string_view text, bool prefix, std::vector<int32_t>& out) const {
+  std::string s = replace_all(text, " ", kSpaceMark);
+  if (prefix) s.insert(0, kSpaceMark);
+  struct Sym {
+    int32_t start, len, prev, next;
+  };
+  std::vector<Sym> sym;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = std::max<size_t>(1, utf8_char_len(p + i, s.size() - i));  // a bad byte stands alone
+    const auto n = static_cast<int32_t>(sym.size());
+    sym.push_back({static_cast<int32_t>(i), static_cast<int32_t>(len), n - 1, n + 1});
+    i += len;
+  }
+  sym.back().next = -1;
+
+  struct Pair {
+    float score;
+    int32_t left, right, len;
+    bool operator<(const Pair& o) const { return score < o.score || (score == o.score && left > o.left); }
+  };
+  std::priority_queue<Pair> heap;
+  auto consider = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const int32_t len = sym[l].len + sym[r].len;
+    const int32_t id = find_piece(std::string_view(s).substr(sym[l].start, len));
+    if (id >= 0) heap.push({v.scores[id], l, r, len});
+  };
+  for (size_t i = 1; i < sym.size(); ++i) consider(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  while (!heap.empty()) {
+    const Pair top = heap.top();
+    heap.pop();
+    Sym& l = sym[top.left];
+    Sym& r = sym[top.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != top.len) continue;  // stale
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (l.next >= 0) sym[l.next].prev = top.left;
+    consider(l.prev, top.left);
+    consider(top.left, l.next);
+  }
+
+  for (int32_t i = 0; i >= 0; i = sym[i].next) {
+    const std::string_view piece = std::string_view(s).substr(sym[i].start, sym[i].len);
+    if (const int32_t id = find_piece(piece); id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    // Byte fallback: one <0xXX> token per UTF-8 byte, or <unk> if any is missing.
+    const bool all_bytes = std::all_of(
+        piece.begin(), piece.end(), [this](char c) { return byte_id[static_cast<unsigned char>(c)] >= 0; });
+    if (!all_bytes)
+      emit_unknown(piece, out);
+    else
+      for (char c : piece) out.push_back(byte_id[static_cast<unsigned char>(c)]);
+  }
+}
+
+void Tokenizer::Impl::bpe_fragment(std::string_view text, bool prefix, std::vector<int32_t>& out) const {
+  std::string s;
+  if (prefix) s = " ";
+  s.append(text);
+  std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(
+      pcre2_match_data_create_from_pattern(regex.get(), nullptr));
+  if (!md) fail(ErrorKind::Internal, "out of memory for regex match data");
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const int rc = pcre2_match(regex.get(), subject, s.size(), pos, PCRE2_NOTEMPTY, md.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) fail(ErrorKind::Internal, "pre-tokenizer regex failed with PCRE2 error {}", rc);
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+    if (ov[0] > pos)
+      bpe_word(std::string_view(s).substr(pos, ov[0] - pos), out);  // unmatched (invalid) bytes
+    bpe_word(std::string_view(s).substr(ov[0], ov[1] - ov[0]), out);
+    pos = ov[1];
+  }
+  if (pos < s.size()) bpe_word(std::string_view(s).substr(pos), out);
+}
+
+// Byte-level BPE on one pre-token: each byte starts as its stand-in token;
+// the adjacent pair with the lowest merge rank merges first (leftmost on ties).
+void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (ignore_merges) {
+    std::string mapped;
+    for (char c : word) mapped += byte_chars[static_cast<unsigned char>(c)];
+    if (const int32_t id = find_piece(mapped); id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
+  struct Sym {
+    int32_t id, prev, next;
+  };
+  std::vector<Sym> sym(word.size());
+  for (size_t i = 0; i < word.size(); ++i)
+    sym[i] = {byte_char_id[static_cast<unsigned char>(word[i])], static_cast<int32_t>(i) - 1,
+              static_cast<int32_t>(i) + 1};
+  sym.back().next = -1;
+  struct Pair {
+    int32_t rank, left, right, left_id, right_id, result;
+    bool operator<(const Pair& o) const { return rank > o.rank || (rank == o.rank && left > o.left); }
+  };
+  std::priority_queue<Pair> heap;
+  auto consider = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0 || sym[l].id < 0 || sym[r].id < 0) return;
+    const auto it = merge.find((uint64_t(uint32_t(sym[l].id)) << 32) | uint32_t(sym[r].id));
+    if (it != merge.end()) heap.push({it->second.first, l, r, sym[l].id, sym[r].id, it->second.second});
+  };
+  for (size_t i = 1; i < sym.size(); ++i) consider(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  while (!heap.empty()) {
+    const Pair top = heap.top();
+    heap.pop();
+    Sym& l = sym[top.left];
+    if (l.next != top.right || l.id != top.left_id || sym[top.right].id != top.right_id) continue;  // stale
+    Sym& r = sym[top.right];
+    l.id = top.result;
+    l.next = r.next;
+    r.id = -2;  // merged away
+    if (l.next >= 0) sym[l.next].prev = top.left;
+    consider(l.prev, top.left);
+    consider(top.left, l.next);
+  }
+  for (int32_t i = 0; i >= 0; i = sym[i].next) {
+    if (sym[i].id >= 0)
+      out.push_back(sym[i].id);
+    else
+      emit_unknown(word.substr(static_cast<size_t>(i), 1), out);  // a byte without a token
+  }
+}
+
+std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
+  const Vocab& v = impl_->v;
+  if (id < 0 || id >= v.n_tokens())
+    fail(ErrorKind::InvalidInput, "token id {} is out of range (the vocab has {} tokens)", id, v.n_tokens());
+  const std::string& text = v.tokens[id];
+  switch (v.type(id)) {
+    case TokenType::Control:
+    case TokenType::Unused:
+      return render_special ? text : std::string();
+    case TokenType::Unknown:
+      return render_special ? text : std::string(kReplacement);
+    case TokenType::Byte:
+      return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+    case TokenType::UserDefined:
+    case TokenType::Normal:
+      break;
+  }
+  if (v.kind == VocabKind::Spm) return replace_all(text, kSpaceMark, " ");
+  if (v.type(id) == TokenType::UserDefined) return text;  // added tokens are stored as plain text
+  // Undo the GPT-2 byte mapping; a character outside it is kept as it is.
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  for (size_t i = 0; i < text.size();) {
+    const size_t len = std::max<size_t>(1, utf8_char_len(p + i, text.size() - i));
+    uint32_t cp = 0x110000;
+    if (len == 1)
+      cp = p[i];
+    else if (len == 2)
+      cp = ((p[i] & 0x1Fu) << 6) | (p[i + 1] & 0x3Fu);
+    if (cp < impl_->char_byte.size() && impl_->char_byte[cp] >= 0)
+      out += static_cast<char>(impl_->char_byte[cp]);
+    else
+      out.append(text, i, len);
+    i += len;
+  }
+  return out;
+}
+
+void Tokenizer::append_decoded(int32_t id, bool render_special, bool& strip_space, std::string& out) const {
+  const Vocab& v = impl_->v;
+  std::string piece = token_to_piece(id, render_special);
+  const TokenType t = v.type(id);  // token_to_piece checked the range
+  if (t == TokenType::Control || t == TokenType::UserDefined || (t == TokenType::Unknown && render_special)) {
+    // encode() prefixes a space after a special token it parsed from the text,
+    // whether or not that token is shown now.
+    strip_space = v.add_space_prefix;
+  } else if (t != TokenType::Unused) {
+    if (strip_space && t == TokenType::Normal && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+    strip_space = false;
+  }
+  out += piece;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special) const {
+  std::string out;
+  bool strip_space = impl_->v.add_space_prefix;
+  for (int32_t id : ids) append_decoded(id, render_special, strip_space, out);
+  return out;
+}
+
+void drain_utf8(std::string& bytes, std::string& out, bool final) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  size_t i = 0;
+  while (i < n) {
+    size_t prefix = 1;
+    bool incomplete = false;
+    const size_t len = utf8_char_len(p + i, n - i, &prefix, &incomplete);
+    if (len > 0) {
+      out.append(bytes, i, len);
+      i += len;
+      continue;
+    }
+    if (incomplete && !final) break;  // the next token may complete it
+    out += kReplacement;              // one U+FFFD per maximal invalid subpart
+    i += prefix;
+  }
+  bytes.erase(0, i);
+}
+
+StreamDecoder::StreamDecoder(Tokenizer tokenizer, bool render_special, bool starts_text)
+    : tok_(std::move(tokenizer)), render_special_(render_special), starts_text_(starts_text) {
+  reset();
+}
+
+void StreamDecoder::reset() {
+  strip_space_ = starts_text_ && tok_.vocab().add_space_prefix;
+  pending_.clear();
+}
+
+std::string StreamDecoder::push(int32_t id) {
+  tok_.append_decoded(id, render_special_, strip_space_, pending_);
+  std::string out;
+  drain_utf8(pending_, out, false);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out;
+  drain_utf8(pending_, out, true);
+  return out;
+}
+
+}  // namespace depcache

@@ -1,0 +1,79 @@
+#include "util/thread_pool.h"
+
+#include <immintrin.h>
+
+namespace depcache {
+
+int ThreadPool::default_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads <= 0 ? default_threads() : n_threads) {
+  for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+    work_.fetch_add(uint64_t{1} << 32);
+  }
+  wake_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::run_tasks(uint32_t gen, int thread) {
+  uint64_t w = work_.load(std::memory_order_acquire);
+  for (;;) {
+    if (static_cast<uint32_t>(w >> 32) != gen) return;
+    const int64_t task = static_cast<int64_t>(w & 0xffffffffu);
+    const Fn* fn = fn_.load(std::memory_order_relaxed);
+    if (task >= n_tasks_.load(std::memory_order_relaxed)) return;
+    if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) continue;
+    (*fn)(task, thread);
+    n_done_.fetch_add(1, std::memory_order_release);
+    w = work_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::worker_loop(int thread) {
+  uint32_t seen = 0;
+  for (;;) {
+    auto current = [&] { return static_cast<uint32_t>(work_.load(std::memory_order_acquire) >> 32); };
+    // Spin for a short while (tens of microseconds) before sleeping.
+    for (int spin = 0; spin < 20000 && current() == seen; ++spin) _mm_pause();
+    if (current() == seen) {
+      std::unique_lock lock(mutex_);
+      n_sleeping_.fetch_add(1);
+      wake_.wait(lock, [&] { return current() != seen; });
+      n_sleeping_.fetch_sub(1);
+    }
+    if (stop_) return;
+    seen = current();
+    run_tasks(seen, thread);
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t, int)>& fn) {
+  if (n_tasks <= 0) return;
+  if (n_threads_ == 1 || n_tasks == 1) {
+    for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+    return;
+  }
+  fn_.store(&fn, std::memory_order_relaxed);
+  n_tasks_.store(n_tasks, std::memory_order_relaxed);
+  n_done_.store(0, std::memory_order_relaxed);
+  const uint32_t gen = static_cast<uint32_t>(work_.load() >> 32) + 1;
+  {
+    // Publishing under the mutex closes the window in which a worker checks
+    // the generation and then goes to sleep, missing this wake-up.
+    std::lock_guard lock(mutex_);
+    work_.store(uint64_t{gen} << 32, std::memory_order_release);
+  }
+  if (n_sleeping_.load() > 0) wake_.notify_all();
+  run_tasks(gen, 0);
+  while (n_done_.load(std::memory_order_acquire) != n_tasks) _mm_pause();
+}
+
+}  // namespace depcache

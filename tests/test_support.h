@@ -1,0 +1,26 @@
+#pragma once
+// Helpers shared by the test binaries: where the reference material lives and
+// how to compare tensors with a printed max difference.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace depcache::test {
+
+// ../shared beside the clone (override with DEPCACHE_SHARED); empty if absent.
+std::filesystem::path shared_dir();
+
+// Skips the calling test with a clear message when ../shared is not there.
+#define DEPCACHE_REQUIRE_SHARED(path_var, relative)                                   \
+  const std::filesystem::path path_var = ::depcache::test::shared_dir() / (relative); \
+  if (::depcache::test::shared_dir().empty() || !std::filesystem::exists(path_var))   \
+  GTEST_SKIP() << "reference file not found (../shared absent?): " << (relative)
+
+// A fresh temporary directory removed at process exit is not needed: callers
+// remove what they make. Returns a unique path under the system temp dir.
+std::filesystem::path temp_path(const std::string& stem);
+
+// Max absolute difference between two float arrays, printed with a label.
+double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label);
+
+}  // namespace depcache::test

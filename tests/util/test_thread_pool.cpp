@@ -1,0 +1,34 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (int round = 0; round < 500; ++round) {
+      const int n = round % 37;
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<int> max_thread{0};
+      pool.parallel_for(n, [&](int64_t task, int thread) {
+        hits[task].fetch_add(1);
+        int m = max_thread.load();
+        while (thread > m && !max_thread.compare_exchange_weak(m, thread)) {
+        }
+      });
+      for (int i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "task " << i << " round " << round;
+      ASSERT_LT(max_thread.load(), threads);
+    }
+  }
+}
+
+TEST(ThreadPool, DefaultsToOnePerCore) { EXPECT_EQ(ThreadPool(0).size(), ThreadPool::default_threads()); }
+
+}  // namespace
+}  // namespace depcache
