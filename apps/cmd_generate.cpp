@@ -68,7 +68,7 @@ void add_generate_command(CLI::App& app) {
 
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
-    StreamDecoder stream(tok);
+    StreamDecoder stream(tok, false, /*starts_text=*/false);  // continues the echoed prompt
     const GenerateResult r = generate(fwd, cache, ids, go, [&](int32_t id) {
       if (tok.is_eog(id)) return true;
       const std::string text = stream.push(id);

@@ -51,7 +51,7 @@ void add_model_new_command(CLI::App& model) {
       o.vocab_from = vocab_from;
       if (!vocab_size) shape->n_vocab = 0;  // the preset's padding applies to the built-in vocabulary only
     }
-    shape->tied_embeddings = tied;
+    if (tied) shape->tied_embeddings = true;
     o.shape = *shape;
     const RandomModelReport r = write_random_model(out, o);
     for (const std::string& n : r.notes) fmt::print(stderr, "note: {}\n", n);

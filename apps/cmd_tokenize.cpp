@@ -25,9 +25,12 @@ std::string read_stdin() {
   return data;
 }
 
-// Pieces may hold spaces, newlines or partial characters: escape them so each
-// pair stays on one line.
+// Pieces may hold spaces, newlines or parts of a character: escape them so
+// each pair stays on one readable line.
 std::string escape(const std::string& s) {
+  std::string valid, rest = s;
+  drain_utf8(rest, valid, true);
+  const bool escape_high = valid != s;  // a byte-fallback piece: show its bytes
   std::string out;
   for (unsigned char c : s) {
     if (c == '\\')
@@ -38,7 +41,7 @@ std::string escape(const std::string& s) {
       out += "\\t";
     else if (c == '\r')
       out += "\\r";
-    else if (c < 0x20 || c == 0x7F)
+    else if (c < 0x20 || c == 0x7F || (c >= 0x80 && escape_high))
       out += fmt::format("\\x{:02x}", c);
     else
       out += static_cast<char>(c);

@@ -27,6 +27,15 @@ inline float half(uint16_t h) { return _cvtsh_ss(h); }
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m512 u8_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
 inline __m512 i8_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+// Horizontal sum via shuffles (GCC 12's _mm512_reduce_add_ps trips -Wuninitialized).
+inline float reduce(__m512 v) {
+  const __m512 h = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));  // + the other 256-bit half
+  const __m512 q = _mm512_add_ps(h, _mm512_shuffle_f32x4(h, h, 0xB1));  // + the neighbouring 128-bit lane
+  __m128 s = _mm512_castps512_ps128(q);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 inline __mmask16 tail_mask(int64_t left) { return static_cast<__mmask16>((1u << left) - 1); }
 
 // ---- Dense types: 16 weights per load; `mask` loads only the tail elements
@@ -65,7 +74,7 @@ float dot_dense(const void* w, const float* x, int64_t n) {
     const __mmask16 k = tail_mask(n - i);
     a1 = _mm512_fmadd_ps(L::vec(w, i, k), _mm512_maskz_loadu_ps(k, x + i), a1);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return reduce(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
 template <class L>
@@ -79,55 +88,64 @@ void dequant_dense(const void* w, float* y, int64_t n) {
 }
 
 // ---- Quantized types: walkers hand pairs of 16-wide vectors (elements i..+15
-// and i + stride..+15) to a sink, as in the AVX2 file.
+// and i + stride..+15) to a sink, alternating the accumulator set S as in the
+// AVX2 file.
 
 struct DotSink {
   const float* x;
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  void operator()(int64_t i, int64_t stride, __m512 w0, __m512 w1) {
-    a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + stride), a1);
-    // Rotate so consecutive calls feed different accumulators: four FMA
-    // chains in flight instead of two. The swaps are register renames.
-    const __m512 t0 = a0, t1 = a1;
-    a0 = a2, a1 = a3, a2 = t0, a3 = t1;
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  template <int S>
+  void put(int64_t i, int64_t stride, __m512 w0, __m512 w1) {
+    a[2 * S] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), a[2 * S]);
+    a[2 * S + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + stride), a[2 * S + 1]);
   }
-  float result() const {
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  }
+  float result() const { return reduce(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))); }
 };
 
 struct StoreSink {
   float* y;
-  void operator()(int64_t i, int64_t stride, __m512 w0, __m512 w1) {
+  template <int S>
+  void put(int64_t i, int64_t stride, __m512 w0, __m512 w1) {
     _mm512_storeu_ps(y + i, w0);
     _mm512_storeu_ps(y + i + stride, w1);
   }
 };
 
-struct WalkQ8_0 {
+// Simple 32-element blocks, two per step (one per accumulator set).
+template <class Block, class Decode>
+struct WalkPairs {
   template <class Sink>
   static void run(const void* src, int64_t n, Sink& sink) {
-    const auto* b = static_cast<const BlockQ8_0*>(src);
-    for (int64_t i = 0; i < n; i += 32, ++b) {
-      const __m512 d = _mm512_set1_ps(half(b->d));
-      sink(i, 16, _mm512_mul_ps(d, i8_to_ps(load16(b->qs))), _mm512_mul_ps(d, i8_to_ps(load16(b->qs + 16))));
+    const auto* b = static_cast<const Block*>(src);
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64, b += 2) {
+      Decode::template block<0>(b, i, sink);
+      Decode::template block<1>(b + 1, i + 32, sink);
     }
+    if (i < n) Decode::template block<0>(b, i, sink);
   }
 };
 
-struct WalkQ4_0 {
-  template <class Sink>
-  static void run(const void* src, int64_t n, Sink& sink) {
-    const auto* b = static_cast<const BlockQ4_0*>(src);
-    const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-    for (int64_t i = 0; i < n; i += 32, ++b) {
-      const __m512 d = _mm512_set1_ps(half(b->d));
-      const __m128i raw = load16(b->qs);
-      const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, low4), eight);                     // elements 0..15
-      const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), eight);  // 16..31
-      sink(i, 16, _mm512_mul_ps(d, i8_to_ps(lo)), _mm512_mul_ps(d, i8_to_ps(hi)));
-    }
+struct DecodeQ8_0 {
+  template <int S, class Sink>
+  static void block(const BlockQ8_0* b, int64_t i, Sink& sink) {
+    const __m512 d = _mm512_set1_ps(half(b->d));
+    sink.template put<S>(i, 16, _mm512_mul_ps(d, i8_to_ps(load16(b->qs))),
+                         _mm512_mul_ps(d, i8_to_ps(load16(b->qs + 16))));
+  }
+};
+
+struct DecodeQ4_0 {
+  // All 16 bytes widened at once: low nibbles are elements 0..15, high ones
+  // 16..31; d*q - 8d is d*(q - 8) exactly.
+  template <int S, class Sink>
+  static void block(const BlockQ4_0* b, int64_t i, Sink& sink) {
+    const float d = half(b->d);
+    const __m512 vd = _mm512_set1_ps(d), v8d = _mm512_set1_ps(8 * d);
+    const __m512i r = _mm512_cvtepu8_epi32(load16(b->qs));
+    sink.template put<S>(
+        i, 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(r, _mm512_set1_epi32(0x0F))), vd, v8d),
+        _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 4)), vd, v8d));
   }
 };
 
@@ -135,20 +153,34 @@ struct WalkQ4_K {
   template <class Sink>
   static void run(const void* src, int64_t n, Sink& sink) {
     const auto* b = static_cast<const BlockQ4_K*>(src);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
     for (int64_t i = 0; i < n; i += 256, ++b) {
-      uint8_t sc[8], m[8];
-      unpack_q4k_scales(b->scales, sc, m);
+      // d*sc and dmin*m per sub-block (exact products of an fp16 and a 6-bit
+      // integer), fields unpacked as in unpack_q4k_scales (quant.h) but
+      // inline: a call would spill the accumulators once per super-block.
+      const uint8_t* p = b->scales;
       const float d = half(b->d), dmin = half(b->dmin);
+      float ds[8], dm[8];
+      for (int j = 0; j < 4; ++j) {
+        ds[j] = d * (p[j] & 63);
+        dm[j] = dmin * (p[j + 4] & 63);
+        ds[j + 4] = d * ((p[j + 8] & 0xF) | ((p[j] >> 6) << 4));
+        dm[j + 4] = dmin * ((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
+      }
       for (int g = 0; g < 4; ++g) {
-        const __m128i r0 = load16(b->qs + 32 * g), r1 = load16(b->qs + 32 * g + 16);
-        const __m512 d1 = _mm512_set1_ps(d * sc[2 * g]), m1 = _mm512_set1_ps(dmin * m[2 * g]);
-        const __m512 d2 = _mm512_set1_ps(d * sc[2 * g + 1]), m2 = _mm512_set1_ps(dmin * m[2 * g + 1]);
-        sink(i + 64 * g, 16, _mm512_fmsub_ps(u8_to_ps(_mm_and_si128(r0, low4)), d1, m1),
-             _mm512_fmsub_ps(u8_to_ps(_mm_and_si128(r1, low4)), d1, m1));
-        sink(i + 64 * g + 32, 16,
-             _mm512_fmsub_ps(u8_to_ps(_mm_and_si128(_mm_srli_epi16(r0, 4), low4)), d2, m2),
-             _mm512_fmsub_ps(u8_to_ps(_mm_and_si128(_mm_srli_epi16(r1, 4), low4)), d2, m2));
+        const __m512i r0 = _mm512_cvtepu8_epi32(load16(b->qs + 32 * g));
+        const __m512i r1 = _mm512_cvtepu8_epi32(load16(b->qs + 32 * g + 16));
+        // d*sc*q - dmin*m with one rounding: d*sc*q is exact in fp32.
+        const __m512 d1 = _mm512_set1_ps(ds[2 * g]), m1 = _mm512_set1_ps(dm[2 * g]);
+        const __m512 d2 = _mm512_set1_ps(ds[2 * g + 1]), m2 = _mm512_set1_ps(dm[2 * g + 1]);
+        auto lo = [&](__m512i r) {
+          return _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(r, low4)), d1, m1);
+        };
+        auto hi = [&](__m512i r) {
+          return _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 4)), d2, m2);
+        };
+        sink.template put<0>(i + 64 * g, 16, lo(r0), lo(r1));
+        sink.template put<1>(i + 64 * g + 32, 16, hi(r0), hi(r1));
       }
     }
   }
@@ -158,14 +190,15 @@ struct WalkQ6_K {
   template <class Sink>
   static void run(const void* src, int64_t n, Sink& sink) {
     const auto* b = static_cast<const BlockQ6_K*>(src);
-    const __m512i low4 = _mm512_set1_epi32(0x0F), top2 = _mm512_set1_epi32(0x30),
-                  bias = _mm512_set1_epi32(32);
+    const __m512i low4 = _mm512_set1_epi32(0x0F), top2 = _mm512_set1_epi32(0x30);
     for (int64_t i = 0; i < n; i += 256, ++b) {
-      const float d = half(b->d);
+      float ds[16], ds32[16];  // d * scale and 32 * d * scale per sub-block
+      const __m512 v = _mm512_mul_ps(i8_to_ps(load16(b->scales)), _mm512_set1_ps(half(b->d)));
+      _mm512_storeu_ps(ds, v);
+      _mm512_storeu_ps(ds32, _mm512_mul_ps(v, _mm512_set1_ps(32.f)));
       for (int h = 0; h < 2; ++h) {
         const uint8_t* ql = b->ql + 64 * h;
         const uint8_t* qh = b->qh + 32 * h;
-        const int8_t* sc = b->scales + 8 * h;
         for (int l = 0; l < 32; l += 16) {  // one 16-element sub-block per quarter
           const __m512i a = _mm512_cvtepu8_epi32(load16(ql + l));
           const __m512i c = _mm512_cvtepu8_epi32(load16(ql + l + 32));
@@ -177,21 +210,26 @@ struct WalkQ6_K {
           const __m512i q3 = _mm512_or_si512(_mm512_srli_epi32(a, 4), _mm512_and_si512(hb, top2));
           const __m512i q4 =
               _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_and_si512(_mm512_srli_epi32(hb, 2), top2));
+          // ds*q - 32*ds: the exact d*sc*(q - 32), rounded once.
           auto w = [&](__m512i q, int k) {
-            return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, bias)),
-                                 _mm512_set1_ps(d * sc[l / 16 + 2 * k]));
+            const int s = 8 * h + l / 16 + 2 * k;
+            return _mm512_fmsub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(ds[s]), _mm512_set1_ps(ds32[s]));
           };
-          sink(i + 128 * h + l, 32, w(q1, 0), w(q2, 1));
-          sink(i + 128 * h + l + 64, 32, w(q3, 2), w(q4, 3));
+          sink.template put<0>(i + 128 * h + l, 32, w(q1, 0), w(q2, 1));
+          sink.template put<1>(i + 128 * h + l + 64, 32, w(q3, 2), w(q4, 3));
         }
       }
     }
   }
 };
 
+using WalkQ8_0 = WalkPairs<BlockQ8_0, DecodeQ8_0>;
+using WalkQ4_0 = WalkPairs<BlockQ4_0, DecodeQ4_0>;
+
 template <class Walk>
 float dot_quant(const void* w, const float* x, int64_t n) {
-  DotSink sink{x};
+  DotSink sink;
+  sink.x = x;
   Walk::run(w, n, sink);
   return sink.result();
 }

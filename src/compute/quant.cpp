@@ -117,8 +117,13 @@ uint16_t fp16_scale_for(float amax, double levels) {
   return h;
 }
 
+// Nearest integer in [lo, hi]; nan (from nan input) maps to lo rather than
+// reaching an undefined float-to-int conversion.
 int round_clamp(float v, int lo, int hi) {
-  return static_cast<int>(std::clamp(std::nearbyint(v), static_cast<float>(lo), static_cast<float>(hi)));
+  const float r = std::nearbyint(v);
+  if (!(r >= static_cast<float>(lo))) return lo;
+  if (r > static_cast<float>(hi)) return hi;
+  return static_cast<int>(r);
 }
 
 void quant_q8_0(const float* x, void* dst, int64_t n) {

@@ -107,6 +107,7 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.arch = Arch::Qwen2;
     s.n_layer = 24, s.n_embd = 896, s.n_head = 14, s.n_head_kv = 2, s.n_ff = 4864;
     s.n_ctx = 32768, s.n_vocab = 32000, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
+    s.tied_embeddings = true;  // as the released Qwen2-0.5B
     return s;
   }
   if (name == "llama-1b") {

@@ -28,11 +28,13 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
 
   // The bytes a token stands for. Control and unused tokens give "" unless
-  // render_special; unknown tokens give U+FFFD unless render_special.
+  // render_special; unknown tokens give U+FFFD unless render_special. Throws
+  // depcache::Error for an id outside the vocab.
   std::string token_to_piece(int32_t id, bool render_special = false) const;
 
-  // Concatenated pieces (raw bytes, not sanitised). The space that encode()
-  // prefixed is removed again, so decode(encode(x)) == x for lossless input;
+  // Concatenated pieces (raw bytes, not sanitised) of ids that begin a text.
+  // The space that encode() prefixed is removed again, so decode(encode(x)) == x
+  // for lossless input (byte fallback or byte-level BPE);
   // with render_special, special tokens are rendered too and that also holds
   // for encode(x, false, true).
   std::string decode(std::span<const int32_t> ids, bool render_special = false) const;

@@ -61,10 +61,15 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
     for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
     return;
   }
+  // First close the previous loop (a generation with no claimable task), so
+  // a worker still holding that loop's word cannot claim a task against the
+  // new function and count; then publish the new loop.
+  const uint32_t closed = static_cast<uint32_t>(work_.load() >> 32) + 1;
+  work_.store((uint64_t{closed} << 32) | 0xffffffffu, std::memory_order_seq_cst);
   fn_.store(&fn, std::memory_order_relaxed);
   n_tasks_.store(n_tasks, std::memory_order_relaxed);
   n_done_.store(0, std::memory_order_relaxed);
-  const uint32_t gen = static_cast<uint32_t>(work_.load() >> 32) + 1;
+  const uint32_t gen = closed + 1;
   {
     // Publishing under the mutex closes the window in which a worker checks
     // the generation and then goes to sleep, missing this wake-up.
@@ -73,7 +78,7 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
   }
   if (n_sleeping_.load() > 0) wake_.notify_all();
   run_tasks(gen, 0);
-  while (n_done_.load(std::memory_order_acquire) != n_tasks) _mm_pause();
+  while (n_done_.load(std::memory_order_acquire) < n_tasks) _mm_pause();
 }
 
 }  // namespace depcache

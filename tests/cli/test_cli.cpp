@@ -11,12 +11,12 @@
 namespace depcache {
 namespace {
 
-struct Run {
+struct CliRun {
   int code;
   std::string out;  // stdout and stderr, merged
 };
 
-Run run(const std::string& args, const std::string& stdin_text = "") {
+CliRun run(const std::string& args, const std::string& stdin_text = "") {
   const auto in = test::temp_path("stdin");
   std::ofstream(in, std::ios::binary) << stdin_text;
   const std::string cmd = std::string(DEPCACHE_BINARY) + " " + args + " <" + in.string() + " 2>&1";
@@ -34,7 +34,7 @@ class Cli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_ = new std::filesystem::path(test::temp_path("cli-model") += ".gguf");
-    const Run r = run("model new --preset tiny --type q8_0 --seed 3 -o " + model_->string());
+    const CliRun r = run("model new --preset tiny --type q8_0 --seed 3 -o " + model_->string());
     ASSERT_EQ(r.code, 0) << r.out;
   }
   static void TearDownTestSuite() {
@@ -47,7 +47,7 @@ std::filesystem::path* Cli::model_ = nullptr;
 
 TEST_F(Cli, EverySubcommandHasHelp) {
   for (const char* sub : {"", "model", "model new", "model info", "tokenize", "generate", "bench-model"}) {
-    const Run r = run(std::string(sub) + " --help");
+    const CliRun r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub << ": " << r.out;
     EXPECT_NE(r.out.find("--help"), std::string::npos) << sub;
   }
@@ -55,7 +55,7 @@ TEST_F(Cli, EverySubcommandHasHelp) {
 
 TEST_F(Cli, GenerateIsDeterministicWhenGreedy) {
   const std::string args = "generate -m " + model_->string() + " -p 'the cat' -n 12 --temp 0 --ignore-eos -t 2";
-  const Run a = run(args), b = run(args);
+  const CliRun a = run(args), b = run(args);
   ASSERT_EQ(a.code, 0) << a.out;
   EXPECT_EQ(a.out.rfind("the cat", 0), 0u) << a.out;  // the prompt is echoed first
   EXPECT_NE(a.out.find("TTFT"), std::string::npos);
@@ -64,10 +64,10 @@ TEST_F(Cli, GenerateIsDeterministicWhenGreedy) {
 }
 
 TEST_F(Cli, TokenizeReadsStdinExactly) {
-  const Run r = run("tokenize -m " + model_->string(), "hi there");
+  const CliRun r = run("tokenize -m " + model_->string(), "hi there");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(r.out.empty());
-  const Run with_bos = run("tokenize --bos -m " + model_->string(), "hi there");
+  const CliRun with_bos = run("tokenize --bos -m " + model_->string(), "hi there");
   EXPECT_EQ(with_bos.out, "1 " + r.out) << "BOS id 1 of the built-in vocabulary is prepended";
 }
 
@@ -77,28 +77,28 @@ TEST_F(Cli, ExitCodesMeanSomething) {
   EXPECT_EQ(run("generate -m /nonexistent.gguf -p x").code, 4);
   const auto junk = test::temp_path("junk") += ".gguf";
   std::ofstream(junk) << "GGUF but not really";
-  const Run corrupt = run("generate -m " + junk.string() + " -p x");
+  const CliRun corrupt = run("generate -m " + junk.string() + " -p x");
   EXPECT_EQ(corrupt.code, 3) << corrupt.out;
-  EXPECT_NE(corrupt.out.find("truncated"), std::string::npos) << corrupt.out;
+  EXPECT_NE(corrupt.out.find("GGUF version"), std::string::npos) << corrupt.out;
   std::filesystem::remove(junk);
-  const Run too_long = run("generate -m " + model_->string() + " -p 'a b c' -n 100 -c 8");
+  const CliRun too_long = run("generate -m " + model_->string() + " -p 'a b c' -n 100 -c 8");
   EXPECT_EQ(too_long.code, 5) << too_long.out;
   EXPECT_EQ(run("model new --preset nope -o /tmp/x.gguf").code, 3);
   EXPECT_EQ(run("generate -m " + model_->string() + " -p x --temp -1").code, 3);
 }
 
 TEST_F(Cli, BenchModelPrintsTableAndJson) {
-  const Run table = run("bench-model -m " + model_->string() + " -p 16 -n 4 -r 1 -t 2");
+  const CliRun table = run("bench-model -m " + model_->string() + " -p 16 -n 4 -r 1 -t 2");
   ASSERT_EQ(table.code, 0) << table.out;
   EXPECT_NE(table.out.find("pp16"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("tg4"), std::string::npos) << table.out;
-  const Run json = run("bench-model -m " + model_->string() + " -p 8 -n 0 -r 1 --json");
+  const CliRun json = run("bench-model -m " + model_->string() + " -p 8 -n 0 -r 1 --json");
   ASSERT_EQ(json.code, 0) << json.out;
   EXPECT_NE(json.out.find("\"avg_ts\""), std::string::npos) << json.out;
 }
 
 TEST_F(Cli, ModelInfoShowsTensors) {
-  const Run r = run("model info --tensors " + model_->string());
+  const CliRun r = run("model info --tensors " + model_->string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("blk.1.ffn_down.weight"), std::string::npos);
   EXPECT_NE(r.out.find("Q8_0"), std::string::npos);

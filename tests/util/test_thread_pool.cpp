@@ -12,7 +12,7 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
   for (int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
     EXPECT_EQ(pool.size(), threads);
-    for (int round = 0; round < 500; ++round) {
+    for (int round = 0; round < 20000; ++round) {
       const int n = round % 37;
       std::vector<std::atomic<int>> hits(n);
       std::atomic<int> max_thread{0};
