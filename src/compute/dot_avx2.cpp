@@ -10,6 +10,7 @@
 
 #include "compute/dot.h"
 #include "compute/quant.h"
+#include "compute/vec.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -17,12 +18,7 @@
 namespace depcache::detail {
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using vec::hsum;  // this file's ISA is the project baseline, so vec.h is safe here
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 inline float bf16(uint16_t b) {
