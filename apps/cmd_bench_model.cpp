@@ -34,7 +34,8 @@ std::vector<int> parse_list(const std::string& s, const char* what) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || v < 0) fail(ErrorKind::InvalidInput, "{}: '{}' is not a non-negative integer", what, item);
+    if (used != item.size() || v < 0)
+      fail(ErrorKind::InvalidInput, "{}: '{}' is not a non-negative integer", what, item);
     if (v > 0) out.push_back(v);
   }
   return out;
@@ -61,12 +62,16 @@ void add_bench_model_command(CLI::App& app) {
   static int threads = 0, reps = 3, ubatch = 512;
   static bool json = false;
   cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
-  cmd->add_option("-p,--n-prompt", pp_list, "Prompt lengths, comma-separated (0: none)")->capture_default_str();
-  cmd->add_option("-n,--n-gen", tg_list, "Generation lengths, comma-separated (0: none)")->capture_default_str();
+  cmd->add_option("-p,--n-prompt", pp_list, "Prompt lengths, comma-separated (0: none)")
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", tg_list, "Generation lengths, comma-separated (0: none)")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
-  cmd->add_option("-r,--repetitions", reps, "Timed runs per test (after one warm-up)")->capture_default_str()
+  cmd->add_option("-r,--repetitions", reps, "Timed runs per test (after one warm-up)")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("-u,--ubatch", ubatch, "Prompt tokens per forward call")->capture_default_str()
+  cmd->add_option("-u,--ubatch", ubatch, "Prompt tokens per forward call")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
   cmd->add_flag("--json", json, "Print JSON lines instead of a table");
@@ -108,25 +113,28 @@ void add_bench_model_command(CLI::App& app) {
     };
 
     if (!json) {
-      fmt::print("| {:<24} | {:>10} | {:>8} | {:>7} | {:>7} | {:>20} |\n", "model", "size", "params", "threads",
-                 "test", "t/s");
+      fmt::print("| {:<24} | {:>10} | {:>8} | {:>7} | {:>7} | {:>20} |\n", "model", "size", "params",
+                 "threads", "test", "t/s");
       fmt::print("| {:-<24} | {:->10} | {:->8} | {:->7} | {:->7} | {:->20} |\n", "", ":", ":", ":", ":", ":");
     }
     auto report = [&](const std::string& test, int n, const std::function<double(int)>& run) {
-      if (n > c.n_ctx_train) fail(ErrorKind::LimitExceeded, "{} exceeds the model's context {}", test, c.n_ctx_train);
+      if (n > c.n_ctx_train)
+        fail(ErrorKind::LimitExceeded, "{} exceeds the model's context {}", test, c.n_ctx_train);
       run(n);  // warm-up
       std::vector<double> tps;
       for (int r = 0; r < reps; ++r) tps.push_back(n / run(n));
       const Stats s = stats(tps);
       if (json) {
-        nlohmann::json j = {{"model", model_desc}, {"model_size_bytes", model->file().file_size()},
-                            {"n_params", n_params}, {"n_threads", pool.size()}, {"test", test},
-                            {"n_tokens", n}, {"avg_ts", s.mean}, {"stddev_ts", s.stddev}, {"samples_ts", tps},
-                            {"kv_type", kv_type}, {"ubatch", ubatch}};
+        nlohmann::json j = {{"model", model_desc},  {"model_size_bytes", model->file().file_size()},
+                            {"n_params", n_params}, {"n_threads", pool.size()},
+                            {"test", test},         {"n_tokens", n},
+                            {"avg_ts", s.mean},     {"stddev_ts", s.stddev},
+                            {"samples_ts", tps},    {"kv_type", kv_type},
+                            {"ubatch", ubatch}};
         fmt::print("{}\n", j.dump());
       } else {
-        fmt::print("| {:<24} | {:>6.2f} MiB | {:>6.2f} M | {:>7} | {:>7} | {:>12.2f} ± {:>5.2f} |\n", model_desc,
-                   size_mib, n_params / 1e6, pool.size(), test, s.mean, s.stddev);
+        fmt::print("| {:<24} | {:>6.2f} MiB | {:>6.2f} M | {:>7} | {:>7} | {:>12.2f} ± {:>5.2f} |\n",
+                   model_desc, size_mib, n_params / 1e6, pool.size(), test, s.mean, s.stddev);
       }
       std::fflush(stdout);
     };

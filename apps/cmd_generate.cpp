@@ -31,11 +31,14 @@ void add_generate_command(CLI::App& app) {
   static int64_t seed = -1;
   cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
   cmd->add_option("-p,--prompt", prompt, "Prompt text")->required();
-  cmd->add_option("-n,--n-predict", n_predict, "Tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--n-predict", n_predict, "Tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", sp.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
   cmd->add_option("--top-p", sp.top_p, "Nucleus sampling mass (1: off)")->capture_default_str();
-  cmd->add_option("--min-p", sp.min_p, "Drop tokens below min-p x the top probability (0: off)")->capture_default_str();
+  cmd->add_option("--min-p", sp.min_p, "Drop tokens below min-p x the top probability (0: off)")
+      ->capture_default_str();
   cmd->add_option("--seed", seed, "Sampling seed (default: random)");
   cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
   cmd->add_option("-c,--ctx-size", ctx, "Context size (default: prompt + n, at most the model's)");
@@ -49,12 +52,13 @@ void add_generate_command(CLI::App& app) {
     auto model = Model::load(model_path);
     const Tokenizer tok(Vocab::from_gguf(model->file()));
     const std::vector<int32_t> ids = tok.encode(prompt, !no_bos, true);
-    if (ids.empty()) fail(ErrorKind::InvalidInput, "the prompt tokenizes to nothing; give text or drop --no-bos");
+    if (ids.empty())
+      fail(ErrorKind::InvalidInput, "the prompt tokenizes to nothing; give text or drop --no-bos");
     const int64_t want = static_cast<int64_t>(ids.size()) + n_predict;
     const int64_t n_ctx = ctx > 0 ? ctx : std::min<int64_t>(want, model->config().n_ctx_train);
     if (want > n_ctx)
-      fail(ErrorKind::LimitExceeded, "prompt of {} tokens + {} to generate exceeds the context size {}", ids.size(),
-           n_predict, n_ctx);
+      fail(ErrorKind::LimitExceeded, "prompt of {} tokens + {} to generate exceeds the context size {}",
+           ids.size(), n_predict, n_ctx);
 
     ThreadPool pool(threads);
     Forward fwd(model, pool);
@@ -81,7 +85,8 @@ void add_generate_command(CLI::App& app) {
     std::fputc('\n', stdout);
     const double n_gen_after_first = r.tokens.size() > 1 ? double(r.tokens.size() - 1) : 0;
     fmt::print(stderr,
-               "\nprompt: {} tokens in {:.1f} ms ({:.1f} tok/s)\ngeneration: {} tokens, {:.1f} tok/s after the first\n"
+               "\nprompt: {} tokens in {:.1f} ms ({:.1f} tok/s)\ngeneration: {} tokens, {:.1f} tok/s after "
+               "the first\n"
                "TTFT: {:.1f} ms\n",
                r.n_prompt, r.prompt_ms, r.n_prompt * 1000.0 / std::max(r.prompt_ms, 1e-9), r.tokens.size(),
                n_gen_after_first > 0 ? n_gen_after_first * 1000.0 / r.decode_ms : 0.0, r.ttft_ms);

@@ -17,10 +17,13 @@ std::string value_summary(const GgufValue& v) {
     case GgufType::Array:
       return fmt::format("[{} x {}]", std::get<std::vector<GgufValue>>(v.data).size(),
                          gguf_type_name(v.elem_type));
-    case GgufType::Bool: return std::get<bool>(v.data) ? "true" : "false";
+    case GgufType::Bool:
+      return std::get<bool>(v.data) ? "true" : "false";
     case GgufType::F32:
-    case GgufType::F64: return fmt::format("{}", std::get<double>(v.data));
-    default: return fmt::format("{}", v.as_int("value"));
+    case GgufType::F64:
+      return fmt::format("{}", std::get<double>(v.data));
+    default:
+      return fmt::format("{}", v.as_int("value"));
   }
 }
 
@@ -40,9 +43,10 @@ void add_model_commands(CLI::App& app) {
   add_model_new_command(*model);
   info->callback([] {
     const GgufFile f = GgufFile::open(info_path);
-    fmt::print("file: {}\nGGUF version: {}\nalignment: {}\ntensors: {}\n", info_path, f.version(), f.alignment(),
-               f.tensors().size());
-    for (const auto& [k, v] : f.metadata()) fmt::print("  {:<40} {:<7} {}\n", k, gguf_type_name(v.type), value_summary(v));
+    fmt::print("file: {}\nGGUF version: {}\nalignment: {}\ntensors: {}\n", info_path, f.version(),
+               f.alignment(), f.tensors().size());
+    for (const auto& [k, v] : f.metadata())
+      fmt::print("  {:<40} {:<7} {}\n", k, gguf_type_name(v.type), value_summary(v));
     if (show_tensors)
       for (const GgufTensor& t : f.tensors())
         fmt::print("  {:<32} {:<5} [{}] {} bytes\n", t.name, dtype_info(t.type).name, fmt::join(t.dims, ", "),

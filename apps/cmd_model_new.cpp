@@ -8,7 +8,8 @@
 namespace depcache::cli {
 
 void add_model_new_command(CLI::App& model) {
-  CLI::App* cmd = model.add_subcommand("new", "Write a random-weight model (normal, std 0.02, seeded) as GGUF v3");
+  CLI::App* cmd =
+      model.add_subcommand("new", "Write a random-weight model (normal, std 0.02, seeded) as GGUF v3");
   static std::string out, preset = "tiny", type_name = "f32", arch, vocab_from;
   static RandomModelOptions o;
   static int layers = 0, embd = 0, heads = 0, heads_kv = 0, ff = 0, ctx = 0, vocab_size = 0;
@@ -32,12 +33,15 @@ void add_model_new_command(CLI::App& model) {
   cmd->add_option("-t,--threads", o.n_threads, "Threads (default: one per core)");
   cmd->callback([] {
     auto shape = model_preset(preset);
-    if (!shape) fail(ErrorKind::InvalidInput, "unknown preset '{}' (known: {})", preset, fmt::join(model_preset_names(), ", "));
+    if (!shape)
+      fail(ErrorKind::InvalidInput, "unknown preset '{}' (known: {})", preset,
+           fmt::join(model_preset_names(), ", "));
     auto type = dtype_from_name(type_name);
     if (!type) fail(ErrorKind::InvalidInput, "unknown tensor type '{}'", type_name);
     o.type = *type;
     if (!arch.empty()) {
-      if (arch != "llama" && arch != "qwen2") fail(ErrorKind::InvalidInput, "unknown architecture '{}'", arch);
+      if (arch != "llama" && arch != "qwen2")
+        fail(ErrorKind::InvalidInput, "unknown architecture '{}'", arch);
       shape->arch = arch == "qwen2" ? Arch::Qwen2 : Arch::Llama;
     }
     if (layers) shape->n_layer = layers;

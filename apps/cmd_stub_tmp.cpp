@@ -1,3 +1,2 @@
 #include "commands.h"
-namespace depcache::cli {
-}
+namespace depcache::cli {}

@@ -9,3 +9,8 @@ MODEL=build/demo-model.gguf
   --type q8_0 --seed 1 -o "$MODEL"
 ./build/depcache generate -m "$MODEL" -p "Retrieval-augmented generation reuses" -n 32 --seed 1
 ./build/depcache bench-model -m "$MODEL" -p 128 -n 32 -r 2
+# With the reference material beside the clone, also show a real trained model.
+STORIES=../shared/models/stories260K-f32.v1.gguf
+if [ -f "$STORIES" ]; then
+  ./build/depcache generate -m "$STORIES" -p "Once upon a time" -n 60 --temp 0
+fi

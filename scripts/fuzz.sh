@@ -11,5 +11,5 @@ mkdir -p build-fuzz/corpus/gguf build-fuzz/corpus/tokenizer
 [ -f build-fuzz/corpus/gguf/seed.gguf ] || ./build/depcache model new --preset tiny --layers 1 -o build-fuzz/corpus/gguf/seed.gguf >/dev/null
 for t in gguf tokenizer; do
   echo "== ${t}_fuzz for ${SECONDS_PER_TARGET}s"
-  ./build-fuzz/${t}_fuzz -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 -print_final_stats=1 build-fuzz/corpus/$t
+  ./build-fuzz/fuzz/${t}_fuzz -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 -print_final_stats=1 build-fuzz/corpus/$t
 done

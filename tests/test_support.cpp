@@ -1,10 +1,11 @@
 #include "test_support.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 
 namespace depcache::test {
 

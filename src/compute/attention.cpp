@@ -14,8 +14,8 @@ constexpr int64_t kKeyBlock = 64;
 constexpr int64_t kQueryBlock = 8;
 
 template <typename T>
-void attend_one(const float* q, const T* k, const T* v, int64_t stride, int64_t n_keys, int head_dim, float scale,
-                float* out, float* scores) {
+void attend_one(const float* q, const T* k, const T* v, int64_t stride, int64_t n_keys, int head_dim,
+                float scale, float* out, float* scores) {
   float m = -INFINITY;
   float l = 0;
   std::fill(out, out + head_dim, 0.0f);
@@ -58,8 +58,9 @@ void attention(const float* q, int64_t n_tokens, const KvLayerView& kv, const in
       const float* qt = q + t * q_stride + int64_t{h} * head_dim;
       float* ot = out + t * q_stride + int64_t{h} * head_dim;
       if (kv.f16)
-        attend_one(qt, static_cast<const uint16_t*>(kv.k) + kv_off, static_cast<const uint16_t*>(kv.v) + kv_off,
-                   kv.row_stride, n_visible[t], head_dim, scale, ot, scores);
+        attend_one(qt, static_cast<const uint16_t*>(kv.k) + kv_off,
+                   static_cast<const uint16_t*>(kv.v) + kv_off, kv.row_stride, n_visible[t], head_dim, scale,
+                   ot, scores);
       else
         attend_one(qt, static_cast<const float*>(kv.k) + kv_off, static_cast<const float*>(kv.v) + kv_off,
                    kv.row_stride, n_visible[t], head_dim, scale, ot, scores);

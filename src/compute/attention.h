@@ -11,7 +11,7 @@ struct KvLayerView {
   const void* k = nullptr;  // (n_rows, n_head_kv*head_dim), f32 or f16
   const void* v = nullptr;  // same layout as k
   bool f16 = false;
-  int64_t row_stride = 0;   // elements between consecutive positions
+  int64_t row_stride = 0;  // elements between consecutive positions
 };
 
 // q: (n_tokens, n_head*head_dim). Query t attends to KV rows [0, n_visible[t]).

@@ -1,5 +1,9 @@
 #include "compute/dot.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -126,11 +130,19 @@ const IsaKernels& set_of(Isa isa) {
   }
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// Read from CPUID (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does
+// not know "f16c".
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+#endif
+
 Isa detect_isa() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   // The AVX-512 set falls back to AVX2 kernels, so it needs both.
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))

@@ -32,9 +32,9 @@ enum class DType : uint32_t {
 
 struct DTypeInfo {
   std::string_view name;
-  int64_t block_size;   // elements per block
-  size_t block_bytes;   // bytes per block
-  bool compute;         // the engine has kernels for it
+  int64_t block_size;  // elements per block
+  size_t block_bytes;  // bytes per block
+  bool compute;        // the engine has kernels for it
 };
 
 // Info for a known type; nullopt for a number the format does not define.

@@ -26,7 +26,8 @@ void matmul_rows(const WeightMatrix& w, const float* x, int64_t n_tokens, float*
     const int64_t r0 = task * kRowsPerTask;
     const int64_t r1 = std::min(w.n_out, r0 + kRowsPerTask);
     for (int64_t r = r0; r < r1; ++r)
-      for (int64_t t = 0; t < n_tokens; ++t) y[t * w.n_out + r] = dot_row(w.type, w.row(r), x + t * w.n_in, w.n_in);
+      for (int64_t t = 0; t < n_tokens; ++t)
+        y[t * w.n_out + r] = dot_row(w.type, w.row(r), x + t * w.n_in, w.n_in);
   });
 }
 
@@ -49,9 +50,9 @@ void matmul_gemm(const WeightMatrix& w, const float* x, int64_t n_tokens, float*
       dequantize_rows(w.type, w.row(r0), w.row_bytes, r1 - r0, w.n_in, dst);
       panel = dst;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens), static_cast<int>(r1 - r0),
-                static_cast<int>(w.n_in), 1.0f, x, static_cast<int>(w.n_in), panel, static_cast<int>(w.n_in), 0.0f,
-                y + r0, static_cast<int>(w.n_out));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens),
+                static_cast<int>(r1 - r0), static_cast<int>(w.n_in), 1.0f, x, static_cast<int>(w.n_in), panel,
+                static_cast<int>(w.n_in), 0.0f, y + r0, static_cast<int>(w.n_out));
   });
 }
 

@@ -38,8 +38,8 @@ void softmax(float* x, int64_t n) {
   vec::scale(x, 1.0f / sum, n);
 }
 
-void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions, float base,
-          bool neox) {
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,
+          float base, bool neox) {
   const int half = n_rot / 2;
   std::vector<double> inv_freq(half);
   for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(base), -2.0 * i / n_rot);

@@ -19,7 +19,7 @@ void softmax(float* x, int64_t n);
 // Rotary position embedding of n_rows rows, each n_heads heads of head_dim,
 // of which the first n_rot dimensions rotate. Row t sits at positions[t].
 // neox: pairs (i, i + n_rot/2); otherwise adjacent pairs (2i, 2i+1).
-void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions, float base,
-          bool neox);
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,
+          float base, bool neox);
 
 }  // namespace depcache

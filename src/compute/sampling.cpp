@@ -24,7 +24,9 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (params_.temperature <= 0) return argmax(logits);
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) candidates_.emplace_back(logits[i], static_cast<int32_t>(i));
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   size_t n = candidates_.size();
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     std::partial_sort(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(), by_logit);
@@ -36,7 +38,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
   std::vector<double> p(n);
   const double max_logit = candidates_[0].first;
   double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += (p[i] = std::exp((candidates_[i].first - max_logit) / params_.temperature));
+  for (size_t i = 0; i < n; ++i)
+    sum += (p[i] = std::exp((candidates_[i].first - max_logit) / params_.temperature));
   for (double& x : p) x /= sum;
   // top-p: smallest prefix whose mass reaches top_p.
   if (params_.top_p < 1) {

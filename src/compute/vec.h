@@ -44,7 +44,8 @@ template <typename T>
 inline void axpy(float* y, float alpha, const T* x, int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, load8(x + i), _mm256_loadu_ps(y + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, load8(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] += alpha * load1(x + i);
 }
 

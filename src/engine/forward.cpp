@@ -8,7 +8,8 @@
 
 namespace depcache {
 
-Forward::Forward(std::shared_ptr<const Model> model, ThreadPool& pool) : model_(std::move(model)), pool_(pool) {}
+Forward::Forward(std::shared_ptr<const Model> model, ThreadPool& pool)
+    : model_(std::move(model)), pool_(pool) {}
 
 void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, std::vector<float>& logits) {
   const ModelConfig& c = model_->config();
@@ -16,7 +17,8 @@ void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, s
   if (n == 0) fail(ErrorKind::InvalidInput, "nothing to evaluate: empty token list");
   const int64_t pos0 = kv.n_past();
   if (pos0 + n > kv.n_ctx())
-    fail(ErrorKind::LimitExceeded, "{} tokens after {} cached ones exceed the context size {}", n, pos0, kv.n_ctx());
+    fail(ErrorKind::LimitExceeded, "{} tokens after {} cached ones exceed the context size {}", n, pos0,
+         kv.n_ctx());
 
   x_.resize(n * c.n_embd);
   xn_.resize(n * c.n_embd);
@@ -32,7 +34,8 @@ void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, s
 
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = tokens[t];
-    if (id < 0 || id >= c.n_vocab) fail(ErrorKind::InvalidInput, "token id {} is outside the vocabulary of {}", id, c.n_vocab);
+    if (id < 0 || id >= c.n_vocab)
+      fail(ErrorKind::InvalidInput, "token id {} is outside the vocabulary of {}", id, c.n_vocab);
     dequantize_row(model_->tok_embd.type, model_->tok_embd.row(id), x_.data() + t * c.n_embd, c.n_embd);
     positions_[t] = static_cast<int32_t>(pos0 + t);
     n_visible_[t] = pos0 + t + 1;  // causal: every earlier position and itself
@@ -66,7 +69,8 @@ void Forward::layer(int il, int64_t n, const int32_t* positions, KvCache& kv) {
   rope(q_.data(), n, c.n_head, c.head_dim, c.n_rot, positions, c.rope_base, neox);
   rope(k_.data(), n, c.n_head_kv, c.head_dim, c.n_rot, positions, c.rope_base, neox);
   kv.write(il, positions[0], k_.data(), v_.data(), n);
-  attention(q_.data(), n, kv.layer(il), n_visible_.data(), c.n_head, c.n_head_kv, c.head_dim, attn_.data(), pool_);
+  attention(q_.data(), n, kv.layer(il), n_visible_.data(), c.n_head, c.n_head_kv, c.head_dim, attn_.data(),
+            pool_);
   matmul(w.wo, attn_.data(), n, proj_.data(), pool_, matmul_scratch_);
   for (int64_t i = 0; i < n * c.n_embd; ++i) x_[i] += proj_[i];
 

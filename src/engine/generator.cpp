@@ -13,14 +13,15 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-GenerateResult generate(Forward& fwd, KvCache& kv, const std::vector<int32_t>& prompt, const GenerateOptions& opts,
-                        const std::function<bool(int32_t)>& on_token) {
+GenerateResult generate(Forward& fwd, KvCache& kv, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) fail(ErrorKind::InvalidInput, "the prompt is empty (no tokens to condition on)");
   if (opts.n_predict < 0) fail(ErrorKind::InvalidInput, "n_predict must be >= 0");
   const int64_t needed = kv.n_past() + static_cast<int64_t>(prompt.size()) + opts.n_predict;
   if (needed > kv.n_ctx())
-    fail(ErrorKind::LimitExceeded, "prompt of {} tokens plus {} to generate needs a context of {}, but it is {}",
-         prompt.size(), opts.n_predict, needed, kv.n_ctx());
+    fail(ErrorKind::LimitExceeded,
+         "prompt of {} tokens plus {} to generate needs a context of {}, but it is {}", prompt.size(),
+         opts.n_predict, needed, kv.n_ctx());
 
   GenerateResult r;
   r.n_prompt = static_cast<int64_t>(prompt.size());

@@ -30,7 +30,7 @@ struct GenerateResult {
 
 // `kv` must be empty or hold a prefix already evaluated; on_token sees each
 // id as soon as it is sampled and may return false to stop.
-GenerateResult generate(Forward& fwd, KvCache& kv, const std::vector<int32_t>& prompt, const GenerateOptions& opts,
-                        const std::function<bool(int32_t)>& on_token);
+GenerateResult generate(Forward& fwd, KvCache& kv, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token);
 
 }  // namespace depcache

@@ -26,8 +26,8 @@ size_t KvCache::bytes() const { return k_.empty() ? 0 : 2 * k_.size() * k_[0].si
 
 void KvCache::write(int il, int64_t pos0, const float* k_rows, const float* v_rows, int64_t n_rows) {
   if (pos0 < 0 || pos0 + n_rows > n_ctx_)
-    fail(ErrorKind::LimitExceeded, "KV write at positions {}..{} exceeds the context size {}", pos0, pos0 + n_rows,
-         n_ctx_);
+    fail(ErrorKind::LimitExceeded, "KV write at positions {}..{} exceeds the context size {}", pos0,
+         pos0 + n_rows, n_ctx_);
   const int64_t n = n_rows * row_;
   if (type_ == DType::F32) {
     std::memcpy(reinterpret_cast<float*>(k_[il].data()) + pos0 * row_, k_rows, n * sizeof(float));
@@ -42,8 +42,6 @@ void KvCache::write(int il, int64_t pos0, const float* k_rows, const float* v_ro
   }
 }
 
-KvLayerView KvCache::layer(int il) const {
-  return {k_[il].data(), v_[il].data(), type_ == DType::F16, row_};
-}
+KvLayerView KvCache::layer(int il) const { return {k_[il].data(), v_[il].data(), type_ == DType::F16, row_}; }
 
 }  // namespace depcache

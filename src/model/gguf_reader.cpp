@@ -32,8 +32,8 @@ class Cursor {
 
   void need(size_t n, std::string_view field) const {
     if (n > remaining())
-      fail(ErrorKind::InvalidInput, "{}: truncated GGUF at byte {} reading {}: need {} bytes, {} left", source_,
-           pos_, field, n, remaining());
+      fail(ErrorKind::InvalidInput, "{}: truncated GGUF at byte {} reading {}: need {} bytes, {} left",
+           source_, pos_, field, n, remaining());
   }
 
   template <typename T>
@@ -97,23 +97,45 @@ GgufValue read_value(Cursor& c, uint32_t version, GgufType type, const std::stri
   GgufValue v;
   v.type = type;
   switch (type) {
-    case GgufType::U8: v.data = uint64_t{c.read<uint8_t>(key)}; break;
-    case GgufType::I8: v.data = int64_t{c.read<int8_t>(key)}; break;
-    case GgufType::U16: v.data = uint64_t{c.read<uint16_t>(key)}; break;
-    case GgufType::I16: v.data = int64_t{c.read<int16_t>(key)}; break;
-    case GgufType::U32: v.data = uint64_t{c.read<uint32_t>(key)}; break;
-    case GgufType::I32: v.data = int64_t{c.read<int32_t>(key)}; break;
-    case GgufType::U64: v.data = c.read<uint64_t>(key); break;
-    case GgufType::I64: v.data = c.read<int64_t>(key); break;
-    case GgufType::F32: v.data = double{c.read<float>(key)}; break;
-    case GgufType::F64: v.data = c.read<double>(key); break;
+    case GgufType::U8:
+      v.data = uint64_t{c.read<uint8_t>(key)};
+      break;
+    case GgufType::I8:
+      v.data = int64_t{c.read<int8_t>(key)};
+      break;
+    case GgufType::U16:
+      v.data = uint64_t{c.read<uint16_t>(key)};
+      break;
+    case GgufType::I16:
+      v.data = int64_t{c.read<int16_t>(key)};
+      break;
+    case GgufType::U32:
+      v.data = uint64_t{c.read<uint32_t>(key)};
+      break;
+    case GgufType::I32:
+      v.data = int64_t{c.read<int32_t>(key)};
+      break;
+    case GgufType::U64:
+      v.data = c.read<uint64_t>(key);
+      break;
+    case GgufType::I64:
+      v.data = c.read<int64_t>(key);
+      break;
+    case GgufType::F32:
+      v.data = double{c.read<float>(key)};
+      break;
+    case GgufType::F64:
+      v.data = c.read<double>(key);
+      break;
     case GgufType::Bool: {
       const uint8_t b = c.read<uint8_t>(key);
       if (b > 1) c.corrupt(key, fmt::format("bool value {} is neither 0 nor 1", b));
       v.data = b != 0;
       break;
     }
-    case GgufType::String: v.data = c.read_string(version, key); break;
+    case GgufType::String:
+      v.data = c.read_string(version, key);
+      break;
     case GgufType::Array: {
       if (depth >= kMaxArrayDepth) c.corrupt(key, "arrays nested too deeply");
       const uint32_t raw_elem = c.read<uint32_t>(key);
@@ -170,7 +192,8 @@ GgufFile GgufFile::parse(std::span<const uint8_t> bytes, std::string source_name
   if (c.read<uint32_t>("magic") != kMagic) c.corrupt("magic", "not a GGUF file (magic bytes are not 'GGUF')");
   f.version_ = c.read<uint32_t>("version");
   if (f.version_ < 1 || f.version_ > 3)
-    fail(ErrorKind::InvalidInput, "{}: GGUF version {} is not supported (1, 2 and 3 are)", f.source_, f.version_);
+    fail(ErrorKind::InvalidInput, "{}: GGUF version {} is not supported (1, 2 and 3 are)", f.source_,
+         f.version_);
   const uint64_t n_tensors = c.read_size(f.version_, "tensor count");
   const uint64_t n_kv = c.read_size(f.version_, "metadata count");
   // Each key-value pair needs at least a key length and a type tag.

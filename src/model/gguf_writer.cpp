@@ -39,18 +39,42 @@ class Out {
 
 void put_value(Out& o, const GgufValue& v) {
   switch (v.type) {
-    case GgufType::U8: o.put<uint8_t>(static_cast<uint8_t>(std::get<uint64_t>(v.data))); break;
-    case GgufType::I8: o.put<int8_t>(static_cast<int8_t>(std::get<int64_t>(v.data))); break;
-    case GgufType::U16: o.put<uint16_t>(static_cast<uint16_t>(std::get<uint64_t>(v.data))); break;
-    case GgufType::I16: o.put<int16_t>(static_cast<int16_t>(std::get<int64_t>(v.data))); break;
-    case GgufType::U32: o.put<uint32_t>(static_cast<uint32_t>(std::get<uint64_t>(v.data))); break;
-    case GgufType::I32: o.put<int32_t>(static_cast<int32_t>(std::get<int64_t>(v.data))); break;
-    case GgufType::U64: o.put<uint64_t>(std::get<uint64_t>(v.data)); break;
-    case GgufType::I64: o.put<int64_t>(std::get<int64_t>(v.data)); break;
-    case GgufType::F32: o.put<float>(static_cast<float>(std::get<double>(v.data))); break;
-    case GgufType::F64: o.put<double>(std::get<double>(v.data)); break;
-    case GgufType::Bool: o.put<uint8_t>(std::get<bool>(v.data) ? 1 : 0); break;
-    case GgufType::String: o.put_string(std::get<std::string>(v.data)); break;
+    case GgufType::U8:
+      o.put<uint8_t>(static_cast<uint8_t>(std::get<uint64_t>(v.data)));
+      break;
+    case GgufType::I8:
+      o.put<int8_t>(static_cast<int8_t>(std::get<int64_t>(v.data)));
+      break;
+    case GgufType::U16:
+      o.put<uint16_t>(static_cast<uint16_t>(std::get<uint64_t>(v.data)));
+      break;
+    case GgufType::I16:
+      o.put<int16_t>(static_cast<int16_t>(std::get<int64_t>(v.data)));
+      break;
+    case GgufType::U32:
+      o.put<uint32_t>(static_cast<uint32_t>(std::get<uint64_t>(v.data)));
+      break;
+    case GgufType::I32:
+      o.put<int32_t>(static_cast<int32_t>(std::get<int64_t>(v.data)));
+      break;
+    case GgufType::U64:
+      o.put<uint64_t>(std::get<uint64_t>(v.data));
+      break;
+    case GgufType::I64:
+      o.put<int64_t>(std::get<int64_t>(v.data));
+      break;
+    case GgufType::F32:
+      o.put<float>(static_cast<float>(std::get<double>(v.data)));
+      break;
+    case GgufType::F64:
+      o.put<double>(std::get<double>(v.data));
+      break;
+    case GgufType::Bool:
+      o.put<uint8_t>(std::get<bool>(v.data) ? 1 : 0);
+      break;
+    case GgufType::String:
+      o.put_string(std::get<std::string>(v.data));
+      break;
     case GgufType::Array: {
       const auto& items = std::get<std::vector<GgufValue>>(v.data);
       o.put<uint32_t>(static_cast<uint32_t>(v.elem_type));

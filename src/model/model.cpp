@@ -16,8 +16,8 @@ class TensorLoader {
     const GgufTensor* t = f_.find_tensor(name);
     if (!t) fail(ErrorKind::InvalidInput, "{}: tensor '{}' is missing", f_.source(), name);
     if (!dtype_info(t->type).compute)
-      fail(ErrorKind::InvalidInput, "{}: tensor '{}' has type {}, which the engine cannot compute with", f_.source(),
-           name, dtype_info(t->type).name);
+      fail(ErrorKind::InvalidInput, "{}: tensor '{}' has type {}, which the engine cannot compute with",
+           f_.source(), name, dtype_info(t->type).name);
     return *t;
   }
 
@@ -88,7 +88,8 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
   }
   m->output_norm = ld.vector("output_norm.weight", c.n_embd);
   // Tied embeddings: models without output.weight reuse the token embedding.
-  m->output = m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
+  m->output =
+      m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
   return m;
 }
 

@@ -14,16 +14,16 @@
 namespace depcache {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // (n_embd)
-  WeightMatrix wq;               // (n_head*head_dim, n_embd)
-  WeightMatrix wk;               // (n_head_kv*head_dim, n_embd)
-  WeightMatrix wv;               // (n_head_kv*head_dim, n_embd)
-  WeightMatrix wo;               // (n_embd, n_head*head_dim)
-  std::vector<float> bq, bk, bv; // qwen2 only: (n_head*head_dim), (n_head_kv*head_dim) x2
-  std::vector<float> ffn_norm;   // (n_embd)
-  WeightMatrix w_gate;           // (n_ff, n_embd)
-  WeightMatrix w_up;             // (n_ff, n_embd)
-  WeightMatrix w_down;           // (n_embd, n_ff)
+  std::vector<float> attn_norm;   // (n_embd)
+  WeightMatrix wq;                // (n_head*head_dim, n_embd)
+  WeightMatrix wk;                // (n_head_kv*head_dim, n_embd)
+  WeightMatrix wv;                // (n_head_kv*head_dim, n_embd)
+  WeightMatrix wo;                // (n_embd, n_head*head_dim)
+  std::vector<float> bq, bk, bv;  // qwen2 only: (n_head*head_dim), (n_head_kv*head_dim) x2
+  std::vector<float> ffn_norm;    // (n_embd)
+  WeightMatrix w_gate;            // (n_ff, n_embd)
+  WeightMatrix w_up;              // (n_ff, n_embd)
+  WeightMatrix w_down;            // (n_embd, n_ff)
 };
 
 class Model {
@@ -34,10 +34,10 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const GgufFile& file() const { return file_; }
 
-  WeightMatrix tok_embd;            // (n_vocab, n_embd)
-  std::vector<LayerWeights> layers; // n_layer
-  std::vector<float> output_norm;   // (n_embd)
-  WeightMatrix output;              // (n_vocab, n_embd); tok_embd when tied
+  WeightMatrix tok_embd;             // (n_vocab, n_embd)
+  std::vector<LayerWeights> layers;  // n_layer
+  std::vector<float> output_norm;    // (n_embd)
+  WeightMatrix output;               // (n_vocab, n_embd); tok_embd when tied
 
  private:
   GgufFile file_;

@@ -36,14 +36,22 @@ void fill_normal(float* out, int64_t n, uint64_t seed, float stddev) {
 
 uint32_t file_type_code(DType t) {
   switch (t) {
-    case DType::F32: return 0;
-    case DType::F16: return 1;
-    case DType::Q4_0: return 2;
-    case DType::Q8_0: return 7;
-    case DType::Q4_K: return 15;
-    case DType::Q6_K: return 18;
-    case DType::BF16: return 32;
-    default: fail(ErrorKind::InvalidInput, "cannot write models of type {}", dtype_info(t).name);
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::Q4_0:
+      return 2;
+    case DType::Q8_0:
+      return 7;
+    case DType::Q4_K:
+      return 15;
+    case DType::Q6_K:
+      return 18;
+    case DType::BF16:
+      return 32;
+    default:
+      fail(ErrorKind::InvalidInput, "cannot write models of type {}", dtype_info(t).name);
   }
 }
 
@@ -123,14 +131,15 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   if (s.n_layer <= 0 || s.n_embd <= 0 || s.n_head <= 0 || s.n_head_kv <= 0 || s.n_ff <= 0 || s.n_ctx <= 0)
     fail(ErrorKind::InvalidInput, "model shape sizes must be positive");
   if (s.n_embd % s.n_head != 0 || s.n_head % s.n_head_kv != 0)
-    fail(ErrorKind::InvalidInput, "embedding {} must divide into {} heads, and heads into {} KV heads", s.n_embd,
-         s.n_head, s.n_head_kv);
+    fail(ErrorKind::InvalidInput, "embedding {} must divide into {} heads, and heads into {} KV heads",
+         s.n_embd, s.n_head, s.n_head_kv);
   if ((s.n_embd / s.n_head) % 2 != 0) fail(ErrorKind::InvalidInput, "head size must be even for RoPE");
   file_type_code(o.type);
 
   RandomModelReport report;
   auto md = tokenizer_metadata(o);
-  const int own_vocab = static_cast<int>(find_key(md, "tokenizer.ggml.tokens")->as_array("tokenizer.ggml.tokens").size());
+  const int own_vocab =
+      static_cast<int>(find_key(md, "tokenizer.ggml.tokens")->as_array("tokenizer.ggml.tokens").size());
   if (s.n_vocab > own_vocab) {
     if (o.vocab_from)
       fail(ErrorKind::InvalidInput, "--vocab-size {} exceeds the {} tokens of {}", s.n_vocab, own_vocab,
@@ -143,7 +152,8 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   const std::string arch = s.arch == Arch::Qwen2 ? "qwen2" : "llama";
   GgufWriter w;
   w.set("general.architecture", GgufValue::string(arch));
-  w.set("general.name", GgufValue::string(fmt::format("depcache-random-{}", s.preset.empty() ? arch : s.preset)));
+  w.set("general.name",
+        GgufValue::string(fmt::format("depcache-random-{}", s.preset.empty() ? arch : s.preset)));
   w.set("general.file_type", GgufValue::u32(file_type_code(o.type)));
   w.set("general.quantization_version", GgufValue::u32(2));
   w.set("general.alignment", GgufValue::u32(32));

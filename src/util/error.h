@@ -1,10 +1,10 @@
 #pragma once
 // Errors that reach the user. Each kind maps to one CLI exit code, so scripts
 // can tell a bad file from a bad flag from a resource limit.
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace depcache {
 

@@ -54,7 +54,8 @@ TEST_F(Cli, EverySubcommandHasHelp) {
 }
 
 TEST_F(Cli, GenerateIsDeterministicWhenGreedy) {
-  const std::string args = "generate -m " + model_->string() + " -p 'the cat' -n 12 --temp 0 --ignore-eos -t 2";
+  const std::string args =
+      "generate -m " + model_->string() + " -p 'the cat' -n 12 --temp 0 --ignore-eos -t 2";
   const CliRun a = run(args), b = run(args);
   ASSERT_EQ(a.code, 0) << a.out;
   EXPECT_EQ(a.out.rfind("the cat", 0), 0u) << a.out;  // the prompt is echoed first

@@ -38,7 +38,8 @@ TEST_P(MatmulTypes, MatchesFloat64Reference) {
   const int64_t block = dtype_info(type).block_size;
   ThreadPool pool(2);
   std::vector<float> scratch;
-  for (int64_t n_in : {block == 1 ? int64_t{19} : block, block * 3, block == 256 ? int64_t{1024} : int64_t{896}})
+  for (int64_t n_in :
+       {block == 1 ? int64_t{19} : block, block * 3, block == 256 ? int64_t{1024} : int64_t{896}})
     for (int64_t n_out : {int64_t{1}, int64_t{37}})
       for (int64_t n_tokens : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{17}}) {
         const auto wf = randn(n_in * n_out, 1, 0.5f);
@@ -59,15 +60,16 @@ TEST_P(MatmulTypes, MatchesFloat64Reference) {
               mag += std::fabs(wd[i] * x[t * n_in + i]);
             }
             ASSERT_NEAR(y[t * n_out + r], ref, 1e-5 * mag + 1e-6)
-                << dtype_info(type).name << " n_in=" << n_in << " n_out=" << n_out << " n_tokens=" << n_tokens;
+                << dtype_info(type).name << " n_in=" << n_in << " n_out=" << n_out
+                << " n_tokens=" << n_tokens;
           }
         }
       }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllComputeTypes, MatmulTypes,
-                         ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
-                                           DType::Q6_K),
+                         ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0,
+                                           DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_info(info.param).name); });
 
 TEST(Attention, MatchesNaiveSoftmaxWithGqaAndF16) {
@@ -103,7 +105,8 @@ TEST(Attention, MatchesNaiveSoftmaxWithGqaAndF16) {
         for (int i = 0; i < hd; ++i) {
           double o = 0;
           for (int64_t j = 0; j < visible[t]; ++j)
-            o += s[j] / sum * (f16 ? vec::f16_to_f32(v16[j * row + kvh * hd + i]) : v[j * row + kvh * hd + i]);
+            o +=
+                s[j] / sum * (f16 ? vec::f16_to_f32(v16[j * row + kvh * hd + i]) : v[j * row + kvh * hd + i]);
           max_diff = std::max(max_diff, std::fabs(o - out[(t * n_head + h) * hd + i]));
         }
       }
@@ -122,7 +125,8 @@ TEST(Rope, RotationComposesAndPreservesNorm) {
     rope(once.data(), 1, 2, 16, 12, p_total, 10000.0f, neox);
     rope(twice.data(), 1, 2, 16, 12, p1, 10000.0f, neox);
     rope(twice.data(), 1, 2, 16, 12, p2, 10000.0f, neox);
-    EXPECT_LT(test::max_abs_diff(once.data(), twice.data(), 16, neox ? "neox compose" : "normal compose"), 1e-4);
+    EXPECT_LT(test::max_abs_diff(once.data(), twice.data(), 16, neox ? "neox compose" : "normal compose"),
+              1e-4);
     double n0 = 0, n1 = 0;
     for (int i = 0; i < 16; ++i) n0 += x[i] * x[i], n1 += once[i] * once[i];
     EXPECT_NEAR(n0, n1, 1e-4);
@@ -162,7 +166,8 @@ TEST(Sampling, GreedyAndFilters) {
   EXPECT_GT(seen[2], 100);
   EXPECT_EQ(seen[0] + seen[3] + seen[4], 0);
   // Same seed, same sequence.
-  Sampler a(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9}), b(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9});
+  Sampler a(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9}),
+      b(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9});
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
   EXPECT_THROW(Sampler(SamplerParams{.temperature = -1.0f}), Error);
   EXPECT_THROW(Sampler(SamplerParams{.top_p = 0.0f}), Error);

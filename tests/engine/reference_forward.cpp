@@ -22,7 +22,9 @@ std::vector<double> matvec(const Mat& m, int64_t n_out, int64_t n_in, const std:
   return y;
 }
 
-std::vector<double> times(const WeightMatrix& w, const std::vector<double>& x) { return matvec(load(w), w.n_out, w.n_in, x); }
+std::vector<double> times(const WeightMatrix& w, const std::vector<double>& x) {
+  return matvec(load(w), w.n_out, w.n_in, x);
+}
 
 std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w, double eps) {
   double ss = 0;

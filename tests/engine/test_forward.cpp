@@ -49,8 +49,8 @@ std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
   return t;
 }
 
-std::vector<float> eval_all(const std::shared_ptr<const Model>& m, const std::vector<int32_t>& toks, DType kv_type,
-                            int threads = 2) {
+std::vector<float> eval_all(const std::shared_ptr<const Model>& m, const std::vector<int32_t>& toks,
+                            DType kv_type, int threads = 2) {
   ThreadPool pool(threads);
   Forward fwd(m, pool);
   KvCache kv(m->config(), static_cast<int64_t>(toks.size()), kv_type);
@@ -59,7 +59,8 @@ std::vector<float> eval_all(const std::shared_ptr<const Model>& m, const std::ve
   return logits;
 }
 
-double max_rel_to_ref(const std::vector<float>& got, const std::vector<double>& ref, const std::string& label) {
+double max_rel_to_ref(const std::vector<float>& got, const std::vector<double>& ref,
+                      const std::string& label) {
   double max_ref = 0, max_diff = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     max_ref = std::max(max_ref, std::fabs(ref[i]));
@@ -102,18 +103,18 @@ TEST_P(ReferenceForward, MatchesFloat64Reference) {
   EXPECT_LT(max_rel_to_ref(all, ref, "decode path"), 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, ReferenceForward,
-                         ::testing::Values(RefCase{"tiny", DType::F32, false}, RefCase{"tiny", DType::F16, false},
-                                           RefCase{"tiny", DType::BF16, false}, RefCase{"tiny", DType::Q8_0, false},
-                                           RefCase{"tiny", DType::Q4_0, false}, RefCase{"tiny", DType::F32, true},
-                                           RefCase{"tiny-qwen2", DType::F32, false},
-                                           RefCase{"tiny-qwen2", DType::Q8_0, true}),
-                         [](const auto& info) {
-                           std::string n = info.param.preset + "_" + std::string(dtype_info(info.param.type).name) +
-                                           (info.param.tied ? "_tied" : "");
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Types, ReferenceForward,
+    ::testing::Values(RefCase{"tiny", DType::F32, false}, RefCase{"tiny", DType::F16, false},
+                      RefCase{"tiny", DType::BF16, false}, RefCase{"tiny", DType::Q8_0, false},
+                      RefCase{"tiny", DType::Q4_0, false}, RefCase{"tiny", DType::F32, true},
+                      RefCase{"tiny-qwen2", DType::F32, false}, RefCase{"tiny-qwen2", DType::Q8_0, true}),
+    [](const auto& info) {
+      std::string n = info.param.preset + "_" + std::string(dtype_info(info.param.type).name) +
+                      (info.param.tied ? "_tied" : "");
+      for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      return n;
+    });
 
 TEST(Forward, KQuantModelMatchesReference) {
   // k-quant blocks are 256 wide: a model whose rows are multiples of 256.
@@ -129,7 +130,8 @@ TEST(Forward, KQuantModelMatchesReference) {
     std::filesystem::remove(path);
     EXPECT_EQ(m->layers[0].wq.type, t);
     const auto toks = some_tokens(9, m->config().n_vocab);
-    EXPECT_LT(max_rel_to_ref(eval_all(m, toks, DType::F32), test::reference_logits(*m, toks), dtype_info(t).name.data()),
+    EXPECT_LT(max_rel_to_ref(eval_all(m, toks, DType::F32), test::reference_logits(*m, toks),
+                             dtype_info(t).name.data()),
               1e-4);
   }
 }
@@ -162,7 +164,8 @@ TEST(Forward, BatchSplitsAndThreadCountsAgree) {
   const auto toks = some_tokens(40, n_vocab, 5);
   const auto one_batch = eval_all(m, toks, DType::F32, 1);
   const auto two_threads = eval_all(m, toks, DType::F32, 2);
-  EXPECT_LT(test::max_abs_diff(one_batch.data(), two_threads.data(), one_batch.size(), "1 vs 2 threads"), 1e-5);
+  EXPECT_LT(test::max_abs_diff(one_batch.data(), two_threads.data(), one_batch.size(), "1 vs 2 threads"),
+            1e-5);
   ThreadPool pool(2);
   Forward fwd(m, pool);
   KvCache kv(m->config(), 40, DType::F32);
@@ -212,7 +215,8 @@ TEST(Forward, Stories260KGreedyMatchesKnownText) {
     std::vector<int32_t> all = ids;
     all.insert(all.end(), r.tokens.begin(), r.tokens.end());
     EXPECT_EQ(tok.decode(all),
-              "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, "
+              "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+              "One day, "
               "she saw a big, red ball. She wanted to play with it, but it was too high.\nLily");
   }
 }

@@ -90,7 +90,9 @@ TEST(Gguf, WriterRoundTripsEveryValueType) {
 // Builds an old-format file by hand: version 1 uses 32-bit counts, lengths and dims.
 std::vector<uint8_t> v1_file() {
   std::vector<uint8_t> b;
-  auto u32 = [&](uint32_t v) { b.insert(b.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 4); };
+  auto u32 = [&](uint32_t v) {
+    b.insert(b.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 4);
+  };
   auto str = [&](const std::string& s) {
     u32(static_cast<uint32_t>(s.size()));
     b.insert(b.end(), s.begin(), s.end());
@@ -99,7 +101,7 @@ std::vector<uint8_t> v1_file() {
   str("name"), u32(8), str("old");
   str("list"), u32(9), u32(4), u32(2), u32(10), u32(20);  // array of u32
   str("w"), u32(2), u32(2), u32(3), u32(0);               // name, n_dims, dims, type F32
-  b.resize(b.size() + 8, 0);                               // offset 0 (u64 in every version)
+  b.resize(b.size() + 8, 0);                              // offset 0 (u64 in every version)
   while (b.size() % 32) b.push_back(0);
   for (int i = 0; i < 6; ++i) {
     float f = static_cast<float>(i) + 0.5f;
