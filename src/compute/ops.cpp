@@ -3,7 +3,6 @@
 #include <cmath>
 #include <vector>
 
-#include "compute/vec.h"
 
 namespace depcache {
 
@@ -30,26 +29,26 @@ void swiglu(float* gate, const float* up, int64_t n) {
   }
 }
 
-void softmax(float* x, int64_t n) {
-  float m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, x[i]);
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - m));
-  vec::scale(x, 1.0f / sum, n);
-}
-
-void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,
-          float base, bool neox) {
-  const int half = n_rot / 2;
+void RopeTable::build(const int32_t* positions, int64_t n_rows, int rot, float base) {
+  n_rot = rot;
+  const int half = rot / 2;
   std::vector<double> inv_freq(half);
-  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(base), -2.0 * i / n_rot);
-  std::vector<float> cs(half), sn(half);
-  for (int64_t r = 0; r < n_rows; ++r) {
+  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(base), -2.0 * i / rot);
+  cos.resize(n_rows * half);
+  sin.resize(n_rows * half);
+  for (int64_t r = 0; r < n_rows; ++r)
     for (int i = 0; i < half; ++i) {
       const double theta = positions[r] * inv_freq[i];
-      cs[i] = static_cast<float>(std::cos(theta));
-      sn[i] = static_cast<float>(std::sin(theta));
+      cos[r * half + i] = static_cast<float>(std::cos(theta));
+      sin[r * half + i] = static_cast<float>(std::sin(theta));
     }
+}
+
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& table, bool neox) {
+  const int half = table.n_rot / 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* cs = table.cos.data() + r * half;
+    const float* sn = table.sin.data() + r * half;
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + (r * n_heads + h) * head_dim;
       for (int i = 0; i < half; ++i) {
@@ -61,6 +60,13 @@ void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const 
       }
     }
   }
+}
+
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,
+          float base, bool neox) {
+  RopeTable table;
+  table.build(positions, n_rows, n_rot, base);
+  rope(x, n_rows, n_heads, head_dim, table, neox);
 }
 
 }  // namespace depcache

@@ -1,6 +1,7 @@
 #pragma once
 // Element-wise and per-row operations of the transformer block.
 #include <cstdint>
+#include <vector>
 
 namespace depcache {
 
@@ -13,12 +14,24 @@ void add_bias(float* x, const float* b, int64_t n_rows, int64_t n);
 // gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, int64_t n);
 
-// In-place softmax of one row.
-void softmax(float* x, int64_t n);
+// Rotary position embedding. The cos/sin of every (row, pair) angle are
+// computed once per batch and shared by the query and key rotations of every
+// layer.
+struct RopeTable {
+  int n_rot = 0;           // rotary dimensions per head (even)
+  std::vector<float> cos;  // (n_rows, n_rot/2)
+  std::vector<float> sin;  // (n_rows, n_rot/2)
 
-// Rotary position embedding of n_rows rows, each n_heads heads of head_dim,
-// of which the first n_rot dimensions rotate. Row t sits at positions[t].
-// neox: pairs (i, i + n_rot/2); otherwise adjacent pairs (2i, 2i+1).
+  // Row t sits at positions[t]; pair i turns by positions[t] * base^(-2i/n_rot).
+  void build(const int32_t* positions, int64_t n_rows, int n_rot, float base);
+};
+
+// Rotates n_rows rows, each n_heads heads of head_dim, of which the first
+// table.n_rot dimensions rotate. neox: pairs (i, i + n_rot/2); otherwise
+// adjacent pairs (2i, 2i+1).
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& table, bool neox);
+
+// The same for a one-off rotation (builds the table itself).
 void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,
           float base, bool neox);
 

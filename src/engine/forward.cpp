@@ -41,6 +41,7 @@ void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, s
     n_visible_[t] = pos0 + t + 1;  // causal: every earlier position and itself
   }
 
+  rope_.build(positions_.data(), n, c.n_rot, c.rope_base);
   for (int il = 0; il < c.n_layer; ++il) layer(il, n, positions_.data(), kv);
   kv.set_n_past(pos0 + n);
 
@@ -66,8 +67,8 @@ void Forward::layer(int il, int64_t n, const int32_t* positions, KvCache& kv) {
     add_bias(k_.data(), w.bk.data(), n, c.n_embd_kv());
     add_bias(v_.data(), w.bv.data(), n, c.n_embd_kv());
   }
-  rope(q_.data(), n, c.n_head, c.head_dim, c.n_rot, positions, c.rope_base, neox);
-  rope(k_.data(), n, c.n_head_kv, c.head_dim, c.n_rot, positions, c.rope_base, neox);
+  rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
+  rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);
   kv.write(il, positions[0], k_.data(), v_.data(), n);
   attention(q_.data(), n, kv.layer(il), n_visible_.data(), c.n_head, c.n_head_kv, c.head_dim, attn_.data(),
             pool_);

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "compute/ops.h"
 #include "engine/kv_cache.h"
 #include "model/model.h"
 
@@ -33,6 +34,7 @@ class Forward {
   // Run state, grown to the largest batch seen.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, proj_, matmul_scratch_;
   std::vector<int32_t> positions_;
+  RopeTable rope_;  // angles of this batch's positions, shared by all layers
   std::vector<int64_t> n_visible_;
 };
 

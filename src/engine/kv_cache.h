@@ -27,7 +27,6 @@ class KvCache {
   KvLayerView layer(int il) const;
 
  private:
-  friend class Forward;
   int64_t n_ctx_;
   int64_t row_;  // elements per position
   DType type_;

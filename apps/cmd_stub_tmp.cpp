@@ -1,2 +1,0 @@
-#include "commands.h"
-namespace depcache::cli {}
