@@ -15,6 +15,7 @@ PACKAGES=(
   libfmt-dev                    # formatting
   libgtest-dev libgmock-dev     # tests
   libbenchmark-dev              # kernel micro-benchmarks
+  wordnet-base                  # WordNet 3.0 database: the real knowledge graph `kg import --wordnet` reads
 )
 
 missing=()

@@ -1,0 +1,206 @@
+#include "prompt/dep_prompt.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "util/error.h"
+
+namespace depcache {
+
+int32_t DepPrompt::add_linear(std::string label, std::span<const int32_t> tokens) {
+  PromptSegment seg;
+  seg.kind = SegmentKind::Linear;
+  seg.label = std::move(label);
+  const auto first = static_cast<int32_t>(tokens_.size());
+  seg.tokens = {first, first + static_cast<int32_t>(tokens.size())};
+  seg.first_node = static_cast<int32_t>(nodes_.size());
+  seg.n_nodes = tokens.empty() ? 0 : 1;
+  seg.n_flat_tokens = static_cast<int32_t>(tokens.size());
+  for (int32_t s = 0; s < static_cast<int32_t>(segments_.size()); ++s) seg.depends_on.push_back(s);
+  const auto id = static_cast<int32_t>(segments_.size());
+  if (!tokens.empty()) nodes_.push_back({id, -1, seg.tokens});
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens_.push_back(tokens[i]);
+    parents_.push_back(static_cast<int32_t>(tokens_.size()) - 2);  // previous token, -1 for the very first
+    token_node_.push_back(static_cast<int32_t>(nodes_.size()) - 1);
+  }
+  segments_.push_back(std::move(seg));
+  return id;
+}
+
+int32_t DepPrompt::segment_anchor(int32_t segment) const {
+  int32_t anchor = -1;
+  for (int32_t dep : segments_[segment].depends_on)
+    if (segments_[dep].tokens.size() > 0) anchor = std::max(anchor, segments_[dep].tokens.end - 1);
+  return anchor;
+}
+
+int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32_t>> paths) {
+  // Prefix trie; node 0 is a virtual root.
+  struct TrieNode {
+    int32_t token = -1;
+    std::vector<int32_t> children;
+  };
+  std::vector<TrieNode> trie(1);
+  std::unordered_map<uint64_t, int32_t> child_of;  // (parent << 32 | token) -> trie node
+  int64_t n_flat = 0;
+  for (const auto& path : paths) {
+    if (path.empty()) fail(ErrorKind::InvalidInput, "tree segment '{}': empty relation path", label);
+    n_flat += static_cast<int64_t>(path.size());
+    int32_t at = 0;
+    for (int32_t tok : path) {
+      const uint64_t key = (static_cast<uint64_t>(at) << 32) | static_cast<uint32_t>(tok);
+      auto [it, inserted] = child_of.try_emplace(key, static_cast<int32_t>(trie.size()));
+      if (inserted) {
+        trie.push_back({tok, {}});
+        trie[at].children.push_back(it->second);
+      }
+      at = it->second;
+    }
+  }
+  if (n_flat > INT32_MAX) fail(ErrorKind::LimitExceeded, "tree segment '{}' holds too many tokens", label);
+
+  PromptSegment seg;
+  seg.kind = SegmentKind::Tree;
+  seg.label = std::move(label);
+  seg.n_paths = static_cast<int32_t>(paths.size());
+  seg.n_flat_tokens = static_cast<int32_t>(n_flat);
+  for (int32_t s = 0; s < static_cast<int32_t>(segments_.size()); ++s)
+    if (segments_[s].kind == SegmentKind::Linear) seg.depends_on.push_back(s);
+  const auto id = static_cast<int32_t>(segments_.size());
+  segments_.push_back(std::move(seg));
+  const int32_t anchor = segment_anchor(id);
+  PromptSegment& s = segments_.back();
+  s.tokens.begin = static_cast<int32_t>(tokens_.size());
+  s.first_node = static_cast<int32_t>(nodes_.size());
+
+  // Iterative pre-order walk. The only child of a real token extends that
+  // token's run (it follows it directly in pre-order); any other trie node
+  // opens a new prompt node.
+  struct Frame {
+    int32_t trie_node;
+    int32_t parent_token;
+    int32_t parent_node;  // -1 under the virtual root
+    bool only_child;
+  };
+  std::vector<Frame> stack;
+  const auto push_children = [&](int32_t trie_node, int32_t parent_token, int32_t parent_node) {
+    const auto& kids = trie[trie_node].children;
+    const bool only = parent_node >= 0 && kids.size() == 1;
+    for (auto it = kids.rbegin(); it != kids.rend(); ++it) stack.push_back({*it, parent_token, parent_node, only});
+  };
+  push_children(0, anchor, -1);
+  while (!stack.empty()) {
+    const Frame f = stack.back();
+    stack.pop_back();
+    const auto index = static_cast<int32_t>(tokens_.size());
+    int32_t node = f.parent_node;
+    if (f.only_child) {
+      nodes_[node].tokens.end = index + 1;
+    } else {
+      node = static_cast<int32_t>(nodes_.size());
+      nodes_.push_back({id, f.parent_node, {index, index + 1}});
+    }
+    tokens_.push_back(trie[f.trie_node].token);
+    parents_.push_back(f.parent_token);
+    token_node_.push_back(node);
+    push_children(f.trie_node, index, node);
+  }
+  s.tokens.end = static_cast<int32_t>(tokens_.size());
+  s.n_nodes = static_cast<int32_t>(nodes_.size()) - s.first_node;
+  return id;
+}
+
+std::vector<int32_t> DepPrompt::positions(PositionScheme scheme) const {
+  std::vector<int32_t> pos(tokens_.size());
+  if (scheme == PositionScheme::Sequential) {
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+    return pos;
+  }
+  for (const PromptSegment& seg : segments_) {
+    if (seg.kind == SegmentKind::Tree) {
+      // Parents precede children in pre-order, and a root's parent (the
+      // anchor) lies in an earlier segment.
+      for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) pos[i] = parents_[i] < 0 ? 0 : pos[parents_[i]] + 1;
+      continue;
+    }
+    int32_t start = 0;
+    for (int32_t dep : seg.depends_on)
+      for (int32_t i = segments_[dep].tokens.begin; i < segments_[dep].tokens.end; ++i) start = std::max(start, pos[i] + 1);
+    for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) pos[i] = start + (i - seg.tokens.begin);
+  }
+  return pos;
+}
+
+std::vector<TokenRange> DepPrompt::visible_ranges(int32_t token) const {
+  if (token < 0 || token >= static_cast<int32_t>(tokens_.size()))
+    fail(ErrorKind::Internal, "visible_ranges: token {} out of range [0, {})", token, tokens_.size());
+  const PromptNode& own = nodes_[token_node_[token]];
+  const PromptSegment& seg = segments_[own.segment];
+  std::vector<TokenRange> ranges;
+  for (int32_t dep : seg.depends_on)
+    if (segments_[dep].tokens.size() > 0) ranges.push_back(segments_[dep].tokens);
+  if (seg.kind == SegmentKind::Linear) {
+    ranges.push_back({seg.tokens.begin, token + 1});
+  } else {
+    ranges.push_back({own.tokens.begin, token + 1});
+    for (int32_t n = own.parent; n >= 0; n = nodes_[n].parent) ranges.push_back(nodes_[n].tokens);
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
+  std::vector<TokenRange> merged;
+  for (const TokenRange& r : ranges) {
+    if (!merged.empty() && r.begin <= merged.back().end)
+      merged.back().end = std::max(merged.back().end, r.end);
+    else
+      merged.push_back(r);
+  }
+  return merged;
+}
+
+bool DepPrompt::attends(int32_t query, int32_t key) const {
+  if (key == query) return true;
+  if (key > query) return false;  // every dependency points backwards in pre-order
+  const int32_t qs = nodes_[token_node_[query]].segment;
+  const int32_t ks = nodes_[token_node_[key]].segment;
+  if (qs != ks) {
+    const auto& deps = segments_[qs].depends_on;
+    return std::find(deps.begin(), deps.end(), ks) != deps.end();
+  }
+  if (segments_[qs].kind == SegmentKind::Linear) return true;
+  const int32_t begin = segments_[qs].tokens.begin;
+  for (int32_t t = parents_[query]; t >= begin; t = parents_[t])
+    if (t == key) return true;
+  return false;
+}
+
+int64_t DepPrompt::n_flat_tokens() const {
+  int64_t n = 0;
+  for (const PromptSegment& seg : segments_) n += seg.n_flat_tokens;
+  return n;
+}
+
+int64_t DepPrompt::n_attention_pairs() const {
+  // Depth inside its own tree (1 for a root) plus every token of the segments it depends on.
+  std::vector<int32_t> depth(tokens_.size(), 0);
+  int64_t pairs = 0;
+  for (const PromptSegment& seg : segments_) {
+    int64_t dep_tokens = 0;
+    for (int32_t dep : seg.depends_on) dep_tokens += segments_[dep].tokens.size();
+    for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) {
+      const int32_t p = parents_[i];
+      if (seg.kind == SegmentKind::Linear)
+        depth[i] = i - seg.tokens.begin + 1;
+      else
+        depth[i] = (p >= seg.tokens.begin) ? depth[p] + 1 : 1;
+      pairs += dep_tokens + depth[i];
+    }
+  }
+  return pairs;
+}
+
+int64_t DepPrompt::n_flat_attention_pairs() const {
+  const int64_t n = n_flat_tokens();
+  return n * (n + 1) / 2;
+}
+
+}  // namespace depcache

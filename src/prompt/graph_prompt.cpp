@@ -1,0 +1,27 @@
+#include "prompt/graph_prompt.h"
+
+namespace depcache {
+
+std::vector<int32_t> path_tokens(const Tokenizer& tok, const std::string& path) {
+  return tok.encode(path + "\n", /*add_bos=*/false, /*parse_special=*/false);
+}
+
+DepPrompt build_graph_prompt(const Tokenizer& tok, const GraphPromptText& text, bool add_bos) {
+  DepPrompt prompt;
+  // BOS by hand: encode(add_bos) would also append EOS for vocabs that ask for it.
+  std::vector<int32_t> system;
+  if (add_bos && tok.bos() >= 0) system.push_back(tok.bos());
+  const std::vector<int32_t> body = tok.encode(text.system, /*add_bos=*/false, /*parse_special=*/false);
+  system.insert(system.end(), body.begin(), body.end());
+  prompt.add_linear("system", system);
+  for (const EntityPathsText& e : text.entities) {
+    std::vector<std::vector<int32_t>> paths;
+    paths.reserve(e.paths.size());
+    for (const std::string& p : e.paths) paths.push_back(path_tokens(tok, p));
+    prompt.add_tree(e.name, paths);
+  }
+  prompt.add_linear("task", tok.encode(text.task, /*add_bos=*/false, /*parse_special=*/false));
+  return prompt;
+}
+
+}  // namespace depcache
