@@ -1,0 +1,43 @@
+#pragma once
+// A RAG request as the engine receives it: a question plus its retrieved
+// context, which is plain text, a list of documents (chunk RAG) or relation
+// paths per entity (GraphRAG). Stored one JSON object per line.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace depcache {
+
+struct RequestDocument {
+  std::string id;  // stable key: the same id always means the same text
+  std::string title;
+  std::string text;
+};
+
+struct RequestEntity {
+  std::string name;                // unique entity key
+  std::string label;               // display text
+  std::vector<std::string> paths;  // serialized relation paths, root first
+};
+
+struct RagRequest {
+  std::string id;
+  double arrival_s = 0;  // offset from the start of the trace
+  std::string question;
+  std::vector<std::string> answers;  // accepted answers, when known
+  std::string text;                  // a plain prompt, when there is no retrieval
+  std::vector<RequestDocument> documents;
+  std::vector<RequestEntity> entities;
+};
+
+nlohmann::json request_to_json(const RagRequest& r);
+// InvalidInput error naming `where` (e.g. "file.jsonl:12") for a malformed object.
+RagRequest request_from_json(const nlohmann::json& j, const std::string& where);
+
+std::vector<RagRequest> read_requests(const std::filesystem::path& path);
+// Atomic: written to path.partial, then renamed.
+void write_requests(const std::filesystem::path& path, const std::vector<RagRequest>& requests);
+
+}  // namespace depcache

@@ -1,0 +1,244 @@
+#include "retrieval/workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "util/error.h"
+
+namespace depcache {
+
+AccessPattern parse_access_pattern(std::string_view name) {
+  if (name == "uniform") return AccessPattern::Uniform;
+  if (name == "temporal") return AccessPattern::Temporal;
+  if (name == "zipf") return AccessPattern::Zipf;
+  fail(ErrorKind::InvalidInput, "unknown access pattern '{}' (expected uniform, temporal or zipf)", name);
+}
+
+std::string_view access_pattern_name(AccessPattern p) {
+  switch (p) {
+    case AccessPattern::Uniform: return "uniform";
+    case AccessPattern::Temporal: return "temporal";
+    case AccessPattern::Zipf: return "zipf";
+  }
+  return "?";
+}
+
+AccessSampler::AccessSampler(size_t n_items, const AccessOptions& options, uint64_t seed)
+    : n_items_(n_items), options_(options), rng_(seed) {
+  if (n_items == 0) fail(ErrorKind::InvalidInput, "an access pattern needs at least one item");
+  if (options.pattern == AccessPattern::Zipf) {
+    if (!(options.zipf_s >= 0) || !std::isfinite(options.zipf_s))
+      fail(ErrorKind::InvalidInput, "Zipf exponent must be a finite number >= 0 (got {})", options.zipf_s);
+    permutation_.resize(n_items);
+    std::iota(permutation_.begin(), permutation_.end(), size_t{0});
+    std::shuffle(permutation_.begin(), permutation_.end(), rng_);
+    cdf_.resize(n_items);
+    double sum = 0;
+    for (size_t r = 0; r < n_items; ++r) cdf_[r] = sum += std::pow(static_cast<double>(r + 1), -options.zipf_s);
+  }
+  if (options.pattern == AccessPattern::Temporal) {
+    if (!(options.temporal_reuse >= 0 && options.temporal_reuse <= 1))
+      fail(ErrorKind::InvalidInput, "temporal reuse probability must be in [0, 1] (got {})", options.temporal_reuse);
+    if (options.temporal_window == 0) fail(ErrorKind::InvalidInput, "temporal window must be at least 1");
+  }
+}
+
+size_t AccessSampler::next() {
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  switch (options_.pattern) {
+    case AccessPattern::Uniform: return std::uniform_int_distribution<size_t>(0, n_items_ - 1)(rng_);
+    case AccessPattern::Zipf: {
+      const double u = unit(rng_) * cdf_.back();
+      const size_t rank = std::min<size_t>(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin(), n_items_ - 1);
+      return permutation_[rank];
+    }
+    case AccessPattern::Temporal: {
+      size_t item;
+      if (!recent_.empty() && unit(rng_) < options_.temporal_reuse) {
+        // Age 0 is the most recent draw; weight 1/(1+age).
+        double total = 0;
+        for (size_t age = 0; age < recent_.size(); ++age) total += 1.0 / static_cast<double>(1 + age);
+        double u = unit(rng_) * total;
+        size_t age = 0;
+        for (; age + 1 < recent_.size(); ++age) {
+          u -= 1.0 / static_cast<double>(1 + age);
+          if (u < 0) break;
+        }
+        item = recent_[recent_.size() - 1 - age];
+      } else {
+        item = std::uniform_int_distribution<size_t>(0, n_items_ - 1)(rng_);
+      }
+      std::erase(recent_, item);
+      recent_.push_back(item);
+      if (recent_.size() > options_.temporal_window) recent_.erase(recent_.begin());
+      return item;
+    }
+  }
+  return 0;
+}
+
+std::vector<size_t> AccessSampler::next_distinct(size_t count) {
+  if (count > n_items_) fail(ErrorKind::InvalidInput, "cannot draw {} distinct items out of {}", count, n_items_);
+  std::vector<size_t> out;
+  std::unordered_set<size_t> taken;
+  // A skewed pattern may keep returning the same few items: bound the tries,
+  // then fill up uniformly so the call always terminates.
+  for (size_t tries = 0; out.size() < count && tries < 64 * count + 64; ++tries) {
+    const size_t item = next();
+    if (taken.insert(item).second) out.push_back(item);
+  }
+  while (out.size() < count) {
+    const size_t item = std::uniform_int_distribution<size_t>(0, n_items_ - 1)(rng_);
+    if (taken.insert(item).second) out.push_back(item);
+  }
+  return out;
+}
+
+std::vector<double> poisson_arrivals(size_t n, double rate, uint64_t seed) {
+  std::vector<double> t(n, 0.0);
+  if (rate <= 0 || !std::isfinite(rate)) return t;
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate);
+  double now = 0;
+  for (double& x : t) x = now += gap(rng);
+  return t;
+}
+
+namespace {
+
+std::string step_phrase(const KnowledgeGraph& kg, const PathStep& step) {
+  std::string rel(kg.relation_name(step.relation));
+  return step.inverse ? "inverse " + rel : rel;
+}
+
+bool same_relations(const RelationPath& a, const RelationPath& b) {
+  if (a.steps.size() != b.steps.size()) return false;
+  for (size_t i = 0; i < a.steps.size(); ++i)
+    if (a.steps[i].relation != b.steps[i].relation || a.steps[i].inverse != b.steps[i].inverse) return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOptions& options) {
+  if (options.paths_per_entity == 0) fail(ErrorKind::InvalidInput, "paths per entity must be at least 1");
+  std::mt19937_64 rng(options.seed);
+  std::vector<EntityId> candidates;
+  for (EntityId e = 0; e < kg.n_entities(); ++e)
+    if (!kg.out_edges(e).empty()) candidates.push_back(e);
+  std::shuffle(candidates.begin(), candidates.end(), rng);
+
+  PathLimits limits;
+  limits.hops = options.hops;
+  limits.max_paths = options.paths_per_entity;
+  limits.max_fanout = options.max_fanout;
+  std::vector<GraphQa> out;
+  for (EntityId e : candidates) {
+    if (out.size() == options.n_items) break;
+    GraphQa qa;
+    qa.topic = e;
+    qa.paths = enumerate_paths(kg, e, limits).paths;
+    std::vector<size_t> full;
+    for (size_t i = 0; i < qa.paths.size(); ++i)
+      if (static_cast<int>(qa.paths[i].steps.size()) == options.hops) full.push_back(i);
+    if (full.empty()) continue;
+    const RelationPath& asked = qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]];
+    // "What is the r2 of the r1 of topic?" reads outward from the topic.
+    std::string phrase;
+    for (size_t i = asked.steps.size(); i-- > 0;) phrase += "the " + step_phrase(kg, asked.steps[i]) + " of ";
+    qa.question = fmt::format("What is {}{}?", phrase, kg.entity_label(e));
+    for (const RelationPath& p : qa.paths)
+      if (same_relations(p, asked) && std::find(qa.answers.begin(), qa.answers.end(), p.leaf()) == qa.answers.end())
+        qa.answers.push_back(p.leaf());
+    out.push_back(std::move(qa));
+  }
+  if (out.empty())
+    fail(ErrorKind::InvalidInput, "the graph has no entity with a {}-hop path: cannot make QA items", options.hops);
+  return out;
+}
+
+std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
+                                            const GraphWorkloadOptions& options) {
+  if (qa.empty()) fail(ErrorKind::InvalidInput, "no QA items to build requests from");
+  if (options.entities_per_request == 0) fail(ErrorKind::InvalidInput, "entities per request must be at least 1");
+  AccessSampler sampler(qa.size(), options.access, options.seed);
+  const std::vector<double> arrivals = poisson_arrivals(options.n_requests, options.rate, options.seed ^ 0x9E3779B97F4A7C15ULL);
+  const size_t per_request = std::min(options.entities_per_request, qa.size());
+  std::vector<RagRequest> out;
+  out.reserve(options.n_requests);
+  for (size_t i = 0; i < options.n_requests; ++i) {
+    const std::vector<size_t> items = sampler.next_distinct(per_request);
+    const GraphQa& asked = qa[items.front()];
+    RagRequest r;
+    r.id = std::to_string(i);
+    r.arrival_s = arrivals[i];
+    r.question = asked.question;
+    for (EntityId a : asked.answers) r.answers.emplace_back(kg.entity_label(a));
+    for (size_t item : items) {
+      RequestEntity e{std::string(kg.entity_name(qa[item].topic)), std::string(kg.entity_label(qa[item].topic)), {}};
+      for (const RelationPath& p : qa[item].paths) e.paths.push_back(path_text(kg, p));
+      r.entities.push_back(std::move(e));
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests) {
+  LocalityReport rep;
+  rep.n_requests = requests.size();
+  std::unordered_map<std::string, size_t> uses;
+  std::unordered_map<std::string, int64_t> cost;
+  for (const auto& req : requests)
+    for (const ItemUse& u : req) {
+      ++uses[u.key];
+      cost.emplace(u.key, u.tokens);
+      ++rep.n_item_uses;
+      rep.total_tokens += u.tokens;
+    }
+  rep.n_distinct_items = uses.size();
+  for (const auto& [key, tokens] : cost) rep.distinct_tokens += tokens;
+  if (rep.n_requests == 0 || rep.n_item_uses == 0) return rep;
+
+  // Top 20% most used items (ties broken by key for determinism).
+  std::vector<std::pair<std::string, size_t>> ranked(uses.begin(), uses.end());
+  std::sort(ranked.begin(), ranked.end(),
+            [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
+  const size_t n_top = std::max<size_t>(1, (ranked.size() + 4) / 5);
+  std::unordered_set<std::string> top;
+  size_t top_uses = 0;
+  for (size_t i = 0; i < n_top; ++i) {
+    top.insert(ranked[i].first);
+    top_uses += ranked[i].second;
+  }
+  rep.top20_use_share = static_cast<double>(top_uses) / static_cast<double>(rep.n_item_uses);
+
+  size_t touching = 0;
+  double hit_sum = 0;
+  size_t n_with_context = 0;
+  std::unordered_set<std::string> seen;
+  for (const auto& req : requests) {
+    bool touches = false;
+    int64_t context = 0, cached = 0;
+    for (const ItemUse& u : req) {
+      touches = touches || top.count(u.key) > 0;
+      context += u.tokens;
+      if (!seen.insert(u.key).second) cached += u.tokens;
+    }
+    touching += touches;
+    if (context > 0) {
+      hit_sum += static_cast<double>(cached) / static_cast<double>(context);
+      ++n_with_context;
+    }
+  }
+  rep.top20_request_share = static_cast<double>(touching) / static_cast<double>(rep.n_requests);
+  rep.reuse_upper_bound =
+      rep.total_tokens > 0 ? 1.0 - static_cast<double>(rep.distinct_tokens) / static_cast<double>(rep.total_tokens) : 0;
+  rep.mean_request_hit_bound = n_with_context ? hit_sum / static_cast<double>(n_with_context) : 0;
+  return rep;
+}
+
+}  // namespace depcache

@@ -1,0 +1,112 @@
+#pragma once
+// Request streams for cache experiments: access patterns over a pool of items
+// (entities or questions), Poisson arrival times, DepCache-style synthetic
+// GraphRAG QA, and the locality report that bounds what any cache can reuse.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "retrieval/knowledge_graph.h"
+#include "retrieval/rag_request.h"
+#include "retrieval/relation_paths.h"
+
+namespace depcache {
+
+enum class AccessPattern { Uniform, Temporal, Zipf };
+
+AccessPattern parse_access_pattern(std::string_view name);  // uniform|temporal|zipf
+std::string_view access_pattern_name(AccessPattern p);
+
+struct AccessOptions {
+  AccessPattern pattern = AccessPattern::Zipf;
+  double zipf_s = 1.0;          // P(rank r) ∝ r^-s
+  double temporal_reuse = 0.6;  // Temporal: chance to draw from the recently used items
+  size_t temporal_window = 32;  // how many recent items count as recent
+};
+
+// Draws item indices in [0, n_items). Zipf ranks are a seeded permutation of
+// the items, so the popular ones are not simply the first. Temporal picks a
+// recently drawn item with probability temporal_reuse (more recent likelier,
+// weight 1/(1+age)), else a uniform one.
+class AccessSampler {
+ public:
+  AccessSampler(size_t n_items, const AccessOptions& options, uint64_t seed);
+  size_t next();
+  // `count` distinct items (count <= n_items), drawn by the pattern.
+  std::vector<size_t> next_distinct(size_t count);
+
+ private:
+  size_t n_items_;
+  AccessOptions options_;
+  std::mt19937_64 rng_;
+  std::vector<size_t> permutation_;  // Zipf rank -> item
+  std::vector<double> cdf_;          // Zipf cumulative weights
+  std::vector<size_t> recent_;       // Temporal: most recent last
+};
+
+// Arrival offsets (seconds) of a Poisson process with `rate` requests/s;
+// rate <= 0 means every request arrives at 0.
+std::vector<double> poisson_arrivals(size_t n, double rate, uint64_t seed);
+
+// One synthetic QA item: an entity with its context paths and a templated
+// question whose answers are leaves of those paths.
+struct GraphQa {
+  EntityId topic = 0;
+  std::vector<RelationPath> paths;  // <= paths_per_entity, the entity's context
+  std::string question;             // "What is the <r2> of the <r1> of <topic>?"
+  std::vector<EntityId> answers;    // every leaf reached by the same relations
+};
+
+struct GraphQaOptions {
+  size_t n_items = 500;
+  size_t paths_per_entity = 30;
+  int hops = 2;
+  size_t max_fanout = 64;
+  uint64_t seed = 1;
+};
+
+// Samples entities (seeded) that have at least one full-length path and builds
+// one QA item per entity, up to n_items (fewer if the graph has fewer such
+// entities; none is an InvalidInput error).
+std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOptions& options);
+
+struct GraphWorkloadOptions {
+  size_t n_requests = 100;
+  size_t entities_per_request = 10;  // the QA topic plus context entities
+  AccessOptions access;
+  double rate = 0;  // requests/s for Poisson arrivals
+  uint64_t seed = 1;
+};
+
+// A request stream over QA items: each request asks one item's question (item
+// drawn by the access pattern) and carries the paths of its topic and of
+// entities_per_request - 1 more entities drawn by the same pattern.
+std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
+                                            const GraphWorkloadOptions& options);
+
+// What caching could reuse in a stream, counting context items (entities or
+// documents) by their token cost.
+struct LocalityReport {
+  size_t n_requests = 0;
+  size_t n_item_uses = 0;
+  size_t n_distinct_items = 0;
+  double top20_request_share = 0;  // requests touching one of the top 20% most used items
+  double top20_use_share = 0;      // uses that go to the top 20% items
+  int64_t total_tokens = 0;        // context tokens over all requests
+  int64_t distinct_tokens = 0;     // context tokens of the distinct items
+  // Infinite cache, exact reuse: 1 - distinct/total (token-weighted), and the
+  // per-request average of cached/context tokens (DepCache's hit-rate form).
+  double reuse_upper_bound = 0;
+  double mean_request_hit_bound = 0;
+};
+
+struct ItemUse {
+  std::string key;     // identity of the content (same key = same tokens)
+  int64_t tokens = 0;  // its token cost
+};
+
+LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests);
+
+}  // namespace depcache

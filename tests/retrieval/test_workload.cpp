@@ -1,0 +1,223 @@
+// Access patterns, Poisson arrivals, synthetic GraphRAG QA, request files and
+// the locality report.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "retrieval/rag_request.h"
+#include "retrieval/workload.h"
+#include "test_support.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+// Share of draws that hit the 20% most drawn items.
+double top20_share(const std::vector<size_t>& draws, size_t n_items) {
+  std::vector<size_t> counts(n_items, 0);
+  for (size_t d : draws) ++counts[d];
+  std::sort(counts.rbegin(), counts.rend());
+  return static_cast<double>(std::accumulate(counts.begin(), counts.begin() + n_items / 5, size_t{0})) /
+         static_cast<double>(draws.size());
+}
+
+std::vector<size_t> draw(AccessPattern p, size_t n_items, size_t n, uint64_t seed, double s = 1.0) {
+  AccessOptions opt;
+  opt.pattern = p;
+  opt.zipf_s = s;
+  AccessSampler sampler(n_items, opt, seed);
+  std::vector<size_t> out;
+  for (size_t i = 0; i < n; ++i) out.push_back(sampler.next());
+  return out;
+}
+
+TEST(AccessSampler, SeededAndInRange) {
+  for (AccessPattern p : {AccessPattern::Uniform, AccessPattern::Temporal, AccessPattern::Zipf}) {
+    const auto a = draw(p, 50, 1000, 3), b = draw(p, 50, 1000, 3), c = draw(p, 50, 1000, 4);
+    EXPECT_EQ(a, b) << access_pattern_name(p);
+    EXPECT_NE(a, c) << access_pattern_name(p);
+    for (size_t x : a) ASSERT_LT(x, 50u);
+  }
+  EXPECT_EQ(parse_access_pattern("zipf"), AccessPattern::Zipf);
+  EXPECT_THROW(parse_access_pattern("gauss"), Error);
+  EXPECT_THROW(AccessSampler(0, AccessOptions{}, 1), Error);
+}
+
+TEST(AccessSampler, SkewOrdersAsExpected) {
+  const size_t n_items = 200, n = 20000;
+  const double uniform = top20_share(draw(AccessPattern::Uniform, n_items, n, 1), n_items);
+  const double zipf = top20_share(draw(AccessPattern::Zipf, n_items, n, 1, 1.0), n_items);
+  const double steep = top20_share(draw(AccessPattern::Zipf, n_items, n, 1, 1.5), n_items);
+  EXPECT_LT(uniform, 0.3);
+  EXPECT_GT(zipf, 0.6);
+  EXPECT_GT(steep, zipf);
+  // Temporal: draws repeat recent ones far more often than uniform draws do.
+  const auto recent_repeats = [&](const std::vector<size_t>& d) {
+    size_t hits = 0;
+    for (size_t i = 8; i < d.size(); ++i) hits += std::find(d.begin() + i - 8, d.begin() + i, d[i]) != d.begin() + i;
+    return static_cast<double>(hits) / static_cast<double>(d.size() - 8);
+  };
+  EXPECT_GT(recent_repeats(draw(AccessPattern::Temporal, n_items, n, 1)),
+            5 * recent_repeats(draw(AccessPattern::Uniform, n_items, n, 1)));
+}
+
+TEST(AccessSampler, DistinctDrawsTerminateEvenWhenSkewed) {
+  AccessOptions opt;
+  opt.zipf_s = 4.0;  // almost always item of rank 1
+  AccessSampler sampler(10, opt, 5);
+  for (int i = 0; i < 100; ++i) {
+    const auto items = sampler.next_distinct(10);
+    EXPECT_EQ(std::set<size_t>(items.begin(), items.end()).size(), 10u);
+  }
+  EXPECT_THROW(sampler.next_distinct(11), Error);
+}
+
+TEST(PoissonArrivals, MeanGapMatchesRate) {
+  const auto t = poisson_arrivals(5000, 4.0, 9);
+  ASSERT_EQ(t.size(), 5000u);
+  EXPECT_TRUE(std::is_sorted(t.begin(), t.end()));
+  EXPECT_NEAR(t.back() / 5000.0, 0.25, 0.025);
+  for (double x : poisson_arrivals(5, 0, 1)) EXPECT_EQ(x, 0.0);
+}
+
+KnowledgeGraph family_graph() {
+  KnowledgeGraph kg;
+  for (int i = 0; i < 30; ++i) {
+    const std::string p = fmt::format("person{}", i);
+    kg.add_triple(p, "parent", fmt::format("person{}", (i + 1) % 30));
+    kg.add_triple(p, "city", fmt::format("city{}", i % 4));
+    kg.add_triple(p, "likes", fmt::format("food{}", i % 5));
+  }
+  for (int c = 0; c < 4; ++c) kg.add_triple(fmt::format("city{}", c), "country", fmt::format("country{}", c % 2));
+  kg.finalize();
+  return kg;
+}
+
+TEST(GraphQa, AnswersAreLeavesOfTheContextPaths) {
+  const KnowledgeGraph kg = family_graph();
+  GraphQaOptions opt;
+  opt.n_items = 20;
+  opt.paths_per_entity = 5;
+  const std::vector<GraphQa> qa = make_graph_qa(kg, opt);
+  ASSERT_EQ(qa.size(), 20u);
+  std::set<EntityId> topics;
+  for (const GraphQa& q : qa) {
+    topics.insert(q.topic);
+    EXPECT_LE(q.paths.size(), 5u);
+    EXPECT_FALSE(q.answers.empty());
+    EXPECT_NE(q.question.find(std::string(kg.entity_label(q.topic)) + "?"), std::string::npos) << q.question;
+    EXPECT_EQ(q.question.rfind("What is the ", 0), 0u) << q.question;
+    for (EntityId a : q.answers) {
+      bool on_a_path = false;
+      for (const RelationPath& p : q.paths) on_a_path = on_a_path || (p.leaf() == a && p.steps.size() == 2);
+      EXPECT_TRUE(on_a_path) << q.question << " -> " << kg.entity_label(a);
+    }
+  }
+  EXPECT_EQ(topics.size(), 20u);
+  // Same seed, same set.
+  EXPECT_EQ(make_graph_qa(kg, opt)[3].question, qa[3].question);
+  opt.n_items = 1000;  // more than the graph has: what exists
+  EXPECT_LE(make_graph_qa(kg, opt).size(), kg.n_entities());
+
+  KnowledgeGraph flat;
+  flat.add_triple("a", "r", "b");
+  flat.finalize();
+  EXPECT_THROW(make_graph_qa(flat, GraphQaOptions{}), Error);  // no 2-hop path anywhere
+}
+
+TEST(GraphWorkload, RequestsCarryTheTopicFirst) {
+  const KnowledgeGraph kg = family_graph();
+  GraphQaOptions qopt;
+  qopt.n_items = 25;
+  const auto qa = make_graph_qa(kg, qopt);
+  GraphWorkloadOptions wopt;
+  wopt.n_requests = 50;
+  wopt.entities_per_request = 4;
+  wopt.rate = 2;
+  const auto reqs = make_graph_workload(kg, qa, wopt);
+  ASSERT_EQ(reqs.size(), 50u);
+  for (const RagRequest& r : reqs) {
+    ASSERT_EQ(r.entities.size(), 4u);
+    std::set<std::string> names;
+    for (const auto& e : r.entities) {
+      names.insert(e.name);
+      EXPECT_FALSE(e.paths.empty());
+      for (const auto& p : e.paths) EXPECT_EQ(p.rfind(e.label, 0), 0u) << p;  // paths start at their root
+    }
+    EXPECT_EQ(names.size(), 4u);
+    EXPECT_NE(r.question.find(r.entities[0].label + "?"), std::string::npos);
+    EXPECT_FALSE(r.answers.empty());
+  }
+  EXPECT_GT(reqs.back().arrival_s, 0.0);
+}
+
+TEST(Locality, HandComputedReport) {
+  const std::vector<std::vector<ItemUse>> reqs = {{{"a", 5}, {"b", 3}}, {{"a", 5}}, {{"c", 2}}};
+  const LocalityReport r = locality_report(reqs);
+  EXPECT_EQ(r.n_requests, 3u);
+  EXPECT_EQ(r.n_item_uses, 4u);
+  EXPECT_EQ(r.n_distinct_items, 3u);
+  EXPECT_DOUBLE_EQ(r.top20_request_share, 2.0 / 3.0);  // top 20% of 3 items = {a}
+  EXPECT_DOUBLE_EQ(r.top20_use_share, 0.5);
+  EXPECT_EQ(r.total_tokens, 15);
+  EXPECT_EQ(r.distinct_tokens, 10);
+  EXPECT_DOUBLE_EQ(r.reuse_upper_bound, 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(r.mean_request_hit_bound, 1.0 / 3.0);  // 0, 1, 0
+  EXPECT_EQ(locality_report({}).n_requests, 0u);
+}
+
+TEST(RequestFile, RoundTripAndErrors) {
+  RagRequest graph;
+  graph.id = "g1";
+  graph.arrival_s = 1.5;
+  graph.question = "What is the parent of person1?";
+  graph.answers = {"person2"};
+  graph.entities.push_back({"person1", "person1", {"person1 -parent-> person2"}});
+  RagRequest docs;
+  docs.id = "d1";
+  docs.question = "q";
+  docs.documents.push_back({"7", "Title", "Text \xC3\xA9"});
+  RagRequest plain;
+  plain.text = "Once upon a time";
+  const auto path = test::temp_path("requests") += ".jsonl";
+  write_requests(path, {graph, docs, plain});
+  const auto back = read_requests(path);
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_EQ(back[0].entities[0].paths, graph.entities[0].paths);
+  EXPECT_EQ(back[0].arrival_s, 1.5);
+  EXPECT_EQ(back[1].documents[0].text, docs.documents[0].text);
+  EXPECT_EQ(back[2].text, "Once upon a time");
+  EXPECT_EQ(back[2].id, "2");  // a missing id becomes the line's index
+
+  const auto expect_error = [&](const std::string& content, const std::string& needle) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    try {
+      read_requests(path);
+      ADD_FAILURE() << "accepted: " << content;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("{\"question\": \"ok\"}\n{bad json\n", ".jsonl:2");
+  expect_error("{\"question\": \"q\", \"text\": \"t\", \"documents\": [{\"id\": \"1\", \"text\": \"x\"}]}\n", "not several");
+  expect_error("{\"id\": \"x\"}\n", "missing \"question\"");
+  expect_error("{\"question\": \"q\", \"documents\": [{\"title\": \"t\"}]}\n", "documents[0]: missing \"id\"");
+  expect_error("{\"question\": \"q\", \"entities\": [{\"name\": \"e\", \"paths\": [1]}]}\n", "array of strings");
+  expect_error("{\"question\": \"q\", \"arrival_s\": -1}\n", "arrival_s");
+  expect_error("\n\n", "no requests");
+  std::filesystem::remove(path);
+  try {
+    read_requests(path);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::NotFound);
+  }
+}
+
+}  // namespace
+}  // namespace depcache
