@@ -144,7 +144,7 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
     std::vector<size_t> full;
     for (size_t i = 0; i < qa.paths.size(); ++i)
       if (static_cast<int>(qa.paths[i].steps.size()) == options.hops) full.push_back(i);
-    if (full.empty()) continue;
+    if (full.empty() || qa.paths.size() < std::min(options.min_paths, options.paths_per_entity)) continue;
     const RelationPath& asked = qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]];
     // "What is the r2 of the r1 of topic?" reads outward from the topic.
     std::string phrase;
@@ -156,7 +156,8 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
     out.push_back(std::move(qa));
   }
   if (out.empty())
-    fail(ErrorKind::InvalidInput, "the graph has no entity with a {}-hop path: cannot make QA items", options.hops);
+    fail(ErrorKind::InvalidInput, "the graph has no entity with {} paths of which one has {} hops: cannot make QA items",
+         std::min(options.min_paths, options.paths_per_entity), options.hops);
   return out;
 }
 

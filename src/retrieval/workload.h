@@ -62,12 +62,14 @@ struct GraphQa {
 struct GraphQaOptions {
   size_t n_items = 500;
   size_t paths_per_entity = 30;
+  size_t min_paths = 10;  // skip entities with fewer paths (sparse subgraphs)
   int hops = 2;
   size_t max_fanout = 64;
   uint64_t seed = 1;
 };
 
-// Samples entities (seeded) that have at least one full-length path and builds
+// Samples entities (seeded) that have at least min_paths paths, one of full
+// length, and builds
 // one QA item per entity, up to n_items (fewer if the graph has fewer such
 // entities; none is an InvalidInput error).
 std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOptions& options);

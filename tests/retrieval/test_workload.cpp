@@ -102,6 +102,7 @@ TEST(GraphQa, AnswersAreLeavesOfTheContextPaths) {
   GraphQaOptions opt;
   opt.n_items = 20;
   opt.paths_per_entity = 5;
+  opt.min_paths = 3;  // the budget gives each of a person's 3 relations one path
   const std::vector<GraphQa> qa = make_graph_qa(kg, opt);
   ASSERT_EQ(qa.size(), 20u);
   std::set<EntityId> topics;
@@ -122,6 +123,8 @@ TEST(GraphQa, AnswersAreLeavesOfTheContextPaths) {
   EXPECT_EQ(make_graph_qa(kg, opt)[3].question, qa[3].question);
   opt.n_items = 1000;  // more than the graph has: what exists
   EXPECT_LE(make_graph_qa(kg, opt).size(), kg.n_entities());
+  opt.min_paths = 5;  // nobody gets that many within a budget of 5
+  EXPECT_THROW(make_graph_qa(kg, opt), Error);
 
   KnowledgeGraph flat;
   flat.add_triple("a", "r", "b");
@@ -133,6 +136,7 @@ TEST(GraphWorkload, RequestsCarryTheTopicFirst) {
   const KnowledgeGraph kg = family_graph();
   GraphQaOptions qopt;
   qopt.n_items = 25;
+  qopt.min_paths = 1;
   const auto qa = make_graph_qa(kg, qopt);
   GraphWorkloadOptions wopt;
   wopt.n_requests = 50;

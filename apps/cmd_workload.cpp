@@ -1,0 +1,231 @@
+// `depcache workload generate|stats`: request streams for cache experiments
+// (GraphRAG over a KG file, or chunk RAG over a corpus and its QA set) and the
+// locality report that bounds what any cache could reuse in them.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "prompt/dep_prompt.h"
+#include "prompt/graph_prompt.h"
+#include "retrieval/corpus.h"
+#include "retrieval/knowledge_graph.h"
+#include "retrieval/rag_request.h"
+#include "retrieval/workload.h"
+#include "util/error.h"
+
+namespace depcache::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string kg_path, corpus_path, corpus_format = "auto", qa_path, vocab_path, out_path;
+  std::string pattern = "zipf";
+  AccessOptions access;
+  size_t n_requests = 100;
+  double rate = 0;
+  uint64_t seed = 1;
+  // GraphRAG
+  size_t qa_items = 500, entities_per_request = 10, paths_per_entity = 30, min_paths = 10, max_fanout = 64;
+  int hops = 2;
+  // chunk RAG
+  size_t top_k = 5;
+  ChunkOptions chunking;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  const KnowledgeGraph kg = KnowledgeGraph::load(o.kg_path);
+  fmt::print("kg: {} entities, {} triples (loaded in {:.2f} s)\n", kg.n_entities(), kg.n_triples(), seconds_since(t0));
+  t0 = std::chrono::steady_clock::now();
+  GraphQaOptions qopt;
+  qopt.n_items = o.qa_items;
+  qopt.paths_per_entity = o.paths_per_entity;
+  qopt.min_paths = o.min_paths;
+  qopt.hops = o.hops;
+  qopt.max_fanout = o.max_fanout;
+  qopt.seed = o.seed;
+  const std::vector<GraphQa> qa = make_graph_qa(kg, qopt);
+  size_t n_paths = 0;
+  for (const GraphQa& q : qa) n_paths += q.paths.size();
+  fmt::print("qa items: {} entities, {:.1f} paths each on average ({:.2f} s)\n", qa.size(),
+             static_cast<double>(n_paths) / static_cast<double>(qa.size()), seconds_since(t0));
+  if (o.pattern == "dataset") fail(ErrorKind::InvalidInput, "--pattern dataset is for --corpus workloads");
+  GraphWorkloadOptions wopt;
+  wopt.n_requests = o.n_requests;
+  wopt.entities_per_request = o.entities_per_request;
+  wopt.access = o.access;
+  wopt.access.pattern = parse_access_pattern(o.pattern);
+  wopt.rate = o.rate;
+  wopt.seed = o.seed;
+  return make_graph_workload(kg, qa, wopt);
+}
+
+std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
+  if (o.qa_path.empty()) fail(ErrorKind::InvalidInput, "--corpus needs --questions (a QA file to draw questions from)");
+  auto t0 = std::chrono::steady_clock::now();
+  const Tokenizer tok = tokenizer_from(o.vocab_path);
+  const ChunkIndex index = ChunkIndex::build(load_corpus(o.corpus_path, parse_corpus_format(o.corpus_format)), tok, o.chunking);
+  const std::vector<QaItem> qa = load_qa(o.qa_path);
+  if (qa.empty()) fail(ErrorKind::InvalidInput, "{}: no questions", o.qa_path);
+  fmt::print("corpus: {} docs, {} chunks; {} questions ({:.2f} s)\n", index.corpus().docs.size(), index.chunks().size(),
+             qa.size(), seconds_since(t0));
+  // Retrieval is deterministic per question: do it once per QA item.
+  std::vector<std::vector<RequestDocument>> retrieved(qa.size());
+  for (size_t i = 0; i < qa.size(); ++i)
+    for (const ChunkHit& hit : index.search(qa[i].question, o.top_k)) {
+      const Chunk& c = index.chunk(hit.chunk);
+      const Document& d = index.doc_of(hit.chunk);
+      retrieved[i].push_back({fmt::format("{}#{}", d.id, c.index_in_doc), d.title, c.text});
+    }
+  std::vector<size_t> order;
+  if (o.pattern == "dataset") {
+    for (size_t i = 0; i < qa.size(); ++i) order.push_back(i);
+  } else {
+    AccessOptions access = o.access;
+    access.pattern = parse_access_pattern(o.pattern);
+    AccessSampler sampler(qa.size(), access, o.seed);
+    for (size_t i = 0; i < o.n_requests; ++i) order.push_back(sampler.next());
+  }
+  const std::vector<double> arrivals = poisson_arrivals(order.size(), o.rate, o.seed ^ 0x9E3779B97F4A7C15ULL);
+  std::vector<RagRequest> out;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const QaItem& q = qa[order[i]];
+    RagRequest r;
+    r.id = std::to_string(i);
+    r.arrival_s = arrivals[i];
+    r.question = q.question;
+    r.answers = q.answers;
+    r.documents = retrieved[order[i]];
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void add_generate(CLI::App& parent) {
+  static GenerateOptions o;
+  CLI::App* cmd = parent.add_subcommand("generate", "Write a request stream (JSONL) for cache experiments");
+  auto* kg = cmd->add_option("--kg", o.kg_path, "KG file: synthetic GraphRAG QA over it (DepCache's cache workload)");
+  auto* corpus = cmd->add_option("--corpus", o.corpus_path, "Corpus file: chunk RAG with BM25 top-k per question");
+  kg->excludes(corpus);
+  cmd->add_option("--questions", o.qa_path, "QA file (MuSiQue/HotpotQA) the chunk workload draws questions from");
+  cmd->add_option("--corpus-format", o.corpus_format, "auto, musique, hotpotqa or jsonl")->capture_default_str();
+  cmd->add_option("--out", o.out_path, "Output JSONL file")->required();
+  cmd->add_option("--pattern", o.pattern, "Access pattern: uniform, temporal, zipf (or dataset: every question once)")
+      ->capture_default_str();
+  cmd->add_option("--zipf-s", o.access.zipf_s, "Zipf exponent s: P(rank r) ∝ r^-s")->capture_default_str();
+  cmd->add_option("--temporal-reuse", o.access.temporal_reuse, "Temporal: chance to reuse a recent item")
+      ->capture_default_str();
+  cmd->add_option("--temporal-window", o.access.temporal_window, "Temporal: how many recent items count")
+      ->capture_default_str();
+  cmd->add_option("--requests", o.n_requests, "Number of requests")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--rate", o.rate, "Poisson arrival rate in requests/s (0: all at t=0)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o.seed, "Random seed")->capture_default_str();
+  cmd->add_option("--qa-items", o.qa_items, "GraphRAG: QA items (entities) in the pool")->capture_default_str();
+  cmd->add_option("--entities-per-request", o.entities_per_request, "GraphRAG: entities (subgraphs) per request")
+      ->capture_default_str();
+  cmd->add_option("--paths-per-entity", o.paths_per_entity, "GraphRAG: relation paths per entity")
+      ->capture_default_str();
+  cmd->add_option("--min-paths", o.min_paths, "GraphRAG: skip entities with fewer paths")->capture_default_str();
+  cmd->add_option("--hops", o.hops, "GraphRAG: path length in hops")->capture_default_str()->check(CLI::Range(1, 8));
+  cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Chunk RAG: chunks per request")->capture_default_str();
+  cmd->add_option("--chunk-tokens", o.chunking.chunk_tokens, "Chunk RAG: tokens per chunk")->capture_default_str();
+  cmd->add_option("--overlap", o.chunking.overlap, "Chunk RAG: tokens shared by neighbouring chunks")
+      ->capture_default_str();
+  cmd->add_option("--vocab", o.vocab_path, "GGUF file whose tokenizer chunks the corpus (default: built-in bytes)");
+  cmd->callback([] {
+    if (o.kg_path.empty() && o.corpus_path.empty()) throw CLI::ValidationError("give --kg or --corpus");
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<RagRequest> reqs = o.kg_path.empty() ? generate_chunks(o) : generate_graph(o);
+    write_requests(o.out_path, reqs);
+    fmt::print("wrote {} requests to {} ({:.2f} s)\n", reqs.size(), o.out_path, seconds_since(t0));
+  });
+}
+
+// Token cost and identity of every context item of every request.
+std::vector<std::vector<ItemUse>> item_uses(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
+                                            int64_t& flat_tokens) {
+  std::vector<std::vector<ItemUse>> out;
+  flat_tokens = 0;
+  for (const RagRequest& r : reqs) {
+    std::vector<ItemUse> uses;
+    for (const RequestDocument& d : r.documents) {
+      const auto n = static_cast<int64_t>(tok.encode(d.text, false, false).size());
+      uses.push_back({"doc:" + d.id, n});
+      flat_tokens += n;
+    }
+    for (const RequestEntity& e : r.entities) {
+      // An entity's cost is its merged subtree; its key is its exact content.
+      DepPrompt tree;
+      std::vector<std::vector<int32_t>> paths;
+      std::string key = "entity:" + e.name;
+      for (const std::string& p : e.paths) {
+        paths.push_back(path_tokens(tok, p));
+        key += '\n' + p;
+      }
+      tree.add_tree(e.name, paths);
+      uses.push_back({key, static_cast<int64_t>(tree.size())});
+      flat_tokens += tree.n_flat_tokens();
+    }
+    out.push_back(std::move(uses));
+  }
+  return out;
+}
+
+void add_stats(CLI::App& parent) {
+  static std::string requests_path, vocab_path;
+  static bool json = false;
+  CLI::App* cmd = parent.add_subcommand("stats", "Locality of a request stream: top-20% share and reuse bound");
+  cmd->add_option("--requests", requests_path, "Request file (JSONL)")->required();
+  cmd->add_option("--vocab", vocab_path, "GGUF file whose tokenizer counts tokens (default: built-in bytes)");
+  cmd->add_flag("--json", json, "Print one JSON object");
+  cmd->callback([] {
+    const std::vector<RagRequest> reqs = read_requests(requests_path);
+    const Tokenizer tok = tokenizer_from(vocab_path);
+    int64_t flat = 0;
+    const LocalityReport r = locality_report(item_uses(reqs, tok, flat));
+    if (json) {
+      const nlohmann::json j = {{"requests", r.n_requests},
+                                {"item_uses", r.n_item_uses},
+                                {"distinct_items", r.n_distinct_items},
+                                {"top20_request_share", r.top20_request_share},
+                                {"top20_use_share", r.top20_use_share},
+                                {"context_tokens", r.total_tokens},
+                                {"flat_context_tokens", flat},
+                                {"distinct_tokens", r.distinct_tokens},
+                                {"reuse_upper_bound", r.reuse_upper_bound},
+                                {"mean_request_hit_bound", r.mean_request_hit_bound},
+                                {"tokenizer", tokenizer_name(vocab_path)}};
+      fmt::print("{}\n", j.dump(2));
+      return;
+    }
+    fmt::print("requests:                 {}\n", r.n_requests);
+    fmt::print("context items used:       {} ({} distinct)\n", r.n_item_uses, r.n_distinct_items);
+    fmt::print("requests touching top 20% items: {:.1f}%\n", 100 * r.top20_request_share);
+    fmt::print("uses going to top 20% items:     {:.1f}%\n", 100 * r.top20_use_share);
+    fmt::print("context tokens:           {} ({} before prefix merging; tokenizer: {})\n", r.total_tokens, flat,
+               tokenizer_name(vocab_path));
+    fmt::print("distinct context tokens:  {}\n", r.distinct_tokens);
+    fmt::print("token reuse upper bound:  {:.1f}% (infinite cache, exact reuse)\n", 100 * r.reuse_upper_bound);
+    fmt::print("mean per-request hit-rate bound: {:.1f}%\n", 100 * r.mean_request_hit_bound);
+  });
+}
+
+}  // namespace
+
+void add_workload_commands(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("workload", "Generate request streams and measure their locality");
+  cmd->require_subcommand(1);
+  add_generate(*cmd);
+  add_stats(*cmd);
+}
+
+}  // namespace depcache::cli
