@@ -13,7 +13,9 @@ Tokenizer tokenizer_from(const std::string& gguf_path) {
   return Tokenizer(gguf_path.empty() ? Vocab::builtin_bytes() : Vocab::from_gguf(GgufFile::open(gguf_path)));
 }
 
-std::string tokenizer_name(const std::string& gguf_path) { return gguf_path.empty() ? "built-in bytes" : gguf_path; }
+std::string tokenizer_name(const std::string& gguf_path) {
+  return gguf_path.empty() ? "built-in bytes" : gguf_path;
+}
 
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;

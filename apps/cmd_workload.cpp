@@ -41,7 +41,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   const KnowledgeGraph kg = KnowledgeGraph::load(o.kg_path);
-  fmt::print("kg: {} entities, {} triples (loaded in {:.2f} s)\n", kg.n_entities(), kg.n_triples(), seconds_since(t0));
+  fmt::print("kg: {} entities, {} triples (loaded in {:.2f} s)\n", kg.n_entities(), kg.n_triples(),
+             seconds_since(t0));
   t0 = std::chrono::steady_clock::now();
   GraphQaOptions qopt;
   qopt.n_items = o.qa_items;
@@ -67,14 +68,16 @@ std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
 }
 
 std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
-  if (o.qa_path.empty()) fail(ErrorKind::InvalidInput, "--corpus needs --questions (a QA file to draw questions from)");
+  if (o.qa_path.empty())
+    fail(ErrorKind::InvalidInput, "--corpus needs --questions (a QA file to draw questions from)");
   auto t0 = std::chrono::steady_clock::now();
   const Tokenizer tok = tokenizer_from(o.vocab_path);
-  const ChunkIndex index = ChunkIndex::build(load_corpus(o.corpus_path, parse_corpus_format(o.corpus_format)), tok, o.chunking);
+  const ChunkIndex index =
+      ChunkIndex::build(load_corpus(o.corpus_path, parse_corpus_format(o.corpus_format)), tok, o.chunking);
   const std::vector<QaItem> qa = load_qa(o.qa_path);
   if (qa.empty()) fail(ErrorKind::InvalidInput, "{}: no questions", o.qa_path);
-  fmt::print("corpus: {} docs, {} chunks; {} questions ({:.2f} s)\n", index.corpus().docs.size(), index.chunks().size(),
-             qa.size(), seconds_since(t0));
+  fmt::print("corpus: {} docs, {} chunks; {} questions ({:.2f} s)\n", index.corpus().docs.size(),
+             index.chunks().size(), qa.size(), seconds_since(t0));
   // Retrieval is deterministic per question: do it once per QA item.
   std::vector<std::vector<RequestDocument>> retrieved(qa.size());
   for (size_t i = 0; i < qa.size(); ++i)
@@ -110,37 +113,51 @@ std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
 void add_generate(CLI::App& parent) {
   static GenerateOptions o;
   CLI::App* cmd = parent.add_subcommand("generate", "Write a request stream (JSONL) for cache experiments");
-  auto* kg = cmd->add_option("--kg", o.kg_path, "KG file: synthetic GraphRAG QA over it (DepCache's cache workload)");
-  auto* corpus = cmd->add_option("--corpus", o.corpus_path, "Corpus file: chunk RAG with BM25 top-k per question");
+  auto* kg = cmd->add_option("--kg", o.kg_path,
+                             "KG file: synthetic GraphRAG QA over it (DepCache's cache workload)");
+  auto* corpus =
+      cmd->add_option("--corpus", o.corpus_path, "Corpus file: chunk RAG with BM25 top-k per question");
   kg->excludes(corpus);
-  cmd->add_option("--questions", o.qa_path, "QA file (MuSiQue/HotpotQA) the chunk workload draws questions from");
-  cmd->add_option("--corpus-format", o.corpus_format, "auto, musique, hotpotqa or jsonl")->capture_default_str();
+  cmd->add_option("--questions", o.qa_path,
+                  "QA file (MuSiQue/HotpotQA) the chunk workload draws questions from");
+  cmd->add_option("--corpus-format", o.corpus_format, "auto, musique, hotpotqa or jsonl")
+      ->capture_default_str();
   cmd->add_option("--out", o.out_path, "Output JSONL file")->required();
-  cmd->add_option("--pattern", o.pattern, "Access pattern: uniform, temporal, zipf (or dataset: every question once)")
+  cmd->add_option("--pattern", o.pattern,
+                  "Access pattern: uniform, temporal, zipf (or dataset: every question once)")
       ->capture_default_str();
   cmd->add_option("--zipf-s", o.access.zipf_s, "Zipf exponent s: P(rank r) ∝ r^-s")->capture_default_str();
   cmd->add_option("--temporal-reuse", o.access.temporal_reuse, "Temporal: chance to reuse a recent item")
       ->capture_default_str();
   cmd->add_option("--temporal-window", o.access.temporal_window, "Temporal: how many recent items count")
       ->capture_default_str();
-  cmd->add_option("--requests", o.n_requests, "Number of requests")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--requests", o.n_requests, "Number of requests")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--rate", o.rate, "Poisson arrival rate in requests/s (0: all at t=0)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o.seed, "Random seed")->capture_default_str();
-  cmd->add_option("--qa-items", o.qa_items, "GraphRAG: QA items (entities) in the pool")->capture_default_str();
-  cmd->add_option("--entities-per-request", o.entities_per_request, "GraphRAG: entities (subgraphs) per request")
+  cmd->add_option("--qa-items", o.qa_items, "GraphRAG: QA items (entities) in the pool")
+      ->capture_default_str();
+  cmd->add_option("--entities-per-request", o.entities_per_request,
+                  "GraphRAG: entities (subgraphs) per request")
       ->capture_default_str();
   cmd->add_option("--paths-per-entity", o.paths_per_entity, "GraphRAG: relation paths per entity")
       ->capture_default_str();
-  cmd->add_option("--min-paths", o.min_paths, "GraphRAG: skip entities with fewer paths")->capture_default_str();
-  cmd->add_option("--hops", o.hops, "GraphRAG: path length in hops")->capture_default_str()->check(CLI::Range(1, 8));
+  cmd->add_option("--min-paths", o.min_paths, "GraphRAG: skip entities with fewer paths")
+      ->capture_default_str();
+  cmd->add_option("--hops", o.hops, "GraphRAG: path length in hops")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
   cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Chunk RAG: chunks per request")->capture_default_str();
-  cmd->add_option("--chunk-tokens", o.chunking.chunk_tokens, "Chunk RAG: tokens per chunk")->capture_default_str();
+  cmd->add_option("--chunk-tokens", o.chunking.chunk_tokens, "Chunk RAG: tokens per chunk")
+      ->capture_default_str();
   cmd->add_option("--overlap", o.chunking.overlap, "Chunk RAG: tokens shared by neighbouring chunks")
       ->capture_default_str();
-  cmd->add_option("--vocab", o.vocab_path, "GGUF file whose tokenizer chunks the corpus (default: built-in bytes)");
+  cmd->add_option("--vocab", o.vocab_path,
+                  "GGUF file whose tokenizer chunks the corpus (default: built-in bytes)");
   cmd->callback([] {
     if (o.kg_path.empty() && o.corpus_path.empty()) throw CLI::ValidationError("give --kg or --corpus");
     const auto t0 = std::chrono::steady_clock::now();
@@ -183,7 +200,8 @@ std::vector<std::vector<ItemUse>> item_uses(const std::vector<RagRequest>& reqs,
 void add_stats(CLI::App& parent) {
   static std::string requests_path, vocab_path;
   static bool json = false;
-  CLI::App* cmd = parent.add_subcommand("stats", "Locality of a request stream: top-20% share and reuse bound");
+  CLI::App* cmd =
+      parent.add_subcommand("stats", "Locality of a request stream: top-20% share and reuse bound");
   cmd->add_option("--requests", requests_path, "Request file (JSONL)")->required();
   cmd->add_option("--vocab", vocab_path, "GGUF file whose tokenizer counts tokens (default: built-in bytes)");
   cmd->add_flag("--json", json, "Print one JSON object");
@@ -211,10 +229,11 @@ void add_stats(CLI::App& parent) {
     fmt::print("context items used:       {} ({} distinct)\n", r.n_item_uses, r.n_distinct_items);
     fmt::print("requests touching top 20% items: {:.1f}%\n", 100 * r.top20_request_share);
     fmt::print("uses going to top 20% items:     {:.1f}%\n", 100 * r.top20_use_share);
-    fmt::print("context tokens:           {} ({} before prefix merging; tokenizer: {})\n", r.total_tokens, flat,
-               tokenizer_name(vocab_path));
+    fmt::print("context tokens:           {} ({} before prefix merging; tokenizer: {})\n", r.total_tokens,
+               flat, tokenizer_name(vocab_path));
     fmt::print("distinct context tokens:  {}\n", r.distinct_tokens);
-    fmt::print("token reuse upper bound:  {:.1f}% (infinite cache, exact reuse)\n", 100 * r.reuse_upper_bound);
+    fmt::print("token reuse upper bound:  {:.1f}% (infinite cache, exact reuse)\n",
+               100 * r.reuse_upper_bound);
     fmt::print("mean per-request hit-rate bound: {:.1f}%\n", 100 * r.mean_request_hit_bound);
   });
 }

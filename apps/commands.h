@@ -9,5 +9,9 @@ void add_model_commands(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_bench_model_command(CLI::App& app);
+void add_kg_commands(CLI::App& app);
+void add_kg_paths_command(CLI::App& kg);  // registered by add_kg_commands
+void add_retrieve_command(CLI::App& app);
+void add_workload_commands(CLI::App& app);
 
 }  // namespace depcache::cli

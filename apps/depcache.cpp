@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
   depcache::cli::add_tokenize_command(app);
   depcache::cli::add_generate_command(app);
   depcache::cli::add_bench_model_command(app);
+  depcache::cli::add_kg_commands(app);
+  depcache::cli::add_retrieve_command(app);
+  depcache::cli::add_workload_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,11 +1,14 @@
 #include "test_support.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 namespace depcache::test {
 
@@ -19,6 +22,20 @@ std::filesystem::path temp_path(const std::string& stem) {
   static std::atomic<int> counter{0};
   return std::filesystem::temp_directory_path() /
          (stem + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+}
+
+CliRun run_cli(const std::string& args, const std::string& stdin_text) {
+  const auto in = temp_path("stdin");
+  std::ofstream(in, std::ios::binary) << stdin_text;
+  const std::string cmd = std::string(DEPCACHE_BINARY) + " " + args + " <" + in.string() + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while (p && (n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = p ? pclose(p) : -1;
+  std::filesystem::remove(in);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label) {

@@ -20,6 +20,14 @@ std::filesystem::path shared_dir();
 // remove what they make. Returns a unique path under the system temp dir.
 std::filesystem::path temp_path(const std::string& stem);
 
+// The depcache binary run through the shell: `args` is a shell fragment,
+// stdin holds stdin_text, stdout and stderr are merged into out.
+struct CliRun {
+  int code;  // exit status, -1 if killed by a signal
+  std::string out;
+};
+CliRun run_cli(const std::string& args, const std::string& stdin_text = "");
+
 // Max absolute difference between two float arrays, printed with a label.
 double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label);
 

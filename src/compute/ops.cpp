@@ -3,7 +3,6 @@
 #include <cmath>
 #include <vector>
 
-
 namespace depcache {
 
 void rms_norm(const float* x, const float* w, float* out, int64_t n_rows, int64_t n, float eps) {

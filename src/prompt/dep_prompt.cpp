@@ -87,7 +87,8 @@ int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32
   const auto push_children = [&](int32_t trie_node, int32_t parent_token, int32_t parent_node) {
     const auto& kids = trie[trie_node].children;
     const bool only = parent_node >= 0 && kids.size() == 1;
-    for (auto it = kids.rbegin(); it != kids.rend(); ++it) stack.push_back({*it, parent_token, parent_node, only});
+    for (auto it = kids.rbegin(); it != kids.rend(); ++it)
+      stack.push_back({*it, parent_token, parent_node, only});
   };
   push_children(0, anchor, -1);
   while (!stack.empty()) {
@@ -121,12 +122,14 @@ std::vector<int32_t> DepPrompt::positions(PositionScheme scheme) const {
     if (seg.kind == SegmentKind::Tree) {
       // Parents precede children in pre-order, and a root's parent (the
       // anchor) lies in an earlier segment.
-      for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) pos[i] = parents_[i] < 0 ? 0 : pos[parents_[i]] + 1;
+      for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i)
+        pos[i] = parents_[i] < 0 ? 0 : pos[parents_[i]] + 1;
       continue;
     }
     int32_t start = 0;
     for (int32_t dep : seg.depends_on)
-      for (int32_t i = segments_[dep].tokens.begin; i < segments_[dep].tokens.end; ++i) start = std::max(start, pos[i] + 1);
+      for (int32_t i = segments_[dep].tokens.begin; i < segments_[dep].tokens.end; ++i)
+        start = std::max(start, pos[i] + 1);
     for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) pos[i] = start + (i - seg.tokens.begin);
   }
   return pos;
@@ -146,7 +149,8 @@ std::vector<TokenRange> DepPrompt::visible_ranges(int32_t token) const {
     ranges.push_back({own.tokens.begin, token + 1});
     for (int32_t n = own.parent; n >= 0; n = nodes_[n].parent) ranges.push_back(nodes_[n].tokens);
   }
-  std::sort(ranges.begin(), ranges.end(), [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
   std::vector<TokenRange> merged;
   for (const TokenRange& r : ranges) {
     if (!merged.empty() && r.begin <= merged.back().end)

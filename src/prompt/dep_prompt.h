@@ -31,13 +31,13 @@ struct TokenRange {
 
 struct PromptSegment {
   SegmentKind kind = SegmentKind::Linear;
-  std::string label;                 // e.g. "system", "entity dog.n.01", "task"
-  TokenRange tokens;                 // contiguous in the pre-order sequence
-  int32_t first_node = 0;            // nodes of this segment are contiguous too
+  std::string label;       // e.g. "system", "entity dog.n.01", "task"
+  TokenRange tokens;       // contiguous in the pre-order sequence
+  int32_t first_node = 0;  // nodes of this segment are contiguous too
   int32_t n_nodes = 0;
-  std::vector<int32_t> depends_on;   // segments whose every token is visible
-  int32_t n_paths = 0;               // tree segments: paths inserted
-  int32_t n_flat_tokens = 0;         // tokens before prefix merging
+  std::vector<int32_t> depends_on;  // segments whose every token is visible
+  int32_t n_paths = 0;              // tree segments: paths inserted
+  int32_t n_flat_tokens = 0;        // tokens before prefix merging
 };
 
 // A maximal run of tokens without branching (a radix-tree node). Caching and

@@ -23,7 +23,7 @@ struct ScoredDoc {
 // One intermediate result of a staged search: the best k among the first
 // n_scanned documents (doc ids [0, n_scanned)).
 struct SearchStage {
-  size_t stage = 0;     // 0-based
+  size_t stage = 0;  // 0-based
   size_t n_stages = 0;
   uint32_t n_scanned = 0;
   std::vector<ScoredDoc> top;  // best first
@@ -43,26 +43,27 @@ class Bm25Index {
   size_t size() const;
 
   // Best k documents with score > 0: score descending, ties by lower doc id.
+  // A term repeated in the query counts once: questions repeat words for
+  // grammar, not for emphasis. Misuse (before finalize) throws depcache::Error.
   std::vector<ScoredDoc> search(std::string_view query, size_t k) const;
   std::vector<ScoredDoc> search_terms(const std::vector<std::string>& query_terms, size_t k) const;
 
   // The same result as search(), computed over n_stages contiguous doc-id
   // ranges; after each range on_stage sees the top-k so far, which is what a
   // speculative prefill can start from. on_stage returning false stops the
-  // scan early and the partial top-k is returned.
+  // scan early and the partial top-k is returned. n_stages is clamped to
+  // [1, size()]; an empty index still reports one (empty) stage. on_stage may
+  // be empty, and may itself search this index.
   std::vector<ScoredDoc> search_staged(std::string_view query, size_t k, size_t n_stages,
                                        const std::function<bool(const SearchStage&)>& on_stage) const;
 
   // BM25 score of one document for a query (0 when no term matches).
   double score(std::string_view query, uint32_t doc) const;
 
-  // A query term that occurs several times in the query counts once: questions
-  // repeat words for grammar, not for emphasis.
-
   bool finalized() const { return finalized_; }
   size_t n_terms() const { return term_ids_.size(); }
-  double avg_doc_length() const { return avgdl_; }   // valid after finalize()
-  double idf(std::string_view term) const;           // 0 for a term no document has
+  double avg_doc_length() const { return avgdl_; }  // valid after finalize()
+  double idf(std::string_view term) const;          // 0 for a term no document has
 
  private:
   // Lets term lookups take a string_view without building a std::string.
@@ -79,7 +80,7 @@ class Bm25Index {
   bool finalized_ = false;
   std::unordered_map<std::string, uint32_t, TermHash, std::equal_to<>> term_ids_;
   std::vector<std::vector<std::pair<uint32_t, uint32_t>>> building_;  // per term (doc, tf), until finalize
-  std::vector<uint32_t> doc_len_;                                      // indexed terms per doc
+  std::vector<uint32_t> doc_len_;                                     // indexed terms per doc
   double avgdl_ = 0;
   std::vector<double> idf_;  // per term id
   // Postings in CSR form: term t owns [offsets_[t], offsets_[t + 1]), doc ids

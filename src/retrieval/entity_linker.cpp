@@ -49,8 +49,10 @@ std::vector<LinkedEntity> EntityLinker::link(std::string_view question, const Li
   // Longest mentions first, left to right; a word belongs to one mention.
   for (size_t n = std::min(options.max_ngram, words.size()); n >= 1; --n) {
     for (size_t start = 0; start + n <= words.size(); ++start) {
-      if (std::any_of(covered.begin() + start, covered.begin() + start + n, [](bool c) { return c; })) continue;
-      if (n == 1 && is_stopword(words[start])) continue;
+      if (std::any_of(covered.begin() + start, covered.begin() + start + n, [](bool c) { return c; }))
+        continue;
+      // "kind of" (an alias of "rather") is not a mention: none ends in a function word.
+      if (is_stopword(words[start + n - 1])) continue;
       std::string mention = words[start];
       for (size_t i = start + 1; i < start + n; ++i) mention += ' ' + words[i];
       size_t taken = 0;
@@ -60,9 +62,10 @@ std::vector<LinkedEntity> EntityLinker::link(std::string_view question, const Li
         const LinkKind how = table == &by_label_ ? LinkKind::Label : LinkKind::Alias;
         for (EntityId e : it->second) {
           if (taken == options.max_per_mention) break;
-          if (seen(e)) continue;
+          if (seen(e) || degree(kg_, e) == 0) continue;  // no edges: nothing to retrieve
           // Longer mentions first; labels before aliases; then salience order.
-          const double score = 1000.0 * static_cast<double>(n) + (how == LinkKind::Label ? 500.0 : 0.0) - static_cast<double>(taken);
+          const double score = 1000.0 * static_cast<double>(n) + (how == LinkKind::Label ? 500.0 : 0.0) -
+                               static_cast<double>(taken);
           found.push_back({e, how, score, mention});
           ++taken;
         }
@@ -70,12 +73,14 @@ std::vector<LinkedEntity> EntityLinker::link(std::string_view question, const Li
       if (taken > 0) std::fill(covered.begin() + start, covered.begin() + start + n, true);
     }
   }
-  std::stable_sort(found.begin(), found.end(), [](const LinkedEntity& a, const LinkedEntity& b) { return a.score > b.score; });
+  std::stable_sort(found.begin(), found.end(),
+                   [](const LinkedEntity& a, const LinkedEntity& b) { return a.score > b.score; });
   if (found.size() > options.max_entities) found.resize(options.max_entities);
   if (options.bm25_fallback && found.size() < options.max_entities) {
-    for (const ScoredDoc& d : names_.search(question, options.max_entities + found.size())) {
+    // Over-fetch: some hits are already linked or have no edges.
+    for (const ScoredDoc& d : names_.search(question, 4 * options.max_entities + found.size())) {
       if (found.size() == options.max_entities) break;
-      if (seen(d.doc)) continue;
+      if (seen(d.doc) || degree(kg_, d.doc) == 0) continue;
       found.push_back({d.doc, LinkKind::Bm25, d.score, normalize_text(kg_.entity_label(d.doc))});
     }
   }

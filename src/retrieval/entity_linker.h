@@ -2,6 +2,7 @@
 // Finds the KG entities a question mentions: exact matches of word n-grams
 // against normalised labels, names and aliases (longest mention first), then
 // a BM25 search over entity names when exact matching finds too few.
+// Entities without edges are never linked: they would add no context.
 #include <memory>
 #include <string>
 #include <string_view>

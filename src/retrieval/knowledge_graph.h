@@ -53,7 +53,7 @@ class KnowledgeGraph {
   std::string_view entity_name(EntityId e) const;
   std::string_view entity_label(EntityId e) const;
   std::string_view relation_name(RelationId r) const;
-  std::span<const std::string> aliases(EntityId e) const;  // excluding the label
+  std::span<const std::string> aliases(EntityId e) const;            // excluding the label
   std::optional<EntityId> find_entity(std::string_view name) const;  // exact name
   std::optional<RelationId> find_relation(std::string_view name) const;
 
@@ -92,11 +92,15 @@ class KnowledgeGraph {
 
 enum class TripleFormat { Auto, Tsv, Csv, Jsonl };
 
-// Loads triples from text. TSV: head<TAB>relation<TAB>tail; CSV: the same as
-// RFC 4180 fields; JSONL: {"head":..,"relation":..,"tail":..} per line, plus
-// optional {"entity":..,"label":..,"aliases":[..]} lines. In TSV/CSV a row
-// whose relation is "@alias" declares tail as an alias of head. Auto picks by
-// extension (.tsv/.txt, .csv, .jsonl/.json). Errors name the file and line.
+// Loads triples from text. TSV: head<TAB>relation<TAB>tail (blank lines and
+// lines starting with '#' skipped); CSV: the same as RFC 4180 fields (an
+// optional first row "head,relation,tail" is skipped); JSONL:
+// {"head":..,"relation":..,"tail":..} per line, plus optional
+// {"entity":..,"label":..,"aliases":[..]} lines. A row whose relation is
+// "@alias" declares tail as an alias of head. Auto picks by extension
+// (.tsv/.txt, .csv, .jsonl/.json). Fields are trimmed of surrounding spaces.
+// Errors (InvalidInput) name the file and line; a file without triples is an
+// error too. The result is finalized.
 KnowledgeGraph load_triples(const std::filesystem::path& path, TripleFormat format = TripleFormat::Auto);
 
 }  // namespace depcache

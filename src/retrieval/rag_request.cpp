@@ -17,7 +17,8 @@ std::string get_string(const json& j, const char* key, const std::string& where,
     if (required) fail(ErrorKind::InvalidInput, "{}: missing \"{}\"", where, key);
     return {};
   }
-  if (it->is_number_integer()) return std::to_string(it->get<int64_t>());  // numeric ids are common
+  if (it->is_number_integer() && std::string_view(key) == "id")
+    return std::to_string(it->get<int64_t>());  // numeric ids are common
   if (!it->is_string()) fail(ErrorKind::InvalidInput, "{}: \"{}\" must be a string", where, key);
   return it->get<std::string>();
 }
@@ -52,12 +53,14 @@ json request_to_json(const RagRequest& r) {
   if (!r.text.empty()) j["text"] = r.text;
   if (!r.documents.empty()) {
     json docs = json::array();
-    for (const RequestDocument& d : r.documents) docs.push_back({{"id", d.id}, {"title", d.title}, {"text", d.text}});
+    for (const RequestDocument& d : r.documents)
+      docs.push_back({{"id", d.id}, {"title", d.title}, {"text", d.text}});
     j["documents"] = std::move(docs);
   }
   if (!r.entities.empty()) {
     json ents = json::array();
-    for (const RequestEntity& e : r.entities) ents.push_back({{"name", e.name}, {"label", e.label}, {"paths", e.paths}});
+    for (const RequestEntity& e : r.entities)
+      ents.push_back({{"name", e.name}, {"label", e.label}, {"paths", e.paths}});
     j["entities"] = std::move(ents);
   }
   return j;
@@ -80,7 +83,8 @@ RagRequest request_from_json(const json& j, const std::string& where) {
     for (size_t i = 0; i < docs->size(); ++i) {
       const std::string at = fmt::format("{}: documents[{}]", where, i);
       if (!(*docs)[i].is_object()) fail(ErrorKind::InvalidInput, "{}: must be an object", at);
-      r.documents.push_back({get_string((*docs)[i], "id", at, true), get_string((*docs)[i], "title", at, false),
+      r.documents.push_back({get_string((*docs)[i], "id", at, true),
+                             get_string((*docs)[i], "title", at, false),
                              get_string((*docs)[i], "text", at, true)});
     }
   }
@@ -97,8 +101,11 @@ RagRequest request_from_json(const json& j, const std::string& where) {
     }
   }
   const int n_kinds = !r.text.empty() + !r.documents.empty() + !r.entities.empty();
-  if (n_kinds > 1) fail(ErrorKind::InvalidInput, "{}: give one of \"text\", \"documents\" or \"entities\", not several", where);
-  if (r.question.empty() && r.text.empty()) fail(ErrorKind::InvalidInput, "{}: missing \"question\" (or \"text\")", where);
+  if (n_kinds > 1)
+    fail(ErrorKind::InvalidInput, "{}: give one of \"text\", \"documents\" or \"entities\", not several",
+         where);
+  if (r.question.empty() && r.text.empty())
+    fail(ErrorKind::InvalidInput, "{}: missing \"question\" (or \"text\")", where);
   return r;
 }
 
@@ -129,13 +136,15 @@ void write_requests(const std::filesystem::path& path, const std::vector<RagRequ
   {
     std::ofstream out(partial, std::ios::binary | std::ios::trunc);
     if (!out) fail(ErrorKind::NotFound, "cannot create {}", partial.string());
-    for (const RagRequest& r : requests) out << request_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+    for (const RagRequest& r : requests)
+      out << request_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
     out.flush();
     if (!out) fail(ErrorKind::LimitExceeded, "writing {} failed (disk full?)", partial.string());
   }
   std::error_code ec;
   std::filesystem::rename(partial, path, ec);
-  if (ec) fail(ErrorKind::NotFound, "cannot rename {} to {}: {}", partial.string(), path.string(), ec.message());
+  if (ec)
+    fail(ErrorKind::NotFound, "cannot rename {} to {}: {}", partial.string(), path.string(), ec.message());
 }
 
 }  // namespace depcache

@@ -3,10 +3,9 @@
 // context, which is plain text, a list of documents (chunk RAG) or relation
 // paths per entity (GraphRAG). Stored one JSON object per line.
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace depcache {
 

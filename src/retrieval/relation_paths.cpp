@@ -39,7 +39,8 @@ struct Walker {
     out.truncated = true;
     std::vector<PathStep> picked;
     picked.reserve(limits.max_fanout);
-    for (size_t i = 0; i < limits.max_fanout; ++i) picked.push_back(found[i * found.size() / limits.max_fanout]);
+    for (size_t i = 0; i < limits.max_fanout; ++i)
+      picked.push_back(found[i * found.size() / limits.max_fanout]);
     return picked;
   }
 
@@ -82,7 +83,8 @@ std::string csv_field(std::string_view s) {
 }  // namespace
 
 PathSet enumerate_paths(const KnowledgeGraph& kg, EntityId root, const PathLimits& limits) {
-  if (root >= kg.n_entities()) fail(ErrorKind::NotFound, "entity id {} is not in the graph ({} entities)", root, kg.n_entities());
+  if (root >= kg.n_entities())
+    fail(ErrorKind::NotFound, "entity id {} is not in the graph ({} entities)", root, kg.n_entities());
   if (limits.hops < 1) fail(ErrorKind::InvalidInput, "hops must be at least 1 (got {})", limits.hops);
   PathSet out;
   if (limits.max_paths == 0 || limits.max_fanout == 0) return out;
@@ -149,7 +151,8 @@ std::string graph_csv_text(const KnowledgeGraph& kg, const std::vector<RelationP
     }
   }
   std::string s = "node_id,node_attr\n";
-  for (size_t i = 0; i < nodes.size(); ++i) s += fmt::format("{},{}\n", i, csv_field(kg.entity_label(nodes[i])));
+  for (size_t i = 0; i < nodes.size(); ++i)
+    s += fmt::format("{},{}\n", i, csv_field(kg.entity_label(nodes[i])));
   s += "\nsrc,edge_attr,dst\n";
   for (const auto& [a, r, b] : edges) s += fmt::format("{},{},{}\n", a, csv_field(kg.relation_name(r)), b);
   return s;

@@ -23,8 +23,8 @@ struct RelationPath {
 
 struct PathLimits {
   int hops = 2;
-  size_t max_paths = 2000;   // enumeration stops here (candidates before pruning)
-  size_t max_fanout = 256;   // edges followed per entity; more are sampled evenly
+  size_t max_paths = 2000;      // enumeration stops here (candidates before pruning)
+  size_t max_fanout = 256;      // edges followed per entity; more are sampled evenly
   bool follow_inverse = false;  // also walk incoming edges (for KGs stored one-way)
 };
 

@@ -39,12 +39,12 @@ std::vector<std::string> split_words(std::string_view text) {
 bool is_stopword(std::string_view word) {
   // Sorted for binary search.
   static constexpr std::array<std::string_view, 64> kStopwords = {
-      "a",    "about", "an",    "and",   "are",  "as",    "at",   "be",    "been",  "but",  "by",
-      "can",  "did",   "do",    "does",  "for",  "from",  "had",  "has",   "have",  "he",   "her",
-      "his",  "how",   "i",     "in",    "is",   "it",    "its",  "of",    "on",    "or",   "she",
-      "that", "the",   "their", "them",  "then", "there", "they", "this",  "to",    "was",  "were",
-      "what", "when",  "where", "which", "who",  "whom",  "whose", "why",  "will",  "with", "would",
-      "you",  "your",  "also",  "into",  "than", "these", "those", "been",  "being"};
+      "a",    "about", "an",    "and",   "are",  "as",    "at",    "be",   "been", "but",  "by",
+      "can",  "did",   "do",    "does",  "for",  "from",  "had",   "has",  "have", "he",   "her",
+      "his",  "how",   "i",     "in",    "is",   "it",    "its",   "of",   "on",   "or",   "she",
+      "that", "the",   "their", "them",  "then", "there", "they",  "this", "to",   "was",  "were",
+      "what", "when",  "where", "which", "who",  "whom",  "whose", "why",  "will", "with", "would",
+      "you",  "your",  "also",  "into",  "than", "these", "those", "been", "being"};
   static const std::vector<std::string_view> sorted = [] {
     std::vector<std::string_view> v(kStopwords.begin(), kStopwords.end());
     std::sort(v.begin(), v.end());

@@ -123,7 +123,8 @@ std::vector<double> EmbeddingScorer::score(std::string_view query, std::span<con
   std::vector<double> scores(texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
     const std::vector<float> t = embedder_->embed(texts[i]);
-    if (t.size() != q.size()) fail(ErrorKind::Internal, "embedder returned {} values, expected {}", t.size(), q.size());
+    if (t.size() != q.size())
+      fail(ErrorKind::Internal, "embedder returned {} values, expected {}", t.size(), q.size());
     scores[i] = cosine(q, t);
   }
   return scores;

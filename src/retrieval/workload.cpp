@@ -19,9 +19,12 @@ AccessPattern parse_access_pattern(std::string_view name) {
 
 std::string_view access_pattern_name(AccessPattern p) {
   switch (p) {
-    case AccessPattern::Uniform: return "uniform";
-    case AccessPattern::Temporal: return "temporal";
-    case AccessPattern::Zipf: return "zipf";
+    case AccessPattern::Uniform:
+      return "uniform";
+    case AccessPattern::Temporal:
+      return "temporal";
+    case AccessPattern::Zipf:
+      return "zipf";
   }
   return "?";
 }
@@ -37,11 +40,13 @@ AccessSampler::AccessSampler(size_t n_items, const AccessOptions& options, uint6
     std::shuffle(permutation_.begin(), permutation_.end(), rng_);
     cdf_.resize(n_items);
     double sum = 0;
-    for (size_t r = 0; r < n_items; ++r) cdf_[r] = sum += std::pow(static_cast<double>(r + 1), -options.zipf_s);
+    for (size_t r = 0; r < n_items; ++r)
+      cdf_[r] = sum += std::pow(static_cast<double>(r + 1), -options.zipf_s);
   }
   if (options.pattern == AccessPattern::Temporal) {
     if (!(options.temporal_reuse >= 0 && options.temporal_reuse <= 1))
-      fail(ErrorKind::InvalidInput, "temporal reuse probability must be in [0, 1] (got {})", options.temporal_reuse);
+      fail(ErrorKind::InvalidInput, "temporal reuse probability must be in [0, 1] (got {})",
+           options.temporal_reuse);
     if (options.temporal_window == 0) fail(ErrorKind::InvalidInput, "temporal window must be at least 1");
   }
 }
@@ -49,10 +54,12 @@ AccessSampler::AccessSampler(size_t n_items, const AccessOptions& options, uint6
 size_t AccessSampler::next() {
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   switch (options_.pattern) {
-    case AccessPattern::Uniform: return std::uniform_int_distribution<size_t>(0, n_items_ - 1)(rng_);
+    case AccessPattern::Uniform:
+      return std::uniform_int_distribution<size_t>(0, n_items_ - 1)(rng_);
     case AccessPattern::Zipf: {
       const double u = unit(rng_) * cdf_.back();
-      const size_t rank = std::min<size_t>(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin(), n_items_ - 1);
+      const size_t rank =
+          std::min<size_t>(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin(), n_items_ - 1);
       return permutation_[rank];
     }
     case AccessPattern::Temporal: {
@@ -81,7 +88,8 @@ size_t AccessSampler::next() {
 }
 
 std::vector<size_t> AccessSampler::next_distinct(size_t count) {
-  if (count > n_items_) fail(ErrorKind::InvalidInput, "cannot draw {} distinct items out of {}", count, n_items_);
+  if (count > n_items_)
+    fail(ErrorKind::InvalidInput, "cannot draw {} distinct items out of {}", count, n_items_);
   std::vector<size_t> out;
   std::unordered_set<size_t> taken;
   // A skewed pattern may keep returning the same few items: bound the tries,
@@ -145,18 +153,21 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
     for (size_t i = 0; i < qa.paths.size(); ++i)
       if (static_cast<int>(qa.paths[i].steps.size()) == options.hops) full.push_back(i);
     if (full.empty() || qa.paths.size() < std::min(options.min_paths, options.paths_per_entity)) continue;
-    const RelationPath& asked = qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]];
+    const RelationPath& asked =
+        qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]];
     // "What is the r2 of the r1 of topic?" reads outward from the topic.
     std::string phrase;
     for (size_t i = asked.steps.size(); i-- > 0;) phrase += "the " + step_phrase(kg, asked.steps[i]) + " of ";
     qa.question = fmt::format("What is {}{}?", phrase, kg.entity_label(e));
     for (const RelationPath& p : qa.paths)
-      if (same_relations(p, asked) && std::find(qa.answers.begin(), qa.answers.end(), p.leaf()) == qa.answers.end())
+      if (same_relations(p, asked) &&
+          std::find(qa.answers.begin(), qa.answers.end(), p.leaf()) == qa.answers.end())
         qa.answers.push_back(p.leaf());
     out.push_back(std::move(qa));
   }
   if (out.empty())
-    fail(ErrorKind::InvalidInput, "the graph has no entity with {} paths of which one has {} hops: cannot make QA items",
+    fail(ErrorKind::InvalidInput,
+         "the graph has no entity with {} paths of which one has {} hops: cannot make QA items",
          std::min(options.min_paths, options.paths_per_entity), options.hops);
   return out;
 }
@@ -164,9 +175,11 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
 std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
                                             const GraphWorkloadOptions& options) {
   if (qa.empty()) fail(ErrorKind::InvalidInput, "no QA items to build requests from");
-  if (options.entities_per_request == 0) fail(ErrorKind::InvalidInput, "entities per request must be at least 1");
+  if (options.entities_per_request == 0)
+    fail(ErrorKind::InvalidInput, "entities per request must be at least 1");
   AccessSampler sampler(qa.size(), options.access, options.seed);
-  const std::vector<double> arrivals = poisson_arrivals(options.n_requests, options.rate, options.seed ^ 0x9E3779B97F4A7C15ULL);
+  const std::vector<double> arrivals =
+      poisson_arrivals(options.n_requests, options.rate, options.seed ^ 0x9E3779B97F4A7C15ULL);
   const size_t per_request = std::min(options.entities_per_request, qa.size());
   std::vector<RagRequest> out;
   out.reserve(options.n_requests);
@@ -179,7 +192,8 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
     r.question = asked.question;
     for (EntityId a : asked.answers) r.answers.emplace_back(kg.entity_label(a));
     for (size_t item : items) {
-      RequestEntity e{std::string(kg.entity_name(qa[item].topic)), std::string(kg.entity_label(qa[item].topic)), {}};
+      RequestEntity e{
+          std::string(kg.entity_name(qa[item].topic)), std::string(kg.entity_label(qa[item].topic)), {}};
       for (const RelationPath& p : qa[item].paths) e.paths.push_back(path_text(kg, p));
       r.entities.push_back(std::move(e));
     }
@@ -206,8 +220,9 @@ LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests
 
   // Top 20% most used items (ties broken by key for determinism).
   std::vector<std::pair<std::string, size_t>> ranked(uses.begin(), uses.end());
-  std::sort(ranked.begin(), ranked.end(),
-            [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
   const size_t n_top = std::max<size_t>(1, (ranked.size() + 4) / 5);
   std::unordered_set<std::string> top;
   size_t top_uses = 0;
@@ -236,8 +251,9 @@ LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests
     }
   }
   rep.top20_request_share = static_cast<double>(touching) / static_cast<double>(rep.n_requests);
-  rep.reuse_upper_bound =
-      rep.total_tokens > 0 ? 1.0 - static_cast<double>(rep.distinct_tokens) / static_cast<double>(rep.total_tokens) : 0;
+  rep.reuse_upper_bound = rep.total_tokens > 0 ? 1.0 - static_cast<double>(rep.distinct_tokens) /
+                                                           static_cast<double>(rep.total_tokens)
+                                               : 0;
   rep.mean_request_hit_bound = n_with_context ? hit_sum / static_cast<double>(n_with_context) : 0;
   return rep;
 }

@@ -1,8 +1,6 @@
 // The depcache binary as a user runs it: outputs, help and exit codes.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 
@@ -11,23 +9,9 @@
 namespace depcache {
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout and stderr, merged
-};
-
+using test::CliRun;
 CliRun run(const std::string& args, const std::string& stdin_text = "") {
-  const auto in = test::temp_path("stdin");
-  std::ofstream(in, std::ios::binary) << stdin_text;
-  const std::string cmd = std::string(DEPCACHE_BINARY) + " " + args + " <" + in.string() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  std::filesystem::remove(in);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return test::run_cli(args, stdin_text);
 }
 
 class Cli : public ::testing::Test {

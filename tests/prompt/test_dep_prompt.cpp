@@ -91,7 +91,8 @@ TEST(DepPrompt, DepthPositionsOfATreeDoNotDependOnItsNeighbours) {
 
 TEST(DepPrompt, VisibilityFollowsAncestorsAndSegmentDependencies) {
   const DepPrompt p = small_prompt();
-  EXPECT_EQ(p.visible_ranges(5), (std::vector<TokenRange>{{0, 4}, {5, 6}}));  // 13 sees system, 10, 11, itself
+  EXPECT_EQ(p.visible_ranges(5),
+            (std::vector<TokenRange>{{0, 4}, {5, 6}}));  // 13 sees system, 10, 11, itself
   EXPECT_EQ(p.visible_ranges(6), (std::vector<TokenRange>{{0, 3}, {6, 7}}));  // 14 sees system, 10, itself
   EXPECT_EQ(p.visible_ranges(7), (std::vector<TokenRange>{{0, 8}}));          // the task sees everything
   EXPECT_EQ(p.visible_ranges(1), (std::vector<TokenRange>{{0, 2}}));
@@ -172,7 +173,8 @@ TEST(DepPrompt, RandomPromptsAreConsistent) {
       std::vector<bool> vis(n, false);
       for (const TokenRange& r : ranges)
         for (int32_t k = r.begin; k < r.end; ++k) vis[k] = true;
-      for (int32_t k = 0; k < n; ++k) ASSERT_EQ(vis[k], p.attends(i, k)) << "trial " << trial << " q " << i << " k " << k;
+      for (int32_t k = 0; k < n; ++k)
+        ASSERT_EQ(vis[k], p.attends(i, k)) << "trial " << trial << " q " << i << " k " << k;
       const PromptSegment& seg = p.segments()[p.nodes()[p.token_nodes()[i]].segment];
       if (seg.kind == SegmentKind::Tree) {
         const int32_t par = p.parents()[i];

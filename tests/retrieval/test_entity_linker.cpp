@@ -22,6 +22,9 @@ KnowledgeGraph graph() {
   kg.set_label(river, "bank");
   kg.add_triple("bank.n.01", "part of", "river");
   kg.add_triple("bank.n.01", "near", "water");
+  kg.add_triple("bank.n.02", "holds", "money");
+  kg.add_entity("Loner");                                      // no edges: never linked
+  kg.add_alias(kg.find_entity("Tragedy").value(), "kind of");  // WordNet has such aliases
   kg.add_alias(kg.find_entity("James Cameron").value(), "Jim Cameron");
   kg.finalize();
   return kg;
@@ -75,6 +78,10 @@ TEST(EntityLinker, Bm25FallbackAndLimits) {
   EXPECT_EQ(l[0].how, LinkKind::Bm25);
   EXPECT_TRUE(linker.link("", opt).empty());
   EXPECT_TRUE(linker.link("zzz qqq", opt).empty());
+  EXPECT_TRUE(linker.link("loner", opt).empty());
+  LinkOptions exact;
+  exact.bm25_fallback = false;
+  EXPECT_TRUE(linker.link("a kind of film", exact).empty());  // a mention never ends in a function word
   opt.max_entities = 2;
   EXPECT_LE(linker.link("Titanic New York England USA", opt).size(), 2u);
 }

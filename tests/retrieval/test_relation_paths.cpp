@@ -43,8 +43,8 @@ TEST(RelationPaths, TwoHopMaximalSimplePaths) {
   const PathSet set = enumerate_paths(kg, id(kg, "Alice"), limits);
   EXPECT_FALSE(set.truncated);
   EXPECT_EQ(texts(kg, set), (std::vector<std::string>{"Alice -like-> Titanic -type-> Tragedy",
-                                                       "Alice -like-> Titanic -directed by-> Cameron",
-                                                       "Alice -friend-> Bob -like-> Titanic"}));
+                                                      "Alice -like-> Titanic -directed by-> Cameron",
+                                                      "Alice -friend-> Bob -like-> Titanic"}));
   for (const RelationPath& p : set.paths) EXPECT_EQ(p.root, id(kg, "Alice"));
 }
 

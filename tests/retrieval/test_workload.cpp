@@ -58,7 +58,8 @@ TEST(AccessSampler, SkewOrdersAsExpected) {
   // Temporal: draws repeat recent ones far more often than uniform draws do.
   const auto recent_repeats = [&](const std::vector<size_t>& d) {
     size_t hits = 0;
-    for (size_t i = 8; i < d.size(); ++i) hits += std::find(d.begin() + i - 8, d.begin() + i, d[i]) != d.begin() + i;
+    for (size_t i = 8; i < d.size(); ++i)
+      hits += std::find(d.begin() + i - 8, d.begin() + i, d[i]) != d.begin() + i;
     return static_cast<double>(hits) / static_cast<double>(d.size() - 8);
   };
   EXPECT_GT(recent_repeats(draw(AccessPattern::Temporal, n_items, n, 1)),
@@ -92,7 +93,8 @@ KnowledgeGraph family_graph() {
     kg.add_triple(p, "city", fmt::format("city{}", i % 4));
     kg.add_triple(p, "likes", fmt::format("food{}", i % 5));
   }
-  for (int c = 0; c < 4; ++c) kg.add_triple(fmt::format("city{}", c), "country", fmt::format("country{}", c % 2));
+  for (int c = 0; c < 4; ++c)
+    kg.add_triple(fmt::format("city{}", c), "country", fmt::format("country{}", c % 2));
   kg.finalize();
   return kg;
 }
@@ -208,10 +210,13 @@ TEST(RequestFile, RoundTripAndErrors) {
     }
   };
   expect_error("{\"question\": \"ok\"}\n{bad json\n", ".jsonl:2");
-  expect_error("{\"question\": \"q\", \"text\": \"t\", \"documents\": [{\"id\": \"1\", \"text\": \"x\"}]}\n", "not several");
+  expect_error("{\"question\": \"q\", \"text\": \"t\", \"documents\": [{\"id\": \"1\", \"text\": \"x\"}]}\n",
+               "not several");
   expect_error("{\"id\": \"x\"}\n", "missing \"question\"");
-  expect_error("{\"question\": \"q\", \"documents\": [{\"title\": \"t\"}]}\n", "documents[0]: missing \"id\"");
-  expect_error("{\"question\": \"q\", \"entities\": [{\"name\": \"e\", \"paths\": [1]}]}\n", "array of strings");
+  expect_error("{\"question\": \"q\", \"documents\": [{\"title\": \"t\"}]}\n",
+               "documents[0]: missing \"id\"");
+  expect_error("{\"question\": \"q\", \"entities\": [{\"name\": \"e\", \"paths\": [1]}]}\n",
+               "array of strings");
   expect_error("{\"question\": \"q\", \"arrival_s\": -1}\n", "arrival_s");
   expect_error("\n\n", "no requests");
   std::filesystem::remove(path);

@@ -1,0 +1,186 @@
+// `depcache kg ...`: build knowledge-graph files from WordNet or text triples,
+// and describe them.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "retrieval/knowledge_graph.h"
+#include "retrieval/wordnet.h"
+#include "util/error.h"
+
+namespace depcache::cli {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string human_size(uintmax_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  if (bytes < 1024 * 1024) return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  return fmt::format("{:.1f} MiB", bytes / 1048576.0);
+}
+
+TripleFormat parse_format(const std::string& s) {
+  if (s == "tsv") return TripleFormat::Tsv;
+  if (s == "csv") return TripleFormat::Csv;
+  if (s == "jsonl") return TripleFormat::Jsonl;
+  return TripleFormat::Auto;  // the option's check admits nothing else
+}
+
+void add_import_command(CLI::App* kg) {
+  CLI::App* cmd = kg->add_subcommand("import", "Build a KG file from WordNet or a triples file");
+  static bool wordnet = false;
+  static std::string wordnet_dir = kDefaultWordnetDir.string(), triples, format = "auto", out;
+  // Exactly one source; CLI11 reports anything else as a usage error (exit 2).
+  CLI::Option_group* source = cmd->add_option_group("source", "Where the graph comes from (exactly one)");
+  CLI::Option* wordnet_opt =
+      source->add_flag("--wordnet", wordnet, "Import the WordNet 3.0 database (Debian package wordnet-base)");
+  CLI::Option* triples_opt =
+      source->add_option("--triples", triples, "Import a TSV, CSV or JSONL triples file");
+  source->require_option(1);
+  cmd->add_option("--wordnet-dir", wordnet_dir, "Directory with WordNet's data.* and index.* files")
+      ->capture_default_str()
+      ->needs(wordnet_opt);
+  cmd->add_option("--format", format,
+                  "Triples file format; auto picks by extension (.tsv/.txt, .csv, .jsonl)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "tsv", "csv", "jsonl"}))
+      ->needs(triples_opt);
+  cmd->add_option("-o,--out", out, "KG file to write")->required();
+  cmd->callback([] {
+    const auto t0 = std::chrono::steady_clock::now();
+    KnowledgeGraph g;
+    WordnetImportStats ws;
+    if (wordnet) {
+      g = import_wordnet(wordnet_dir, &ws);
+    } else {
+      g = load_triples(triples, parse_format(format));
+    }
+    const double import_s = seconds_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    g.save(out);
+    const double save_s = seconds_since(t1);
+
+    if (wordnet)
+      fmt::print("WordNet {}: {} synsets, {} pointers ({} lexical)\n", wordnet_dir, ws.n_synsets,
+                 ws.n_pointers, ws.n_lexical_pointers);
+    else
+      fmt::print("triples file {}\n", triples);
+    fmt::print("entities:  {}\n", g.n_entities());
+    fmt::print("relations: {}\n", g.n_relations());
+    fmt::print("triples:   {}\n", g.n_triples());
+    fmt::print("aliases:   {}\n", g.n_aliases());
+    fmt::print("time:      {:.3f} s import, {:.3f} s save\n", import_s, save_s);
+    fmt::print("output:    {} ({})\n", out, human_size(std::filesystem::file_size(out)));
+  });
+}
+
+// Nearest-rank percentile of sorted values.
+size_t percentile(const std::vector<size_t>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
+  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
+}
+
+void add_stats_command(CLI::App* kg) {
+  CLI::App* cmd = kg->add_subcommand("stats", "Describe a KG file: sizes, degrees, relations");
+  static std::string path;
+  static size_t top = 20;
+  static bool json = false;
+  cmd->add_option("-k,--kg", path, "KG file written by `kg import`")->required();
+  cmd->add_option("--top", top, "Relations to list, most triples first (0: all)")->capture_default_str();
+  cmd->add_flag("--json", json, "Print one JSON object instead of text");
+  cmd->callback([] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const KnowledgeGraph g = KnowledgeGraph::load(path);
+    const double load_s = seconds_since(t0);
+
+    const size_t n = g.n_entities();
+    std::vector<size_t> degree(n);
+    size_t n_isolated = 0, total = 0;
+    EntityId busiest = 0;
+    for (EntityId e = 0; e < n; ++e) {
+      degree[e] = g.out_edges(e).size();
+      total += degree[e];
+      if (degree[e] > degree[busiest]) busiest = e;
+      if (degree[e] == 0 && g.in_edges(e).empty()) ++n_isolated;
+    }
+    size_t n_self_loops = 0;
+    std::vector<size_t> per_relation(g.n_relations(), 0);
+    for (const Triple& t : g.triples()) {
+      n_self_loops += t.head == t.tail;
+      ++per_relation[t.relation];
+    }
+    std::vector<RelationId> order(g.n_relations());
+    for (RelationId r = 0; r < order.size(); ++r) order[r] = r;
+    std::sort(order.begin(), order.end(), [&](RelationId a, RelationId b) {
+      return per_relation[a] != per_relation[b] ? per_relation[a] > per_relation[b]
+                                                : g.relation_name(a) < g.relation_name(b);
+    });
+    if (top != 0 && order.size() > top) order.resize(top);
+    std::vector<size_t> sorted = degree;
+    std::sort(sorted.begin(), sorted.end());
+    const double mean = n ? static_cast<double>(total) / static_cast<double>(n) : 0.0;
+    const size_t max_degree = n ? degree[busiest] : 0;
+    const uintmax_t file_size = std::filesystem::file_size(path);
+
+    if (json) {
+      nlohmann::json rel = nlohmann::json::array();
+      for (RelationId r : order)
+        rel.push_back({{"relation", g.relation_name(r)}, {"triples", per_relation[r]}});
+      const nlohmann::json j = {
+          {"file", path},
+          {"file_size_bytes", file_size},
+          {"load_seconds", load_s},
+          {"entities", n},
+          {"relations", g.n_relations()},
+          {"triples", g.n_triples()},
+          {"aliases", g.n_aliases()},
+          {"out_degree",
+           {{"mean", mean},
+            {"max", max_degree},
+            {"p50", percentile(sorted, 50)},
+            {"p90", percentile(sorted, 90)},
+            {"p99", percentile(sorted, 99)}}},
+          {"isolated_entities", n_isolated},
+          {"self_loops", n_self_loops},
+          {"relations_by_triples", rel},
+      };
+      fmt::print("{}\n", j.dump());
+      return;
+    }
+    fmt::print("file:       {} ({}, loaded in {:.3f} s)\n", path, human_size(file_size), load_s);
+    fmt::print("entities:   {}\n", n);
+    fmt::print("relations:  {}\n", g.n_relations());
+    fmt::print("triples:    {}\n", g.n_triples());
+    fmt::print("aliases:    {}\n", g.n_aliases());
+    fmt::print("out-degree: mean {:.2f}, p50 {}, p90 {}, p99 {}, max {}{}\n", mean, percentile(sorted, 50),
+               percentile(sorted, 90), percentile(sorted, 99), max_degree,
+               n ? fmt::format(" ({})", g.entity_name(busiest)) : std::string());
+    fmt::print("isolated:   {} entities without edges\n", n_isolated);
+    fmt::print("self-loops: {}\n", n_self_loops);
+    fmt::print("triples per relation{}:\n",
+               top != 0 && g.n_relations() > top ? fmt::format(" (top {})", top) : "");
+    for (RelationId r : order) fmt::print("  {:>10}  {}\n", per_relation[r], g.relation_name(r));
+  });
+}
+
+}  // namespace
+
+void add_kg_commands(CLI::App& app) {
+  static CLI::App* kg = app.add_subcommand("kg", "Build and inspect knowledge-graph (KG) files");
+  kg->require_subcommand(1);
+  add_import_command(kg);
+  add_stats_command(kg);
+  add_kg_paths_command(*kg);
+}
+
+}  // namespace depcache::cli

@@ -1,0 +1,257 @@
+// `depcache retrieve`: BM25 over token chunks of a corpus, for one question or
+// a whole QA set (latency percentiles and supporting-title recall@k), so the
+// retrieval stage can be checked on real data before any model is involved.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "retrieval/corpus.h"
+#include "util/error.h"
+
+namespace depcache::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// At most max_bytes of s on one line, cut at a character boundary.
+std::string preview(const std::string& s, size_t max_bytes = 100) {
+  size_t n = std::min(s.size(), max_bytes);
+  while (n > 0 && n < s.size() && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  std::string out = s.substr(0, n);
+  std::replace_if(
+      out.begin(), out.end(), [](char c) { return c == '\n' || c == '\r' || c == '\t'; }, ' ');
+  if (n < s.size()) out += "...";
+  return out;
+}
+
+Json hits_json(const ChunkIndex& index, const std::vector<ChunkHit>& hits) {
+  Json out = Json::array();
+  for (size_t r = 0; r < hits.size(); ++r) {
+    const Chunk& c = index.chunk(hits[r].chunk);
+    const Document& d = index.doc_of(hits[r].chunk);
+    out.push_back({{"rank", r + 1},
+                   {"score", hits[r].score},
+                   {"chunk", hits[r].chunk},
+                   {"doc", c.doc},
+                   {"doc_id", d.id},
+                   {"title", d.title},
+                   {"index_in_doc", c.index_in_doc},
+                   {"text", c.text}});
+  }
+  return out;
+}
+
+void print_hits(const ChunkIndex& index, const std::vector<ChunkHit>& hits) {
+  if (hits.empty()) fmt::print("  (no chunk shares a term with the question)\n");
+  for (size_t r = 0; r < hits.size(); ++r) {
+    const Chunk& c = index.chunk(hits[r].chunk);
+    fmt::print("  {:>2}. {:8.4f}  {} [chunk {}]  {}\n", r + 1, hits[r].score,
+               index.doc_of(hits[r].chunk).title, c.index_in_doc, preview(c.text));
+  }
+}
+
+struct Options {
+  std::string corpus_path, format = "auto", question, qa_path, vocab_path;
+  size_t limit = 0, top_k = 5, staged = 0;
+  ChunkOptions chunking;
+  bool json = false;
+};
+
+// Runs one question; stages are printed (or collected) when --staged is given.
+std::vector<ChunkHit> run_query(const ChunkIndex& index, const Options& o, const std::string& question,
+                                bool show_stages, Json* stages_json, double& ms) {
+  std::vector<SearchStage> stages;
+  const Clock::time_point t0 = Clock::now();
+  std::vector<ChunkHit> hits;
+  if (o.staged > 0) {
+    hits = index.search_staged(question, o.top_k, o.staged, [&](const SearchStage& s) {
+      if (show_stages) stages.push_back(s);
+      return true;
+    });
+  } else {
+    hits = index.search(question, o.top_k);
+  }
+  ms = ms_since(t0);
+  for (const SearchStage& s : stages) {
+    std::vector<ChunkHit> top;
+    for (const ScoredDoc& d : s.top) top.push_back({d.doc, d.score});
+    if (stages_json) {
+      stages_json->push_back({{"stage", s.stage + 1},
+                              {"n_stages", s.n_stages},
+                              {"n_scanned", s.n_scanned},
+                              {"top", hits_json(index, top)}});
+    } else {
+      fmt::print("stage {}/{} ({} of {} chunks scanned):\n", s.stage + 1, s.n_stages, s.n_scanned,
+                 index.chunks().size());
+      print_hits(index, top);
+    }
+  }
+  return hits;
+}
+
+void run(const Options& o) {
+  Clock::time_point t0 = Clock::now();
+  const Tokenizer tok = tokenizer_from(o.vocab_path);
+  CorpusFormat format = parse_corpus_format(o.format);
+  if (format == CorpusFormat::Auto) format = detect_corpus_format(o.corpus_path);
+  Corpus corpus = load_corpus(o.corpus_path, format);
+  const double load_ms = ms_since(t0);
+  const size_t n_docs = corpus.docs.size();
+  // Read the questions before the slow part, so a bad QA file fails fast.
+  std::vector<QaItem> qa;
+  if (!o.qa_path.empty()) {
+    qa = load_qa(o.qa_path);
+    if (o.limit > 0 && qa.size() > o.limit) qa.resize(o.limit);
+  } else {
+    qa.push_back({"", o.question, {}, {}});
+  }
+
+  t0 = Clock::now();
+  const ChunkIndex index = ChunkIndex::build(std::move(corpus), tok, o.chunking);
+  const double build_ms = ms_since(t0);
+  const std::string vocab_name = tokenizer_name(o.vocab_path);
+
+  Json out;
+  if (o.json) {
+    out["corpus"] = {{"path", o.corpus_path},
+                     {"format", corpus_format_name(format)},
+                     {"docs", n_docs},
+                     {"chunks", index.chunks().size()},
+                     {"terms", index.bm25().n_terms()},
+                     {"chunk_tokens", o.chunking.chunk_tokens},
+                     {"overlap", o.chunking.overlap},
+                     {"vocab", vocab_name},
+                     {"load_ms", load_ms},
+                     {"build_ms", build_ms}};
+    out["queries"] = Json::array();
+  } else {
+    fmt::print("corpus: {} ({}): {} docs -> {} chunks of <= {} tokens (overlap {}), vocab: {}\n",
+               o.corpus_path, corpus_format_name(format), n_docs, index.chunks().size(),
+               o.chunking.chunk_tokens, o.chunking.overlap, vocab_name);
+    fmt::print("index: {} terms, built in {:.1f} ms (tokenize + chunk + BM25); load {:.1f} ms\n",
+               index.bm25().n_terms(), build_ms, load_ms);
+  }
+
+  const bool batch = !o.qa_path.empty();
+  std::vector<double> latencies;
+  double recall_sum = 0;
+  size_t n_with_support = 0, n_titles = 0, n_found = 0, n_all_found = 0;
+  for (size_t qi = 0; qi < qa.size(); ++qi) {
+    const QaItem& item = qa[qi];
+    Json stages = Json::array();
+    double ms = 0;
+    if (!batch && !o.json) fmt::print("\nquestion: {}\n", item.question);
+    const std::vector<ChunkHit> hits =
+        run_query(index, o, item.question, !batch && o.staged > 0, o.json ? &stages : nullptr, ms);
+    latencies.push_back(ms);
+
+    size_t found = 0;
+    for (const std::string& title : item.supporting_titles)
+      found += std::any_of(hits.begin(), hits.end(),
+                           [&](const ChunkHit& h) { return index.doc_of(h.chunk).title == title; });
+    if (!item.supporting_titles.empty()) {
+      ++n_with_support;
+      n_titles += item.supporting_titles.size();
+      n_found += found;
+      n_all_found += found == item.supporting_titles.size();
+      recall_sum += static_cast<double>(found) / static_cast<double>(item.supporting_titles.size());
+    }
+
+    if (o.json) {
+      Json q = {{"question", item.question}, {"search_ms", ms}, {"results", hits_json(index, hits)}};
+      if (batch) {
+        q["id"] = item.id;
+        q["supporting_titles"] = item.supporting_titles;
+        q["supporting_found"] = found;
+      }
+      if (!stages.empty()) q["stages"] = std::move(stages);
+      out["queries"].push_back(std::move(q));
+    } else if (batch) {
+      fmt::print("[{:>3}] found {}/{}  {:7.3f} ms  {}\n", qi + 1, found, item.supporting_titles.size(), ms,
+                 preview(item.question, 90));
+    } else {
+      if (o.staged > 0) fmt::print("final:\n");
+      print_hits(index, hits);
+      fmt::print("search: {:.3f} ms\n", ms);
+    }
+  }
+
+  if (batch) {
+    std::sort(latencies.begin(), latencies.end());
+    double mean = 0;
+    for (double l : latencies) mean += l;
+    mean = latencies.empty() ? 0 : mean / static_cast<double>(latencies.size());
+    // Macro average: each question counts once, however many titles support it.
+    const double recall = n_with_support ? recall_sum / static_cast<double>(n_with_support) : 0.0;
+    if (o.json) {
+      out["summary"] = {
+          {"questions", qa.size()},
+          {"top_k", o.top_k},
+          {"latency_ms",
+           {{"p50", percentile(latencies, 50)}, {"p99", percentile(latencies, 99)}, {"mean", mean}}},
+          {"recall_at_k", recall},
+          {"titles_found", n_found},
+          {"titles", n_titles},
+          {"questions_all_found", n_all_found},
+          {"questions_with_support", n_with_support}};
+    } else {
+      fmt::print("\nquestions: {}  top-k: {}\n", qa.size(), o.top_k);
+      fmt::print("latency: p50 {:.3f} ms  p99 {:.3f} ms  mean {:.3f} ms\n", percentile(latencies, 50),
+                 percentile(latencies, 99), mean);
+      fmt::print(
+          "recall@{} of supporting titles: {:.3f} (mean per question; {}/{} titles; all found for {}/{} "
+          "questions)\n",
+          o.top_k, recall, n_found, n_titles, n_all_found, n_with_support);
+    }
+  }
+  if (o.json) fmt::print("{}\n", out.dump(2, ' ', false, Json::error_handler_t::replace));
+}
+
+}  // namespace
+
+void add_retrieve_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("retrieve", "Rank corpus chunks for questions with BM25");
+  static Options o;
+  cmd->add_option("--corpus", o.corpus_path, "Corpus file: MuSiQue or HotpotQA corpus JSON, or JSONL")
+      ->required();
+  cmd->add_option("--format", o.format, "Corpus format")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "musique", "hotpotqa", "jsonl"}));
+  CLI::Option_group* ask = cmd->add_option_group("question", "What to ask (exactly one)");
+  ask->add_option("--question", o.question, "One question");
+  CLI::Option* qa = ask->add_option("--questions", o.qa_path, "QA file (MuSiQue or HotpotQA) to evaluate");
+  ask->require_option(1);
+  cmd->add_option("--limit", o.limit, "Evaluate at most this many questions (0: all)")
+      ->capture_default_str()
+      ->needs(qa);
+  cmd->add_option("--top-k", o.top_k, "Chunks to return per question")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--chunk-tokens", o.chunking.chunk_tokens, "Tokens per chunk")->capture_default_str();
+  cmd->add_option("--overlap", o.chunking.overlap, "Tokens shared by consecutive chunks")
+      ->capture_default_str();
+  cmd->add_option("--vocab", o.vocab_path,
+                  "GGUF file whose tokenizer cuts the chunks (default: built-in bytes)");
+  cmd->add_option("--staged", o.staged, "Search in N doc-id stages and print each stage's top-k")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", o.json, "Print one JSON object instead of text");
+  cmd->callback([] { run(o); });
+}
+
+}  // namespace depcache::cli
