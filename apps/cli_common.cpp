@@ -18,11 +18,8 @@ std::string tokenizer_name(const std::string& gguf_path) {
 }
 
 double percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
-  const double rank = std::ceil(p / 100.0 * static_cast<double>(values.size()));
-  const size_t i = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(values.size()))) - 1;
-  return values[i];
+  return percentile_sorted(values, p);
 }
 
 }  // namespace depcache::cli

@@ -1,5 +1,7 @@
 #pragma once
 // Small pieces several subcommands share.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -12,7 +14,14 @@ Tokenizer tokenizer_from(const std::string& gguf_path);
 // "built-in bytes" or the path, for reports.
 std::string tokenizer_name(const std::string& gguf_path);
 
-// p-th percentile (0..100) of values, nearest rank; 0 for none.
+// p-th percentile (0..100) of ascending values, nearest rank; T{} for none.
+template <class T>
+T percentile_sorted(const std::vector<T>& sorted, double p) {
+  if (sorted.empty()) return T{};
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(sorted.size()));
+  return sorted[static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(sorted.size()))) - 1];
+}
+// The same over unsorted values.
 double percentile(std::vector<double> values, double p);
 
 }  // namespace depcache::cli

@@ -10,17 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "retrieval/knowledge_graph.h"
 #include "retrieval/wordnet.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 namespace depcache::cli {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::string human_size(uintmax_t bytes) {
   if (bytes < 1024) return fmt::format("{} B", bytes);
@@ -83,13 +81,6 @@ void add_import_command(CLI::App* kg) {
   });
 }
 
-// Nearest-rank percentile of sorted values.
-size_t percentile(const std::vector<size_t>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
-  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
-}
-
 void add_stats_command(CLI::App* kg) {
   CLI::App* cmd = kg->add_subcommand("stats", "Describe a KG file: sizes, degrees, relations");
   static std::string path;
@@ -147,9 +138,9 @@ void add_stats_command(CLI::App* kg) {
           {"out_degree",
            {{"mean", mean},
             {"max", max_degree},
-            {"p50", percentile(sorted, 50)},
-            {"p90", percentile(sorted, 90)},
-            {"p99", percentile(sorted, 99)}}},
+            {"p50", percentile_sorted(sorted, 50)},
+            {"p90", percentile_sorted(sorted, 90)},
+            {"p99", percentile_sorted(sorted, 99)}}},
           {"isolated_entities", n_isolated},
           {"self_loops", n_self_loops},
           {"relations_by_triples", rel},
@@ -162,9 +153,9 @@ void add_stats_command(CLI::App* kg) {
     fmt::print("relations:  {}\n", g.n_relations());
     fmt::print("triples:    {}\n", g.n_triples());
     fmt::print("aliases:    {}\n", g.n_aliases());
-    fmt::print("out-degree: mean {:.2f}, p50 {}, p90 {}, p99 {}, max {}{}\n", mean, percentile(sorted, 50),
-               percentile(sorted, 90), percentile(sorted, 99), max_degree,
-               n ? fmt::format(" ({})", g.entity_name(busiest)) : std::string());
+    fmt::print("out-degree: mean {:.2f}, p50 {}, p90 {}, p99 {}, max {}{}\n", mean,
+               percentile_sorted(sorted, 50), percentile_sorted(sorted, 90), percentile_sorted(sorted, 99),
+               max_degree, n ? fmt::format(" ({})", g.entity_name(busiest)) : std::string());
     fmt::print("isolated:   {} entities without edges\n", n_isolated);
     fmt::print("self-loops: {}\n", n_self_loops);
     fmt::print("triples per relation{}:\n",

@@ -17,6 +17,7 @@
 #include "retrieval/text_ranker.h"
 #include "retrieval/workload.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 namespace depcache::cli {
 namespace {
@@ -30,11 +31,6 @@ struct PathsOptions {
   uint64_t seed = 1;
   bool json = false;
 };
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 // One entity's retrieval: candidates, then the top-k for the question.
 struct Retrieved {
@@ -229,10 +225,16 @@ void add_kg_paths_command(CLI::App& kg) {
   cmd->add_option("--hops", o.limits.hops, "Path length in hops")
       ->capture_default_str()
       ->check(CLI::Range(1, 8));
-  cmd->add_option("--top-k", o.top_k, "Paths kept per entity")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Paths kept per entity")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{100000}));
+  // Bounded so a typo cannot ask for an unbounded walk over a hub.
   cmd->add_option("--max-paths", o.limits.max_paths, "Candidate paths enumerated per entity")
-      ->capture_default_str();
-  cmd->add_option("--max-fanout", o.limits.max_fanout, "Edges followed per entity")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1000000}));
+  cmd->add_option("--max-fanout", o.limits.max_fanout, "Edges followed per entity")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{100000}));
   cmd->add_flag("--inverse", o.limits.follow_inverse, "Also walk edges backwards (for one-way KGs)");
   cmd->add_option("--scorer", o.scorer, "Path relevance: bm25, tfidf or hash-embedding")
       ->capture_default_str();

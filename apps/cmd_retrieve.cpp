@@ -18,17 +18,12 @@
 #include "model/vocab.h"
 #include "retrieval/corpus.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 namespace depcache::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
 // At most max_bytes of s on one line, cut at a character boundary.
 std::string preview(const std::string& s, size_t max_bytes = 100) {
   size_t n = std::min(s.size(), max_bytes);

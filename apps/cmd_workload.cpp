@@ -3,8 +3,10 @@
 // locality report that bounds what any cache could reuse in them.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -15,6 +17,7 @@
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 namespace depcache::cli {
 namespace {
@@ -33,10 +36,6 @@ struct GenerateOptions {
   size_t top_k = 5;
   ChunkOptions chunking;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
@@ -150,7 +149,9 @@ void add_generate(CLI::App& parent) {
   cmd->add_option("--hops", o.hops, "GraphRAG: path length in hops")
       ->capture_default_str()
       ->check(CLI::Range(1, 8));
-  cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")->capture_default_str();
+  cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{100000}));
   cmd->add_option("--top-k", o.top_k, "Chunk RAG: chunks per request")->capture_default_str();
   cmd->add_option("--chunk-tokens", o.chunking.chunk_tokens, "Chunk RAG: tokens per chunk")
       ->capture_default_str();
@@ -167,30 +168,43 @@ void add_generate(CLI::App& parent) {
   });
 }
 
-// Token cost and identity of every context item of every request.
+// Token cost, identity and token runs of every context item of every
+// request. Streams repeat the same documents and paths, so each distinct text
+// is tokenized once.
 std::vector<std::vector<ItemUse>> item_uses(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
                                             int64_t& flat_tokens) {
+  std::unordered_map<std::string, std::vector<int32_t>> doc_tokens, path_tokens_of;
+  const auto tokens_of = [&](auto& memo, const std::string& text,
+                             auto&& encode) -> const std::vector<int32_t>& {
+    auto it = memo.find(text);
+    if (it == memo.end()) it = memo.emplace(text, encode(text)).first;
+    return it->second;
+  };
   std::vector<std::vector<ItemUse>> out;
   flat_tokens = 0;
   for (const RagRequest& r : reqs) {
     std::vector<ItemUse> uses;
     for (const RequestDocument& d : r.documents) {
-      const auto n = static_cast<int64_t>(tok.encode(d.text, false, false).size());
-      uses.push_back({"doc:" + d.id, n});
+      const std::vector<int32_t>& ids =
+          tokens_of(doc_tokens, d.text, [&](const std::string& t) { return tok.encode(t, false, false); });
+      const auto n = static_cast<int64_t>(ids.size());
+      // The key includes the text: the same id with other text is other content.
+      uses.push_back({"doc:" + d.id, "doc:" + d.id + '\n' + d.text, n, {ids}});
       flat_tokens += n;
     }
     for (const RequestEntity& e : r.entities) {
-      // An entity's cost is its merged subtree; its key is its exact content.
-      DepPrompt tree;
-      std::vector<std::vector<int32_t>> paths;
-      std::string key = "entity:" + e.name;
+      // An entity's cost is its merged subtree; its content is its path set.
+      ItemUse use{"entity:" + e.name, "entity:" + e.name, 0, {}};
       for (const std::string& p : e.paths) {
-        paths.push_back(path_tokens(tok, p));
-        key += '\n' + p;
+        use.sequences.push_back(
+            tokens_of(path_tokens_of, p, [&](const std::string& t) { return path_tokens(tok, t); }));
+        use.key += '\n' + p;
       }
-      tree.add_tree(e.name, paths);
-      uses.push_back({key, static_cast<int64_t>(tree.size())});
+      DepPrompt tree;
+      tree.add_tree(e.name, use.sequences);
+      use.tokens = static_cast<int64_t>(tree.size());
       flat_tokens += tree.n_flat_tokens();
+      uses.push_back(std::move(use));
     }
     out.push_back(std::move(uses));
   }
@@ -214,27 +228,39 @@ void add_stats(CLI::App& parent) {
       const nlohmann::json j = {{"requests", r.n_requests},
                                 {"item_uses", r.n_item_uses},
                                 {"distinct_items", r.n_distinct_items},
+                                {"distinct_contents", r.n_distinct_contents},
                                 {"top20_request_share", r.top20_request_share},
                                 {"top20_use_share", r.top20_use_share},
+                                {"top20_cut_ties", r.top20_cut_ties},
                                 {"context_tokens", r.total_tokens},
                                 {"flat_context_tokens", flat},
                                 {"distinct_tokens", r.distinct_tokens},
                                 {"reuse_upper_bound", r.reuse_upper_bound},
                                 {"mean_request_hit_bound", r.mean_request_hit_bound},
+                                {"prefix_reuse_upper_bound", r.prefix_reuse_upper_bound},
+                                {"mean_request_prefix_hit_bound", r.mean_request_prefix_hit_bound},
                                 {"tokenizer", tokenizer_name(vocab_path)}};
       fmt::print("{}\n", j.dump(2));
       return;
     }
     fmt::print("requests:                 {}\n", r.n_requests);
-    fmt::print("context items used:       {} ({} distinct)\n", r.n_item_uses, r.n_distinct_items);
-    fmt::print("requests touching top 20% items: {:.1f}%\n", 100 * r.top20_request_share);
+    fmt::print("context items used:       {} ({} distinct items, {} distinct contents)\n", r.n_item_uses,
+               r.n_distinct_items, r.n_distinct_contents);
+    fmt::print("top 20% = the {} most used of the items seen in the stream\n",
+               std::max<size_t>(1, (r.n_distinct_items + 4) / 5));
+    fmt::print("requests touching top 20% items: {:.1f}%{}\n", 100 * r.top20_request_share,
+               r.top20_cut_ties
+                   ? fmt::format(" ({} more items tie at the cut; broken by name)", r.top20_cut_ties)
+                   : "");
     fmt::print("uses going to top 20% items:     {:.1f}%\n", 100 * r.top20_use_share);
     fmt::print("context tokens:           {} ({} before prefix merging; tokenizer: {})\n", r.total_tokens,
                flat, tokenizer_name(vocab_path));
     fmt::print("distinct context tokens:  {}\n", r.distinct_tokens);
-    fmt::print("token reuse upper bound:  {:.1f}% (infinite cache, exact reuse)\n",
-               100 * r.reuse_upper_bound);
-    fmt::print("mean per-request hit-rate bound: {:.1f}%\n", 100 * r.mean_request_hit_bound);
+    fmt::print("token reuse upper bound (infinite cache):\n");
+    fmt::print("  whole items (identical content): {:.1f}% of tokens, {:.1f}% per request\n",
+               100 * r.reuse_upper_bound, 100 * r.mean_request_hit_bound);
+    fmt::print("  token prefixes per item:          {:.1f}% of tokens, {:.1f}% per request\n",
+               100 * r.prefix_reuse_upper_bound, 100 * r.mean_request_prefix_hit_bound);
   });
 }
 

@@ -5,14 +5,9 @@
 
 #include "engine/forward.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 namespace depcache {
-namespace {
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
-
 GenerateResult generate(Forward& fwd, KvCache& kv, const std::vector<int32_t>& prompt,
                         const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) fail(ErrorKind::InvalidInput, "the prompt is empty (no tokens to condition on)");

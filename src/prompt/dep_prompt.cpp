@@ -7,7 +7,16 @@
 
 namespace depcache {
 
+namespace {
+// Token indices are int32; refuse a prompt that would overflow them.
+void check_room(size_t have, size_t more, const std::string& label) {
+  if (more > static_cast<size_t>(INT32_MAX) - have)
+    fail(ErrorKind::LimitExceeded, "segment '{}': prompt would exceed {} tokens", label, INT32_MAX);
+}
+}  // namespace
+
 int32_t DepPrompt::add_linear(std::string label, std::span<const int32_t> tokens) {
+  check_room(tokens_.size(), tokens.size(), label);
   PromptSegment seg;
   seg.kind = SegmentKind::Linear;
   seg.label = std::move(label);
@@ -18,24 +27,43 @@ int32_t DepPrompt::add_linear(std::string label, std::span<const int32_t> tokens
   seg.n_flat_tokens = static_cast<int32_t>(tokens.size());
   for (int32_t s = 0; s < static_cast<int32_t>(segments_.size()); ++s) seg.depends_on.push_back(s);
   const auto id = static_cast<int32_t>(segments_.size());
-  if (!tokens.empty()) nodes_.push_back({id, -1, seg.tokens});
+  segments_.push_back(std::move(seg));
+  if (!tokens.empty()) nodes_.push_back({id, -1, segments_.back().tokens});
+  const int32_t anchor = segment_anchor(id);
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens_.push_back(tokens[i]);
-    parents_.push_back(static_cast<int32_t>(tokens_.size()) - 2);  // previous token, -1 for the very first
+    parents_.push_back(i == 0 ? anchor : static_cast<int32_t>(tokens_.size()) - 2);
     token_node_.push_back(static_cast<int32_t>(nodes_.size()) - 1);
   }
-  segments_.push_back(std::move(seg));
   return id;
 }
 
 int32_t DepPrompt::segment_anchor(int32_t segment) const {
   int32_t anchor = -1;
   for (int32_t dep : segments_[segment].depends_on)
-    if (segments_[dep].tokens.size() > 0) anchor = std::max(anchor, segments_[dep].tokens.end - 1);
+    if (segments_[dep].kind == SegmentKind::Linear && segments_[dep].tokens.size() > 0)
+      anchor = std::max(anchor, segments_[dep].tokens.end - 1);
   return anchor;
 }
 
 int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32_t>> paths) {
+  // A tree placed after a linear segment that saw an earlier tree would
+  // depend on that tree through the linear segment's KV without attending to
+  // it: a dependency neither visibility nor cache keys would show.
+  bool after_tree = false;
+  for (const PromptSegment& seg : segments_) {
+    if (seg.kind == SegmentKind::Tree) after_tree = true;
+    if (seg.kind == SegmentKind::Linear && after_tree && seg.tokens.size() > 0)
+      fail(ErrorKind::InvalidInput,
+           "tree segment '{}' cannot follow linear segment '{}', which follows a tree segment", label,
+           seg.label);
+  }
+  size_t n_path_tokens = 0;
+  for (const auto& path : paths) {
+    check_room(n_path_tokens, path.size(), label);
+    n_path_tokens += path.size();
+  }
+  check_room(tokens_.size(), n_path_tokens, label);
   // Prefix trie; node 0 is a virtual root.
   struct TrieNode {
     int32_t token = -1;
@@ -58,7 +86,6 @@ int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32
       at = it->second;
     }
   }
-  if (n_flat > INT32_MAX) fail(ErrorKind::LimitExceeded, "tree segment '{}' holds too many tokens", label);
 
   PromptSegment seg;
   seg.kind = SegmentKind::Tree;
@@ -138,17 +165,40 @@ std::vector<int32_t> DepPrompt::positions(PositionScheme scheme) const {
 std::vector<TokenRange> DepPrompt::visible_ranges(int32_t token) const {
   if (token < 0 || token >= static_cast<int32_t>(tokens_.size()))
     fail(ErrorKind::Internal, "visible_ranges: token {} out of range [0, {})", token, tokens_.size());
-  const PromptNode& own = nodes_[token_node_[token]];
-  const PromptSegment& seg = segments_[own.segment];
+  std::vector<TokenRange> ranges = node_context(token_node_[token]);
+  const TokenRange own{nodes_[token_node_[token]].tokens.begin, token + 1};
+  if (!ranges.empty() && ranges.back().end == own.begin)
+    ranges.back().end = own.end;  // context ranges all precede the node
+  else
+    ranges.push_back(own);
+  return ranges;
+}
+
+std::vector<int32_t> DepPrompt::node_path(int32_t node) const {
+  if (node < 0 || node >= static_cast<int32_t>(nodes_.size()))
+    fail(ErrorKind::Internal, "node_path: node {} out of range [0, {})", node, nodes_.size());
+  std::vector<int32_t> path;
+  for (int32_t n = node; n >= 0; n = nodes_[n].parent) path.push_back(n);
+  std::reverse(path.begin(), path.end());
+  return path;
+}
+
+std::vector<int32_t> DepPrompt::node_children(int32_t node) const {
+  if (node < 0 || node >= static_cast<int32_t>(nodes_.size()))
+    fail(ErrorKind::Internal, "node_children: node {} out of range [0, {})", node, nodes_.size());
+  std::vector<int32_t> kids;
+  const PromptSegment& seg = segments_[nodes_[node].segment];
+  for (int32_t n = node + 1; n < seg.first_node + seg.n_nodes; ++n)
+    if (nodes_[n].parent == node) kids.push_back(n);
+  return kids;
+}
+
+std::vector<TokenRange> DepPrompt::node_context(int32_t node) const {
   std::vector<TokenRange> ranges;
-  for (int32_t dep : seg.depends_on)
+  const std::vector<int32_t> path = node_path(node);
+  for (int32_t dep : segments_[nodes_[node].segment].depends_on)
     if (segments_[dep].tokens.size() > 0) ranges.push_back(segments_[dep].tokens);
-  if (seg.kind == SegmentKind::Linear) {
-    ranges.push_back({seg.tokens.begin, token + 1});
-  } else {
-    ranges.push_back({own.tokens.begin, token + 1});
-    for (int32_t n = own.parent; n >= 0; n = nodes_[n].parent) ranges.push_back(nodes_[n].tokens);
-  }
+  for (size_t i = 0; i + 1 < path.size(); ++i) ranges.push_back(nodes_[path[i]].tokens);
   std::sort(ranges.begin(), ranges.end(),
             [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
   std::vector<TokenRange> merged;

@@ -56,14 +56,17 @@ class DepPrompt {
 
   // A tree segment from token paths (each non-empty), merged on shared
   // prefixes; children keep first-insertion order. It depends on the linear
-  // segments added before it, not on other trees.
+  // segments added before it, not on other trees. Trees must all precede any
+  // linear segment that follows a tree (else InvalidInput).
   int32_t add_tree(std::string label, std::span<const std::vector<int32_t>> paths);
 
   size_t size() const { return tokens_.size(); }
   const std::vector<int32_t>& tokens() const { return tokens_; }  // pre-order
-  // Index of the token each token continues from: the previous token on its
-  // path, the last token of the segment a tree root hangs under, or for a
-  // linear segment the previous token of the sequence; -1 for the first token.
+  // The token each token hangs under: the previous token on its path or in
+  // its linear segment; for the first token of a tree or linear segment, the
+  // last token of the latest linear segment before it (-1 if none). Trees and
+  // later linear segments thus hang under the system segment; what a token
+  // attends to is given by visible_ranges, not by this chain alone.
   const std::vector<int32_t>& parents() const { return parents_; }
   const std::vector<int32_t>& token_nodes() const { return token_node_; }
   const std::vector<PromptSegment>& segments() const { return segments_; }
@@ -74,6 +77,14 @@ class DepPrompt {
   // Tokens the given token attends to (itself included), as sorted,
   // non-overlapping, non-adjacent ranges.
   std::vector<TokenRange> visible_ranges(int32_t token) const;
+  // Node-level view for the executor: a token of `node` attends to
+  // node_context(node) plus its own node up to itself. Context is sorted,
+  // merged, and lies before the node.
+  std::vector<TokenRange> node_context(int32_t node) const;
+  // Nodes from the segment's root node down to `node` (inclusive): the radix
+  // path whose tokens identify the node's KV inside its segment.
+  std::vector<int32_t> node_path(int32_t node) const;
+  std::vector<int32_t> node_children(int32_t node) const;
   // The same relation as a predicate (reference for tests and small prompts).
   bool attends(int32_t query, int32_t key) const;
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/json_error.h"
 
 namespace depcache {
 namespace {
@@ -30,22 +31,11 @@ std::string read_file(const fs::path& path) {
   return std::move(ss).str();
 }
 
-// nlohmann's messages start with "[json.exception.parse_error.101] "; the
-// rest (with line and column) is what a user needs.
-std::string json_message(const std::exception& e) {
-  std::string_view m = e.what();
-  if (!m.empty() && m.front() == '[') {
-    const size_t close = m.find("] ");
-    if (close != std::string_view::npos) m.remove_prefix(close + 2);
-  }
-  return std::string(m);
-}
-
 Json parse_json(const std::string& data, const fs::path& path) {
   try {
     return Json::parse(data);
   } catch (const Json::exception& e) {
-    fail(ErrorKind::InvalidInput, "{}: malformed JSON: {}", path.string(), json_message(e));
+    fail(ErrorKind::InvalidInput, "{}: malformed JSON: {}", path.string(), json_error_message(e));
   }
 }
 
@@ -136,7 +126,8 @@ Corpus parse_jsonl(const std::string& data, const fs::path& path) {
     try {
       j = Json::parse(line);
     } catch (const Json::exception& e) {
-      fail(ErrorKind::InvalidInput, "{}:{}: malformed JSON: {}", path.string(), line_no, json_message(e));
+      fail(ErrorKind::InvalidInput, "{}:{}: malformed JSON: {}", path.string(), line_no,
+           json_error_message(e));
     }
     if (!j.is_object())
       fail(ErrorKind::InvalidInput, "{}:{}: expected a JSON object", path.string(), line_no);

@@ -46,7 +46,7 @@ class EntityLinker {
   // Normalised text -> entities, best candidates first (more edges first).
   std::unordered_map<std::string, std::vector<EntityId>> by_label_;
   std::unordered_map<std::string, std::vector<EntityId>> by_alias_;
-  Bm25Index names_;  // document i = entity i's label, name and aliases
+  Bm25Index names_;  // document i = entity i's label and aliases (not its unique key)
 };
 
 }  // namespace depcache

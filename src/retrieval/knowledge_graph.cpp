@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace depcache {
 
@@ -183,15 +184,6 @@ constexpr char kMagic[4] = {'D', 'K', 'G', '1'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderSize = 56;
 constexpr size_t kChecksumStart = 16;
-
-uint64_t fnv1a64(const char* data, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 class Writer {
  public:

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/json_error.h"
 
 namespace depcache {
 namespace {
@@ -18,7 +19,7 @@ std::string get_string(const json& j, const char* key, const std::string& where,
     return {};
   }
   if (it->is_number_integer() && std::string_view(key) == "id")
-    return std::to_string(it->get<int64_t>());  // numeric ids are common
+    return it->dump();  // numeric ids are common; dump() keeps unsigned ones exact
   if (!it->is_string()) fail(ErrorKind::InvalidInput, "{}: \"{}\" must be a string", where, key);
   return it->get<std::string>();
 }
@@ -120,8 +121,8 @@ std::vector<RagRequest> read_requests(const std::filesystem::path& path) {
     json j;
     try {
       j = json::parse(line);
-    } catch (const json::parse_error& e) {
-      fail(ErrorKind::InvalidInput, "{}: invalid JSON ({})", where, e.what());
+    } catch (const json::exception& e) {  // parse errors and out-of-range numbers
+      fail(ErrorKind::InvalidInput, "{}: invalid JSON: {}", where, json_error_message(e));
     }
     out.push_back(request_from_json(j, where));
     if (out.back().id.empty()) out.back().id = std::to_string(out.size() - 1);

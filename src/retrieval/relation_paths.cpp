@@ -1,6 +1,8 @@
 #include "retrieval/relation_paths.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <set>
 #include <unordered_map>
 
 #include "util/error.h"
@@ -21,7 +23,8 @@ struct Walker {
   // costs O(max_fanout) per visit rather than O(degree).
   std::vector<PathStep> neighbours(EntityId e) {
     std::vector<PathStep> found;
-    const size_t cap = limits.max_fanout + on_path.size();
+    const size_t cap =
+        limits.max_fanout > SIZE_MAX - on_path.size() ? SIZE_MAX : limits.max_fanout + on_path.size();
     const auto take = [&](std::span<const Edge> edges, bool inverse) {
       out.n_edges_considered += edges.size();
       const bool sample = edges.size() > cap;
@@ -47,8 +50,22 @@ struct Walker {
   // Emits up to `budget` paths below the current prefix; returns how many.
   size_t walk(EntityId at, size_t budget) {
     if (static_cast<int>(steps.size()) == limits.hops) return emit();
-    const std::vector<PathStep> next = neighbours(at);
+    std::vector<PathStep> next = neighbours(at);
     if (next.empty()) return steps.empty() ? 0 : emit();
+    if (budget < next.size()) {
+      // Fewer paths than branches: visit an even stride of branches first so
+      // the kept paths span all relations, not just the first in sort order.
+      std::vector<PathStep> strided;
+      std::vector<bool> taken(next.size(), false);
+      for (size_t j = 0; j < budget; ++j) {
+        const size_t k = j * next.size() / budget;
+        strided.push_back(next[k]);
+        taken[k] = true;
+      }
+      for (size_t k = 0; k < next.size(); ++k)
+        if (!taken[k]) strided.push_back(next[k]);
+      next = std::move(strided);
+    }
     size_t used = 0;
     size_t i = 0;
     for (; i < next.size() && used < budget; ++i) {
@@ -85,7 +102,8 @@ std::string csv_field(std::string_view s) {
 PathSet enumerate_paths(const KnowledgeGraph& kg, EntityId root, const PathLimits& limits) {
   if (root >= kg.n_entities())
     fail(ErrorKind::NotFound, "entity id {} is not in the graph ({} entities)", root, kg.n_entities());
-  if (limits.hops < 1) fail(ErrorKind::InvalidInput, "hops must be at least 1 (got {})", limits.hops);
+  if (limits.hops < 1 || limits.hops > kMaxPathHops)
+    fail(ErrorKind::InvalidInput, "hops must be in [1, {}] (got {})", kMaxPathHops, limits.hops);
   PathSet out;
   if (limits.max_paths == 0 || limits.max_fanout == 0) return out;
   Walker w{kg, limits, out, {}, {root}};
@@ -107,15 +125,14 @@ std::string path_text(const KnowledgeGraph& kg, const RelationPath& path) {
 
 std::string triplet_text(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths) {
   std::string s;
-  std::vector<std::tuple<EntityId, RelationId, EntityId>> seen;
+  std::set<std::tuple<EntityId, RelationId, EntityId>> seen;
   for (const RelationPath& p : paths) {
     EntityId from = p.root;
     for (const PathStep& step : p.steps) {
       const EntityId head = step.inverse ? step.target : from;
       const EntityId tail = step.inverse ? from : step.target;
       const auto t = std::make_tuple(head, step.relation, tail);
-      if (std::find(seen.begin(), seen.end(), t) == seen.end()) {
-        seen.push_back(t);
+      if (seen.insert(t).second) {
         s += "(";
         s += kg.entity_label(head);
         s += ", ";
@@ -139,6 +156,7 @@ std::string graph_csv_text(const KnowledgeGraph& kg, const std::vector<RelationP
     return it->second;
   };
   std::vector<std::tuple<size_t, RelationId, size_t>> edges;
+  std::set<std::tuple<size_t, RelationId, size_t>> seen;
   for (const RelationPath& p : paths) {
     EntityId from = p.root;
     node_id(from);
@@ -146,7 +164,7 @@ std::string graph_csv_text(const KnowledgeGraph& kg, const std::vector<RelationP
       const size_t a = node_id(step.inverse ? step.target : from);
       const size_t b = node_id(step.inverse ? from : step.target);
       const auto e = std::make_tuple(a, step.relation, b);
-      if (std::find(edges.begin(), edges.end(), e) == edges.end()) edges.push_back(e);
+      if (seen.insert(e).second) edges.push_back(e);
       from = step.target;
     }
   }

@@ -21,6 +21,10 @@ struct RelationPath {
   EntityId leaf() const { return steps.empty() ? root : steps.back().target; }
 };
 
+// Paths longer than this are never useful as prompt context, and the walk's
+// recursion depth equals the hop count.
+inline constexpr int kMaxPathHops = 16;
+
 struct PathLimits {
   int hops = 2;
   size_t max_paths = 2000;      // enumeration stops here (candidates before pruning)

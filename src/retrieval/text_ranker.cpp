@@ -8,6 +8,7 @@
 #include "retrieval/bm25.h"
 #include "retrieval/text.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace depcache {
 namespace {
@@ -20,15 +21,6 @@ double cosine(std::span<const float> a, std::span<const float> b) {
     nb += static_cast<double>(b[i]) * b[i];
   }
   return (na > 0 && nb > 0) ? dot / std::sqrt(na * nb) : 0.0;
-}
-
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
 }
 
 }  // namespace
@@ -104,7 +96,7 @@ std::vector<float> HashingEmbedder::embed(std::string_view text) const {
   if (dim_ == 0) return v;
   const std::vector<std::string> words = index_terms(text);
   const auto add = [&](std::string_view feature, float weight) {
-    const uint64_t h = fnv1a(feature);
+    const uint64_t h = fnv1a64(feature);
     v[h % dim_] += (h >> 63) ? -weight : weight;
   };
   for (size_t i = 0; i < words.size(); ++i) {
@@ -141,7 +133,9 @@ std::vector<size_t> top_k_indices(std::span<const double> scores, size_t k) {
   std::vector<size_t> order(scores.size());
   std::iota(order.begin(), order.end(), size_t{0});
   k = std::min(k, order.size());
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+  // NaN ranks last (and the order stays a strict weak ordering).
+  const auto key = [&](size_t i) { return std::isnan(scores[i]) ? -HUGE_VAL : scores[i]; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
   order.resize(k);
   return order;
 }

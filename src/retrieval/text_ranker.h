@@ -41,7 +41,7 @@ class Embedder {
 // with signs, L2-normalised. Good enough to exercise the dense path.
 class HashingEmbedder : public Embedder {
  public:
-  explicit HashingEmbedder(size_t dim = 256) : dim_(dim) {}
+  explicit HashingEmbedder(size_t dim = 1024) : dim_(dim) {}
   size_t dim() const override { return dim_; }
   std::vector<float> embed(std::string_view text) const override;
 

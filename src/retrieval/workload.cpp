@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace depcache {
 
@@ -205,20 +206,21 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
 LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests) {
   LocalityReport rep;
   rep.n_requests = requests.size();
-  std::unordered_map<std::string, size_t> uses;
-  std::unordered_map<std::string, int64_t> cost;
+  std::unordered_map<std::string, size_t> uses;      // by item
+  std::unordered_map<std::string, int64_t> content;  // by content key
   for (const auto& req : requests)
     for (const ItemUse& u : req) {
-      ++uses[u.key];
-      cost.emplace(u.key, u.tokens);
+      ++uses[u.item];
+      content.emplace(u.key, u.tokens);
       ++rep.n_item_uses;
       rep.total_tokens += u.tokens;
     }
   rep.n_distinct_items = uses.size();
-  for (const auto& [key, tokens] : cost) rep.distinct_tokens += tokens;
+  rep.n_distinct_contents = content.size();
+  for (const auto& [key, tokens] : content) rep.distinct_tokens += tokens;
   if (rep.n_requests == 0 || rep.n_item_uses == 0) return rep;
 
-  // Top 20% most used items (ties broken by key for determinism).
+  // Top 20% most used items (ties broken by name for determinism).
   std::vector<std::pair<std::string, size_t>> ranked(uses.begin(), uses.end());
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
     return a.second != b.second ? a.second > b.second : a.first < b.first;
@@ -230,31 +232,63 @@ LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests
     top.insert(ranked[i].first);
     top_uses += ranked[i].second;
   }
+  for (size_t i = n_top; i < ranked.size() && ranked[i].second == ranked[n_top - 1].second; ++i)
+    ++rep.top20_cut_ties;
   rep.top20_use_share = static_cast<double>(top_uses) / static_cast<double>(rep.n_item_uses);
 
-  size_t touching = 0;
-  double hit_sum = 0;
-  size_t n_with_context = 0;
+  // Prefix reuse: every token prefix an item has held, as a hash of (item,
+  // prefix). 64-bit hashes make a false match vanishingly unlikely at these sizes.
+  std::unordered_set<uint64_t> seen_prefixes;
   std::unordered_set<std::string> seen;
+  size_t touching = 0, n_with_context = 0;
+  double hit_sum = 0, prefix_hit_sum = 0;
+  int64_t prefix_cached_total = 0;
   for (const auto& req : requests) {
     bool touches = false;
-    int64_t context = 0, cached = 0;
+    int64_t context = 0, cached = 0, prefix_cached = 0;
+    std::vector<uint64_t> fresh;  // prefixes this request adds
     for (const ItemUse& u : req) {
-      touches = touches || top.count(u.key) > 0;
+      touches = touches || top.count(u.item) > 0;
       context += u.tokens;
-      if (!seen.insert(u.key).second) cached += u.tokens;
+      const bool whole_hit = !seen.insert(u.key).second;
+      if (whole_hit) cached += u.tokens;
+      if (u.sequences.empty()) {
+        if (whole_hit) prefix_cached += u.tokens;
+        continue;
+      }
+      std::unordered_set<uint64_t> mine;  // shared prefixes inside the item count once
+      const uint64_t root = fnv1a64(u.item);
+      for (const auto& seq : u.sequences) {
+        uint64_t h = root;
+        for (int32_t t : seq) {
+          h = fnv1a64(&t, sizeof t, h);
+          if (!mine.insert(h).second) continue;
+          if (seen_prefixes.count(h))
+            ++prefix_cached;
+          else
+            fresh.push_back(h);
+        }
+      }
     }
+    seen_prefixes.insert(fresh.begin(), fresh.end());
     touching += touches;
+    prefix_cached_total += prefix_cached;
     if (context > 0) {
       hit_sum += static_cast<double>(cached) / static_cast<double>(context);
+      prefix_hit_sum += static_cast<double>(prefix_cached) / static_cast<double>(context);
       ++n_with_context;
     }
   }
   rep.top20_request_share = static_cast<double>(touching) / static_cast<double>(rep.n_requests);
-  rep.reuse_upper_bound = rep.total_tokens > 0 ? 1.0 - static_cast<double>(rep.distinct_tokens) /
-                                                           static_cast<double>(rep.total_tokens)
-                                               : 0;
-  rep.mean_request_hit_bound = n_with_context ? hit_sum / static_cast<double>(n_with_context) : 0;
+  if (rep.total_tokens > 0) {
+    const auto total = static_cast<double>(rep.total_tokens);
+    rep.reuse_upper_bound = 1.0 - static_cast<double>(rep.distinct_tokens) / total;
+    rep.prefix_reuse_upper_bound = static_cast<double>(prefix_cached_total) / total;
+  }
+  if (n_with_context) {
+    rep.mean_request_hit_bound = hit_sum / static_cast<double>(n_with_context);
+    rep.mean_request_prefix_hit_bound = prefix_hit_sum / static_cast<double>(n_with_context);
+  }
   return rep;
 }
 

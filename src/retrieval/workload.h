@@ -93,20 +93,37 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
 struct LocalityReport {
   size_t n_requests = 0;
   size_t n_item_uses = 0;
-  size_t n_distinct_items = 0;
-  double top20_request_share = 0;  // requests touching one of the top 20% most used items
-  double top20_use_share = 0;      // uses that go to the top 20% items
-  int64_t total_tokens = 0;        // context tokens over all requests
-  int64_t distinct_tokens = 0;     // context tokens of the distinct items
-  // Infinite cache, exact reuse: 1 - distinct/total (token-weighted), and the
+  size_t n_distinct_items = 0;     // by item (entity / document), not by content
+  size_t n_distinct_contents = 0;  // by content key
+  // "Top 20%": the 20% most used of the items seen in the stream.
+  double top20_request_share = 0;  // requests touching one of them
+  double top20_use_share = 0;      // uses that go to them
+  // Items outside the top 20% used as often as the last one inside: when
+  // non-zero, which of them count (and so the request share) is a tie-break
+  // (by name); the use share does not depend on it.
+  size_t top20_cut_ties = 0;
+  int64_t total_tokens = 0;     // context tokens over all requests
+  int64_t distinct_tokens = 0;  // context tokens of the distinct contents
+  // Infinite cache, whole-item exact reuse (an item is reused only when its
+  // content is identical): 1 - distinct/total (token-weighted), and the
   // per-request average of cached/context tokens (DepCache's hit-rate form).
   double reuse_upper_bound = 0;
   double mean_request_hit_bound = 0;
+  // Infinite cache, prefix reuse inside an item: a token is reusable when the
+  // same item earlier held the same token prefix up to it (a path's KV under
+  // dependency attention depends only on its ancestors). Items without
+  // sequences fall back to whole-item reuse.
+  double prefix_reuse_upper_bound = 0;
+  double mean_request_prefix_hit_bound = 0;
 };
 
 struct ItemUse {
+  std::string item;    // what frequency counts: entity name or document id
   std::string key;     // identity of the content (same key = same tokens)
   int64_t tokens = 0;  // its token cost
+  // Optional: the token runs (an entity's paths, a document's tokens) whose
+  // shared prefixes a cache can reuse; their merged trie holds `tokens` nodes.
+  std::vector<std::vector<int32_t>> sequences;
 };
 
 LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests);

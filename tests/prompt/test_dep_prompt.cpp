@@ -30,7 +30,8 @@ DepPrompt small_prompt() {
 TEST(DepPrompt, PreOrderMergesSharedPrefixes) {
   const DepPrompt p = small_prompt();
   EXPECT_EQ(p.tokens(), (std::vector<int32_t>{1, 2, 10, 11, 12, 13, 14, 3}));
-  EXPECT_EQ(p.parents(), (std::vector<int32_t>{-1, 0, 1, 2, 3, 3, 2, 6}));
+  // The task hangs under the system segment like the tree does.
+  EXPECT_EQ(p.parents(), (std::vector<int32_t>{-1, 0, 1, 2, 3, 3, 2, 1}));
   EXPECT_EQ(p.n_flat_tokens(), 11);
   ASSERT_EQ(p.segments().size(), 3u);
   EXPECT_EQ(p.segments()[1].tokens, (TokenRange{2, 7}));
@@ -130,6 +131,32 @@ TEST(DepPrompt, AChainIsCausalAttention) {
   }
   EXPECT_EQ(p.positions(PositionScheme::Depth), p.positions(PositionScheme::Sequential));
   EXPECT_EQ(p.n_attention_pairs(), p.n_flat_attention_pairs());
+}
+
+TEST(DepPrompt, NodeLevelContext) {
+  const DepPrompt p = small_prompt();
+  // Nodes: system | 10 | 11 | 12 | 13 | 14 | task.
+  ASSERT_EQ(p.nodes().size(), 7u);
+  EXPECT_EQ(p.node_context(0), (std::vector<TokenRange>{}));
+  EXPECT_EQ(p.node_context(3), (std::vector<TokenRange>{{0, 4}}));
+  EXPECT_EQ(p.node_context(5), (std::vector<TokenRange>{{0, 3}}));
+  EXPECT_EQ(p.node_context(6), (std::vector<TokenRange>{{0, 7}}));
+  EXPECT_EQ(p.node_path(4), (std::vector<int32_t>{1, 2, 4}));
+  EXPECT_EQ(p.node_children(1), (std::vector<int32_t>{2, 5}));
+  EXPECT_EQ(p.node_children(3), (std::vector<int32_t>{}));
+  EXPECT_THROW(p.node_context(7), Error);
+}
+
+// A tree after "system, tree, linear" would depend on the first tree through
+// the linear segment's KV without attending to it.
+TEST(DepPrompt, TreeAfterALinearSegmentThatSawATreeIsRejected) {
+  DepPrompt p;
+  p.add_linear("system", std::vector<int32_t>{1});
+  const Paths paths = {{10, 11}};
+  p.add_tree("a", paths);
+  p.add_tree("b", paths);  // trees side by side are fine
+  p.add_linear("task", std::vector<int32_t>{3});
+  EXPECT_THROW(p.add_tree("c", paths), Error);
 }
 
 TEST(DepPrompt, EmptyPathIsAnError) {

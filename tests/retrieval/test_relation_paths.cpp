@@ -101,6 +101,35 @@ TEST(RelationPaths, BudgetIsSharedAcrossFirstHops) {
   EXPECT_EQ(first_hops.size(), 10u);
 }
 
+// Fewer paths than first-hop branches: the kept paths are spread over the
+// (relation-sorted) branches rather than taken from the first relation only.
+TEST(RelationPaths, SmallBudgetSpansAllRelations) {
+  KnowledgeGraph kg;
+  for (const char* rel : {"a", "b", "c", "d"})
+    for (int i = 0; i < 8; ++i) kg.add_triple("root", rel, fmt::format("{}{}", rel, i));
+  kg.finalize();
+  PathLimits limits;
+  limits.hops = 1;
+  limits.max_paths = 4;
+  const PathSet set = enumerate_paths(kg, id(kg, "root"), limits);
+  ASSERT_EQ(set.paths.size(), 4u);
+  EXPECT_TRUE(set.truncated);
+  std::set<std::string> relations;
+  for (const RelationPath& p : set.paths)
+    relations.insert(std::string(kg.relation_name(p.steps[0].relation)));
+  EXPECT_EQ(relations, (std::set<std::string>{"a", "b", "c", "d"}));
+}
+
+TEST(RelationPaths, HopsAreCapped) {
+  const KnowledgeGraph kg = movie_graph();
+  PathLimits limits;
+  limits.hops = kMaxPathHops + 1;
+  EXPECT_THROW(enumerate_paths(kg, id(kg, "Alice"), limits), Error);
+  limits.hops = kMaxPathHops;
+  limits.max_fanout = SIZE_MAX;  // must not overflow the per-visit cap
+  EXPECT_FALSE(enumerate_paths(kg, id(kg, "Alice"), limits).paths.empty());
+}
+
 TEST(RelationPaths, HugeFanOutStaysBounded) {
   KnowledgeGraph kg;
   const int n = 200000;

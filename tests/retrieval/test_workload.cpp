@@ -162,7 +162,8 @@ TEST(GraphWorkload, RequestsCarryTheTopicFirst) {
 }
 
 TEST(Locality, HandComputedReport) {
-  const std::vector<std::vector<ItemUse>> reqs = {{{"a", 5}, {"b", 3}}, {{"a", 5}}, {{"c", 2}}};
+  const std::vector<std::vector<ItemUse>> reqs = {
+      {{"a", "a", 5, {}}, {"b", "b", 3, {}}}, {{"a", "a", 5, {}}}, {{"c", "c", 2, {}}}};
   const LocalityReport r = locality_report(reqs);
   EXPECT_EQ(r.n_requests, 3u);
   EXPECT_EQ(r.n_item_uses, 4u);
@@ -173,7 +174,36 @@ TEST(Locality, HandComputedReport) {
   EXPECT_EQ(r.distinct_tokens, 10);
   EXPECT_DOUBLE_EQ(r.reuse_upper_bound, 1.0 / 3.0);
   EXPECT_DOUBLE_EQ(r.mean_request_hit_bound, 1.0 / 3.0);  // 0, 1, 0
+  EXPECT_EQ(r.top20_cut_ties, 0u);
+  // Without sequences, prefix reuse is whole-item reuse.
+  EXPECT_DOUBLE_EQ(r.prefix_reuse_upper_bound, r.reuse_upper_bound);
+  EXPECT_DOUBLE_EQ(r.mean_request_prefix_hit_bound, r.mean_request_hit_bound);
   EXPECT_EQ(locality_report({}).n_requests, 0u);
+}
+
+// Frequency counts items, reuse counts content; prefix reuse works per item
+// over the trie of everything that item held before.
+TEST(Locality, ItemsContentsAndPrefixReuse) {
+  using Seqs = std::vector<std::vector<int32_t>>;
+  const std::vector<std::vector<ItemUse>> reqs = {
+      {{"e", "e1", 4, Seqs{{1, 2, 3}, {1, 2, 4}}}},
+      {{"e", "e2", 4, Seqs{{1, 2, 3}, {1, 5}}}, {"f", "f1", 3, Seqs{{1, 2, 3}}}},
+      {{"f", "f1", 3, Seqs{{1, 2, 3}}}}};
+  const LocalityReport r = locality_report(reqs);
+  EXPECT_EQ(r.n_distinct_items, 2u);
+  EXPECT_EQ(r.n_distinct_contents, 3u);
+  EXPECT_EQ(r.total_tokens, 14);
+  EXPECT_EQ(r.distinct_tokens, 11);
+  EXPECT_DOUBLE_EQ(r.reuse_upper_bound, 3.0 / 14.0);
+  EXPECT_DOUBLE_EQ(r.mean_request_hit_bound, 1.0 / 3.0);  // 0, 0, 1
+  // e's second version reuses 1 2 3 (not 5); f's first use reuses nothing
+  // although e held the same tokens: prefixes are rooted at the item.
+  EXPECT_DOUBLE_EQ(r.prefix_reuse_upper_bound, 6.0 / 14.0);
+  EXPECT_DOUBLE_EQ(r.mean_request_prefix_hit_bound, (0.0 + 3.0 / 7.0 + 1.0) / 3.0);
+  // e and f tie at 2 uses; the top 20% (one item) is e by name.
+  EXPECT_EQ(r.top20_cut_ties, 1u);
+  EXPECT_DOUBLE_EQ(r.top20_request_share, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(r.top20_use_share, 0.5);
 }
 
 TEST(RequestFile, RoundTripAndErrors) {
@@ -218,6 +248,7 @@ TEST(RequestFile, RoundTripAndErrors) {
   expect_error("{\"question\": \"q\", \"entities\": [{\"name\": \"e\", \"paths\": [1]}]}\n",
                "array of strings");
   expect_error("{\"question\": \"q\", \"arrival_s\": -1}\n", "arrival_s");
+  expect_error("{\"question\": \"q\", \"arrival_s\": 1e999}\n", ".jsonl:1");  // out of range number
   expect_error("\n\n", "no requests");
   std::filesystem::remove(path);
   try {
