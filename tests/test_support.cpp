@@ -9,8 +9,35 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <mutex>
+
+#include "model/model.h"
+#include "model/model_writer.h"
 
 namespace depcache::test {
+
+std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const Model>> cache;
+  const std::lock_guard lock(mutex);
+  const std::string key = preset + "/" + std::string(dtype_info(type).name) + (tied ? "/tied" : "");
+  auto& m = cache[key];
+  if (!m) {
+    RandomModelOptions o;
+    o.shape = *model_preset(preset);
+    o.shape.tied_embeddings = tied;
+    o.type = type;
+    o.seed = 7;
+    o.stddev = 0.2f;
+    o.n_threads = 2;
+    const auto path = temp_path("random-model") += ".gguf";
+    write_random_model(path, o);
+    m = Model::load(path);
+    std::filesystem::remove(path);  // the mapping stays valid after unlink
+  }
+  return m;
+}
 
 std::filesystem::path shared_dir() {
   if (const char* env = std::getenv("DEPCACHE_SHARED"); env && *env) return env;

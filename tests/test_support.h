@@ -3,7 +3,14 @@
 // how to compare tensors with a printed max difference.
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
+
+#include "compute/dtype.h"
+
+namespace depcache {
+class Model;
+}
 
 namespace depcache::test {
 
@@ -27,6 +34,11 @@ struct CliRun {
   std::string out;
 };
 CliRun run_cli(const std::string& args, const std::string& stdin_text = "");
+
+// A random-weight model of a preset shape (std 0.2, so logits differ enough
+// for comparisons to mean something), written with the project's GGUF writer
+// and loaded; made once per process per (preset, type, tied).
+std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied = false);
 
 // Max absolute difference between two float arrays, printed with a label.
 double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label);

@@ -1,5 +1,7 @@
 #include "engine/forward.h"
 
+#include <algorithm>
+
 #include "compute/attention.h"
 #include "compute/ops.h"
 #include "compute/quant.h"
@@ -7,81 +9,203 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
+namespace {
+
+// Keeps the rows of `x` (width w) whose batch index is in `keep`; both lists
+// ascending and keep ⊆ from, so rows only move towards the front.
+void compact_rows(std::vector<float>& x, int64_t w, const std::vector<int64_t>& from,
+                  const std::vector<int64_t>& keep) {
+  size_t j = 0;
+  for (size_t i = 0; i < from.size() && j < keep.size(); ++i)
+    if (from[i] == keep[j]) {
+      if (i != j) std::copy_n(x.begin() + i * w, w, x.begin() + j * w);
+      ++j;
+    }
+}
+
+}  // namespace
 
 Forward::Forward(std::shared_ptr<const Model> model, ThreadPool& pool)
     : model_(std::move(model)), pool_(pool) {}
 
-void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, std::vector<float>& logits) {
+PrefillResult Forward::prefill(const PrefillPlan& plan, KvCache& kv) {
   const ModelConfig& c = model_->config();
-  const int64_t n = static_cast<int64_t>(tokens.size());
+  const auto n = static_cast<int64_t>(plan.tokens.size());
   if (n == 0) fail(ErrorKind::InvalidInput, "nothing to evaluate: empty token list");
-  const int64_t pos0 = kv.n_past();
-  if (pos0 + n > kv.n_ctx())
-    fail(ErrorKind::LimitExceeded, "{} tokens after {} cached ones exceed the context size {}", n, pos0,
-         kv.n_ctx());
+  if (static_cast<int64_t>(plan.positions.size()) != n || static_cast<int64_t>(plan.rows.size()) != n ||
+      plan.visibility.n_queries() != n)
+    fail(ErrorKind::Internal, "prefill plan: {} tokens, {} positions, {} rows, {} visibility queries", n,
+         plan.positions.size(), plan.rows.size(), plan.visibility.n_queries());
+  if (plan.visibility.max_row() > kv.n_ctx())
+    fail(ErrorKind::LimitExceeded, "prefill plan reads KV row {} beyond the context size {}",
+         plan.visibility.max_row() - 1, kv.n_ctx());
+  if (!plan.last_layer.empty() && static_cast<int64_t>(plan.last_layer.size()) != n)
+    fail(ErrorKind::Internal, "prefill plan: {} last layers for {} tokens", plan.last_layer.size(), n);
+  const auto last_layer = [&](int64_t i) {
+    return plan.last_layer.empty() ? c.n_layer - 1 : plan.last_layer[i];
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    if (plan.tokens[i] < 0 || plan.tokens[i] >= c.n_vocab)
+      fail(ErrorKind::InvalidInput, "token id {} is outside the vocabulary of {}", plan.tokens[i], c.n_vocab);
+    if (plan.rows[i] < 0 || plan.rows[i] >= kv.n_ctx())
+      fail(ErrorKind::LimitExceeded, "KV row {} is outside the context size {}", plan.rows[i], kv.n_ctx());
+    if (last_layer(i) < 0 || last_layer(i) >= c.n_layer)
+      fail(ErrorKind::Internal, "prefill plan: token {} stops at layer {} of {}", i, last_layer(i),
+           c.n_layer);
+  }
+  for (int64_t i : plan.logits_for)
+    if (i < 0 || i >= n || last_layer(i) != c.n_layer - 1)
+      fail(ErrorKind::Internal, "prefill plan: logits asked for token {} that is not computed to the end", i);
 
   x_.resize(n * c.n_embd);
-  xn_.resize(n * c.n_embd);
-  q_.resize(n * c.n_head * c.head_dim);
-  attn_.resize(q_.size());
+  for (int64_t t = 0; t < n; ++t)
+    dequantize_row(model_->tok_embd.type, model_->tok_embd.row(plan.tokens[t]), x_.data() + t * c.n_embd,
+                   c.n_embd);
+  active_.resize(n);
+  for (int64_t t = 0; t < n; ++t) active_[t] = t;
+  for (int64_t t = 0; t < n; ++t)
+    kv.set_positions(plan.rows[t], std::span<const int32_t>(&plan.positions[t], 1));
+
+  PrefillResult result;
+  result.active_per_layer.reserve(c.n_layer);
+  if (!plan.stats_queries.empty()) result.attention_mass.assign(c.n_layer, {});
+  for (int il = 0; il < c.n_layer; ++il) layer(il, plan, kv, result);
+
+  // active_ now holds the tokens whose final hidden state was computed.
+  const int64_t n_out = static_cast<int64_t>(plan.logits_for.size());
+  xn_.resize(std::max<size_t>(xn_.size(), n_out * c.n_embd));
+  for (int64_t r = 0; r < n_out; ++r) {
+    const auto it = std::lower_bound(active_.begin(), active_.end(), plan.logits_for[r]);
+    rms_norm(x_.data() + (it - active_.begin()) * c.n_embd, model_->output_norm.data(),
+             xn_.data() + r * c.n_embd, 1, c.n_embd, c.rms_eps);
+  }
+  result.logits.resize(n_out * c.n_vocab);
+  if (n_out > 0) matmul(model_->output, xn_.data(), n_out, result.logits.data(), pool_, matmul_scratch_);
+  return result;
+}
+
+void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult& result) {
+  const ModelConfig& c = model_->config();
+  const LayerWeights& w = model_->layers[il];
+  const bool neox = c.rope_style == RopeStyle::Neox;
+  const auto n = static_cast<int64_t>(active_.size());
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
+  result.active_per_layer.push_back(n);
+
+  xn_.resize(std::max<size_t>(xn_.size(), n * c.n_embd));
+  q_.resize(n * q_width);
+  attn_.resize(n * q_width);
   k_.resize(n * c.n_embd_kv());
   v_.resize(k_.size());
   gate_.resize(n * c.n_ff);
   up_.resize(gate_.size());
   proj_.resize(n * c.n_embd);
-  positions_.resize(n);
-  n_visible_.resize(n);
-
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t id = tokens[t];
-    if (id < 0 || id >= c.n_vocab)
-      fail(ErrorKind::InvalidInput, "token id {} is outside the vocabulary of {}", id, c.n_vocab);
-    dequantize_row(model_->tok_embd.type, model_->tok_embd.row(id), x_.data() + t * c.n_embd, c.n_embd);
-    positions_[t] = static_cast<int32_t>(pos0 + t);
-    n_visible_[t] = pos0 + t + 1;  // causal: every earlier position and itself
+  active_rows_.resize(n);
+  active_pos_.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    active_rows_[i] = plan.rows[active_[i]];
+    active_pos_[i] = plan.positions[active_[i]];
   }
 
-  rope_.build(positions_.data(), n, c.n_rot, c.rope_base);
-  for (int il = 0; il < c.n_layer; ++il) layer(il, n, positions_.data(), kv);
-  kv.set_n_past(pos0 + n);
-
-  const int64_t first = which == Logits::Last ? n - 1 : 0;
-  const int64_t n_out = n - first;
-  rms_norm(x_.data() + first * c.n_embd, model_->output_norm.data(), xn_.data(), n_out, c.n_embd, c.rms_eps);
-  logits.resize(n_out * c.n_vocab);
-  matmul(model_->output, xn_.data(), n_out, logits.data(), pool_, matmul_scratch_);
-}
-
-void Forward::layer(int il, int64_t n, const int32_t* positions, KvCache& kv) {
-  const ModelConfig& c = model_->config();
-  const LayerWeights& w = model_->layers[il];
-  const bool neox = c.rope_style == RopeStyle::Neox;
-
-  // Attention block.
+  // Q, K, V of every active token.
   rms_norm(x_.data(), w.attn_norm.data(), xn_.data(), n, c.n_embd, c.rms_eps);
   matmul(w.wq, xn_.data(), n, q_.data(), pool_, matmul_scratch_);
   matmul(w.wk, xn_.data(), n, k_.data(), pool_, matmul_scratch_);
   matmul(w.wv, xn_.data(), n, v_.data(), pool_, matmul_scratch_);
   if (c.qkv_bias) {
-    add_bias(q_.data(), w.bq.data(), n, c.n_head * c.head_dim);
+    add_bias(q_.data(), w.bq.data(), n, q_width);
     add_bias(k_.data(), w.bk.data(), n, c.n_embd_kv());
     add_bias(v_.data(), w.bv.data(), n, c.n_embd_kv());
   }
+  rope_.build(active_pos_.data(), n, c.n_rot, c.rope_base);
   rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
   rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);
-  kv.write(il, positions[0], k_.data(), v_.data(), n);
-  attention(q_.data(), n, kv.layer(il), n_visible_.data(), c.n_head, c.n_head_kv, c.head_dim, attn_.data(),
-            pool_);
-  matmul(w.wo, attn_.data(), n, proj_.data(), pool_, matmul_scratch_);
-  for (int64_t i = 0; i < n * c.n_embd; ++i) x_[i] += proj_[i];
+
+  // Which tokens go on: the hook's choice, then the plan's last layers; in
+  // the last layer only the tokens whose logits are wanted.
+  std::vector<int64_t> next = active_;
+  if (plan.hook) {
+    next = plan.hook(LayerKv{il, active_, k_.data(), v_.data(), &kv, plan.rows});
+    if (!std::is_sorted(next.begin(), next.end()) ||
+        !std::includes(active_.begin(), active_.end(), next.begin(), next.end()))
+      fail(ErrorKind::Internal,
+           "layer hook at layer {} returned tokens that are not an ascending subset of the active ones", il);
+  }
+  if (il == c.n_layer - 1) {
+    std::vector<int64_t> wanted = plan.logits_for;
+    std::sort(wanted.begin(), wanted.end());
+    wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+    if (!std::includes(next.begin(), next.end(), wanted.begin(), wanted.end()))
+      fail(ErrorKind::Internal, "a layer hook dropped a token whose logits the plan asks for");
+    next = std::move(wanted);
+  } else if (!plan.last_layer.empty()) {
+    std::erase_if(next, [&](int64_t i) { return plan.last_layer[i] <= il; });
+  }
+
+  // Fresh K/V of every active token, written in runs of consecutive rows.
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i + 1;
+    while (j < n && active_rows_[j] == active_rows_[j - 1] + 1) ++j;
+    kv.write(il, active_rows_[i], k_.data() + i * c.n_embd_kv(), v_.data() + i * c.n_embd_kv(), j - i);
+    i = j;
+  }
+
+  if (!plan.stats_queries.empty()) {
+    auto& mass = result.attention_mass[il];
+    for (int64_t query : plan.stats_queries) {
+      const auto it = std::lower_bound(active_.begin(), active_.end(), query);
+      if (it == active_.end() || *it != query) {
+        mass.emplace_back();  // not computed in this layer
+        continue;
+      }
+      mass.push_back(attention_mass(q_.data() + (it - active_.begin()) * q_width,
+                                    plan.visibility.visible(query), plan.stats_targets, kv.layer(il),
+                                    c.n_head, c.n_head_kv, c.head_dim));
+    }
+  }
+
+  // Attention and the FFN for the tokens that go on only.
+  compact_rows(q_, q_width, active_, next);
+  compact_rows(x_, c.n_embd, active_, next);
+  active_ = std::move(next);
+  const auto m = static_cast<int64_t>(active_.size());
+  if (m == 0) return;
+  for (int64_t id : active_) result.attention_pairs += plan.visibility.n_visible(id);
+  attention(q_.data(), m, active_, plan.visibility, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim,
+            attn_.data(), pool_);
+  matmul(w.wo, attn_.data(), m, proj_.data(), pool_, matmul_scratch_);
+  for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
 
   // Feed-forward block (SwiGLU).
-  rms_norm(x_.data(), w.ffn_norm.data(), xn_.data(), n, c.n_embd, c.rms_eps);
-  matmul(w.w_gate, xn_.data(), n, gate_.data(), pool_, matmul_scratch_);
-  matmul(w.w_up, xn_.data(), n, up_.data(), pool_, matmul_scratch_);
-  swiglu(gate_.data(), up_.data(), n * c.n_ff);
-  matmul(w.w_down, gate_.data(), n, proj_.data(), pool_, matmul_scratch_);
-  for (int64_t i = 0; i < n * c.n_embd; ++i) x_[i] += proj_[i];
+  rms_norm(x_.data(), w.ffn_norm.data(), xn_.data(), m, c.n_embd, c.rms_eps);
+  matmul(w.w_gate, xn_.data(), m, gate_.data(), pool_, matmul_scratch_);
+  matmul(w.w_up, xn_.data(), m, up_.data(), pool_, matmul_scratch_);
+  swiglu(gate_.data(), up_.data(), m * c.n_ff);
+  matmul(w.w_down, gate_.data(), m, proj_.data(), pool_, matmul_scratch_);
+  for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
+}
+
+void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, std::vector<float>& logits) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) fail(ErrorKind::InvalidInput, "nothing to evaluate: empty token list");
+  const int64_t row0 = kv.n_past();
+  if (row0 + n > kv.n_ctx())
+    fail(ErrorKind::LimitExceeded, "{} tokens after {} cached ones exceed the context size {}", n, row0,
+         kv.n_ctx());
+  PrefillPlan plan;
+  plan.tokens.assign(tokens.begin(), tokens.end());
+  const int32_t pos0 = kv.next_position();
+  for (int64_t t = 0; t < n; ++t) {
+    plan.positions.push_back(static_cast<int32_t>(pos0 + t));
+    plan.rows.push_back(row0 + t);
+  }
+  plan.visibility = Visibility({{0, n, {}, 0, row0}});  // every earlier row, then causal
+  if (which == Logits::Last)
+    plan.logits_for = {n - 1};
+  else
+    for (int64_t t = 0; t < n; ++t) plan.logits_for.push_back(t);
+  logits = prefill(plan, kv).logits;
+  kv.set_n_past(row0 + n);
 }
 
 }  // namespace depcache

@@ -1,11 +1,14 @@
 #pragma once
 // The transformer forward pass of the Llama family (llama, qwen2): embed →
 // per layer (norm, qkv, rope, attention, residual, norm, SwiGLU FFN,
-// residual) → norm → logits. One pass serves batched prefill and decode.
+// residual) → norm → logits. One pass, driven by a plan, serves full and
+// sparse prefill over a KV assembly and decoding.
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "compute/attention.h"
 #include "compute/ops.h"
 #include "engine/kv_cache.h"
 #include "model/model.h"
@@ -16,26 +19,78 @@ class ThreadPool;
 
 enum class Logits { Last, All };
 
+// What a per-layer hook sees: the tokens active in this layer (batch
+// indices, ascending), their freshly computed K/V (after RoPE, before they
+// are written), and the assembly, whose rows still hold the cached K/V of
+// those tokens when the plan placed any.
+struct LayerKv {
+  int layer = 0;
+  std::span<const int64_t> active;
+  const float* k_fresh = nullptr;  // (active.size(), n_embd_kv)
+  const float* v_fresh = nullptr;
+  const KvCache* kv = nullptr;
+  std::span<const int64_t> rows;  // KV row of every batch token
+};
+
+// Returns the tokens to keep computing after this layer (a subset of
+// `active`, ascending). Tokens dropped here still write their fresh K/V for
+// this layer; from the next layer on their rows keep what the plan placed.
+using LayerHook = std::function<std::vector<int64_t>(const LayerKv&)>;
+
+// One pass of the primitive. Token i of the batch sits at KV row rows[i] and
+// RoPE position positions[i], and attends as `visibility` says (its query
+// index is i). Every row a query sees must be written before the pass or by
+// an earlier or the same batch token.
+struct PrefillPlan {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<int64_t> rows;
+  Visibility visibility;
+  std::vector<int64_t> logits_for;  // batch indices whose logits are returned
+  // Optional: last layer each token is computed in (default: all layers).
+  // A token that stops early must have its rows placed from the cache.
+  std::vector<int> last_layer;
+  LayerHook hook;  // optional, called at every layer
+  // Optional attention statistics: mass from these queries (batch indices)
+  // onto each target range, per layer.
+  std::vector<int64_t> stats_queries;
+  std::vector<RowRange> stats_targets;
+};
+
+struct PrefillResult {
+  std::vector<float> logits;              // (logits_for.size(), n_vocab)
+  int64_t attention_pairs = 0;            // (query, key) pairs computed, summed over layers
+  std::vector<int64_t> active_per_layer;  // tokens computed in each layer
+  // mass[layer][query][target], averaged over heads.
+  std::vector<std::vector<std::vector<double>>> attention_mass;
+};
+
 class Forward {
  public:
   Forward(std::shared_ptr<const Model> model, ThreadPool& pool);
 
   const Model& model() const { return *model_; }
 
-  // Runs `tokens` at positions kv.n_past() onward, appends their K/V to `kv`
-  // and writes logits ((1 or n_tokens) x n_vocab) to `logits`.
+  // Runs the plan, writing K/V into `kv` (which must already hold every row
+  // the plan reads but does not compute). Does not change kv.n_past().
+  PrefillResult prefill(const PrefillPlan& plan, KvCache& kv);
+
+  // Appends `tokens` after the assembly's rows at the next positions, each
+  // seeing every earlier row (a causal continuation), and writes logits
+  // ((1 or n_tokens) x n_vocab) to `logits`.
   void eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, std::vector<float>& logits);
 
  private:
-  void layer(int il, int64_t n, const int32_t* positions, KvCache& kv);
+  void layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult& result);
 
   std::shared_ptr<const Model> model_;
   ThreadPool& pool_;
-  // Run state, grown to the largest batch seen.
+  // Run state for the active tokens (compact rows), grown to the largest batch seen.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, proj_, matmul_scratch_;
-  std::vector<int32_t> positions_;
-  RopeTable rope_;  // angles of this batch's positions, shared by all layers
-  std::vector<int64_t> n_visible_;
+  std::vector<int64_t> active_;       // batch indices computed in the current layer
+  std::vector<int64_t> active_rows_;  // their KV rows
+  std::vector<int32_t> active_pos_;   // their positions
+  RopeTable rope_;                    // angles of the active tokens' positions
 };
 
 }  // namespace depcache

@@ -1,40 +1,50 @@
 #include "engine/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "compute/ops.h"
 #include "compute/vec.h"
 #include "util/error.h"
 
 namespace depcache {
 
 KvCache::KvCache(const ModelConfig& config, int64_t n_ctx, DType type)
-    : n_ctx_(n_ctx), row_(config.n_embd_kv()), type_(type) {
+    : n_ctx_(n_ctx),
+      row_(config.n_embd_kv()),
+      type_(type),
+      n_head_kv_(config.n_head_kv),
+      head_dim_(config.head_dim),
+      n_rot_(config.n_rot),
+      rope_base_(config.rope_base),
+      neox_(config.rope_style == RopeStyle::Neox) {
   if (type != DType::F32 && type != DType::F16)
     fail(ErrorKind::InvalidInput, "KV cache type {} is not supported (f32, f16)", dtype_info(type).name);
   if (n_ctx <= 0) fail(ErrorKind::InvalidInput, "context size must be positive, got {}", n_ctx);
   const size_t layer_bytes = static_cast<size_t>(n_ctx) * row_ * (type == DType::F16 ? 2 : 4);
   k_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
   v_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
+  positions_.assign(n_ctx, 0);
 }
 
 void KvCache::set_n_past(int64_t n) {
-  if (n < 0 || n > n_ctx_) fail(ErrorKind::Internal, "KV position {} outside [0, {}]", n, n_ctx_);
+  if (n < 0 || n > n_ctx_) fail(ErrorKind::Internal, "KV row {} outside [0, {}]", n, n_ctx_);
   n_past_ = n;
 }
 
 size_t KvCache::bytes() const { return k_.empty() ? 0 : 2 * k_.size() * k_[0].size(); }
 
-void KvCache::write(int il, int64_t pos0, const float* k_rows, const float* v_rows, int64_t n_rows) {
-  if (pos0 < 0 || pos0 + n_rows > n_ctx_)
-    fail(ErrorKind::LimitExceeded, "KV write at positions {}..{} exceeds the context size {}", pos0,
-         pos0 + n_rows, n_ctx_);
+void KvCache::write(int il, int64_t row0, const float* k_rows, const float* v_rows, int64_t n_rows) {
+  if (row0 < 0 || row0 + n_rows > n_ctx_)
+    fail(ErrorKind::LimitExceeded, "KV write at rows {}..{} exceeds the context size {}", row0, row0 + n_rows,
+         n_ctx_);
   const int64_t n = n_rows * row_;
   if (type_ == DType::F32) {
-    std::memcpy(reinterpret_cast<float*>(k_[il].data()) + pos0 * row_, k_rows, n * sizeof(float));
-    std::memcpy(reinterpret_cast<float*>(v_[il].data()) + pos0 * row_, v_rows, n * sizeof(float));
+    std::memcpy(reinterpret_cast<float*>(k_[il].data()) + row0 * row_, k_rows, n * sizeof(float));
+    std::memcpy(reinterpret_cast<float*>(v_[il].data()) + row0 * row_, v_rows, n * sizeof(float));
   } else {
-    uint16_t* kd = reinterpret_cast<uint16_t*>(k_[il].data()) + pos0 * row_;
-    uint16_t* vd = reinterpret_cast<uint16_t*>(v_[il].data()) + pos0 * row_;
+    uint16_t* kd = reinterpret_cast<uint16_t*>(k_[il].data()) + row0 * row_;
+    uint16_t* vd = reinterpret_cast<uint16_t*>(v_[il].data()) + row0 * row_;
     for (int64_t i = 0; i < n; ++i) {
       kd[i] = vec::f32_to_f16(k_rows[i]);
       vd[i] = vec::f32_to_f16(v_rows[i]);
@@ -42,6 +52,94 @@ void KvCache::write(int il, int64_t pos0, const float* k_rows, const float* v_ro
   }
 }
 
+void KvCache::set_positions(int64_t row0, std::span<const int32_t> positions) {
+  if (row0 < 0 || row0 + static_cast<int64_t>(positions.size()) > n_ctx_)
+    fail(ErrorKind::LimitExceeded, "KV positions at rows {}..{} exceed the context size {}", row0,
+         row0 + static_cast<int64_t>(positions.size()), n_ctx_);
+  std::copy(positions.begin(), positions.end(), positions_.begin() + row0);
+}
+
+int32_t KvCache::next_position() const {
+  if (n_past_ == 0) return 0;
+  return *std::max_element(positions_.begin(), positions_.begin() + n_past_) + 1;
+}
+
+void KvCache::read(int il, int64_t row, float* k_row, float* v_row) const {
+  if (type_ == DType::F32) {
+    std::memcpy(k_row, reinterpret_cast<const float*>(k_[il].data()) + row * row_, row_ * sizeof(float));
+    std::memcpy(v_row, reinterpret_cast<const float*>(v_[il].data()) + row * row_, row_ * sizeof(float));
+    return;
+  }
+  const uint16_t* ks = reinterpret_cast<const uint16_t*>(k_[il].data()) + row * row_;
+  const uint16_t* vs = reinterpret_cast<const uint16_t*>(v_[il].data()) + row * row_;
+  for (int64_t i = 0; i < row_; ++i) {
+    k_row[i] = vec::f16_to_f32(ks[i]);
+    v_row[i] = vec::f16_to_f32(vs[i]);
+  }
+}
+
 KvLayerView KvCache::layer(int il) const { return {k_[il].data(), v_[il].data(), type_ == DType::F16, row_}; }
+
+KvSpan KvCache::extract(std::span<const int64_t> rows) const {
+  KvSpan span(n_layer(), row_, type_, static_cast<int64_t>(rows.size()));
+  const size_t rb = span.row_bytes();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= n_ctx_)
+      fail(ErrorKind::Internal, "KV extract: row {} outside [0, {})", rows[i], n_ctx_);
+    span.positions()[i] = positions_[rows[i]];
+  }
+  for (int il = 0; il < n_layer(); ++il)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(span.k(il) + i * rb, k_[il].data() + rows[i] * rb, rb);
+      std::memcpy(span.v(il) + i * rb, v_[il].data() + rows[i] * rb, rb);
+    }
+  return span;
+}
+
+void KvCache::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
+                    std::span<const int32_t> positions) {
+  if (span.type() != type_ || span.row_elems() != row_ || span.n_layer() != n_layer())
+    fail(ErrorKind::Internal, "KV span of another shape or type cannot be placed in this cache");
+  if (from < 0 || n < 0 || from + n > span.n_tokens() || static_cast<int64_t>(positions.size()) != n)
+    fail(ErrorKind::Internal, "KV place: tokens [{}, {}) of a {}-token span at {} positions", from, from + n,
+         span.n_tokens(), positions.size());
+  if (row0 < 0 || row0 + n > n_ctx_)
+    fail(ErrorKind::LimitExceeded, "KV place at rows {}..{} exceeds the context size {}", row0, row0 + n,
+         n_ctx_);
+  const size_t rb = span.row_bytes();
+  std::vector<int32_t> delta(n);
+  bool rotate = false;
+  for (int64_t i = 0; i < n; ++i) {
+    delta[i] = positions[i] - span.positions()[from + i];
+    rotate = rotate || delta[i] != 0;
+  }
+  RopeTable table;
+  if (rotate) table.build(delta.data(), n, n_rot_, rope_base_);
+  std::vector<float> keys(rotate ? n * row_ : 0);
+  for (int il = 0; il < n_layer(); ++il) {
+    uint8_t* kd = k_[il].data() + row0 * rb;
+    std::memcpy(v_[il].data() + row0 * rb, span.v(il) + from * rb, n * rb);
+    if (!rotate) {
+      std::memcpy(kd, span.k(il) + from * rb, n * rb);
+      continue;
+    }
+    // Rotations compose: R(delta) R(old) = R(new). Rotate in float, store in
+    // the cache type (one extra f16 rounding for f16 caches).
+    if (type_ == DType::F32) {
+      std::memcpy(keys.data(), span.k(il) + from * rb, n * rb);
+    } else {
+      const auto* src = reinterpret_cast<const uint16_t*>(span.k(il)) + from * row_;
+      for (int64_t i = 0; i < n * row_; ++i) keys[i] = vec::f16_to_f32(src[i]);
+    }
+    rope(keys.data(), n, n_head_kv_, head_dim_, table, neox_);
+    if (type_ == DType::F32) {
+      std::memcpy(kd, keys.data(), n * rb);
+    } else {
+      auto* dst = reinterpret_cast<uint16_t*>(kd);
+      for (int64_t i = 0; i < n * row_; ++i) dst[i] = vec::f32_to_f16(keys[i]);
+    }
+  }
+  std::copy(positions.begin(), positions.end(), positions_.begin() + row0);
+}
 
 }  // namespace depcache

@@ -1,11 +1,16 @@
 #pragma once
-// Per-sequence key/value storage: for every layer, one row of
-// n_head_kv*head_dim keys (after RoPE) and values per position.
+// A request's KV assembly: for every layer, one row of n_head_kv*head_dim
+// keys (after RoPE) and values per slot, plus the RoPE position each row was
+// encoded at. Rows are slots, not positions: under dependency attention
+// siblings share positions, and spans from the cache land wherever the plan
+// puts them (their keys rotated to the new positions).
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "compute/attention.h"
 #include "compute/dtype.h"
+#include "kv/kv_span.h"
 #include "model/model_config.h"
 
 namespace depcache {
@@ -16,22 +21,42 @@ class KvCache {
   KvCache(const ModelConfig& config, int64_t n_ctx, DType type);
 
   int64_t n_ctx() const { return n_ctx_; }
-  int64_t n_past() const { return n_past_; }
-  void set_n_past(int64_t n);  // truncate (or keep) the sequence
+  int64_t n_past() const { return n_past_; }  // rows in use
+  void set_n_past(int64_t n);                 // truncate (or keep) the assembly
   void clear() { n_past_ = 0; }
   DType type() const { return type_; }
+  int n_layer() const { return static_cast<int>(k_.size()); }
+  int64_t row_elems() const { return row_; }
   size_t bytes() const;
 
-  // Stores n_rows rows of float keys and values at positions pos0...
-  void write(int il, int64_t pos0, const float* k_rows, const float* v_rows, int64_t n_rows);
+  // Stores n_rows rows of float keys and values at rows row0...
+  void write(int il, int64_t row0, const float* k_rows, const float* v_rows, int64_t n_rows);
+  void set_positions(int64_t row0, std::span<const int32_t> positions);
+  int32_t position(int64_t row) const { return positions_[row]; }
+  // One past the largest position among the rows in use (0 when empty): where
+  // decoding continues.
+  int32_t next_position() const;
+  // Row `row` of layer il as floats (n_head_kv*head_dim each).
+  void read(int il, int64_t row, float* k_row, float* v_row) const;
   KvLayerView layer(int il) const;
+
+  // The given rows (any order) as a span, with their positions.
+  KvSpan extract(std::span<const int64_t> rows) const;
+  // Copies span tokens [from, from + n) into rows row0... at `positions`,
+  // rotating each key by (new position - encoded position). Values do not
+  // depend on position and are copied as they are.
+  void place(const KvSpan& span, int64_t from, int64_t n, int64_t row0, std::span<const int32_t> positions);
 
  private:
   int64_t n_ctx_;
-  int64_t row_;  // elements per position
+  int64_t row_;  // elements per row
   DType type_;
+  int n_head_kv_, head_dim_, n_rot_;
+  float rope_base_;
+  bool neox_;
   int64_t n_past_ = 0;
   std::vector<std::vector<uint8_t>> k_, v_;  // per layer
+  std::vector<int32_t> positions_;
 };
 
 }  // namespace depcache

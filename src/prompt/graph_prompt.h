@@ -25,6 +25,9 @@ struct GraphPromptText {
 // lets its KV be reused across prompts).
 DepPrompt build_graph_prompt(const Tokenizer& tok, const GraphPromptText& text, bool add_bos = true);
 
+// The system segment: BOS (when asked and the vocab has one) + the text.
+std::vector<int32_t> system_tokens(const Tokenizer& tok, const std::string& system, bool add_bos);
+
 // Token ids of one path line as build_graph_prompt inserts it.
 std::vector<int32_t> path_tokens(const Tokenizer& tok, const std::string& path);
 

@@ -287,7 +287,7 @@ void KnowledgeGraph::save(const std::filesystem::path& path) const {
   std::string& buf = w.buf();
   const uint64_t size = buf.size();
   std::memcpy(buf.data() + 16, &size, 8);
-  const uint64_t sum = fnv1a64(buf.data() + kChecksumStart, buf.size() - kChecksumStart);
+  const uint64_t sum = fnv1a64_bytes(buf.data() + kChecksumStart, buf.size() - kChecksumStart);
   std::memcpy(buf.data() + 8, &sum, 8);
 
   // Write beside the target and rename, so readers never see half a file.
@@ -344,7 +344,7 @@ KnowledgeGraph KnowledgeGraph::load(const std::filesystem::path& path) {
     fail(ErrorKind::InvalidInput, "{}: corrupt KG file: header says {} bytes, file has {} (trailing data?)",
          file, declared_size, data.size());
   const uint64_t stored_sum = u64_at(8);
-  const uint64_t sum = fnv1a64(data.data() + kChecksumStart, data.size() - kChecksumStart);
+  const uint64_t sum = fnv1a64_bytes(data.data() + kChecksumStart, data.size() - kChecksumStart);
   if (sum != stored_sum)
     fail(ErrorKind::InvalidInput, "{}: corrupt KG file: checksum mismatch (stored {:016x}, computed {:016x})",
          file, stored_sum, sum);

@@ -261,7 +261,7 @@ LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests
       for (const auto& seq : u.sequences) {
         uint64_t h = root;
         for (int32_t t : seq) {
-          h = fnv1a64(&t, sizeof t, h);
+          h = fnv1a64_bytes(&t, sizeof t, h);
           if (!mine.insert(h).second) continue;
           if (seen_prefixes.count(h))
             ++prefix_cached;

@@ -9,7 +9,9 @@ namespace depcache {
 
 inline constexpr uint64_t kFnv1aSeed = 0xcbf29ce484222325ull;
 
-inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1aSeed) {
+// Bytes by pointer and size. A separate name, so that a string literal never
+// binds to (pointer, size) instead of the string_view overload.
+inline uint64_t fnv1a64_bytes(const void* data, size_t n, uint64_t h = kFnv1aSeed) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) {
     h ^= p[i];
@@ -19,7 +21,7 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1aSeed) {
 }
 
 inline uint64_t fnv1a64(std::string_view s, uint64_t h = kFnv1aSeed) {
-  return fnv1a64(s.data(), s.size(), h);
+  return fnv1a64_bytes(s.data(), s.size(), h);
 }
 
 }  // namespace depcache

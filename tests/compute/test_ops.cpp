@@ -72,49 +72,6 @@ INSTANTIATE_TEST_SUITE_P(AllComputeTypes, MatmulTypes,
                                            DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_info(info.param).name); });
 
-TEST(Attention, MatchesNaiveSoftmaxWithGqaAndF16) {
-  const int n_head = 4, n_head_kv = 2, hd = 24;
-  const int64_t n_kv = 150, n_tokens = 5;  // spans several key blocks
-  const int64_t row = n_head_kv * hd;
-  const auto k = randn(n_kv * row, 3), v = randn(n_kv * row, 4), q = randn(n_tokens * n_head * hd, 5);
-  std::vector<int64_t> visible = {1, 64, 65, 130, 150};
-  std::vector<uint16_t> k16(k.size()), v16(v.size());
-  for (size_t i = 0; i < k.size(); ++i) k16[i] = vec::f32_to_f16(k[i]), v16[i] = vec::f32_to_f16(v[i]);
-  ThreadPool pool(2);
-  for (bool f16 : {false, true}) {
-    KvLayerView view{f16 ? static_cast<const void*>(k16.data()) : k.data(),
-                     f16 ? static_cast<const void*>(v16.data()) : v.data(), f16, row};
-    std::vector<float> out(q.size());
-    attention(q.data(), n_tokens, view, visible.data(), n_head, n_head_kv, hd, out.data(), pool);
-    double max_diff = 0;
-    for (int64_t t = 0; t < n_tokens; ++t)
-      for (int h = 0; h < n_head; ++h) {
-        const int kvh = h / (n_head / n_head_kv);
-        std::vector<double> s(visible[t]);
-        double m = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < visible[t]; ++j) {
-          double d = 0;
-          for (int i = 0; i < hd; ++i) {
-            const double kk = f16 ? vec::f16_to_f32(k16[j * row + kvh * hd + i]) : k[j * row + kvh * hd + i];
-            d += q[(t * n_head + h) * hd + i] * kk;
-          }
-          s[j] = d / std::sqrt(double(hd));
-          m = std::max(m, s[j]);
-        }
-        for (double& e : s) sum += (e = std::exp(e - m));
-        for (int i = 0; i < hd; ++i) {
-          double o = 0;
-          for (int64_t j = 0; j < visible[t]; ++j)
-            o +=
-                s[j] / sum * (f16 ? vec::f16_to_f32(v16[j * row + kvh * hd + i]) : v[j * row + kvh * hd + i]);
-          max_diff = std::max(max_diff, std::fabs(o - out[(t * n_head + h) * hd + i]));
-        }
-      }
-    std::printf("[check] attention f16=%d: max |diff| = %.3g\n", f16, max_diff);
-    EXPECT_LT(max_diff, 1e-5);
-  }
-}
-
 TEST(Rope, RotationComposesAndPreservesNorm) {
   // Rotating by p1 then p2 equals rotating by p1 + p2, for both styles;
   // dimensions past n_rot are untouched.

@@ -20,27 +20,8 @@
 namespace depcache {
 namespace {
 
-// Random-weight models made once per process, keyed by preset and type.
 std::shared_ptr<const Model> tiny_model(const std::string& preset, DType type, bool tied = false) {
-  static std::map<std::string, std::shared_ptr<const Model>> cache;
-  const std::string key = preset + "/" + std::string(dtype_info(type).name) + (tied ? "/tied" : "");
-  auto& m = cache[key];
-  if (!m) {
-    RandomModelOptions o;
-    o.shape = *model_preset(preset);
-    o.shape.tied_embeddings = tied;
-    o.type = type;
-    o.seed = 7;
-    // A larger spread than 0.02 makes logits differ enough that
-    // comparisons are meaningful (near-uniform logits would hide errors).
-    o.stddev = 0.2f;
-    o.n_threads = 2;
-    const auto path = test::temp_path("tiny-model") += ".gguf";
-    write_random_model(path, o);
-    m = Model::load(path);
-    std::filesystem::remove(path);  // the mapping stays valid after unlink
-  }
-  return m;
+  return test::random_model(preset, type, tied);
 }
 
 std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {

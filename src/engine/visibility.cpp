@@ -1,0 +1,54 @@
+#include "engine/visibility.h"
+
+#include "util/error.h"
+
+namespace depcache {
+
+Visibility causal_chain(int64_t n, int64_t row0) { return Visibility({{0, n, {}, 0, row0}}); }
+
+Visibility causal_by_position(std::span<const int64_t> rows) {
+  std::vector<QueryGroup> groups;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    groups.push_back({static_cast<int64_t>(i), static_cast<int64_t>(j - i), {}, 0, rows[i]});
+    i = j;
+  }
+  return Visibility(std::move(groups));
+}
+
+Visibility block_diagonal(std::span<const RowRange> shared, std::span<const RowRange> blocks) {
+  std::vector<QueryGroup> groups;
+  int64_t first = 0;
+  for (const RowRange& b : blocks) {
+    if (b.size() <= 0) continue;
+    QueryGroup g{first, b.size(), {}, b.begin, b.begin};
+    for (const RowRange& s : shared)
+      if (s.size() > 0) g.context.push_back(s);
+    groups.push_back(std::move(g));
+    first += b.size();
+  }
+  return Visibility(std::move(groups));
+}
+
+Visibility dependency_dag(const DepPrompt& prompt, std::span<const int64_t> rows) {
+  std::vector<QueryGroup> groups;
+  for (size_t i = 0; i < rows.size();) {
+    if (rows[i] < 0 || rows[i] >= static_cast<int64_t>(prompt.size()))
+      fail(ErrorKind::Internal, "dependency_dag: row {} outside the prompt of {} tokens", rows[i],
+           prompt.size());
+    const int32_t node = prompt.token_nodes()[rows[i]];
+    const TokenRange own = prompt.nodes()[node].tokens;
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1 && rows[j] < own.end) ++j;
+    if (rows[j - 1] != own.end - 1)
+      fail(ErrorKind::Internal, "dependency_dag: computed tokens of node {} are not a suffix of it", node);
+    QueryGroup g{static_cast<int64_t>(i), static_cast<int64_t>(j - i), {}, own.begin, rows[i]};
+    for (const TokenRange& r : prompt.node_context(node)) g.context.push_back({r.begin, r.end});
+    groups.push_back(std::move(g));
+    i = j;
+  }
+  return Visibility(std::move(groups));
+}
+
+}  // namespace depcache

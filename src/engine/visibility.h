@@ -1,0 +1,28 @@
+#pragma once
+// Builders of visibility lists (see compute/attention.h) for the ways
+// strategies let computed tokens attend. Rows are KV assembly rows; the batch
+// holds the computed tokens in the order of `rows`.
+#include <span>
+
+#include "compute/attention.h"
+#include "prompt/dep_prompt.h"
+
+namespace depcache {
+
+// n tokens at rows row0.. forming a causal chain after every earlier row.
+Visibility causal_chain(int64_t n, int64_t row0);
+
+// Recomputed tokens scattered over an assembly (ascending rows): each sees
+// every row up to its own (causal by position over the whole assembly).
+Visibility causal_by_position(std::span<const int64_t> rows);
+
+// Every token of `blocks` (ascending, disjoint) sees the shared ranges and
+// causally its own block only: chunks prefilled independently (full reuse).
+Visibility block_diagonal(std::span<const RowRange> shared, std::span<const RowRange> blocks);
+
+// Dependency attention over a DepPrompt laid out in pre-order (row = token
+// index): `rows` (ascending) are the computed tokens; the others must be in
+// the assembly. A node's computed tokens must be a suffix of the node.
+Visibility dependency_dag(const DepPrompt& prompt, std::span<const int64_t> rows);
+
+}  // namespace depcache

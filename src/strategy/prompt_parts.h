@@ -1,0 +1,42 @@
+#pragma once
+// A RAG request as token-level prompt parts: the system text (with BOS), the
+// retrieved context items (an entity's relation paths, or a document), an
+// optional plain context text, and the task (question and answer cue). Every
+// strategy builds its prompt from the same parts, so they all see the same
+// tokens: a flat serialization (system, every path of every item in order,
+// text, task) or a DepPrompt (one tree per item).
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+#include "prompt/dep_prompt.h"
+#include "retrieval/rag_request.h"
+
+namespace depcache {
+
+struct ContextItem {
+  std::string label;                        // entity name or document id
+  std::vector<std::vector<int32_t>> paths;  // token runs; a document has one
+};
+
+struct PromptParts {
+  std::vector<int32_t> system;
+  std::vector<ContextItem> items;
+  std::vector<int32_t> text;  // plain context (requests with "text")
+  std::vector<int32_t> task;
+
+  int64_t n_flat_tokens() const;
+  std::vector<int32_t> flat() const;
+  DepPrompt dep_prompt() const;
+};
+
+struct PromptTemplate {
+  std::string system = "Answer the question using the knowledge below.\n";
+  std::string task_prefix = "Question: ";
+  std::string task_suffix = "\nAnswer:";
+};
+
+PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request,
+                              const PromptTemplate& tmpl = PromptTemplate{});
+
+}  // namespace depcache

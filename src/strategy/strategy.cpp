@@ -1,0 +1,272 @@
+#include "strategy/strategy.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/visibility.h"
+#include "util/error.h"
+#include "util/hash.h"
+
+namespace depcache {
+namespace {
+
+uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) {
+  return fnv1a64_bytes(v.data(), v.size_bytes(), h);
+}
+
+uint64_t namespace_key(uint64_t fingerprint, DType kv_type, std::string_view kind) {
+  uint64_t h = fnv1a64_bytes(&fingerprint, sizeof fingerprint);
+  const auto t = static_cast<int32_t>(kv_type);
+  h = fnv1a64_bytes(&t, sizeof t, h);
+  return fnv1a64(kind, h);
+}
+
+void check_fits(int64_t n, const KvCache& kv) {
+  if (n > kv.n_ctx())
+    fail(ErrorKind::LimitExceeded, "the prompt holds {} tokens, more than the context size {}", n,
+         kv.n_ctx());
+}
+
+// Places index pieces covering sequence tokens [0, m) at the rows of those
+// tokens, with the given positions; rows of a piece may be split in runs.
+void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64_t m,
+                  std::span<const int64_t> rows, std::span<const int32_t> positions, KvCache& kv,
+                  std::vector<bool>& placed) {
+  int64_t at = 0;
+  for (const RadixIndex::Piece& p : match.pieces) {
+    const int64_t len = std::min(p.length, m - at);
+    for (int64_t i = 0; i < len;) {
+      if (placed[rows[at + i]]) {
+        ++i;
+        continue;
+      }
+      int64_t j = i + 1;
+      while (j < len && rows[at + j] == rows[at + j - 1] + 1 && !placed[rows[at + j]]) ++j;
+      kv.place(index.span(p.node), p.offset + i, j - i, rows[at + i], positions.subspan(at + i, j - i));
+      for (int64_t r = i; r < j; ++r) placed[rows[at + r]] = true;
+      i = j;
+    }
+    at += len;
+    if (at >= m) break;
+  }
+}
+
+RadixIndex::SpanMaker rows_span(const KvCache& kv, std::span<const int64_t> rows) {
+  return [&kv, rows](int64_t begin, int64_t end) { return kv.extract(rows.subspan(begin, end - begin)); };
+}
+
+class FullStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "full"; }
+  PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) override {
+    const std::vector<int32_t> tokens = parts.flat();
+    const auto n = static_cast<int64_t>(tokens.size());
+    check_fits(n, kv);
+    kv.clear();
+    std::vector<float> logits;
+    PrefillPlan plan;
+    plan.tokens = tokens;
+    for (int64_t t = 0; t < n; ++t) {
+      plan.positions.push_back(static_cast<int32_t>(t));
+      plan.rows.push_back(t);
+    }
+    plan.visibility = causal_chain(n, 0);
+    plan.logits_for = {n - 1};
+    PrefillResult r = fwd.prefill(plan, kv);
+    kv.set_n_past(n);
+    const int n_layer = fwd.model().config().n_layer;
+    return {n, n, 0, r.attention_pairs / n_layer, n, std::move(r.logits)};
+  }
+};
+
+class PrefixStrategy final : public Strategy {
+ public:
+  PrefixStrategy(RadixIndex& index, uint64_t ns, bool reuse) : index_(index), ns_(ns), reuse_(reuse) {}
+  std::string_view name() const override { return "prefix"; }
+  PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) override {
+    const std::vector<int32_t> tokens = parts.flat();
+    const auto n = static_cast<int64_t>(tokens.size());
+    check_fits(n, kv);
+    kv.clear();
+    std::vector<int64_t> rows(n);
+    std::vector<int32_t> positions(n);
+    for (int64_t t = 0; t < n; ++t) rows[t] = positions[t] = static_cast<int32_t>(t);
+    RadixIndex::Match match;
+    int64_t m = 0;
+    if (reuse_) {
+      match = index_.match(ns_, tokens);
+      m = std::min(match.length, n - 1);  // the last token is computed for its logits
+      std::vector<bool> placed(n, false);
+      place_pieces(index_, match, m, rows, positions, kv, placed);
+      index_.pin(match);
+    }
+    PrefillPlan plan;
+    plan.tokens.assign(tokens.begin() + m, tokens.end());
+    plan.positions.assign(positions.begin() + m, positions.end());
+    plan.rows.assign(rows.begin() + m, rows.end());
+    plan.visibility = causal_chain(n - m, m);
+    plan.logits_for = {n - m - 1};
+    PrefillResult r = fwd.prefill(plan, kv);
+    kv.set_n_past(n);
+    if (reuse_) {
+      index_.insert(ns_, tokens, rows_span(kv, rows));
+      index_.unpin(match);
+    }
+    const int n_layer = fwd.model().config().n_layer;
+    return {n, n - m, m, r.attention_pairs / n_layer, n, std::move(r.logits)};
+  }
+
+ private:
+  RadixIndex& index_;
+  uint64_t ns_;
+  bool reuse_;
+};
+
+class DepCacheStrategy final : public Strategy {
+ public:
+  DepCacheStrategy(RadixIndex& index, uint64_t ns, PositionScheme scheme, bool reuse)
+      : index_(index), ns_(ns), scheme_(scheme), reuse_(reuse) {}
+  std::string_view name() const override { return "depcache"; }
+
+  PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) override {
+    const DepPrompt prompt = parts.dep_prompt();
+    const auto n = static_cast<int64_t>(prompt.size());
+    check_fits(n, kv);
+    kv.clear();
+    const std::vector<int32_t> positions = prompt.positions(scheme_);
+    std::vector<bool> placed(n, false);
+    std::vector<RadixIndex::Match> pinned;
+    // Every cacheable run of the prompt: the system segment, and each
+    // root-to-leaf path of each tree, keyed under the context it hangs under.
+    struct Run {
+      uint64_t ns;
+      std::vector<int32_t> tokens;
+      std::vector<int64_t> rows;
+    };
+    std::vector<Run> runs;
+    const PromptSegment& system = prompt.segments().front();
+    const std::span<const int32_t> system_tokens(prompt.tokens().data() + system.tokens.begin,
+                                                 system.tokens.size());
+    const uint64_t ns_system = fnv1a64("system", ns_);
+    uint64_t ns_tree = hash_ints(fnv1a64("tree", ns_), system_tokens);
+    const auto scheme = static_cast<int32_t>(scheme_);
+    ns_tree = fnv1a64_bytes(&scheme, sizeof scheme, ns_tree);
+    if (system.tokens.size() > 0) {
+      Run run{ns_system, {system_tokens.begin(), system_tokens.end()}, {}};
+      for (int64_t r = system.tokens.begin; r < system.tokens.end; ++r) run.rows.push_back(r);
+      runs.push_back(std::move(run));
+    }
+    for (const PromptSegment& seg : prompt.segments()) {
+      if (seg.kind != SegmentKind::Tree) continue;
+      for (int32_t node = seg.first_node; node < seg.first_node + seg.n_nodes; ++node) {
+        if (!prompt.node_children(node).empty()) continue;
+        Run run{ns_tree, {}, {}};
+        for (int32_t on_path : prompt.node_path(node)) {
+          const TokenRange t = prompt.nodes()[on_path].tokens;
+          for (int32_t r = t.begin; r < t.end; ++r) {
+            run.tokens.push_back(prompt.tokens()[r]);
+            run.rows.push_back(r);
+          }
+        }
+        runs.push_back(std::move(run));
+      }
+    }
+
+    if (reuse_) {
+      for (const Run& run : runs) {
+        RadixIndex::Match match = index_.match(run.ns, run.tokens);
+        std::vector<int32_t> pos;
+        for (int64_t r : run.rows) pos.push_back(positions[r]);
+        place_pieces(index_, match, match.length, run.rows, pos, kv, placed);
+        index_.pin(match);
+        pinned.push_back(std::move(match));
+      }
+    }
+    // The last token always runs: its logits start the answer.
+    placed[n - 1] = false;
+    std::vector<int64_t> computed;
+    for (int64_t r = 0; r < n; ++r)
+      if (!placed[r]) computed.push_back(r);
+
+    PrefillPlan plan;
+    for (int64_t r : computed) {
+      plan.tokens.push_back(prompt.tokens()[r]);
+      plan.positions.push_back(positions[r]);
+      plan.rows.push_back(r);
+    }
+    plan.visibility = dependency_dag(prompt, computed);
+    plan.logits_for = {static_cast<int64_t>(computed.size()) - 1};
+    PrefillResult result = fwd.prefill(plan, kv);
+    kv.set_n_past(n);
+
+    if (reuse_) {
+      for (const Run& run : runs) index_.insert(run.ns, run.tokens, rows_span(kv, run.rows));
+      for (const RadixIndex::Match& m : pinned) index_.unpin(m);
+    }
+    const int n_layer = fwd.model().config().n_layer;
+    const auto n_computed = static_cast<int64_t>(computed.size());
+    return {n,
+            n_computed,
+            n - n_computed,
+            result.attention_pairs / n_layer,
+            parts.n_flat_tokens(),
+            std::move(result.logits)};
+  }
+
+ private:
+  RadixIndex& index_;
+  uint64_t ns_;
+  PositionScheme scheme_;
+  bool reuse_;
+};
+
+}  // namespace
+
+uint64_t model_fingerprint(const Model& model) {
+  const ModelConfig& c = model.config();
+  const int32_t shape[] = {static_cast<int32_t>(c.arch),
+                           c.n_layer,
+                           c.n_embd,
+                           c.n_head,
+                           c.n_head_kv,
+                           c.head_dim,
+                           c.n_ff,
+                           c.n_vocab,
+                           c.n_rot,
+                           static_cast<int32_t>(c.rope_style),
+                           c.qkv_bias};
+  uint64_t h = fnv1a64_bytes(shape, sizeof shape);
+  h = fnv1a64_bytes(&c.rope_base, sizeof c.rope_base, h);
+  h = fnv1a64_bytes(&c.rms_eps, sizeof c.rms_eps, h);
+  const auto sample = [&h](const WeightMatrix& w) {
+    const auto t = static_cast<int32_t>(w.type);
+    h = fnv1a64_bytes(&t, sizeof t, h);
+    const size_t total = w.row_bytes * static_cast<size_t>(w.n_out);
+    const size_t n = std::min<size_t>(total, 4096);
+    h = fnv1a64_bytes(w.data, n, h);                // the start
+    h = fnv1a64_bytes(w.data + (total - n), n, h);  // and the end
+  };
+  sample(model.tok_embd);
+  for (const LayerWeights& l : model.layers) {
+    sample(l.wq);
+    sample(l.w_down);
+  }
+  sample(model.output);
+  return h;
+}
+
+std::vector<std::string> strategy_names() { return {"full", "prefix", "depcache"}; }
+
+std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
+                                        DType kv_type, const StrategyOptions& options) {
+  const uint64_t fp = model_fingerprint(model);
+  if (name == "full") return std::make_unique<FullStrategy>();
+  if (name == "prefix")
+    return std::make_unique<PrefixStrategy>(index, namespace_key(fp, kv_type, "prefix"), options.reuse);
+  if (name == "depcache")
+    return std::make_unique<DepCacheStrategy>(index, namespace_key(fp, kv_type, "depcache"), options.scheme,
+                                              options.reuse);
+  fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", name);
+}
+
+}  // namespace depcache

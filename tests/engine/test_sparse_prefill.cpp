@@ -1,0 +1,218 @@
+// The executor primitive: KV spans re-encoded at new positions, sparse
+// prefill over an assembly, per-layer active sets and their hook, attention
+// statistics, and decoding after a sparse prefill.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "engine/forward.h"
+#include "engine/visibility.h"
+#include "model/model.h"
+#include "test_support.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 37 + 11 + salt * 101) % n_vocab;
+  return t;
+}
+
+// A causal chain of `tokens` at rows row0.. and positions pos0..
+PrefillPlan chain_plan(const std::vector<int32_t>& tokens, int64_t row0, int32_t pos0,
+                       bool all_logits = false) {
+  PrefillPlan p;
+  p.tokens = tokens;
+  const auto n = static_cast<int64_t>(tokens.size());
+  for (int64_t i = 0; i < n; ++i) {
+    p.rows.push_back(row0 + i);
+    p.positions.push_back(static_cast<int32_t>(pos0 + i));
+  }
+  p.visibility = causal_chain(n, row0);
+  if (all_logits)
+    for (int64_t i = 0; i < n; ++i) p.logits_for.push_back(i);
+  else
+    p.logits_for = {n - 1};
+  return p;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+std::vector<float> rows_of(const KvCache& kv, int il, int64_t row0, int64_t n, bool keys) {
+  std::vector<float> out(n * kv.row_elems()), k(kv.row_elems()), v(kv.row_elems());
+  for (int64_t r = 0; r < n; ++r) {
+    kv.read(il, row0 + r, k.data(), v.data());
+    std::copy(keys ? k.begin() : v.begin(), keys ? k.end() : v.end(), out.begin() + r * kv.row_elems());
+  }
+  return out;
+}
+
+class BothRopeStyles : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+// An isolated segment computed at positions p.. and moved to p + delta equals
+// the segment computed at p + delta, in every layer (keys and values).
+TEST_P(BothRopeStyles, SpanRotatedByDeltaEqualsRecomputation) {
+  const auto [preset, kv_type] = GetParam();
+  const auto m = test::random_model(preset, DType::F32);
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  const auto toks = some_tokens(12, m->config().n_vocab);
+  for (int delta : {37, -5, 1000}) {
+    KvCache a(m->config(), 64, kv_type), b(m->config(), 64, kv_type), c(m->config(), 64, kv_type);
+    fwd.prefill(chain_plan(toks, 0, 10), a);
+    const std::vector<int64_t> rows = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    const KvSpan span = a.extract(rows);
+    std::vector<int32_t> shifted;
+    for (int i = 0; i < 12; ++i) shifted.push_back(10 + delta + i);
+    b.place(span, 0, 12, 20, shifted);  // at other rows too
+    fwd.prefill(chain_plan(toks, 0, 10 + delta), c);
+    // Relative to the largest value: f32 rounding of the composed rotation;
+    // for f16 a second rounding of each key plus what it changes downstream
+    // (f16 has a relative step of 2^-11 ≈ 4.9e-4).
+    const double rel = kv_type == DType::F32 ? 2e-5 : 2e-3;
+    for (int il = 0; il < m->config().n_layer; ++il)
+      for (bool keys : {true, false}) {
+        const auto want = rows_of(c, il, 0, 12, keys);
+        double scale = 1;
+        for (float x : want) scale = std::max(scale, std::fabs(double(x)));
+        EXPECT_LT(max_diff(rows_of(b, il, 20, 12, keys), want), rel * scale)
+            << (keys ? "K" : "V") << " layer " << il << " delta " << delta;
+      }
+    EXPECT_EQ(b.position(20), 10 + delta);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BothRopeStyles,
+                         ::testing::Combine(::testing::Values("tiny", "tiny-qwen2"),
+                                            ::testing::Values(DType::F32, DType::F16)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) + "_" +
+                                              std::string(dtype_info(std::get<1>(info.param)).name);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// A prefix placed from a span plus the rest computed sparsely equals one
+// causal prefill; so does a continuation through eval().
+TEST(SparsePrefill, PlacedPrefixPlusComputedSuffixEqualsFullPrefill) {
+  const auto m = test::random_model("tiny", DType::F32);
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  const auto toks = some_tokens(40, m->config().n_vocab, 1);
+  KvCache full(m->config(), 64, DType::F32), sparse(m->config(), 64, DType::F32);
+  const auto want = fwd.prefill(chain_plan(toks, 0, 0, true), full).logits;
+  std::vector<int64_t> rows(25);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<int32_t> pos(rows.begin(), rows.end());
+  sparse.place(full.extract(rows), 0, 25, 0, pos);
+  const std::vector<int32_t> rest(toks.begin() + 25, toks.end());
+  const auto got = fwd.prefill(chain_plan(rest, 25, 25, true), sparse).logits;
+  const std::vector<float> want_rest(want.begin() + 25 * m->config().n_vocab, want.end());
+  EXPECT_LT(max_diff(got, want_rest), 1e-4);
+}
+
+// Active sets shrinking with depth over an exact cache change nothing: a
+// token that stops early leaves the cached (here: identical) K/V in later
+// layers. With the set = all tokens everywhere, it is plain prefill.
+TEST(SparsePrefill, ActiveSetsOverAnExactCacheGiveTheSameLogits) {
+  const auto m = test::random_model("tiny-qwen2", DType::F32);
+  const int n_layer = m->config().n_layer;
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  const auto toks = some_tokens(30, m->config().n_vocab, 2);
+  KvCache full(m->config(), 32, DType::F32);
+  const PrefillPlan base = chain_plan(toks, 0, 0);
+  const PrefillResult want = fwd.prefill(base, full);
+  std::vector<int64_t> rows(30);
+  std::iota(rows.begin(), rows.end(), 0);
+  const KvSpan all = full.extract(rows);
+
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 4; ++trial) {
+    KvCache kv(m->config(), 32, DType::F32);
+    std::vector<int32_t> pos(rows.begin(), rows.end());
+    kv.place(all, 0, 30, 0, pos);
+    PrefillPlan plan = base;
+    plan.last_layer.resize(30);
+    for (auto& l : plan.last_layer) l = trial == 0 ? n_layer - 1 : static_cast<int>(rng() % n_layer);
+    plan.last_layer.back() = n_layer - 1;
+    int hook_calls = 0;
+    plan.hook = [&](const LayerKv& lk) {
+      ++hook_calls;
+      // Fresh K equals the cached K of the same token (the cache is exact).
+      std::vector<float> k(kv.row_elems()), v(kv.row_elems());
+      for (size_t i = 0; i < lk.active.size(); ++i) {
+        lk.kv->read(lk.layer, lk.rows[lk.active[i]], k.data(), v.data());
+        for (int64_t e = 0; e < kv.row_elems(); ++e)
+          EXPECT_NEAR(lk.k_fresh[i * kv.row_elems() + e], k[e], 1e-4);
+      }
+      // Trial 0 keeps all; others drop every third token except the last.
+      std::vector<int64_t> keep;
+      for (int64_t id : lk.active)
+        if (trial == 0 || id % 3 != 1 || id == 29) keep.push_back(id);
+      return keep;
+    };
+    const PrefillResult got = fwd.prefill(plan, kv);
+    EXPECT_EQ(hook_calls, n_layer);
+    EXPECT_LT(max_diff(got.logits, want.logits), 1e-4) << "trial " << trial;
+    if (trial == 0) {
+      EXPECT_EQ(got.attention_pairs, want.attention_pairs);
+      EXPECT_EQ(got.active_per_layer, std::vector<int64_t>(n_layer, 30));
+    } else {
+      EXPECT_LT(got.attention_pairs, want.attention_pairs);
+    }
+  }
+}
+
+TEST(SparsePrefill, AttentionMassPerLayerOverTargets) {
+  const auto m = test::random_model("tiny", DType::F32);
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  const auto toks = some_tokens(20, m->config().n_vocab, 3);
+  KvCache kv(m->config(), 32, DType::F32);
+  PrefillPlan plan = chain_plan(toks, 0, 0);
+  plan.stats_queries = {19, 5};
+  plan.stats_targets = {{0, 10}, {10, 20}};
+  const PrefillResult r = fwd.prefill(plan, kv);
+  ASSERT_EQ(r.attention_mass.size(), static_cast<size_t>(m->config().n_layer));
+  for (const auto& layer : r.attention_mass) {
+    ASSERT_EQ(layer.size(), 2u);
+    EXPECT_NEAR(layer[0][0] + layer[0][1], 1.0, 1e-6);  // query 19 sees rows 0..19
+    EXPECT_NEAR(layer[1][0], 1.0, 1e-6);                // query 5 sees rows 0..5 only
+    EXPECT_EQ(layer[1][1], 0.0);
+  }
+}
+
+TEST(SparsePrefill, MalformedPlansAreRejected) {
+  const auto m = test::random_model("tiny", DType::F32);
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  KvCache kv(m->config(), 16, DType::F32);
+  const auto toks = some_tokens(4, m->config().n_vocab);
+  PrefillPlan p = chain_plan(toks, 0, 0);
+  p.rows.pop_back();
+  EXPECT_THROW(fwd.prefill(p, kv), Error);
+  p = chain_plan(toks, 14, 0);  // rows 14..17 beyond 16
+  EXPECT_THROW(fwd.prefill(p, kv), Error);
+  p = chain_plan(toks, 0, 0);
+  p.last_layer = {1, 1, 1, 0};  // the logits token stops early
+  EXPECT_THROW(fwd.prefill(p, kv), Error);
+  p = chain_plan(toks, 0, 0);
+  p.hook = [](const LayerKv&) { return std::vector<int64_t>{7}; };  // not an active token
+  EXPECT_THROW(fwd.prefill(p, kv), Error);
+  p = chain_plan(toks, 0, 0);
+  p.tokens[1] = m->config().n_vocab;
+  EXPECT_THROW(fwd.prefill(p, kv), Error);
+}
+
+}  // namespace
+}  // namespace depcache

@@ -1,0 +1,155 @@
+// The radix index: match, insert with node splits, pins, leaf-only LRU
+// eviction under a byte budget, and random operation sequences checked
+// against a reference map of what should be cached.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "kv/radix_index.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+using Tokens = std::vector<int32_t>;
+
+// A span whose K bytes of token i hold the sequence offset i, so tests can
+// see which tokens a piece refers to.
+RadixIndex::SpanMaker offsets_maker() {
+  return [](int64_t begin, int64_t end) {
+    KvSpan s(1, 1, DType::F32, end - begin);
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = static_cast<float>(i);
+      std::memcpy(s.k(0) + (i - begin) * 4, &v, 4);
+      s.positions()[i - begin] = static_cast<int32_t>(i);
+    }
+    return s;
+  };
+}
+
+float offset_at(const RadixIndex& index, const RadixIndex::Piece& p, int64_t i) {
+  float v;
+  std::memcpy(&v, index.span(p.node).k(0) + (p.offset + i) * 4, 4);
+  return v;
+}
+
+TEST(RadixIndex, MatchInsertAndSplit) {
+  RadixIndex index(1 << 20);
+  EXPECT_EQ(index.match(1, Tokens{1, 2, 3}).length, 0);
+  EXPECT_EQ(index.insert(1, Tokens{1, 2, 3, 4}, offsets_maker()), 4);
+  EXPECT_EQ(index.match(1, Tokens{1, 2, 3, 4, 5}).length, 4);
+  EXPECT_EQ(index.match(2, Tokens{1, 2, 3, 4}).length, 0);  // other namespace
+  // Diverging at 2 splits the node into [1 2] and [3 4].
+  EXPECT_EQ(index.insert(1, Tokens{1, 2, 9}, offsets_maker()), 1);
+  index.check_invariants();
+  const RadixIndex::Match m = index.match(1, Tokens{1, 2, 9, 7});
+  EXPECT_EQ(m.length, 3);
+  ASSERT_EQ(m.pieces.size(), 2u);
+  EXPECT_EQ(m.pieces[0].length, 2);
+  EXPECT_EQ(m.pieces[1].length, 1);
+  // Spans follow the tokens: [1 2] came from the first insert (offsets 0, 1),
+  // [9] from the second (offset 2).
+  EXPECT_EQ(offset_at(index, m.pieces[0], 1), 1.0f);
+  EXPECT_EQ(offset_at(index, m.pieces[1], 0), 2.0f);
+  const RadixIndex::Match partial = index.match(1, Tokens{1, 2, 3, 8});
+  EXPECT_EQ(partial.length, 3);
+  EXPECT_EQ(partial.pieces.back().length, 1);  // a prefix of [3 4]
+  // Inserting what is there adds nothing.
+  EXPECT_EQ(index.insert(1, Tokens{1, 2}, offsets_maker()), 0);
+  EXPECT_EQ(index.n_nodes(), 4u);  // root, [1 2], [3 4], [9]
+  index.check_invariants();
+}
+
+TEST(RadixIndex, EvictsLeastRecentlyUsedLeavesOnly) {
+  const size_t span_bytes = KvSpan(1, 1, DType::F32, 2).bytes();  // a 2-token span
+  RadixIndex index(3 * span_bytes);
+  index.insert(1, Tokens{1, 2}, offsets_maker());
+  index.insert(1, Tokens{1, 2, 3, 4}, offsets_maker());  // child of [1 2]
+  index.insert(1, Tokens{5, 6}, offsets_maker());
+  EXPECT_EQ(index.bytes(), 3 * span_bytes);
+  index.match(1, Tokens{5, 6});                    // [5 6] is now the most recent
+  index.insert(1, Tokens{7, 8}, offsets_maker());  // over budget by one span
+  index.check_invariants();
+  EXPECT_LE(index.bytes(), index.budget());
+  // [1 2] is older but not a leaf; its leaf [3 4] goes first.
+  EXPECT_EQ(index.match(1, Tokens{1, 2, 3, 4}).length, 2);
+  EXPECT_EQ(index.match(1, Tokens{5, 6}).length, 2);
+  EXPECT_EQ(index.match(1, Tokens{7, 8}).length, 2);
+}
+
+TEST(RadixIndex, PinnedNodesAreNotEvicted) {
+  const size_t span_bytes = KvSpan(1, 1, DType::F32, 2).bytes();
+  RadixIndex index(2 * span_bytes);
+  index.insert(1, Tokens{1, 2}, offsets_maker());
+  index.insert(1, Tokens{3, 4}, offsets_maker());
+  const RadixIndex::Match pinned = index.match(1, Tokens{1, 2});
+  index.pin(pinned);
+  index.match(1, Tokens{3, 4});
+  index.insert(1, Tokens{5, 6}, offsets_maker());
+  // [1 2] is the LRU leaf but pinned: [3 4] goes instead.
+  EXPECT_EQ(index.match(1, Tokens{1, 2}).length, 2);
+  EXPECT_EQ(index.match(1, Tokens{3, 4}).length, 0);
+  index.unpin(pinned);
+  EXPECT_THROW(index.unpin(pinned), Error);
+  index.insert(1, Tokens{7, 8}, offsets_maker());
+  EXPECT_LE(index.bytes(), index.budget());
+  index.check_invariants();
+}
+
+TEST(RadixIndex, SpanLargerThanTheBudgetIsNotStored) {
+  RadixIndex index(KvSpan(1, 1, DType::F32, 2).bytes());
+  index.insert(1, Tokens{1, 2, 3, 4, 5}, offsets_maker());
+  EXPECT_EQ(index.bytes(), 0u);
+  EXPECT_EQ(index.match(1, Tokens{1, 2}).length, 0);
+}
+
+// Random inserts, matches and pins over a small alphabet (lots of sharing
+// and splitting): invariants hold, the budget holds, and whatever matches
+// carries the right span content.
+TEST(RadixIndex, RandomOperationsKeepInvariants) {
+  std::mt19937 rng(3);
+  const size_t token_bytes = KvSpan(1, 1, DType::F32, 1).bytes();
+  RadixIndex index(60 * token_bytes);
+  std::vector<RadixIndex::Match> pins;
+  for (int step = 0; step < 3000; ++step) {
+    Tokens seq(1 + rng() % 10);
+    for (auto& t : seq) t = static_cast<int32_t>(rng() % 3);
+    const uint64_t ns = rng() % 2;
+    switch (rng() % 4) {
+      case 0:
+      case 1:
+        index.insert(ns, seq, offsets_maker());
+        break;
+      case 2: {
+        const RadixIndex::Match m = index.match(ns, seq);
+        int64_t at = 0;
+        for (const auto& p : m.pieces)
+          for (int64_t i = 0; i < p.length; ++i, ++at)
+            ASSERT_EQ(offset_at(index, p, i), static_cast<float>(at));
+        ASSERT_EQ(at, m.length);
+        if (rng() % 3 == 0) {
+          index.pin(m);
+          pins.push_back(m);
+        }
+        break;
+      }
+      default:
+        if (!pins.empty()) {
+          index.unpin(pins.back());
+          pins.pop_back();
+        }
+    }
+    if (pins.empty()) {
+      ASSERT_LE(index.bytes(), index.budget()) << "step " << step;
+    }
+    if (step % 100 == 0) index.check_invariants();
+  }
+  for (const auto& m : pins) index.unpin(m);
+  index.evict_to(0);
+  EXPECT_EQ(index.bytes(), 0u);
+  index.check_invariants();
+}
+
+}  // namespace
+}  // namespace depcache

@@ -1,0 +1,179 @@
+// Strategies end to end on a random-weight model: prefix reuse equals full
+// prefill; depcache with reuse equals depcache without reuse (depth scheme
+// always, sequential scheme when the reused subtrees are identical);
+// dependency attention on a chain equals causal attention; decoding after a
+// sparse prefill equals decoding after a full one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/forward.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "strategy/strategy.h"
+#include "test_support.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+RequestEntity entity(const std::string& name, std::vector<std::string> paths) {
+  return {name, name, std::move(paths)};
+}
+
+RagRequest graph_request(std::vector<RequestEntity> entities, const std::string& question) {
+  RagRequest r;
+  r.question = question;
+  r.entities = std::move(entities);
+  return r;
+}
+
+const RequestEntity kDog =
+    entity("dog", {"dog -hypernym-> canine -hypernym-> carnivore",
+                   "dog -hypernym-> canine -member of-> Canidae", "dog -member of-> pack -part of-> wolves"});
+const RequestEntity kCat =
+    entity("cat", {"cat -hypernym-> feline -hypernym-> carnivore", "cat -likes-> milk"});
+// dog again, one path changed: the shared prefix "dog -hypernym-> canine -" is reused.
+const RequestEntity kDog2 = entity(
+    "dog", {"dog -hypernym-> canine -hypernym-> carnivore", "dog -hypernym-> canine -habitat-> houses"});
+const RequestEntity kOwl = entity("owl", {"owl -hypernym-> bird", "owl -eats-> mice"});
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+struct Rig {
+  std::shared_ptr<const Model> model;
+  Tokenizer tok{Vocab::builtin_bytes()};
+  ThreadPool pool{2};
+  Forward fwd;
+  RadixIndex index{64 << 20};
+  DType kv_type;
+  explicit Rig(const std::string& preset = "tiny", DType kv = DType::F32)
+      : model(test::random_model(preset, DType::F32)), fwd(model, pool), kv_type(kv) {}
+  PrefillReport run(const std::string& strategy, const RagRequest& r, StrategyOptions o = {}) {
+    KvCache kv(model->config(), 2048, kv_type);
+    return make_strategy(strategy, index, *model, kv_type, o)->prefill(make_prompt_parts(tok, r), kv, fwd);
+  }
+};
+
+TEST(Strategies, PrefixReuseEqualsFullPrefill) {
+  for (DType kv_type : {DType::F32, DType::F16}) {
+    Rig rig("tiny", kv_type);
+    const RagRequest a = graph_request({kDog, kCat}, "What is a dog?");
+    const RagRequest b = graph_request({kDog, kOwl}, "What is a dog?");
+    const PrefillReport first = rig.run("prefix", a);
+    EXPECT_EQ(first.reused_tokens, 0);
+    const PrefillReport second = rig.run("prefix", b);
+    const PrefillReport full = rig.run("full", b);
+    // system + dog's paths are shared; cat vs owl diverge after "\n".
+    EXPECT_GT(second.reused_tokens, 100);
+    EXPECT_EQ(second.computed_tokens + second.reused_tokens, full.prompt_tokens);
+    // Same KV bytes either way; only batch-shape-dependent float sums differ.
+    EXPECT_LT(max_diff(second.logits, full.logits), 1e-3) << dtype_info(kv_type).name;
+    EXPECT_EQ(rig.run("prefix", b).computed_tokens, 1);  // all but the logits token
+  }
+}
+
+TEST(Strategies, DependencyAttentionOnAChainEqualsCausalAttention) {
+  Rig rig("tiny-qwen2");
+  // One entity with one path: system → path → task is a chain, and both
+  // position schemes number it 0..n-1.
+  const RagRequest r = graph_request({entity("dog", {"dog -hypernym-> canine"})}, "What is a dog?");
+  const PrefillReport full = rig.run("full", r);
+  for (PositionScheme s : {PositionScheme::Depth, PositionScheme::Sequential}) {
+    const PrefillReport dep = rig.run("depcache", r, {s, false});
+    EXPECT_EQ(dep.prompt_tokens, full.prompt_tokens);
+    EXPECT_EQ(dep.attention_pairs, full.attention_pairs);
+    EXPECT_LT(max_diff(dep.logits, full.logits), 1e-4);
+  }
+}
+
+TEST(Strategies, DepCacheReuseEqualsNoReuseUnderTheDepthScheme) {
+  for (const char* preset : {"tiny", "tiny-qwen2"})
+    for (DType kv_type : {DType::F32, DType::F16}) {
+      Rig rig(preset, kv_type);
+      const StrategyOptions reuse{PositionScheme::Depth, true}, none{PositionScheme::Depth, false};
+      rig.run("depcache", graph_request({kDog, kCat}, "Which animals?"), reuse);
+      // Reordered, one subtree changed (partial match), one new.
+      const RagRequest b = graph_request({kOwl, kCat, kDog2}, "Which animals eat mice?");
+      const PrefillReport with = rig.run("depcache", b, reuse);
+      const PrefillReport without = rig.run("depcache", b, none);
+      EXPECT_GT(with.reused_tokens, 60);
+      EXPECT_EQ(without.reused_tokens, 0);
+      EXPECT_EQ(with.prompt_tokens, without.prompt_tokens);
+      EXPECT_LT(with.attention_pairs, without.attention_pairs);
+      // f16 KV: the reused rows were rounded in the same way; only sums differ.
+      EXPECT_LT(max_diff(with.logits, without.logits), kv_type == DType::F32 ? 1e-4 : 2e-3)
+          << preset << " " << dtype_info(kv_type).name;
+    }
+}
+
+TEST(Strategies, DepCacheReuseEqualsNoReuseForIdenticalSubtreesUnderTheSequentialScheme) {
+  Rig rig("tiny-qwen2");
+  const StrategyOptions reuse{PositionScheme::Sequential, true}, none{PositionScheme::Sequential, false};
+  const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
+  rig.run("depcache", r, reuse);
+  RagRequest again = r;
+  again.question = "Which animals are carnivores?";  // same subtrees at the same places
+  const PrefillReport with = rig.run("depcache", again, reuse);
+  const PrefillReport without = rig.run("depcache", again, none);
+  // Everything but the task is reused.
+  const auto task = static_cast<int64_t>(make_prompt_parts(rig.tok, again).task.size());
+  EXPECT_EQ(with.reused_tokens, with.prompt_tokens - task);
+  EXPECT_EQ(with.computed_tokens, task);
+  EXPECT_LT(max_diff(with.logits, without.logits), 1e-4);
+  // Moved subtrees are re-encoded by rotation and reused whole (approximate:
+  // their distance to the system segment changed).
+  const RagRequest moved_request = graph_request({kOwl, kCat, kDog}, "Which?");
+  const PrefillReport moved = rig.run("depcache", moved_request, reuse);
+  EXPECT_EQ(moved.reused_tokens, with.reused_tokens);
+}
+
+// Greedy decoding from a sparse assembly (reuse) and from the same assembly
+// computed in full picks the same tokens with the same logits.
+TEST(Strategies, DecodeAfterSparsePrefillEqualsDecodeAfterFullPrefill) {
+  Rig rig("tiny");
+  const StrategyOptions reuse{PositionScheme::Depth, true}, none{PositionScheme::Depth, false};
+  rig.run("depcache", graph_request({kDog, kCat}, "Which animals?"), reuse);
+  const RagRequest b = graph_request({kCat, kDog2}, "Which animals?");
+  std::vector<std::vector<float>> steps[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    KvCache kv(rig.model->config(), 2048, DType::F32);
+    auto strategy = make_strategy("depcache", rig.index, *rig.model, DType::F32, pass == 0 ? reuse : none);
+    PrefillReport rep = strategy->prefill(make_prompt_parts(rig.tok, b), kv, rig.fwd);
+    if (pass == 0) {
+      EXPECT_GT(rep.reused_tokens, 0);
+    }
+    std::vector<float> logits = rep.logits;
+    for (int i = 0; i < 6; ++i) {
+      const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      steps[pass].push_back(logits);
+      const std::vector<int32_t> one = {next};
+      rig.fwd.eval(one, kv, Logits::Last, logits);
+    }
+    EXPECT_EQ(kv.n_past(), rep.prompt_tokens + 6);
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_LT(max_diff(steps[0][i], steps[1][i]), 1e-4) << "step " << i;
+}
+
+TEST(Strategies, ErrorsAreClear) {
+  Rig rig("tiny");
+  EXPECT_THROW(make_strategy("nope", rig.index, *rig.model, DType::F32), Error);
+  KvCache small(rig.model->config(), 16, DType::F32);
+  auto full = make_strategy("full", rig.index, *rig.model, DType::F32);
+  try {
+    full->prefill(make_prompt_parts(rig.tok, graph_request({kDog}, "q")), small, rig.fwd);
+    ADD_FAILURE() << "an oversized prompt was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::LimitExceeded);
+  }
+}
+
+}  // namespace
+}  // namespace depcache
