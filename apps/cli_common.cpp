@@ -6,6 +6,7 @@
 
 #include "model/gguf.h"
 #include "model/vocab.h"
+#include "util/error.h"
 
 namespace depcache::cli {
 
@@ -15,6 +16,12 @@ Tokenizer tokenizer_from(const std::string& gguf_path) {
 
 std::string tokenizer_name(const std::string& gguf_path) {
   return gguf_path.empty() ? "built-in bytes" : gguf_path;
+}
+
+DType parse_kv_type(const std::string& name) {
+  if (name == "f16") return DType::F16;
+  if (name == "f32") return DType::F32;
+  fail(ErrorKind::InvalidInput, "KV cache type '{}' is not supported (f16, f32)", name);
 }
 
 double percentile(std::vector<double> values, double p) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "compute/dtype.h"
 #include "model/tokenizer.h"
 
 namespace depcache::cli {
@@ -13,6 +14,9 @@ namespace depcache::cli {
 Tokenizer tokenizer_from(const std::string& gguf_path);
 // "built-in bytes" or the path, for reports.
 std::string tokenizer_name(const std::string& gguf_path);
+
+// KV cache storage type from its name (f16, f32); InvalidInput otherwise.
+DType parse_kv_type(const std::string& name);
 
 // p-th percentile (0..100) of ascending values, nearest rank; T{} for none.
 template <class T>

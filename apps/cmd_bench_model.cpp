@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "engine/forward.h"
 #include "model/model.h"
@@ -16,8 +17,6 @@
 #include "util/thread_pool.h"
 
 namespace depcache::cli {
-
-DType parse_kv_type(const std::string& name);
 
 namespace {
 

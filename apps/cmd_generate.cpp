@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "compute/dtype.h"
 #include "engine/forward.h"
@@ -15,12 +16,6 @@
 #include "util/thread_pool.h"
 
 namespace depcache::cli {
-
-DType parse_kv_type(const std::string& name) {
-  if (name == "f16") return DType::F16;
-  if (name == "f32") return DType::F32;
-  fail(ErrorKind::InvalidInput, "KV cache type '{}' is not supported (f16, f32)", name);
-}
 
 void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "Complete a prompt with a GGUF model");

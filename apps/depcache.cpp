@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   depcache::cli::add_kg_commands(app);
   depcache::cli::add_retrieve_command(app);
   depcache::cli::add_workload_commands(app);
+  depcache::cli::add_run_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,279 @@
+// `depcache run`: process a request stream with one or more strategies and
+// report, per request, TTFT and what was computed versus reused, then a
+// side-by-side summary.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/forward.h"
+#include "engine/kv_cache.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "retrieval/rag_request.h"
+#include "strategy/prompt_parts.h"
+#include "strategy/strategy.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+#include "util/timing.h"
+
+namespace depcache::cli {
+namespace {
+
+struct RunOptions {
+  std::string model_path, requests_path, strategies = "depcache", kv_type = "f16", scheme = "depth",
+                                         json_path;
+  int threads = 0;
+  int64_t ctx = 0;
+  double cache_mib = 1024;
+  size_t limit = 0;
+  int max_tokens = 1;
+  bool quiet = false, verify = false;
+};
+
+struct RequestRow {
+  std::string id;
+  double ttft_ms = 0, total_ms = 0;
+  PrefillReport report;
+  std::vector<int32_t> output;
+  double logit_diff = -1;  // --verify: max |logit - logit without reuse|
+  bool top1_agrees = true;
+};
+
+struct StrategyRun {
+  std::string name;
+  std::vector<RequestRow> rows;
+  size_t cached_bytes = 0;
+  int64_t evicted = 0;
+};
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+PositionScheme parse_scheme(const std::string& s) {
+  if (s == "depth") return PositionScheme::Depth;
+  if (s == "sequential") return PositionScheme::Sequential;
+  fail(ErrorKind::InvalidInput, "unknown position scheme '{}' (expected depth or sequential)", s);
+}
+
+class Progress {
+ public:
+  Progress(std::string label, size_t total)
+      : label_(std::move(label)), total_(total), tty_(isatty(fileno(stderr)) != 0) {}
+  void step(size_t done) {
+    if (tty_) {
+      fmt::print(stderr, "\r[{}] {}/{} requests", label_, done, total_);
+      if (done == total_) fmt::print(stderr, "\n");
+    } else if (done == total_ || done % std::max<size_t>(1, total_ / 10) == 0) {
+      fmt::print(stderr, "[{}] {}/{} requests\n", label_, done, total_);
+    }
+  }
+
+ private:
+  std::string label_;
+  size_t total_;
+  bool tty_;
+};
+
+StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs, const Tokenizer& tok,
+                         const std::shared_ptr<const Model>& model, Forward& fwd, const RunOptions& o,
+                         int64_t n_ctx) {
+  const DType kv_type = parse_kv_type(o.kv_type);
+  StrategyOptions so;
+  so.scheme = parse_scheme(o.scheme);
+  RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0));
+  const auto strategy = make_strategy(name, index, *model, kv_type, so);
+  RadixIndex no_index(0);
+  StrategyOptions plain = so;
+  plain.reuse = false;
+  const auto reference = make_strategy(name, no_index, *model, kv_type, plain);
+  KvCache kv(model->config(), n_ctx, kv_type);
+  std::unique_ptr<KvCache> ref_kv;
+  if (o.verify) ref_kv = std::make_unique<KvCache>(model->config(), n_ctx, kv_type);
+
+  StrategyRun run{name, {}, 0, 0};
+  Progress progress(name, reqs.size());
+  std::vector<float> logits;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    RequestRow row;
+    row.id = reqs[i].id;
+    const auto t0 = Clock::now();
+    const PromptParts parts = make_prompt_parts(tok, reqs[i]);
+    const int64_t room =
+        n_ctx - std::max(parts.n_flat_tokens(), static_cast<int64_t>(parts.dep_prompt().size()));
+    if (room < o.max_tokens - 1)
+      fail(ErrorKind::LimitExceeded, "request {}: prompt and {} generated tokens exceed the context size {}",
+           row.id, o.max_tokens, n_ctx);
+    row.report = strategy->prefill(parts, kv, fwd);
+    row.output.push_back(argmax(row.report.logits));
+    row.ttft_ms = ms_since(t0);
+    for (int t = 1; t < o.max_tokens; ++t) {
+      const std::vector<int32_t> one = {row.output.back()};
+      fwd.eval(one, kv, Logits::Last, logits);
+      row.output.push_back(argmax(logits));
+    }
+    row.total_ms = ms_since(t0);
+    if (o.verify) {
+      const PrefillReport ref = reference->prefill(parts, *ref_kv, fwd);
+      row.logit_diff = 0;
+      for (size_t j = 0; j < ref.logits.size(); ++j)
+        row.logit_diff = std::max(row.logit_diff, std::abs(double(ref.logits[j]) - row.report.logits[j]));
+      row.top1_agrees = argmax(ref.logits) == row.output.front();
+    }
+    run.rows.push_back(std::move(row));
+    progress.step(i + 1);
+  }
+  run.cached_bytes = index.bytes();
+  run.evicted = index.n_evicted();
+  return run;
+}
+
+nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
+  nlohmann::json j = {{"strategy", strategy},
+                      {"id", r.id},
+                      {"ttft_ms", r.ttft_ms},
+                      {"total_ms", r.total_ms},
+                      {"prompt_tokens", r.report.prompt_tokens},
+                      {"flat_tokens", r.report.flat_tokens},
+                      {"computed_tokens", r.report.computed_tokens},
+                      {"reused_tokens", r.report.reused_tokens},
+                      {"attention_pairs", r.report.attention_pairs},
+                      {"output", r.output}};
+  if (r.logit_diff >= 0) {
+    j["max_logit_diff_vs_no_reuse"] = r.logit_diff;
+    j["top1_agrees_with_no_reuse"] = r.top1_agrees;
+  }
+  return j;
+}
+
+void print_summary(const std::vector<StrategyRun>& runs, bool verify) {
+  fmt::print("\n{:<9} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}\n", "strategy",
+             "requests", "TTFT p50", "TTFT p99", "TTFT mean", "req/s", "prompt", "computed", "reused",
+             "hit rate", "attn pairs", verify ? "  max |dlogit|  top-1 agree" : "");
+  for (const StrategyRun& run : runs) {
+    std::vector<double> ttft;
+    double total_ms = 0, hit = 0, max_diff = 0;
+    int64_t prompt = 0, computed = 0, reused = 0, pairs = 0, agree = 0;
+    for (const RequestRow& r : run.rows) {
+      ttft.push_back(r.ttft_ms);
+      total_ms += r.total_ms;
+      prompt += r.report.prompt_tokens;
+      computed += r.report.computed_tokens;
+      reused += r.report.reused_tokens;
+      pairs += r.report.attention_pairs;
+      hit += static_cast<double>(r.report.reused_tokens) / static_cast<double>(r.report.prompt_tokens);
+      max_diff = std::max(max_diff, r.logit_diff);
+      agree += r.top1_agrees;
+    }
+    const auto n = static_cast<double>(run.rows.size());
+    double mean = 0;
+    for (double t : ttft) mean += t / n;
+    fmt::print("{:<9} {:>8} {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.2f} {:>9} {:>10} {:>10} {:>8.1f}% {:>13}",
+               run.name, run.rows.size(), percentile(ttft, 50), percentile(ttft, 99), mean,
+               n * 1000.0 / total_ms, prompt, computed, reused, 100.0 * hit / n, pairs);
+    if (verify) fmt::print("  {:>13.2e}  {:>5}/{}", max_diff, agree, run.rows.size());
+    fmt::print("\n");
+  }
+  fmt::print(
+      "hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) pairs per layer.\n");
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  static RunOptions o;
+  CLI::App* cmd =
+      app.add_subcommand("run", "Process a request stream with reuse strategies and report TTFT and reuse");
+  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  cmd->add_option("--requests", o.requests_path, "Request file (JSONL, as `workload generate` writes)")
+      ->required();
+  cmd->add_option("-s,--strategy", o.strategies, "Strategies, comma-separated: full, prefix, depcache")
+      ->capture_default_str();
+  cmd->add_option("--scheme", o.scheme, "depcache positions: depth (exact reuse) or sequential")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"depth", "sequential"}));
+  cmd->add_option("--kv-type", o.kv_type, "KV storage: f16 or f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "f32"}));
+  cmd->add_option("--cache-mib", o.cache_mib, "Byte budget of the KV index in MiB (LRU beyond it)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-c,--ctx-size", o.ctx, "KV assembly rows (default: the largest prompt + generated tokens)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--max-tokens", o.max_tokens,
+                  "Tokens to generate per request (greedy; the first is TTFT)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--limit", o.limit, "Process at most this many requests (0: all)")->capture_default_str();
+  cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
+  cmd->add_flag("--verify", o.verify,
+                "Also prefill every request without reuse and report the largest logit difference");
+  cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
+  cmd->add_flag("-q,--quiet", o.quiet, "Print only the summary (no per-request lines)");
+  cmd->callback([] {
+    const std::vector<std::string> names = split_list(o.strategies);
+    if (names.empty()) throw CLI::ValidationError("--strategy", "give at least one strategy");
+    const auto known = strategy_names();
+    for (const std::string& s : names)
+      if (std::find(known.begin(), known.end(), s) == known.end())
+        fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", s);
+    std::vector<RagRequest> reqs = read_requests(o.requests_path);
+    if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
+    const auto model = Model::load(o.model_path);
+    const Tokenizer tok(Vocab::from_gguf(model->file()));
+    int64_t n_ctx = o.ctx;
+    if (n_ctx == 0) {
+      for (const RagRequest& r : reqs) {
+        const PromptParts parts = make_prompt_parts(tok, r);
+        n_ctx =
+            std::max(n_ctx, std::max(parts.n_flat_tokens(), static_cast<int64_t>(parts.dep_prompt().size())));
+      }
+      n_ctx += o.max_tokens;
+    }
+    const ModelConfig& c = model->config();
+    fmt::print("model: {} ({} layers, {} embd, {}/{} heads); {} requests; KV {} ; assembly {} rows\n",
+               o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, reqs.size(), o.kv_type, n_ctx);
+    ThreadPool pool(o.threads);
+    Forward fwd(model, pool);
+    std::vector<StrategyRun> runs;
+    std::ofstream json;
+    if (!o.json_path.empty()) {
+      json.open(o.json_path, std::ios::binary | std::ios::trunc);
+      if (!json) fail(ErrorKind::NotFound, "cannot write {}", o.json_path);
+    }
+    for (const std::string& name : names) {
+      runs.push_back(run_strategy(name, reqs, tok, model, fwd, o, n_ctx));
+      const StrategyRun& run = runs.back();
+      if (!o.quiet) {
+        fmt::print("\n{:<9} {:<12} {:>9} {:>7} {:>8} {:>7} {:>12}\n", "strategy", "request", "TTFT ms",
+                   "prompt", "computed", "reused", "attn pairs");
+        for (const RequestRow& r : run.rows)
+          fmt::print("{:<9} {:<12} {:>9.2f} {:>7} {:>8} {:>7} {:>12}\n", run.name, r.id.substr(0, 12),
+                     r.ttft_ms, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens,
+                     r.report.attention_pairs);
+        fmt::print("index: {:.1f} MiB cached, {} nodes evicted\n", run.cached_bytes / 1048576.0, run.evicted);
+      }
+      if (json)
+        for (const RequestRow& r : run.rows) json << row_json(run.name, r).dump() << '\n';
+    }
+    print_summary(runs, o.verify);
+  });
+}
+
+}  // namespace depcache::cli
