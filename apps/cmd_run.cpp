@@ -35,7 +35,7 @@ struct RunOptions {
   double cache_mib = 1024;
   size_t limit = 0;
   int max_tokens = 1;
-  bool quiet = false, verify = false;
+  bool quiet = false, verify = false, no_reuse = false;
 };
 
 struct RequestRow {
@@ -97,6 +97,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   const DType kv_type = parse_kv_type(o.kv_type);
   StrategyOptions so;
   so.scheme = parse_scheme(o.scheme);
+  so.reuse = !o.no_reuse;
   RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0));
   const auto strategy = make_strategy(name, index, *model, kv_type, so);
   RadixIndex no_index(0);
@@ -222,6 +223,8 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--limit", o.limit, "Process at most this many requests (0: all)")->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
+  cmd->add_flag("--no-reuse", o.no_reuse,
+                "Never look up or insert KV (depcache: dependency attention alone)");
   cmd->add_flag("--verify", o.verify,
                 "Also prefill every request without reuse and report the largest logit difference");
   cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
