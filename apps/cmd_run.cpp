@@ -100,13 +100,17 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   so.reuse = !o.no_reuse;
   RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0));
   const auto strategy = make_strategy(name, index, *model, kv_type, so);
-  RadixIndex no_index(0);
-  StrategyOptions plain = so;
-  plain.reuse = false;
-  const auto reference = make_strategy(name, no_index, *model, kv_type, plain);
   KvCache kv(model->config(), n_ctx, kv_type);
+  // --verify: the same strategy without reuse, on its own assembly.
+  RadixIndex no_index(0);
+  std::unique_ptr<Strategy> reference;
   std::unique_ptr<KvCache> ref_kv;
-  if (o.verify) ref_kv = std::make_unique<KvCache>(model->config(), n_ctx, kv_type);
+  if (o.verify) {
+    StrategyOptions plain = so;
+    plain.reuse = false;
+    reference = make_strategy(name, no_index, *model, kv_type, plain);
+    ref_kv = std::make_unique<KvCache>(model->config(), n_ctx, kv_type);
+  }
 
   StrategyRun run{name, {}, 0, 0};
   Progress progress(name, reqs.size());
@@ -116,12 +120,11 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     row.id = reqs[i].id;
     const auto t0 = Clock::now();
     const PromptParts parts = make_prompt_parts(tok, reqs[i]);
-    const int64_t room =
-        n_ctx - std::max(parts.n_flat_tokens(), static_cast<int64_t>(parts.dep_prompt().size()));
-    if (room < o.max_tokens - 1)
-      fail(ErrorKind::LimitExceeded, "request {}: prompt and {} generated tokens exceed the context size {}",
-           row.id, o.max_tokens, n_ctx);
-    row.report = strategy->prefill(parts, kv, fwd);
+    row.report = strategy->prefill(parts, kv, fwd);  // checks that the prompt fits
+    if (row.report.prompt_tokens + o.max_tokens - 1 > n_ctx)
+      fail(ErrorKind::LimitExceeded,
+           "request {}: {} prompt tokens and {} generated ones exceed the context size {}", row.id,
+           row.report.prompt_tokens, o.max_tokens, n_ctx);
     row.output.push_back(argmax(row.report.logits));
     row.ttft_ms = ms_since(t0);
     for (int t = 1; t < o.max_tokens; ++t) {

@@ -11,11 +11,20 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include "model/model.h"
 #include "model/model_writer.h"
 
 namespace depcache::test {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
 
 std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied) {
   static std::mutex mutex;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "compute/dtype.h"
 
@@ -39,6 +40,9 @@ CliRun run_cli(const std::string& args, const std::string& stdin_text = "");
 // for comparisons to mean something), written with the project's GGUF writer
 // and loaded; made once per process per (preset, type, tied).
 std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied = false);
+
+// n normal(0, scale) floats from a seeded generator.
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f);
 
 // Max absolute difference between two float arrays, printed with a label.
 double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label);

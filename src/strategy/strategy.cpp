@@ -55,34 +55,13 @@ RadixIndex::SpanMaker rows_span(const KvCache& kv, std::span<const int64_t> rows
   return [&kv, rows](int64_t begin, int64_t end) { return kv.extract(rows.subspan(begin, end - begin)); };
 }
 
-class FullStrategy final : public Strategy {
+// The flat prompt, causal, with the longest cached prefix placed; without
+// reuse this is plain full prefill (the `full` strategy).
+class FlatStrategy final : public Strategy {
  public:
-  std::string_view name() const override { return "full"; }
-  PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) override {
-    const std::vector<int32_t> tokens = parts.flat();
-    const auto n = static_cast<int64_t>(tokens.size());
-    check_fits(n, kv);
-    kv.clear();
-    std::vector<float> logits;
-    PrefillPlan plan;
-    plan.tokens = tokens;
-    for (int64_t t = 0; t < n; ++t) {
-      plan.positions.push_back(static_cast<int32_t>(t));
-      plan.rows.push_back(t);
-    }
-    plan.visibility = causal_chain(n, 0);
-    plan.logits_for = {n - 1};
-    PrefillResult r = fwd.prefill(plan, kv);
-    kv.set_n_past(n);
-    const int n_layer = fwd.model().config().n_layer;
-    return {n, n, 0, r.attention_pairs / n_layer, n, std::move(r.logits)};
-  }
-};
-
-class PrefixStrategy final : public Strategy {
- public:
-  PrefixStrategy(RadixIndex& index, uint64_t ns, bool reuse) : index_(index), ns_(ns), reuse_(reuse) {}
-  std::string_view name() const override { return "prefix"; }
+  FlatStrategy(std::string name, RadixIndex& index, uint64_t ns, bool reuse)
+      : name_(std::move(name)), index_(index), ns_(ns), reuse_(reuse) {}
+  std::string_view name() const override { return name_; }
   PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) override {
     const std::vector<int32_t> tokens = parts.flat();
     const auto n = static_cast<int64_t>(tokens.size());
@@ -117,6 +96,7 @@ class PrefixStrategy final : public Strategy {
   }
 
  private:
+  std::string name_;
   RadixIndex& index_;
   uint64_t ns_;
   bool reuse_;
@@ -260,9 +240,9 @@ std::vector<std::string> strategy_names() { return {"full", "prefix", "depcache"
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
                                         DType kv_type, const StrategyOptions& options) {
   const uint64_t fp = model_fingerprint(model);
-  if (name == "full") return std::make_unique<FullStrategy>();
-  if (name == "prefix")
-    return std::make_unique<PrefixStrategy>(index, namespace_key(fp, kv_type, "prefix"), options.reuse);
+  if (name == "full" || name == "prefix")
+    return std::make_unique<FlatStrategy>(std::string(name), index, namespace_key(fp, kv_type, "prefix"),
+                                          name == "prefix" && options.reuse);
   if (name == "depcache")
     return std::make_unique<DepCacheStrategy>(index, namespace_key(fp, kv_type, "depcache"), options.scheme,
                                               options.reuse);

@@ -8,19 +8,14 @@
 
 #include "compute/attention.h"
 #include "compute/vec.h"
+#include "test_support.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test::randn;
 
 struct Kv {
   int n_head_kv, hd;
