@@ -209,7 +209,8 @@ void add_run_command(CLI::App& app) {
       ->required();
   cmd->add_option("-s,--strategy", o.strategies, "Strategies, comma-separated: full, prefix, depcache")
       ->capture_default_str();
-  cmd->add_option("--scheme", o.scheme, "depcache positions: depth (exact reuse) or sequential")
+  cmd->add_option("--scheme", o.scheme,
+                  "depcache positions: depth (exact reuse) or sequential (moved subtrees approximate)")
       ->capture_default_str()
       ->check(CLI::IsMember({"depth", "sequential"}));
   cmd->add_option("--kv-type", o.kv_type, "KV storage: f16 or f32")
@@ -217,7 +218,7 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "f32"}));
   cmd->add_option("--cache-mib", o.cache_mib, "Byte budget of the KV index in MiB (LRU beyond it)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1048576.0));
   cmd->add_option("-c,--ctx-size", o.ctx, "KV assembly rows (default: the largest prompt + generated tokens)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-n,--max-tokens", o.max_tokens,
@@ -243,15 +244,26 @@ void add_run_command(CLI::App& app) {
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
     const auto model = Model::load(o.model_path);
     const Tokenizer tok(Vocab::from_gguf(model->file()));
-    int64_t n_ctx = o.ctx;
-    if (n_ctx == 0) {
-      for (const RagRequest& r : reqs) {
-        const PromptParts parts = make_prompt_parts(tok, r);
-        n_ctx =
-            std::max(n_ctx, std::max(parts.n_flat_tokens(), static_cast<int64_t>(parts.dep_prompt().size())));
-      }
-      n_ctx += o.max_tokens;
+    // Every request must fit the assembly before any runs: prompt (flat or
+    // merged, whichever the strategies build) plus the generated tokens.
+    int64_t need = 0;
+    std::string largest;
+    for (const RagRequest& r : reqs) {
+      const PromptParts parts = make_prompt_parts(tok, r);
+      const int64_t n =
+          std::max(parts.n_flat_tokens(), static_cast<int64_t>(parts.dep_prompt().size())) + o.max_tokens - 1;
+      if (n > need) need = n, largest = r.id;
     }
+    const int64_t n_ctx = o.ctx > 0 ? o.ctx : need;
+    if (need > n_ctx)
+      fail(ErrorKind::LimitExceeded,
+           "request {} needs {} KV rows (prompt + {} generated tokens), more than the context size {}",
+           largest, need, o.max_tokens, n_ctx);
+    if (o.scheme == "sequential" && !o.no_reuse)
+      fmt::print(
+          stderr,
+          "note: under the sequential scheme a reused subtree that moved is re-encoded by rotation only; "
+          "answers may change (use --verify to measure)\n");
     const ModelConfig& c = model->config();
     fmt::print("model: {} ({} layers, {} embd, {}/{} heads); {} requests; KV {} ; assembly {} rows\n",
                o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, reqs.size(), o.kv_type, n_ctx);

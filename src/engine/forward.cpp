@@ -53,6 +53,16 @@ PrefillResult Forward::prefill(const PrefillPlan& plan, KvCache& kv) {
       fail(ErrorKind::Internal, "prefill plan: token {} stops at layer {} of {}", i, last_layer(i),
            c.n_layer);
   }
+  // Each group's queries must sit in the consecutive rows its causal run
+  // reads, or they would write K/V to one row and attend from another.
+  for (const QueryGroup& g : plan.visibility.groups())
+    for (int64_t i = 0; i < g.count; ++i)
+      if (plan.rows[g.first + i] != g.self_row + i)
+        fail(ErrorKind::Internal,
+             "prefill plan: token {} is at row {} but its visibility group expects row {}", g.first + i,
+             plan.rows[g.first + i], g.self_row + i);
+  for (int64_t i : plan.stats_queries)
+    if (i < 0 || i >= n) fail(ErrorKind::Internal, "prefill plan: statistics asked for token {} of {}", i, n);
   for (int64_t i : plan.logits_for)
     if (i < 0 || i >= n || last_layer(i) != c.n_layer - 1)
       fail(ErrorKind::Internal, "prefill plan: logits asked for token {} that is not computed to the end", i);

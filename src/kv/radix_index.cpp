@@ -124,6 +124,7 @@ void RadixIndex::unpin(const Match& m) {
     if (nodes_[p.node].pins <= 0) fail(ErrorKind::Internal, "radix index: unpin of an unpinned node");
     --nodes_[p.node].pins;
   }
+  evict_to(budget_);  // what pins held above the budget can go now
 }
 
 void RadixIndex::remove_leaf(NodeId id) {

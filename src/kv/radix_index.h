@@ -46,7 +46,7 @@ class RadixIndex {
   int64_t insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span);
 
   // Pinned nodes (and so their ancestors, which are never leaves) are not
-  // evicted; pins count.
+  // evicted; pins count. Unpinning evicts back to the budget.
   void pin(const Match& m);
   void unpin(const Match& m);
 

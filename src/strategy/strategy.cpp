@@ -116,35 +116,53 @@ class DepCacheStrategy final : public Strategy {
     const std::vector<int32_t> positions = prompt.positions(scheme_);
     std::vector<bool> placed(n, false);
     std::vector<RadixIndex::Match> pinned;
-    // Every cacheable run of the prompt: the system segment, and each
-    // root-to-leaf path of each tree, keyed under the context it hangs under.
+    // Every cacheable run of the prompt, keyed by everything its KV depends
+    // on besides its own tokens.
     struct Run {
       uint64_t ns;
       std::vector<int32_t> tokens;
       std::vector<int64_t> rows;
     };
     std::vector<Run> runs;
-    const PromptSegment& system = prompt.segments().front();
-    const std::span<const int32_t> system_tokens(prompt.tokens().data() + system.tokens.begin,
-                                                 system.tokens.size());
-    const uint64_t ns_system = fnv1a64("system", ns_);
-    uint64_t ns_tree = hash_ints(fnv1a64("tree", ns_), system_tokens);
-    const auto scheme = static_cast<int32_t>(scheme_);
-    ns_tree = fnv1a64_bytes(&scheme, sizeof scheme, ns_tree);
-    if (system.tokens.size() > 0) {
-      Run run{ns_system, {system_tokens.begin(), system_tokens.end()}, {}};
-      for (int64_t r = system.tokens.begin; r < system.tokens.end; ++r) run.rows.push_back(r);
+    const auto& tokens = prompt.tokens();
+    // The leading linear segments (system, and for plain-text requests the
+    // text) are a causal prefix of the prompt: one run from its start.
+    int32_t lead_end = 0;
+    for (const PromptSegment& seg : prompt.segments()) {
+      if (seg.kind != SegmentKind::Linear || seg.tokens.begin != lead_end) break;
+      lead_end = seg.tokens.end;
+    }
+    if (lead_end > 0) {
+      Run run{fnv1a64("lead", ns_), {tokens.begin(), tokens.begin() + lead_end}, {}};
+      for (int64_t r = 0; r < lead_end; ++r) run.rows.push_back(r);
       runs.push_back(std::move(run));
     }
+    // Each root-to-leaf path of each tree, matched from the tree's root under
+    // the segments the tree depends on and the scheme. Under the depth scheme
+    // the root's position follows from those segments, so a match is exact
+    // (up to float rounding); under the sequential scheme a subtree is reused
+    // wherever it moves, its keys rotated to the new positions — approximate
+    // by design unless the tree and its offset are unchanged.
+    std::vector<bool> has_child(prompt.nodes().size(), false);
+    for (const PromptNode& node : prompt.nodes())
+      if (node.parent >= 0) has_child[node.parent] = true;
+    const auto scheme = static_cast<int32_t>(scheme_);
     for (const PromptSegment& seg : prompt.segments()) {
       if (seg.kind != SegmentKind::Tree) continue;
+      uint64_t ns = fnv1a64_bytes(&scheme, sizeof scheme, fnv1a64("tree", ns_));
+      for (int32_t dep : seg.depends_on) {
+        const TokenRange d = prompt.segments()[dep].tokens;
+        const int32_t size = d.size();
+        ns = fnv1a64_bytes(&size, sizeof size, ns);  // keeps segment boundaries apart
+        ns = hash_ints(ns, std::span<const int32_t>(tokens.data() + d.begin, d.size()));
+      }
       for (int32_t node = seg.first_node; node < seg.first_node + seg.n_nodes; ++node) {
-        if (!prompt.node_children(node).empty()) continue;
-        Run run{ns_tree, {}, {}};
+        if (has_child[node]) continue;
+        Run run{ns, {}, {}};
         for (int32_t on_path : prompt.node_path(node)) {
           const TokenRange t = prompt.nodes()[on_path].tokens;
           for (int32_t r = t.begin; r < t.end; ++r) {
-            run.tokens.push_back(prompt.tokens()[r]);
+            run.tokens.push_back(tokens[r]);
             run.rows.push_back(r);
           }
         }
@@ -170,7 +188,7 @@ class DepCacheStrategy final : public Strategy {
 
     PrefillPlan plan;
     for (int64_t r : computed) {
-      plan.tokens.push_back(prompt.tokens()[r]);
+      plan.tokens.push_back(tokens[r]);
       plan.positions.push_back(positions[r]);
       plan.rows.push_back(r);
     }
@@ -226,12 +244,16 @@ uint64_t model_fingerprint(const Model& model) {
     h = fnv1a64_bytes(w.data, n, h);                // the start
     h = fnv1a64_bytes(w.data + (total - n), n, h);  // and the end
   };
+  const auto floats = [&h](const std::vector<float>& v) {
+    h = fnv1a64_bytes(v.data(), v.size() * sizeof(float), h);
+  };
   sample(model.tok_embd);
   for (const LayerWeights& l : model.layers) {
-    sample(l.wq);
-    sample(l.w_down);
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) sample(*w);
+    for (const std::vector<float>* v : {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv}) floats(*v);
   }
   sample(model.output);
+  floats(model.output_norm);
   return h;
 }
 

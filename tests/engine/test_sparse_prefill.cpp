@@ -212,6 +212,13 @@ TEST(SparsePrefill, MalformedPlansAreRejected) {
   p = chain_plan(toks, 0, 0);
   p.tokens[1] = m->config().n_vocab;
   EXPECT_THROW(fwd.prefill(p, kv), Error);
+  p = chain_plan(toks, 0, 0);
+  p.rows[2] = 9;  // the visibility expects row 2
+  EXPECT_THROW(fwd.prefill(p, kv), Error);
+  p = chain_plan(toks, 0, 0);
+  p.stats_queries = {4};
+  p.stats_targets = {{0, 4}};
+  EXPECT_THROW(fwd.prefill(p, kv), Error);
 }
 
 }  // namespace

@@ -97,6 +97,24 @@ TEST(RadixIndex, PinnedNodesAreNotEvicted) {
   index.check_invariants();
 }
 
+// A pinned node split by a later insert stays pinned (as the tail); after
+// unpinning, the index is back within its budget.
+TEST(RadixIndex, PinsSurviveSplitsAndUnpinRestoresTheBudget) {
+  const size_t token_bytes = KvSpan(1, 1, DType::F32, 1).bytes();
+  RadixIndex index(6 * token_bytes);
+  index.insert(1, Tokens{1, 2, 3, 4}, offsets_maker());
+  const RadixIndex::Match m = index.match(1, Tokens{1, 2, 3, 4});
+  index.pin(m);
+  index.insert(1, Tokens{1, 2, 9}, offsets_maker());     // splits [1 2 3 4]
+  index.insert(1, Tokens{7, 7, 7, 7}, offsets_maker());  // over budget; only unpinned leaves may go
+  index.check_invariants();
+  EXPECT_EQ(index.match(1, Tokens{1, 2, 3, 4}).length, 4);
+  EXPECT_GT(index.bytes(), index.budget());  // the pinned path holds the excess
+  index.unpin(m);
+  EXPECT_LE(index.bytes(), index.budget());
+  index.check_invariants();
+}
+
 TEST(RadixIndex, SpanLargerThanTheBudgetIsNotStored) {
   RadixIndex index(KvSpan(1, 1, DType::F32, 2).bytes());
   index.insert(1, Tokens{1, 2, 3, 4, 5}, offsets_maker());

@@ -56,9 +56,11 @@ struct Rig {
   DType kv_type;
   explicit Rig(const std::string& preset = "tiny", DType kv = DType::F32)
       : model(test::random_model(preset, DType::F32)), fwd(model, pool), kv_type(kv) {}
-  PrefillReport run(const std::string& strategy, const RagRequest& r, StrategyOptions o = {}) {
+  PrefillReport run(const std::string& strategy, const RagRequest& r, StrategyOptions o = {},
+                    const PromptTemplate& tmpl = {}) {
     KvCache kv(model->config(), 2048, kv_type);
-    return make_strategy(strategy, index, *model, kv_type, o)->prefill(make_prompt_parts(tok, r), kv, fwd);
+    return make_strategy(strategy, index, *model, kv_type, o)
+        ->prefill(make_prompt_parts(tok, r, tmpl), kv, fwd);
   }
 };
 
@@ -160,6 +162,50 @@ TEST(Strategies, DecodeAfterSparsePrefillEqualsDecodeAfterFullPrefill) {
     EXPECT_EQ(kv.n_past(), rep.prompt_tokens + 6);
   }
   for (int i = 0; i < 6; ++i) EXPECT_LT(max_diff(steps[0][i], steps[1][i]), 1e-4) << "step " << i;
+}
+
+// Documents are one-path trees (reused wherever they sit); a plain-text
+// request is system + text + task, whose leading run is reused as a prefix.
+TEST(Strategies, DepCacheWithDocumentsAndPlainText) {
+  Rig rig("tiny");
+  const StrategyOptions reuse{PositionScheme::Depth, true}, none{PositionScheme::Depth, false};
+  RagRequest docs;
+  docs.question = "Who barks?";
+  docs.documents = {{"d1", "Dogs", "Dogs bark at night."}, {"d2", "Cats", "Cats purr."}};
+  rig.run("depcache", docs, reuse);
+  std::swap(docs.documents[0], docs.documents[1]);
+  const PrefillReport with = rig.run("depcache", docs, reuse);
+  const PrefillReport without = rig.run("depcache", docs, none);
+  const auto task = static_cast<int64_t>(make_prompt_parts(rig.tok, docs).task.size());
+  EXPECT_EQ(with.computed_tokens, task);  // system and both documents reused
+  EXPECT_LT(max_diff(with.logits, without.logits), 1e-4);
+
+  RagRequest text;
+  text.question = "What happened?";
+  text.text = "Once upon a time there was a dog.";
+  rig.run("depcache", text, reuse);
+  const PrefillReport again = rig.run("depcache", text, reuse);
+  EXPECT_EQ(again.computed_tokens, 1);  // the whole causal prompt but the logits token
+  EXPECT_LT(max_diff(again.logits, rig.run("depcache", text, none).logits), 1e-4);
+  EXPECT_LT(max_diff(again.logits, rig.run("full", text).logits), 1e-4);  // no trees: plain causal
+}
+
+// What a subtree's KV depends on is in its key: the system prompt and the KV
+// dtype (and the model, by its fingerprint).
+TEST(Strategies, KeysSeparateSystemPromptsAndKvTypes) {
+  Rig rig("tiny");
+  const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
+  rig.run("depcache", r);
+  EXPECT_GT(rig.run("depcache", r).reused_tokens, 0);
+  PromptTemplate other;
+  other.system = "Use the paths.\n";
+  EXPECT_EQ(rig.run("depcache", r, {}, other).reused_tokens, 1);  // BOS, as a prefix; no subtree
+  KvCache kv16(rig.model->config(), 2048, DType::F16);
+  const PrefillReport f16 = make_strategy("depcache", rig.index, *rig.model, DType::F16)
+                                ->prefill(make_prompt_parts(rig.tok, r), kv16, rig.fwd);
+  EXPECT_EQ(f16.reused_tokens, 0);
+  const auto other_model = test::random_model("tiny", DType::F16);  // same shape, other weights' bytes
+  EXPECT_NE(model_fingerprint(*other_model), model_fingerprint(*rig.model));
 }
 
 TEST(Strategies, ErrorsAreClear) {
