@@ -6,6 +6,9 @@
 
 namespace depcache {
 
+RadixIndex::RadixIndex(size_t byte_budget, std::unique_ptr<ReplacementPolicy> policy)
+    : budget_(byte_budget), policy_(policy ? std::move(policy) : make_policy("lru")) {}
+
 RadixIndex::NodeId RadixIndex::new_node() {
   NodeId id;
   if (!free_.empty()) {
@@ -29,13 +32,11 @@ RadixIndex::NodeId RadixIndex::root(uint64_t ns) {
   return id;
 }
 
-RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens) {
+RadixIndex::Match RadixIndex::peek(uint64_t ns, std::span<const int32_t> tokens) const {
   Match m;
   const auto r = roots_.find(ns);
   if (r == roots_.end()) return m;
-  ++clock_;
   NodeId at = r->second;
-  nodes_[at].last_used = clock_;
   while (m.length < static_cast<int64_t>(tokens.size())) {
     const auto c = nodes_[at].children.find(tokens[m.length]);
     if (c == nodes_[at].children.end()) break;
@@ -46,9 +47,20 @@ RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens
     while (k < edge && k < rest && child.tokens[k] == tokens[m.length + k]) ++k;
     m.pieces.push_back({c->second, 0, k});
     m.length += k;
-    nodes_[c->second].last_used = clock_;
     if (k < edge) break;
     at = c->second;
+  }
+  return m;
+}
+
+RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens) {
+  Match m = peek(ns, tokens);
+  ++clock_;
+  for (const Piece& p : m.pieces) {
+    Node& n = nodes_[p.node];
+    n.last_used = clock_;
+    ++n.hits;
+    policy_->on_access(p.node);
   }
   return m;
 }
@@ -58,22 +70,36 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   Node& n = nodes_[node];
   Node& h = nodes_[head];
   h.tokens.assign(n.tokens.begin(), n.tokens.begin() + at);
-  h.span = n.span.slice(0, at);
+  if (n.span.n_tokens() > 0) {
+    h.span = n.span.slice(0, at);
+    n.span = n.span.slice(at, n.span.n_tokens());
+  }
+  h.bytes_per_token = n.bytes_per_token;
   h.parent = n.parent;
   h.last_used = n.last_used;
+  h.hits = n.hits;
   // Pins stay on the tail: the head is its ancestor, and no ancestor of a
   // live node is ever a leaf, so the head cannot be evicted before the tail.
   nodes_[n.parent].children[h.tokens.front()] = head;
   n.tokens.erase(n.tokens.begin(), n.tokens.begin() + at);
-  const size_t before = n.span.bytes();
-  n.span = n.span.slice(at, n.span.n_tokens());
-  bytes_ = bytes_ - before + n.span.bytes() + h.span.bytes();
   n.parent = head;
   h.children.emplace(n.tokens.front(), node);
-  return head;
+  policy_->on_split(head, node);
+  return head;  // bytes are unchanged: the tokens moved, none were added
 }
 
-int64_t RadixIndex::insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span) {
+int64_t RadixIndex::insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span,
+                           double cost_per_token) {
+  return insert_impl(ns, tokens, &make_span, 0, cost_per_token);
+}
+
+int64_t RadixIndex::insert_virtual(uint64_t ns, std::span<const int32_t> tokens, size_t bytes_per_token,
+                                   double cost_per_token) {
+  return insert_impl(ns, tokens, nullptr, bytes_per_token, cost_per_token);
+}
+
+int64_t RadixIndex::insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
+                                size_t virtual_bytes_per_token, double cost_per_token) {
   ++clock_;
   NodeId at = root(ns);
   nodes_[at].last_used = clock_;
@@ -82,20 +108,28 @@ int64_t RadixIndex::insert(uint64_t ns, std::span<const int32_t> tokens, const S
   while (pos < n) {
     const auto c = nodes_[at].children.find(tokens[pos]);
     if (c == nodes_[at].children.end()) {
-      KvSpan span = make_span(pos, n);
-      if (span.n_tokens() != n - pos)
-        fail(ErrorKind::Internal, "radix insert: span of {} tokens for {} new ones", span.n_tokens(),
-             n - pos);
-      if (span.bytes() > budget_) break;  // would evict everything and still not fit
+      const int64_t added = n - pos;
+      KvSpan span;
+      size_t bytes_per_token = virtual_bytes_per_token;
+      if (make_span) {
+        span = (*make_span)(pos, n);
+        if (span.n_tokens() != added)
+          fail(ErrorKind::Internal, "radix insert: span of {} tokens for {} new ones", span.n_tokens(),
+               added);
+        bytes_per_token = span.bytes() / static_cast<size_t>(added);
+      }
+      if (bytes_per_token * static_cast<size_t>(added) > budget_) break;  // could never fit
       const NodeId leaf = new_node();
       Node& l = nodes_[leaf];
       l.tokens.assign(tokens.begin() + pos, tokens.end());
       l.span = std::move(span);
+      l.bytes_per_token = bytes_per_token;
       l.parent = at;
       l.last_used = clock_;
-      bytes_ += l.span.bytes();
+      l.hits = 1;
+      bytes_ += node_bytes(l);
       nodes_[at].children.emplace(tokens[pos], leaf);
-      const int64_t added = n - pos;
+      policy_->on_insert(leaf, cost_per_token);
       // Keep the new leaf through this eviction: it is what the caller wants cached.
       ++nodes_[leaf].pins;
       evict_to(budget_);
@@ -130,7 +164,7 @@ void RadixIndex::unpin(const Match& m) {
 void RadixIndex::remove_leaf(NodeId id) {
   Node& n = nodes_[id];
   nodes_[n.parent].children.erase(n.tokens.front());
-  bytes_ -= n.span.bytes();
+  bytes_ -= node_bytes(n);
   n = Node{};
   free_.push_back(id);
   --n_live_;
@@ -139,15 +173,19 @@ void RadixIndex::remove_leaf(NodeId id) {
 
 void RadixIndex::evict_to(size_t target) {
   while (bytes_ > target) {
-    // The least recently used evictable leaf. A linear scan keeps this
-    // simple; the cache manager replaces it with a policy-ordered heap.
+    // The evictable leaf the policy ranks lowest. A linear scan keeps this
+    // simple and lets priorities depend on anything (clocks, lookahead).
     NodeId victim = -1;
+    double lowest = 0;
     for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
       const Node& n = nodes_[id];
       if (!n.live || n.parent < 0 || !n.children.empty() || n.pins > 0) continue;
-      if (victim < 0 || n.last_used < nodes_[victim].last_used) victim = id;
+      const double p =
+          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, clock_});
+      if (victim < 0 || p < lowest) victim = id, lowest = p;
     }
     if (victim < 0) return;  // everything left is pinned
+    policy_->on_evict(victim, lowest);
     remove_leaf(victim);
   }
 }
@@ -158,14 +196,17 @@ void RadixIndex::check_invariants() const {
     const Node& n = nodes_[id];
     if (!n.live) continue;
     ++live;
-    bytes += n.span.bytes();
+    bytes += node_bytes(n);
     if (n.parent < 0) {
       if (!n.tokens.empty()) fail(ErrorKind::Internal, "radix root {} has tokens", id);
     } else {
       if (n.tokens.empty()) fail(ErrorKind::Internal, "radix node {} has no tokens", id);
-      if (n.span.n_tokens() != static_cast<int64_t>(n.tokens.size()))
+      if (n.span.n_tokens() != 0 && n.span.n_tokens() != static_cast<int64_t>(n.tokens.size()))
         fail(ErrorKind::Internal, "radix node {}: {} tokens but a span of {}", id, n.tokens.size(),
              n.span.n_tokens());
+      if (n.span.n_tokens() != 0 && n.span.bytes() != node_bytes(n))
+        fail(ErrorKind::Internal, "radix node {}: span of {} bytes counted as {}", id, n.span.bytes(),
+             node_bytes(n));
       const auto it = nodes_[n.parent].children.find(n.tokens.front());
       if (it == nodes_[n.parent].children.end() || it->second != id)
         fail(ErrorKind::Internal, "radix node {} is not its parent's child", id);

@@ -6,8 +6,11 @@
 // model fingerprint, the KV dtype, and for dependency attention the context a
 // subtree hangs under — so a match is always exact.
 //
-// Capacity is a byte budget with LRU eviction of unpinned leaves; a parent
-// becomes evictable once its children are gone.
+// Capacity is a byte budget; when it is exceeded, the unpinned leaf the
+// replacement policy ranks lowest is evicted (LRU by default). A parent
+// becomes evictable once its children are gone. Nodes may also be virtual
+// (a size, no K/V): the simulator replays workloads through the same index
+// and policies without running a model.
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "kv/kv_span.h"
+#include "kv/policy.h"
 
 namespace depcache {
 
@@ -35,15 +39,24 @@ class RadixIndex {
   // Makes the span of sequence tokens [begin, end) when insert needs it.
   using SpanMaker = std::function<KvSpan(int64_t begin, int64_t end)>;
 
-  explicit RadixIndex(size_t byte_budget) : budget_(byte_budget) {}
+  // policy: null for LRU.
+  explicit RadixIndex(size_t byte_budget, std::unique_ptr<ReplacementPolicy> policy = nullptr);
 
-  // Longest cached prefix of `tokens` in namespace ns; marks the nodes used.
-  // Pieces stay valid until the next insert (which may split nodes).
+  // Longest cached prefix of `tokens` in namespace ns; counts an access of
+  // every node used. Pieces stay valid until the next insert (which may
+  // split nodes).
   Match match(uint64_t ns, std::span<const int32_t> tokens);
+  // The same without counting an access (for schedulers looking ahead).
+  Match peek(uint64_t ns, std::span<const int32_t> tokens) const;
   // Adds what is missing of `tokens` (split where it diverges), then evicts
   // to the budget. Returns the tokens that were new. A span that alone
-  // exceeds the budget is not stored.
-  int64_t insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span);
+  // exceeds the budget is not stored. cost_per_token feeds cost-aware
+  // policies (recompute time per token of the request that computed it).
+  int64_t insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span,
+                 double cost_per_token = 1.0);
+  // The same with virtual nodes of bytes_per_token each and no K/V.
+  int64_t insert_virtual(uint64_t ns, std::span<const int32_t> tokens, size_t bytes_per_token,
+                         double cost_per_token = 1.0);
 
   // Pinned nodes (and so their ancestors, which are never leaves) are not
   // evicted; pins count. Unpinning evicts back to the budget.
@@ -51,6 +64,7 @@ class RadixIndex {
   void unpin(const Match& m);
 
   const KvSpan& span(NodeId node) const { return nodes_[node].span; }
+  ReplacementPolicy& policy() { return *policy_; }
   size_t bytes() const { return bytes_; }
   size_t budget() const { return budget_; }
   size_t n_nodes() const { return n_live_; }
@@ -63,7 +77,9 @@ class RadixIndex {
  private:
   struct Node {
     std::vector<int32_t> tokens;  // edge label; empty only for roots
-    KvSpan span;
+    KvSpan span;                  // empty for a virtual node
+    size_t bytes_per_token = 0;
+    uint64_t hits = 0;
     NodeId parent = -1;
     std::unordered_map<int32_t, NodeId> children;  // by first token
     int32_t pins = 0;
@@ -73,10 +89,16 @@ class RadixIndex {
 
   NodeId root(uint64_t ns);
   NodeId new_node();
-  NodeId split(NodeId node, int64_t at);  // node keeps [at, end); returns the new parent with [0, at)
+  NodeId split(NodeId node, int64_t at);
+  int64_t insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
+                      size_t virtual_bytes_per_token, double cost_per_token);
+  size_t node_bytes(const Node& n) const {
+    return n.tokens.size() * n.bytes_per_token;
+  }  // node keeps [at, end); returns the new parent with [0, at)
   void remove_leaf(NodeId node);
 
   size_t budget_;
+  std::unique_ptr<ReplacementPolicy> policy_;
   size_t bytes_ = 0;
   size_t n_live_ = 0;
   int64_t n_evicted_ = 0;

@@ -1,0 +1,130 @@
+#include "kv/policy.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+// Per-node state kept by a policy, indexed by node id (ids are reused after
+// eviction; on_insert resets them).
+template <typename T>
+class PerNode {
+ public:
+  T& operator[](int32_t id) {
+    if (static_cast<size_t>(id) >= v_.size()) v_.resize(static_cast<size_t>(id) + 1);
+    return v_[id];
+  }
+  const T* find(int32_t id) const { return static_cast<size_t>(id) < v_.size() ? &v_[id] : nullptr; }
+
+ private:
+  std::vector<T> v_;
+};
+
+// Recency inside an integer score: the tie-break never outweighs one unit.
+double recency(const NodeView& n) {
+  return static_cast<double>(n.last_used) / static_cast<double>(n.now + 1);
+}
+
+class Lru final : public ReplacementPolicy {
+ public:
+  std::string_view name() const override { return "lru"; }
+  double priority(const NodeView& n) const override { return static_cast<double>(n.last_used); }
+};
+
+class Lfu final : public ReplacementPolicy {
+ public:
+  std::string_view name() const override { return "lfu"; }
+  double priority(const NodeView& n) const override { return static_cast<double>(n.hits) + recency(n); }
+};
+
+// GDSF and PGDSF differ only in the per-token cost. A node's clock term is
+// the clock at its last access: what was not used since evictions raised
+// the clock ranks below what was (aging).
+class Gdsf final : public ReplacementPolicy {
+ public:
+  explicit Gdsf(bool profiled) : profiled_(profiled) {}
+  std::string_view name() const override { return profiled_ ? "pgdsf" : "gdsf"; }
+  void on_insert(int32_t node, double cost_per_token) override { state_[node] = {clock_, cost_per_token}; }
+  void on_split(int32_t head, int32_t from) override { state_[head] = state_[from]; }
+  void on_access(int32_t node) override { state_[node].base = clock_; }
+  void on_evict(int32_t, double priority) override { clock_ = std::max(clock_, priority); }
+  double priority(const NodeView& n) const override {
+    const State* s = state_.find(n.id);
+    const double base = s ? s->base : 0.0;
+    const double freq = static_cast<double>(n.hits);
+    if (!profiled_) return base + freq / static_cast<double>(std::max<int64_t>(n.tokens, 1));
+    return base + freq * (s ? s->cost_per_token : 1.0);
+  }
+
+ private:
+  struct State {
+    double base = 0;            // the clock at the last access
+    double cost_per_token = 1;  // recompute time per token when it was computed
+  };
+  bool profiled_;
+  double clock_ = 0;
+  PerNode<State> state_;
+};
+
+class Lacr final : public ReplacementPolicy {
+ public:
+  explicit Lacr(double alpha) : alpha_(alpha) {
+    if (!(alpha >= 0 && alpha <= 1))
+      fail(ErrorKind::InvalidInput, "LACR alpha must be in [0, 1], got {}", alpha);
+  }
+  std::string_view name() const override { return "lacr"; }
+  void set_lookahead(std::unordered_map<int32_t, double> weights) override {
+    lookahead_ = std::move(weights);
+  }
+  double priority(const NodeView& n) const override {
+    const auto it = lookahead_.find(n.id);
+    const double future = it == lookahead_.end() ? 0.0 : it->second;
+    return alpha_ * static_cast<double>(n.hits) + (1 - alpha_) * future + 1e-3 * recency(n);
+  }
+
+ private:
+  double alpha_;
+  std::unordered_map<int32_t, double> lookahead_;
+};
+
+class CacheCraft final : public ReplacementPolicy {
+ public:
+  std::string_view name() const override { return "cachecraft"; }
+  void on_insert(int32_t node, double) override { state_[node] = {1.0, 1.0}; }
+  void on_split(int32_t head, int32_t from) override { state_[head] = state_[from]; }
+  void set_fix_overhead(int32_t node, double cfo) override { state_[node].cfo = std::clamp(cfo, 0.0, 1.0); }
+  void on_access(int32_t node) override {
+    State& s = state_[node];
+    s.score += 1.0 / std::max(s.cfo, 1e-3);  // a chunk that needs no fixing is worth the most
+  }
+  double priority(const NodeView& n) const override {
+    const State* s = state_.find(n.id);
+    return (s ? s->score : 0.0) + recency(n);
+  }
+
+ private:
+  struct State {
+    double score = 0;
+    double cfo = 1;
+  };
+  PerNode<State> state_;
+};
+
+}  // namespace
+
+std::vector<std::string> policy_names() { return {"lru", "lfu", "gdsf", "pgdsf", "lacr", "cachecraft"}; }
+
+std::unique_ptr<ReplacementPolicy> make_policy(std::string_view name, const PolicyOptions& options) {
+  if (name == "lru") return std::make_unique<Lru>();
+  if (name == "lfu") return std::make_unique<Lfu>();
+  if (name == "gdsf") return std::make_unique<Gdsf>(false);
+  if (name == "pgdsf") return std::make_unique<Gdsf>(true);
+  if (name == "lacr") return std::make_unique<Lacr>(options.lacr_alpha);
+  if (name == "cachecraft") return std::make_unique<CacheCraft>();
+  fail(ErrorKind::InvalidInput,
+       "unknown replacement policy '{}' (expected lru, lfu, gdsf, pgdsf, lacr or cachecraft)", name);
+}
+
+}  // namespace depcache

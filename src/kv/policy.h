@@ -1,0 +1,62 @@
+#pragma once
+// Replacement policies for the KV index: one interface, used by the live
+// engine and by the simulator alike. The index tells a policy what happens to
+// its nodes; at eviction time it asks for each evictable leaf's priority and
+// evicts the lowest.
+//   lru       last access
+//   lfu       hit count (ties: last access)
+//   gdsf      Clock + Frequency / Size (cost 1 per node)
+//   pgdsf     Clock + Frequency × Cost / Size, with Cost / Size the node's
+//             recompute time per token (RAGCache); Clock = max(Clock, evicted)
+//   lacr      α·Frequency + (1 − α)·Lookahead (DepCache), the lookahead being
+//             the weighted count of pending requests that will use the node
+//   cachecraft  f += 1 / CFO per access (Cache-Craft's reuse score)
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace depcache {
+
+// What the index knows about a node when it asks for its priority.
+struct NodeView {
+  int32_t id = -1;
+  int64_t tokens = 0;
+  uint64_t hits = 0;       // accesses since insertion (the insertion counts as one)
+  uint64_t last_used = 0;  // index clock at the last access
+  uint64_t now = 0;        // index clock now
+};
+
+class ReplacementPolicy {
+ public:
+  virtual ~ReplacementPolicy() = default;
+  virtual std::string_view name() const = 0;
+
+  // A node was created (inserted, or split off as `head` of `from`).
+  // cost_per_token: recompute time per token of the request that made it
+  // (any consistent unit; 1 when unknown).
+  virtual void on_insert(int32_t /*node*/, double /*cost_per_token*/) {}
+  virtual void on_split(int32_t /*head*/, int32_t /*from*/) {}
+  virtual void on_access(int32_t /*node*/) {}
+  virtual void on_evict(int32_t /*node*/, double /*priority*/) {}
+  // Lower is evicted first.
+  virtual double priority(const NodeView& node) const = 0;
+
+  // Lookahead over the pending queue (LACR): weight per node of the requests
+  // that will use it. Other policies ignore it.
+  virtual void set_lookahead(std::unordered_map<int32_t, double> /*weights*/) {}
+  // Cache-Craft's cache-fix overhead of a node, in [0, 1] (other policies ignore it).
+  virtual void set_fix_overhead(int32_t /*node*/, double /*cfo*/) {}
+};
+
+struct PolicyOptions {
+  double lacr_alpha = 0.2;  // DepCache's default
+};
+
+// name: lru, lfu, gdsf, pgdsf, lacr, cachecraft.
+std::unique_ptr<ReplacementPolicy> make_policy(std::string_view name, const PolicyOptions& options = {});
+std::vector<std::string> policy_names();
+
+}  // namespace depcache

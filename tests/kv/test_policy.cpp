@@ -1,0 +1,156 @@
+// Replacement policies through the radix index: which leaf each one evicts,
+// and that every policy keeps the index's invariants and budget.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "kv/policy.h"
+#include "kv/radix_index.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+using Tokens = std::vector<int32_t>;
+constexpr size_t kTokenBytes = 100;
+
+RadixIndex index_with(const char* policy, size_t tokens_budget) {
+  return RadixIndex(tokens_budget * kTokenBytes, make_policy(policy));
+}
+bool cached(RadixIndex& index, const Tokens& t) {
+  return index.peek(1, t).length == static_cast<int64_t>(t.size());
+}
+
+TEST(Policy, LfuKeepsTheMostUsedLeafOverTheMostRecent) {
+  RadixIndex index = index_with("lfu", 4);
+  index.insert_virtual(1, Tokens{1, 1}, kTokenBytes);
+  index.insert_virtual(1, Tokens{2, 2}, kTokenBytes);
+  for (int i = 0; i < 3; ++i) index.match(1, Tokens{1, 1});
+  index.match(1, Tokens{2, 2});  // more recent, less used
+  index.insert_virtual(1, Tokens{3, 3}, kTokenBytes);
+  EXPECT_TRUE(cached(index, {1, 1}));
+  EXPECT_FALSE(cached(index, {2, 2}));
+  EXPECT_TRUE(cached(index, {3, 3}));
+}
+
+TEST(Policy, LruKeepsTheMostRecent) {
+  RadixIndex index = index_with("lru", 4);
+  index.insert_virtual(1, Tokens{1, 1}, kTokenBytes);
+  index.insert_virtual(1, Tokens{2, 2}, kTokenBytes);
+  for (int i = 0; i < 3; ++i) index.match(1, Tokens{1, 1});
+  index.match(1, Tokens{2, 2});
+  index.insert_virtual(1, Tokens{3, 3}, kTokenBytes);
+  EXPECT_FALSE(cached(index, {1, 1}));
+  EXPECT_TRUE(cached(index, {2, 2}));
+}
+
+// PGDSF: with equal frequency, the node that costs more per token to
+// recompute stays; GDSF (cost 1) prefers to keep the smaller node.
+TEST(Policy, PgdsfWeighsRecomputeCostAndGdsfSize) {
+  RadixIndex pg = index_with("pgdsf", 4);
+  pg.insert_virtual(1, Tokens{1, 1}, kTokenBytes, /*cost_per_token=*/5.0);
+  pg.insert_virtual(1, Tokens{2, 2}, kTokenBytes, /*cost_per_token=*/1.0);
+  pg.insert_virtual(1, Tokens{3, 3}, kTokenBytes, 1.0);
+  EXPECT_TRUE(cached(pg, {1, 1}));
+  EXPECT_FALSE(cached(pg, {2, 2}));
+
+  RadixIndex g = index_with("gdsf", 5);
+  g.insert_virtual(1, Tokens{1, 1, 1}, kTokenBytes);
+  g.insert_virtual(1, Tokens{2}, kTokenBytes);
+  g.insert_virtual(1, Tokens{3, 3}, kTokenBytes);  // over by one: the large node goes
+  EXPECT_FALSE(cached(g, {1, 1, 1}));
+  EXPECT_TRUE(cached(g, {2}));
+}
+
+// GDSF's clock ages what stays unused: after an eviction raised the clock, a
+// node inserted or used since outranks an old one with more hits.
+TEST(Policy, GdsfClockAgesOldEntries) {
+  for (const char* name : {"gdsf", "pgdsf"}) {
+    auto policy = make_policy(name);
+    ReplacementPolicy& p = *policy;
+    p.on_insert(1, 1.0);
+    p.on_access(1);
+    p.on_evict(7, 10.0);  // clock = 10
+    p.on_insert(2, 1.0);
+    const NodeView old{1, 1, 2, 1, 100}, fresh{2, 1, 1, 99, 100};
+    EXPECT_NEAR(p.priority(old), 2.0, 1e-9) << name;
+    EXPECT_NEAR(p.priority(fresh), 11.0, 1e-9) << name;
+    p.on_access(1);  // used again: catches up with the clock
+    EXPECT_NEAR(p.priority(old), 12.0, 1e-9) << name;
+  }
+}
+
+// LACR: a node the pending queue will use outranks a more frequent one
+// nobody is waiting for (alpha 0.2).
+TEST(Policy, LacrProtectsWhatThePendingQueueNeeds) {
+  RadixIndex index = index_with("lacr", 4);
+  index.insert_virtual(1, Tokens{1, 1}, kTokenBytes);
+  index.insert_virtual(1, Tokens{2, 2}, kTokenBytes);
+  for (int i = 0; i < 3; ++i) index.match(1, Tokens{1, 1});
+  const RadixIndex::Match soon = index.peek(1, Tokens{2, 2});
+  index.policy().set_lookahead({{soon.pieces[0].node, 2.0}});
+  index.insert_virtual(1, Tokens{3, 3}, kTokenBytes);
+  EXPECT_FALSE(cached(index, {1, 1}));
+  EXPECT_TRUE(cached(index, {2, 2}));
+}
+
+TEST(Policy, CacheCraftFavoursChunksThatNeedLittleFixing) {
+  RadixIndex index = index_with("cachecraft", 4);
+  index.insert_virtual(1, Tokens{1, 1}, kTokenBytes);
+  index.insert_virtual(1, Tokens{2, 2}, kTokenBytes);
+  const auto a = index.peek(1, Tokens{1, 1}).pieces[0].node, b = index.peek(1, Tokens{2, 2}).pieces[0].node;
+  index.policy().set_fix_overhead(a, 0.1);  // reusable almost as is: +10 per access
+  index.policy().set_fix_overhead(b, 1.0);  // needs full recompute: +1 per access
+  index.match(1, Tokens{1, 1});
+  index.match(1, Tokens{2, 2});
+  index.match(1, Tokens{2, 2});
+  index.insert_virtual(1, Tokens{3, 3}, kTokenBytes);
+  EXPECT_TRUE(cached(index, {1, 1}));
+  EXPECT_FALSE(cached(index, {2, 2}));
+}
+
+TEST(Policy, UnknownNamesAndBadAlphaAreErrors) {
+  EXPECT_THROW(make_policy("mru"), Error);
+  PolicyOptions o;
+  o.lacr_alpha = 1.5;
+  EXPECT_THROW(make_policy("lacr", o), Error);
+  EXPECT_EQ(policy_names().size(), 6u);
+}
+
+// Every policy: random inserts/matches/pins over shared prefixes never break
+// the index, never exceed the budget once nothing is pinned, and never evict
+// a pinned node.
+TEST(Policy, EveryPolicyKeepsTheIndexSound) {
+  for (const std::string& name : policy_names()) {
+    RadixIndex index(40 * kTokenBytes, make_policy(name));
+    std::mt19937 rng(9);
+    std::vector<std::pair<RadixIndex::Match, Tokens>> pins;
+    for (int step = 0; step < 2000; ++step) {
+      Tokens seq(1 + rng() % 8);
+      for (auto& t : seq) t = static_cast<int32_t>(rng() % 3);
+      if (rng() % 6 == 0) index.policy().set_lookahead({{static_cast<int32_t>(rng() % 50), 1.0}});
+      if (rng() % 2) {
+        index.insert_virtual(1, seq, kTokenBytes, 1.0 + rng() % 4);
+      } else {
+        const auto m = index.match(1, seq);
+        if (m.length > 0 && rng() % 4 == 0) {
+          index.pin(m);
+          pins.emplace_back(m, Tokens(seq.begin(), seq.begin() + m.length));
+        }
+      }
+      for (const auto& [m, t] : pins)
+        ASSERT_EQ(index.peek(1, t).length, static_cast<int64_t>(t.size())) << name;
+      if (rng() % 5 == 0 && !pins.empty()) {
+        index.unpin(pins.back().first);
+        pins.pop_back();
+      }
+      if (pins.empty()) {
+        ASSERT_LE(index.bytes(), index.budget()) << name << " step " << step;
+      }
+    }
+    index.check_invariants();
+  }
+}
+
+}  // namespace
+}  // namespace depcache
