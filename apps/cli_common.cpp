@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <vector>
 
 #include "model/gguf.h"
@@ -16,6 +17,14 @@ Tokenizer tokenizer_from(const std::string& gguf_path) {
 
 std::string tokenizer_name(const std::string& gguf_path) {
   return gguf_path.empty() ? "built-in bytes" : gguf_path;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
 }
 
 DType parse_kv_type(const std::string& name) {

@@ -15,6 +15,9 @@ Tokenizer tokenizer_from(const std::string& gguf_path);
 // "built-in bytes" or the path, for reports.
 std::string tokenizer_name(const std::string& gguf_path);
 
+// "a,b,,c" -> {"a", "b", "c"}.
+std::vector<std::string> split_list(const std::string& s);
+
 // KV cache storage type from its name (f16, f32); InvalidInput otherwise.
 DType parse_kv_type(const std::string& name);
 

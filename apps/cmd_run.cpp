@@ -58,14 +58,6 @@ int32_t argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 PositionScheme parse_scheme(const std::string& s) {
   if (s == "depth") return PositionScheme::Depth;
   if (s == "sequential") return PositionScheme::Sequential;

@@ -14,5 +14,6 @@ void add_kg_paths_command(CLI::App& kg);  // registered by add_kg_commands
 void add_retrieve_command(CLI::App& app);
 void add_workload_commands(CLI::App& app);
 void add_run_command(CLI::App& app);
+void add_simulate_command(CLI::App& app);
 
 }  // namespace depcache::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   depcache::cli::add_retrieve_command(app);
   depcache::cli::add_workload_commands(app);
   depcache::cli::add_run_command(app);
+  depcache::cli::add_simulate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -89,16 +89,23 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
 }
 
 int64_t RadixIndex::insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span,
-                           double cost_per_token) {
-  return insert_impl(ns, tokens, &make_span, 0, cost_per_token);
+                           double cost_per_token, Match* path) {
+  return insert_impl(ns, tokens, &make_span, 0, cost_per_token, path);
 }
 
 int64_t RadixIndex::insert_virtual(uint64_t ns, std::span<const int32_t> tokens, size_t bytes_per_token,
-                                   double cost_per_token) {
-  return insert_impl(ns, tokens, nullptr, bytes_per_token, cost_per_token);
+                                   double cost_per_token, Match* path) {
+  return insert_impl(ns, tokens, nullptr, bytes_per_token, cost_per_token, path);
 }
 
 int64_t RadixIndex::insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
+                                size_t virtual_bytes_per_token, double cost_per_token, Match* path) {
+  const int64_t added = insert_path(ns, tokens, make_span, virtual_bytes_per_token, cost_per_token);
+  if (path) *path = peek(ns, tokens);
+  return added;
+}
+
+int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
                                 size_t virtual_bytes_per_token, double cost_per_token) {
   ++clock_;
   NodeId at = root(ns);

@@ -52,11 +52,14 @@ class RadixIndex {
   // to the budget. Returns the tokens that were new. A span that alone
   // exceeds the budget is not stored. cost_per_token feeds cost-aware
   // policies (recompute time per token of the request that computed it).
+  // When `path` is given it receives the nodes now holding the sequence (as
+  // a match would), so a caller inserting several sequences can pin each
+  // until all are in.
   int64_t insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span,
-                 double cost_per_token = 1.0);
+                 double cost_per_token = 1.0, Match* path = nullptr);
   // The same with virtual nodes of bytes_per_token each and no K/V.
   int64_t insert_virtual(uint64_t ns, std::span<const int32_t> tokens, size_t bytes_per_token,
-                         double cost_per_token = 1.0);
+                         double cost_per_token = 1.0, Match* path = nullptr);
 
   // Pinned nodes (and so their ancestors, which are never leaves) are not
   // evicted; pins count. Unpinning evicts back to the budget.
@@ -91,6 +94,8 @@ class RadixIndex {
   NodeId new_node();
   NodeId split(NodeId node, int64_t at);
   int64_t insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
+                      size_t virtual_bytes_per_token, double cost_per_token, Match* path);
+  int64_t insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
                       size_t virtual_bytes_per_token, double cost_per_token);
   size_t node_bytes(const Node& n) const {
     return n.tokens.size() * n.bytes_per_token;

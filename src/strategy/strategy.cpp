@@ -116,62 +116,11 @@ class DepCacheStrategy final : public Strategy {
     const std::vector<int32_t> positions = prompt.positions(scheme_);
     std::vector<bool> placed(n, false);
     std::vector<RadixIndex::Match> pinned;
-    // Every cacheable run of the prompt, keyed by everything its KV depends
-    // on besides its own tokens.
-    struct Run {
-      uint64_t ns;
-      std::vector<int32_t> tokens;
-      std::vector<int64_t> rows;
-    };
-    std::vector<Run> runs;
+    const std::vector<CacheRun> runs = dependency_runs(prompt, ns_, scheme_);
     const auto& tokens = prompt.tokens();
-    // The leading linear segments (system, and for plain-text requests the
-    // text) are a causal prefix of the prompt: one run from its start.
-    int32_t lead_end = 0;
-    for (const PromptSegment& seg : prompt.segments()) {
-      if (seg.kind != SegmentKind::Linear || seg.tokens.begin != lead_end) break;
-      lead_end = seg.tokens.end;
-    }
-    if (lead_end > 0) {
-      Run run{fnv1a64("lead", ns_), {tokens.begin(), tokens.begin() + lead_end}, {}};
-      for (int64_t r = 0; r < lead_end; ++r) run.rows.push_back(r);
-      runs.push_back(std::move(run));
-    }
-    // Each root-to-leaf path of each tree, matched from the tree's root under
-    // the segments the tree depends on and the scheme. Under the depth scheme
-    // the root's position follows from those segments, so a match is exact
-    // (up to float rounding); under the sequential scheme a subtree is reused
-    // wherever it moves, its keys rotated to the new positions — approximate
-    // by design unless the tree and its offset are unchanged.
-    std::vector<bool> has_child(prompt.nodes().size(), false);
-    for (const PromptNode& node : prompt.nodes())
-      if (node.parent >= 0) has_child[node.parent] = true;
-    const auto scheme = static_cast<int32_t>(scheme_);
-    for (const PromptSegment& seg : prompt.segments()) {
-      if (seg.kind != SegmentKind::Tree) continue;
-      uint64_t ns = fnv1a64_bytes(&scheme, sizeof scheme, fnv1a64("tree", ns_));
-      for (int32_t dep : seg.depends_on) {
-        const TokenRange d = prompt.segments()[dep].tokens;
-        const int32_t size = d.size();
-        ns = fnv1a64_bytes(&size, sizeof size, ns);  // keeps segment boundaries apart
-        ns = hash_ints(ns, std::span<const int32_t>(tokens.data() + d.begin, d.size()));
-      }
-      for (int32_t node = seg.first_node; node < seg.first_node + seg.n_nodes; ++node) {
-        if (has_child[node]) continue;
-        Run run{ns, {}, {}};
-        for (int32_t on_path : prompt.node_path(node)) {
-          const TokenRange t = prompt.nodes()[on_path].tokens;
-          for (int32_t r = t.begin; r < t.end; ++r) {
-            run.tokens.push_back(tokens[r]);
-            run.rows.push_back(r);
-          }
-        }
-        runs.push_back(std::move(run));
-      }
-    }
 
     if (reuse_) {
-      for (const Run& run : runs) {
+      for (const CacheRun& run : runs) {
         RadixIndex::Match match = index_.match(run.ns, run.tokens);
         std::vector<int32_t> pos;
         for (int64_t r : run.rows) pos.push_back(positions[r]);
@@ -198,7 +147,14 @@ class DepCacheStrategy final : public Strategy {
     kv.set_n_past(n);
 
     if (reuse_) {
-      for (const Run& run : runs) index_.insert(run.ns, run.tokens, rows_span(kv, run.rows));
+      // Each inserted run stays pinned until all are in, so one run's insert
+      // cannot evict another this request just computed.
+      for (const CacheRun& run : runs) {
+        RadixIndex::Match path;
+        index_.insert(run.ns, run.tokens, rows_span(kv, run.rows), 1.0, &path);
+        index_.pin(path);
+        pinned.push_back(std::move(path));
+      }
       for (const RadixIndex::Match& m : pinned) index_.unpin(m);
     }
     const int n_layer = fwd.model().config().n_layer;
@@ -219,6 +175,57 @@ class DepCacheStrategy final : public Strategy {
 };
 
 }  // namespace
+
+std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme) {
+  std::vector<CacheRun> runs;
+  const auto& tokens = prompt.tokens();
+  // The leading linear segments (system, and for plain-text requests the
+  // text) are a causal prefix of the prompt: one run from its start.
+  int32_t lead_end = 0;
+  for (const PromptSegment& seg : prompt.segments()) {
+    if (seg.kind != SegmentKind::Linear || seg.tokens.begin != lead_end) break;
+    lead_end = seg.tokens.end;
+  }
+  if (lead_end > 0) {
+    CacheRun run{fnv1a64("lead", ns), {tokens.begin(), tokens.begin() + lead_end}, {}, -1};
+    for (int64_t r = 0; r < lead_end; ++r) run.rows.push_back(r);
+    runs.push_back(std::move(run));
+  }
+  // Each root-to-leaf path of each tree, matched from the tree's root under
+  // the segments the tree depends on and the scheme. Under the depth scheme
+  // the root's position follows from those segments, so a match is exact
+  // (up to float rounding); under the sequential scheme a subtree is reused
+  // wherever it moves, its keys rotated to the new positions — approximate
+  // by design unless the tree and its offset are unchanged.
+  std::vector<bool> has_child(prompt.nodes().size(), false);
+  for (const PromptNode& node : prompt.nodes())
+    if (node.parent >= 0) has_child[node.parent] = true;
+  const auto scheme_id = static_cast<int32_t>(scheme);
+  for (int32_t si = 0; si < static_cast<int32_t>(prompt.segments().size()); ++si) {
+    const PromptSegment& seg = prompt.segments()[si];
+    if (seg.kind != SegmentKind::Tree) continue;
+    uint64_t tree_ns = fnv1a64_bytes(&scheme_id, sizeof scheme_id, fnv1a64("tree", ns));
+    for (int32_t dep : seg.depends_on) {
+      const TokenRange d = prompt.segments()[dep].tokens;
+      const int32_t size = d.size();
+      tree_ns = fnv1a64_bytes(&size, sizeof size, tree_ns);  // keeps segment boundaries apart
+      tree_ns = hash_ints(tree_ns, std::span<const int32_t>(tokens.data() + d.begin, d.size()));
+    }
+    for (int32_t node = seg.first_node; node < seg.first_node + seg.n_nodes; ++node) {
+      if (has_child[node]) continue;
+      CacheRun run{tree_ns, {}, {}, si};
+      for (int32_t on_path : prompt.node_path(node)) {
+        const TokenRange t = prompt.nodes()[on_path].tokens;
+        for (int32_t r = t.begin; r < t.end; ++r) {
+          run.tokens.push_back(tokens[r]);
+          run.rows.push_back(r);
+        }
+      }
+      runs.push_back(std::move(run));
+    }
+  }
+  return runs;
+}
 
 uint64_t model_fingerprint(const Model& model) {
   const ModelConfig& c = model.config();

@@ -40,6 +40,18 @@ class Strategy {
   virtual PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) = 0;
 };
 
+// A cacheable run of a DepPrompt under depcache: tokens matched from the
+// root of namespace `ns` (which holds everything their KV depends on besides
+// themselves) and the prompt rows they fill. segment: the tree segment, or
+// -1 for the leading linear run (system prompt, plain text).
+struct CacheRun {
+  uint64_t ns = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> rows;
+  int32_t segment = -1;
+};
+std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
+
 // Identifies the model's weights for cache keys: configuration plus samples
 // of the weight bytes (files with the same shape but other weights differ).
 uint64_t model_fingerprint(const Model& model);

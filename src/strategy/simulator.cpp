@@ -1,0 +1,156 @@
+#include "strategy/simulator.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+#include "kv/radix_index.h"
+#include "strategy/strategy.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+// One byte per token: the budget is counted in tokens.
+constexpr size_t kBytesPerToken = 1;
+
+struct Prepared {
+  std::vector<CacheRun> runs;
+  int64_t tokens = 0;
+  std::vector<int32_t> items;  // tree segments (context items)
+};
+
+int64_t matched_tokens(const RadixIndex& index, const Prepared& p) {
+  int64_t n = 0;
+  for (const CacheRun& run : p.runs) n += index.peek(run.ns, run.tokens).length;
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::string> scheduler_names() { return {"fifo", "lpm", "lsp"}; }
+
+SimulationResult simulate(const std::vector<DepPrompt>& prompts, const SimulationOptions& o) {
+  if (o.scheduler != "fifo" && o.scheduler != "lpm" && o.scheduler != "lsp")
+    fail(ErrorKind::InvalidInput, "unknown scheduler '{}' (expected fifo, lpm or lsp)", o.scheduler);
+  if (o.capacity_tokens < 0) fail(ErrorKind::InvalidInput, "capacity must not be negative");
+  PolicyOptions po;
+  po.lacr_alpha = o.lacr_alpha;
+  RadixIndex index(static_cast<size_t>(o.capacity_tokens) * kBytesPerToken, make_policy(o.policy, po));
+  const bool lookahead = o.policy == "lacr";
+
+  std::vector<Prepared> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].runs = dependency_runs(prompts[i], 0, o.scheme);
+    reqs[i].tokens = static_cast<int64_t>(prompts[i].size());
+    for (int32_t s = 0; s < static_cast<int32_t>(prompts[i].segments().size()); ++s)
+      if (prompts[i].segments()[s].kind == SegmentKind::Tree) reqs[i].items.push_back(s);
+  }
+
+  SimulationResult r;
+  r.n_requests = prompts.size();
+  double hit_sum = 0;
+  int64_t items = 0, items_hit = 0;
+  std::vector<size_t> queue;  // pending requests, in arrival order
+  size_t next_arrival = 0;
+  while (r.order.size() < prompts.size()) {
+    while (queue.size() < std::max<size_t>(o.window, 1) && next_arrival < prompts.size())
+      queue.push_back(next_arrival++);
+    // Pick the next request.
+    size_t pick = 0;
+    if (o.scheduler == "lpm") {
+      int64_t best = -1;
+      for (size_t q = 0; q < queue.size(); ++q) {
+        const int64_t m = matched_tokens(index, reqs[queue[q]]);
+        if (m > best) best = m, pick = q;
+      }
+    } else if (o.scheduler == "lsp") {
+      // Longest shared prefix groups: serve the request whose runs the most
+      // other pending requests share (by tokens), so a group runs together.
+      std::unordered_map<uint64_t, int64_t> shared;  // (ns, first tokens) -> pending requests holding it
+      const auto key = [](const CacheRun& run) {
+        uint64_t h = run.ns;
+        for (size_t t = 0; t < std::min<size_t>(run.tokens.size(), 8); ++t) h = h * 1000003u + run.tokens[t];
+        return h;
+      };
+      for (size_t q : queue)
+        for (const CacheRun& run : reqs[q].runs) ++shared[key(run)];
+      int64_t best = -1;
+      for (size_t q = 0; q < queue.size(); ++q) {
+        int64_t score = 0;
+        for (const CacheRun& run : reqs[queue[q]].runs)
+          score += (shared[key(run)] - 1) * static_cast<int64_t>(run.tokens.size());
+        if (score > best) best = score, pick = q;
+      }
+    }
+    const size_t id = queue[pick];
+    queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
+
+    // DepCache's future priority: nodes the pending requests will use,
+    // weighted by how soon (1 for the next, falling linearly). Refreshed
+    // before serving and again once this request's nodes are in.
+    const auto refresh_lookahead = [&] {
+      if (!lookahead) return;
+      std::unordered_map<int32_t, double> weights;
+      for (size_t q = 0; q < queue.size(); ++q) {
+        const double w = static_cast<double>(queue.size() - q) / static_cast<double>(queue.size());
+        for (const CacheRun& run : reqs[queue[q]].runs)
+          for (const RadixIndex::Piece& p : index.peek(run.ns, run.tokens).pieces) weights[p.node] += w;
+      }
+      index.policy().set_lookahead(std::move(weights));
+    };
+    refresh_lookahead();
+
+    // Serve it: match every run (what is cached), then insert what was not.
+    const Prepared& req = reqs[id];
+    std::vector<RadixIndex::Match> pins;
+    std::vector<bool> cached_row(static_cast<size_t>(req.tokens), false);
+    for (const CacheRun& run : req.runs) {
+      RadixIndex::Match m = index.match(run.ns, run.tokens);
+      for (int64_t t = 0; t < m.length; ++t) cached_row[run.rows[t]] = true;
+      index.pin(m);
+      pins.push_back(std::move(m));
+    }
+    int64_t cached = 0;
+    for (bool c : cached_row) cached += c;
+    cached = std::min(cached, req.tokens - 1);  // the last token always runs
+    for (int32_t s : req.items) {
+      const TokenRange t = prompts[id].segments()[s].tokens;
+      bool all = true;
+      for (int32_t row = t.begin; row < t.end && all; ++row) all = cached_row[row];
+      ++items;
+      items_hit += all;
+    }
+    // Recompute cost per token grows with the context a token attends to.
+    const double cost = 1.0 + static_cast<double>(req.tokens) / 4096.0;
+    // The request's own runs stay pinned until all are in (it is using
+    // them); then the index goes back to its budget.
+    for (const CacheRun& run : req.runs) {
+      RadixIndex::Match path;
+      index.insert_virtual(run.ns, run.tokens, kBytesPerToken, cost, &path);
+      index.pin(path);
+      pins.push_back(std::move(path));
+    }
+    refresh_lookahead();
+    for (const RadixIndex::Match& m : pins) index.unpin(m);
+
+    r.prompt_tokens += req.tokens;
+    r.cached_tokens += cached;
+    hit_sum += static_cast<double>(cached) / static_cast<double>(std::max<int64_t>(req.tokens, 1));
+    r.order.push_back(id);
+  }
+  r.token_hit_rate = prompts.empty() ? 0 : hit_sum / static_cast<double>(prompts.size());
+  r.item_hit_rate = items ? static_cast<double>(items_hit) / static_cast<double>(items) : 0;
+  r.evicted_nodes = index.n_evicted();
+  return r;
+}
+
+int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme scheme) {
+  RadixIndex index(std::numeric_limits<size_t>::max());
+  for (const DepPrompt& p : prompts)
+    for (const CacheRun& run : dependency_runs(p, 0, scheme))
+      index.insert_virtual(run.ns, run.tokens, kBytesPerToken);
+  return static_cast<int64_t>(index.bytes() / kBytesPerToken);
+}
+
+}  // namespace depcache

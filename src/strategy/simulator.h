@@ -1,0 +1,47 @@
+#pragma once
+// The cache simulator: replays a request stream through the real radix index
+// and replacement policies with virtual nodes (token counts, no K/V and no
+// model), keyed exactly as the depcache strategy keys them, with an optional
+// cache-aware scheduler over a pending-request window.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "prompt/dep_prompt.h"
+#include "strategy/prompt_parts.h"
+
+namespace depcache {
+
+struct SimulationOptions {
+  std::string policy = "lru";  // see make_policy
+  std::string scheduler =
+      "fifo";                   // fifo, lpm (longest prefix match first), lsp (longest shared prefix groups)
+  int64_t capacity_tokens = 0;  // index budget, in tokens of KV
+  size_t window = 32;           // pending requests the scheduler and LACR's lookahead see
+  double lacr_alpha = 0.2;
+  PositionScheme scheme = PositionScheme::Depth;
+};
+
+struct SimulationResult {
+  size_t n_requests = 0;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  // Token-level hit rate, DepCache's definition: cached / prompt tokens per
+  // request, averaged over requests.
+  double token_hit_rate = 0;
+  // Document (item) hit rate, RAGCache's: context items whose every token was
+  // cached, over all context items served.
+  double item_hit_rate = 0;
+  int64_t evicted_nodes = 0;
+  std::vector<size_t> order;  // requests in the order served
+};
+
+SimulationResult simulate(const std::vector<DepPrompt>& prompts, const SimulationOptions& options);
+
+// Tokens of KV a cache must hold to keep every distinct run of the stream
+// (the merged tries of all requests): the base for relative capacities.
+int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme scheme);
+
+std::vector<std::string> scheduler_names();
+
+}  // namespace depcache
