@@ -81,8 +81,17 @@ struct Cell {
   double token_hit = 0, item_hit = 0;
 };
 
+// Opens a file for writing or fails with a message naming it.
+std::ofstream open_output(const std::filesystem::path& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) fail(ErrorKind::NotFound, "cannot write {} (does its directory exist?)", path.string());
+  return out;
+}
+
 void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme scheme) {
   if (o.kg_path.empty()) throw CLI::ValidationError("--grid", "needs --kg to generate the three workloads");
+  std::ofstream report;
+  if (!o.report_path.empty()) report = open_output(o.report_path);  // fail before the long run
   const KnowledgeGraph kg = KnowledgeGraph::load(o.kg_path);
   GraphQaOptions qopt;
   qopt.seed = o.seed;
@@ -141,7 +150,9 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
   md += "\n";
   fmt::print("{}", md);
   if (o.report_path.empty()) return;
-  std::ofstream(o.report_path) << md;
+  report << md;
+  report.close();
+  if (!report) fail(ErrorKind::InvalidInput, "writing {} failed", o.report_path);
   fmt::print("wrote {}\n", o.report_path);
   // A bar chart with gnuplot, when it is installed.
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
@@ -150,7 +161,7 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
   }
   const std::filesystem::path png = std::filesystem::path(o.report_path).replace_extension(".png");
   const std::filesystem::path data = std::filesystem::path(o.report_path).replace_extension(".dat");
-  std::ofstream(data) << dat;
+  open_output(data) << dat;
   std::string script = fmt::format(
       "set terminal pngcairo size 1400,600; set output '{}'; set style data histograms; set style histogram "
       "clustered gap 1; set style fill solid 0.8 border -1; set ylabel 'token hit rate (%)'; set yrange "
@@ -160,7 +171,7 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
   for (size_t i = 1; i < specs.size(); ++i)
     script += fmt::format(", '' using {} title '{}'", i + 2, specs[i]);
   const std::filesystem::path gp = std::filesystem::path(o.report_path).replace_extension(".gp");
-  std::ofstream(gp) << script << "\n";
+  open_output(gp) << script << "\n";
   if (std::system(fmt::format("gnuplot '{}'", gp.string()).c_str()) == 0)
     fmt::print("wrote {}\n", png.string());
 }

@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev     # tests
   libbenchmark-dev              # kernel micro-benchmarks
   wordnet-base                  # WordNet 3.0 database: the real knowledge graph `kg import --wordnet` reads
+  gnuplot-nox                   # the PNG plot of `simulate --grid`
 )
 
 missing=()
