@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
+#include "kv/policy.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -28,6 +29,7 @@ namespace depcache::cli {
 namespace {
 
 struct RunOptions {
+  std::string policy = "lru";
   std::string model_path, requests_path, strategies = "depcache", kv_type = "f16", scheme = "depth",
                                          json_path;
   int threads = 0;
@@ -90,7 +92,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   StrategyOptions so;
   so.scheme = parse_scheme(o.scheme);
   so.reuse = !o.no_reuse;
-  RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0));
+  RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0), make_policy(o.policy));
   const auto strategy = make_strategy(name, index, *model, kv_type, so);
   KvCache kv(model->config(), n_ctx, kv_type);
   // --verify: the same strategy without reuse, on its own assembly.
@@ -211,6 +213,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--cache-mib", o.cache_mib, "Byte budget of the KV index in MiB (LRU beyond it)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1048576.0));
+  cmd->add_option("--policy", o.policy,
+                  "Replacement policy of the index: lru, lfu, gdsf, pgdsf, lacr, cachecraft")
+      ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.ctx, "KV assembly rows (default: the largest prompt + generated tokens)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-n,--max-tokens", o.max_tokens,
@@ -232,6 +237,7 @@ void add_run_command(CLI::App& app) {
     for (const std::string& s : names)
       if (std::find(known.begin(), known.end(), s) == known.end())
         fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", s);
+    make_policy(o.policy);  // reject a bad name before loading anything
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
     const auto model = Model::load(o.model_path);

@@ -17,6 +17,11 @@ class PerNode {
     return v_[id];
   }
   const T* find(int32_t id) const { return static_cast<size_t>(id) < v_.size() ? &v_[id] : nullptr; }
+  // Copies by value first: growing the vector for `to` would invalidate a reference to `from`.
+  void copy(int32_t from, int32_t to) {
+    const T value = (*this)[from];
+    (*this)[to] = value;
+  }
 
  private:
   std::vector<T> v_;
@@ -47,7 +52,7 @@ class Gdsf final : public ReplacementPolicy {
   explicit Gdsf(bool profiled) : profiled_(profiled) {}
   std::string_view name() const override { return profiled_ ? "pgdsf" : "gdsf"; }
   void on_insert(int32_t node, double cost_per_token) override { state_[node] = {clock_, cost_per_token}; }
-  void on_split(int32_t head, int32_t from) override { state_[head] = state_[from]; }
+  void on_split(int32_t head, int32_t from) override { state_.copy(from, head); }
   void on_access(int32_t node) override { state_[node].base = clock_; }
   void on_evict(int32_t, double priority) override { clock_ = std::max(clock_, priority); }
   double priority(const NodeView& n) const override {
@@ -93,7 +98,7 @@ class CacheCraft final : public ReplacementPolicy {
  public:
   std::string_view name() const override { return "cachecraft"; }
   void on_insert(int32_t node, double) override { state_[node] = {1.0, 1.0}; }
-  void on_split(int32_t head, int32_t from) override { state_[head] = state_[from]; }
+  void on_split(int32_t head, int32_t from) override { state_.copy(from, head); }
   void set_fix_overhead(int32_t node, double cfo) override { state_[node].cfo = std::clamp(cfo, 0.0, 1.0); }
   void on_access(int32_t node) override {
     State& s = state_[node];

@@ -6,6 +6,7 @@
 #include "engine/visibility.h"
 #include "util/error.h"
 #include "util/hash.h"
+#include "util/timing.h"
 
 namespace depcache {
 namespace {
@@ -85,10 +86,12 @@ class FlatStrategy final : public Strategy {
     plan.rows.assign(rows.begin() + m, rows.end());
     plan.visibility = causal_chain(n - m, m);
     plan.logits_for = {n - m - 1};
+    const auto t0 = Clock::now();
     PrefillResult r = fwd.prefill(plan, kv);
+    const double ms_per_token = ms_since(t0) / static_cast<double>(n - m);  // cost-aware policies
     kv.set_n_past(n);
     if (reuse_) {
-      index_.insert(ns_, tokens, rows_span(kv, rows));
+      index_.insert(ns_, tokens, rows_span(kv, rows), ms_per_token);
       index_.unpin(match);
     }
     const int n_layer = fwd.model().config().n_layer;
@@ -143,7 +146,9 @@ class DepCacheStrategy final : public Strategy {
     }
     plan.visibility = dependency_dag(prompt, computed);
     plan.logits_for = {static_cast<int64_t>(computed.size()) - 1};
+    const auto t0 = Clock::now();
     PrefillResult result = fwd.prefill(plan, kv);
+    const double ms_per_token = ms_since(t0) / static_cast<double>(computed.size());  // cost-aware policies
     kv.set_n_past(n);
 
     if (reuse_) {
@@ -151,7 +156,7 @@ class DepCacheStrategy final : public Strategy {
       // cannot evict another this request just computed.
       for (const CacheRun& run : runs) {
         RadixIndex::Match path;
-        index_.insert(run.ns, run.tokens, rows_span(kv, run.rows), 1.0, &path);
+        index_.insert(run.ns, run.tokens, rows_span(kv, run.rows), ms_per_token, &path);
         index_.pin(path);
         pinned.push_back(std::move(path));
       }
