@@ -30,6 +30,10 @@ class KvSpan {
   const uint8_t* k(int il) const { return data_.data() + layer_offset(il); }
   const uint8_t* v(int il) const { return k(il) + n_tokens() * row_bytes(); }
 
+  // All K/V bytes (per layer: K rows, then V rows), for storage.
+  std::vector<uint8_t>& data() { return data_; }
+  const std::vector<uint8_t>& data() const { return data_; }
+
   // Tokens [begin, end) as a span of their own.
   KvSpan slice(int64_t begin, int64_t end) const;
 
