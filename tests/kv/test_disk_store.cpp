@@ -115,7 +115,16 @@ TEST_F(DiskStore, KillDuringWritesLeavesNothingCorruptServed) {
     DiskSpanStore store(dir_, 1 << 30);
     for (uint64_t key = 1;; ++key) store.put(key, tokens_of(64, static_cast<int>(key)), make_span(64, key));
   }
-  usleep(150 * 1000);
+  // Let a few writes land (however slow the disk), then kill mid-stream.
+  const auto spans_on_disk = [&] {
+    size_t n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+      n += e.path().extension() == ".kvspan";
+    return n;
+  };
+  for (int i = 0; i < 1000 && spans_on_disk() < 3; ++i) usleep(10 * 1000);
+  usleep(20 * 1000);
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
