@@ -12,6 +12,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "compute/sampling.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "kv/policy.h"
@@ -55,10 +56,6 @@ struct StrategyRun {
   size_t cached_bytes = 0;
   int64_t evicted = 0;
 };
-
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
 
 PositionScheme parse_scheme(const std::string& s) {
   if (s == "depth") return PositionScheme::Depth;
@@ -114,11 +111,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     row.id = reqs[i].id;
     const auto t0 = Clock::now();
     const PromptParts parts = make_prompt_parts(tok, reqs[i]);
-    row.report = strategy->prefill(parts, kv, fwd);  // checks that the prompt fits
-    if (row.report.prompt_tokens + o.max_tokens - 1 > n_ctx)
-      fail(ErrorKind::LimitExceeded,
-           "request {}: {} prompt tokens and {} generated ones exceed the context size {}", row.id,
-           row.report.prompt_tokens, o.max_tokens, n_ctx);
+    row.report = strategy->prefill(parts, kv, fwd);  // every request was checked to fit n_ctx
     row.output.push_back(argmax(row.report.logits));
     row.ttft_ms = ms_since(t0);
     for (int t = 1; t < o.max_tokens; ++t) {

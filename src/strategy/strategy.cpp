@@ -29,7 +29,8 @@ void check_fits(int64_t n, const KvCache& kv) {
 }
 
 // Places index pieces covering sequence tokens [0, m) at the rows of those
-// tokens, with the given positions; rows of a piece may be split in runs.
+// tokens (rows[i] for token i), each at its prompt position (indexed by row);
+// rows of a piece may be split in runs.
 void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64_t m,
                   std::span<const int64_t> rows, std::span<const int32_t> positions, KvCache& kv,
                   std::vector<bool>& placed) {
@@ -43,7 +44,7 @@ void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64
       }
       int64_t j = i + 1;
       while (j < len && rows[at + j] == rows[at + j - 1] + 1 && !placed[rows[at + j]]) ++j;
-      kv.place(index.span(p.node), p.offset + i, j - i, rows[at + i], positions.subspan(at + i, j - i));
+      kv.place(index.span(p.node), p.offset + i, j - i, rows[at + i], positions.subspan(rows[at + i], j - i));
       for (int64_t r = i; r < j; ++r) placed[rows[at + r]] = true;
       i = j;
     }
@@ -125,9 +126,7 @@ class DepCacheStrategy final : public Strategy {
     if (reuse_) {
       for (const CacheRun& run : runs) {
         RadixIndex::Match match = index_.match(run.ns, run.tokens);
-        std::vector<int32_t> pos;
-        for (int64_t r : run.rows) pos.push_back(positions[r]);
-        place_pieces(index_, match, match.length, run.rows, pos, kv, placed);
+        place_pieces(index_, match, match.length, run.rows, positions, kv, placed);
         index_.pin(match);
         pinned.push_back(std::move(match));
       }
