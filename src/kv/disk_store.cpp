@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "util/error.h"
+#include "util/file_io.h"
 #include "util/hash.h"
 
 namespace depcache {
@@ -35,19 +36,6 @@ T get_at(const std::vector<uint8_t>& buf, size_t at) {
 
 size_t data_bytes(uint64_t n_layer, uint64_t row_elems, DType type, uint64_t n_tokens) {
   return static_cast<size_t>(n_layer * 2 * n_tokens * row_elems * (type == DType::F16 ? 2 : 4));
-}
-
-bool write_all(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
 }
 
 std::optional<std::vector<uint8_t>> read_file(const std::filesystem::path& path) {
@@ -149,23 +137,10 @@ bool DiskSpanStore::put(uint64_t key, std::span<const int32_t> tokens, const KvS
   forget(key, true);
   // Make room first, so the budget holds even while the new file is written.
   while (bytes_ + size > budget_ && !lru_.empty()) forget(lru_.front(), true);
-  const std::filesystem::path final_path = path_of(key);
-  std::filesystem::path partial = final_path;
-  partial += ".partial";
-  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  const bool ok = write_all(fd, buf.data(), buf.size()) && ::fsync(fd) == 0;
-  ::close(fd);
-  std::error_code ec;
-  if (!ok || (std::filesystem::rename(partial, final_path, ec), ec)) {
-    std::filesystem::remove(partial, ec);  // disk full or gone: the span is simply not on disk
+  // Disk full or gone: the span is simply not on disk (a cache tier degrades).
+  if (write_file_atomic(path_of(key),
+                        std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size())))
     return false;
-  }
-  // The rename itself must reach the disk before the file is counted on.
-  if (const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
   lru_.push_back(key);
   files_[key] = {size, std::prev(lru_.end())};
   bytes_ += size;

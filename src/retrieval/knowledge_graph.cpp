@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "util/error.h"
+#include "util/file_io.h"
 #include "util/hash.h"
 
 namespace depcache {
@@ -290,27 +291,9 @@ void KnowledgeGraph::save(const std::filesystem::path& path) const {
   const uint64_t sum = fnv1a64_bytes(buf.data() + kChecksumStart, buf.size() - kChecksumStart);
   std::memcpy(buf.data() + 8, &sum, 8);
 
-  // Write beside the target and rename, so readers never see half a file.
-  std::filesystem::path partial = path;
-  partial += ".partial";
-  FILE* f = std::fopen(partial.c_str(), "wb");
-  if (!f) {
-    const int err = errno;
-    fail(err == ENOENT ? ErrorKind::NotFound : ErrorKind::InvalidInput, "cannot write {}: {}",
-         partial.string(), std::strerror(err));
-  }
-  const bool wrote = std::fwrite(buf.data(), 1, buf.size(), f) == buf.size();
-  const bool closed = std::fclose(f) == 0;
-  std::error_code ec;
-  if (!wrote || !closed) {
-    std::filesystem::remove(partial, ec);
-    fail(ErrorKind::InvalidInput, "writing {} failed (disk full?)", partial.string());
-  }
-  std::filesystem::rename(partial, path, ec);
-  if (ec) {
-    std::filesystem::remove(partial, ec);
-    fail(ErrorKind::InvalidInput, "cannot rename {} to {}: {}", partial.string(), path.string(),
-         ec.message());
+  if (const auto failure = write_file_atomic(path, buf)) {
+    const bool missing_dir = failure->stage == WriteFailure::Stage::Open && failure->error == ENOENT;
+    fail(missing_dir ? ErrorKind::NotFound : ErrorKind::InvalidInput, "{}", failure->message);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/file_io.h"
 #include "util/json_error.h"
 
 namespace depcache {
@@ -133,19 +134,14 @@ std::vector<RagRequest> read_requests(const std::filesystem::path& path) {
 }
 
 void write_requests(const std::filesystem::path& path, const std::vector<RagRequest>& requests) {
-  const std::filesystem::path partial = path.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    if (!out) fail(ErrorKind::NotFound, "cannot create {}", partial.string());
-    for (const RagRequest& r : requests)
-      out << request_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
-    out.flush();
-    if (!out) fail(ErrorKind::LimitExceeded, "writing {} failed (disk full?)", partial.string());
+  std::string text;
+  for (const RagRequest& r : requests) {
+    text += request_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace);
+    text += '\n';
   }
-  std::error_code ec;
-  std::filesystem::rename(partial, path, ec);
-  if (ec)
-    fail(ErrorKind::NotFound, "cannot rename {} to {}: {}", partial.string(), path.string(), ec.message());
+  if (const auto failure = write_file_atomic(path, text))
+    fail(failure->stage == WriteFailure::Stage::Write ? ErrorKind::LimitExceeded : ErrorKind::NotFound, "{}",
+         failure->message);
 }
 
 }  // namespace depcache
