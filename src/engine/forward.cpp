@@ -5,6 +5,7 @@
 #include "compute/attention.h"
 #include "compute/ops.h"
 #include "compute/quant.h"
+#include "engine/visibility.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -209,7 +210,7 @@ void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, s
     plan.positions.push_back(static_cast<int32_t>(pos0 + t));
     plan.rows.push_back(row0 + t);
   }
-  plan.visibility = Visibility({{0, n, {}, 0, row0}});  // every earlier row, then causal
+  plan.visibility = causal_chain(n, row0);  // every earlier row, then causal
   if (which == Logits::Last)
     plan.logits_for = {n - 1};
   else

@@ -7,6 +7,7 @@
 #include "kv/radix_index.h"
 #include "strategy/strategy.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace depcache {
 namespace {
@@ -69,9 +70,8 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
       // other pending requests share (by tokens), so a group runs together.
       std::unordered_map<uint64_t, int64_t> shared;  // (ns, first tokens) -> pending requests holding it
       const auto key = [](const CacheRun& run) {
-        uint64_t h = run.ns;
-        for (size_t t = 0; t < std::min<size_t>(run.tokens.size(), 8); ++t) h = h * 1000003u + run.tokens[t];
-        return h;
+        return fnv1a64_bytes(run.tokens.data(), std::min<size_t>(run.tokens.size(), 8) * sizeof(int32_t),
+                             run.ns);
       };
       for (size_t q : queue)
         for (const CacheRun& run : reqs[q].runs) ++shared[key(run)];
