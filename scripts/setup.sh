@@ -17,6 +17,8 @@ PACKAGES=(
   libbenchmark-dev              # kernel micro-benchmarks
   wordnet-base                  # WordNet 3.0 database: the real knowledge graph `kg import --wordnet` reads
   gnuplot-nox                   # the PNG plot of `simulate --grid`
+  libhiredis-dev                # Redis client for the shared remote KV tier
+  redis-server                  # a real Redis for the remote tier's tests (started on a loopback port)
 )
 
 missing=()

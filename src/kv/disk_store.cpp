@@ -17,26 +17,8 @@
 namespace depcache {
 namespace {
 
-constexpr char kMagic[8] = {'D', 'K', 'V', 'S', 'P', 'A', 'N', '1'};
-constexpr size_t kHeader = 64;
-constexpr size_t kChecksumFrom = 16;  // the checksum covers everything after itself
 constexpr const char* kSuffix = ".kvspan";
 constexpr const char* kPartial = ".kvspan.partial";
-
-template <typename T>
-void put_at(std::vector<uint8_t>& buf, size_t at, T v) {
-  std::memcpy(buf.data() + at, &v, sizeof v);
-}
-template <typename T>
-T get_at(const std::vector<uint8_t>& buf, size_t at) {
-  T v;
-  std::memcpy(&v, buf.data() + at, sizeof v);
-  return v;
-}
-
-size_t data_bytes(uint64_t n_layer, uint64_t row_elems, DType type, uint64_t n_tokens) {
-  return static_cast<size_t>(n_layer * 2 * n_tokens * row_elems * (type == DType::F16 ? 2 : 4));
-}
 
 std::optional<std::vector<uint8_t>> read_file(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -115,26 +97,12 @@ void DiskSpanStore::touch(uint64_t key) {
 
 void DiskSpanStore::remove(uint64_t key) { forget(key, true); }
 
-bool DiskSpanStore::put(uint64_t key, std::span<const int32_t> tokens, const KvSpan& span) {
-  if (static_cast<int64_t>(tokens.size()) != span.n_tokens())
-    fail(ErrorKind::Internal, "disk store: {} tokens for a span of {}", tokens.size(), span.n_tokens());
-  const size_t n = tokens.size();
-  const size_t size = kHeader + 8 * n + span.data().size();
-  if (size > budget_) return false;
-  std::vector<uint8_t> buf(size, 0);
-  std::memcpy(buf.data(), kMagic, sizeof kMagic);
-  put_at<uint64_t>(buf, 16, key);
-  put_at<uint64_t>(buf, 24, size);
-  put_at<uint32_t>(buf, 32, static_cast<uint32_t>(span.n_layer()));
-  put_at<uint32_t>(buf, 36, static_cast<uint32_t>(span.type()));
-  put_at<uint64_t>(buf, 40, static_cast<uint64_t>(span.row_elems()));
-  put_at<uint64_t>(buf, 48, n);
-  std::memcpy(buf.data() + kHeader, tokens.data(), 4 * n);
-  std::memcpy(buf.data() + kHeader + 4 * n, span.positions().data(), 4 * n);
-  if (!span.data().empty()) std::memcpy(buf.data() + kHeader + 8 * n, span.data().data(), span.data().size());
-  put_at<uint64_t>(buf, 8, fnv1a64_bytes(buf.data() + kChecksumFrom, size - kChecksumFrom));
-
+bool DiskSpanStore::put(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix,
+                        const KvSpan& span) {
+  const std::vector<uint8_t> buf = encode_span_record(key, ns, tokens, prefix, span);
+  const size_t size = buf.size();
   forget(key, true);
+  if (size > budget_) return false;
   // Make room first, so the budget holds even while the new file is written.
   while (bytes_ + size > budget_ && !lru_.empty()) forget(lru_.front(), true);
   // Disk full or gone: the span is simply not on disk (a cache tier degrades).
@@ -147,7 +115,8 @@ bool DiskSpanStore::put(uint64_t key, std::span<const int32_t> tokens, const KvS
   return true;
 }
 
-std::optional<KvSpan> DiskSpanStore::get(uint64_t key, std::span<const int32_t> tokens) {
+std::optional<KvSpan> DiskSpanStore::get(uint64_t key, uint64_t ns, std::span<const int32_t> tokens,
+                                         int64_t prefix) {
   if (!files_.count(key)) return std::nullopt;
   const auto drop = [&]() -> std::optional<KvSpan> {
     ++n_dropped_;
@@ -156,26 +125,51 @@ std::optional<KvSpan> DiskSpanStore::get(uint64_t key, std::span<const int32_t> 
   };
   const std::optional<std::vector<uint8_t>> file = read_file(path_of(key));
   if (!file) return drop();
-  const std::vector<uint8_t>& buf = *file;
-  if (buf.size() < kHeader || std::memcmp(buf.data(), kMagic, sizeof kMagic) != 0) return drop();
-  if (get_at<uint64_t>(buf, 24) != buf.size()) return drop();  // truncated or extended
-  if (get_at<uint64_t>(buf, 8) != fnv1a64_bytes(buf.data() + kChecksumFrom, buf.size() - kChecksumFrom))
-    return drop();
-  if (get_at<uint64_t>(buf, 16) != key) return drop();  // another key's file under this name
-  const uint32_t n_layer = get_at<uint32_t>(buf, 32), type_id = get_at<uint32_t>(buf, 36);
-  const uint64_t row_elems = get_at<uint64_t>(buf, 40), n = get_at<uint64_t>(buf, 48);
-  const auto type = static_cast<DType>(type_id);
-  if ((type != DType::F32 && type != DType::F16) || n_layer > 4096 || row_elems > (1u << 20) ||
-      n > (1u << 26))
-    return drop();
-  if (buf.size() != kHeader + 8 * n + data_bytes(n_layer, row_elems, type, n)) return drop();
-  // Same key, other tokens: a hash collision or a stale file; not this span.
-  if (n != tokens.size() || std::memcmp(buf.data() + kHeader, tokens.data(), 4 * n) != 0) return std::nullopt;
-  KvSpan span(static_cast<int>(n_layer), static_cast<int64_t>(row_elems), type, static_cast<int64_t>(n));
-  std::memcpy(span.positions().data(), buf.data() + kHeader + 4 * n, 4 * n);
-  if (!span.data().empty()) std::memcpy(span.data().data(), buf.data() + kHeader + 8 * n, span.data().size());
+  DecodedSpan d = decode_span_record(*file, key, ns, tokens, prefix);
+  if (d.status == RecordStatus::Corrupt) return drop();
+  if (d.status == RecordStatus::Other) {
+    // Another key's file under this name is foreign; the right key with other
+    // tokens is a hash collision: not this span, but a sound file.
+    if (decode_span_record_header(*file)->key != key) return drop();
+    return std::nullopt;
+  }
   touch(key);
-  return span;
+  return std::move(d.span);
+}
+
+std::vector<DiskSpanStore::StoredSpan> DiskSpanStore::scan() {
+  std::vector<StoredSpan> out;
+  std::vector<uint64_t> bad;
+  for (const auto& [key, entry] : files_) {
+    const int fd = ::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC);
+    std::vector<uint8_t> head(kSpanRecordHeader);
+    const auto read_all = [fd](uint8_t* p, size_t n) {
+      while (n > 0) {
+        const ssize_t r = ::read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+      }
+      return true;
+    };
+    std::optional<SpanRecordHeader> h;
+    if (fd >= 0 && read_all(head.data(), head.size())) h = decode_span_record_header(head);
+    if (h && h->key == key && h->size == entry.bytes) {
+      head.resize(kSpanRecordHeader + 4 * static_cast<size_t>(h->n_tokens));
+      if (read_all(head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader))
+        out.push_back({key, h->ns, span_record_tokens(head, h->n_tokens), h->prefix});
+      else
+        h.reset();
+    }
+    if (fd >= 0) ::close(fd);
+    if (!h) bad.push_back(key);
+  }
+  for (uint64_t key : bad) {
+    ++n_dropped_;
+    forget(key, true);
+  }
+  return out;
 }
 
 size_t DiskSpanStore::remove_orphans(const std::unordered_set<uint64_t>& live) {

@@ -1,11 +1,10 @@
 #pragma once
 // The disk tier's storage: one file per span in a cache directory, surviving
-// restarts. Every file carries its key, its tokens and a checksum of its
-// contents; files are written to a temporary name, fsynced and renamed, so a
-// crash leaves either the old state or the new one. A file that is corrupt,
-// truncated, foreign or holds other tokens is dropped and reported as a
-// miss — never served. The store keeps to a byte budget (oldest use first
-// out) and removes leftovers of interrupted writes when it opens.
+// restarts. Every file is a span record (kv/span_record.h): its key, its
+// namespace, its tokens and a checksum of its contents; files are written to a temporary name, fsynced and
+// renamed, so a crash leaves either the old state or the new one. A file that is corrupt, truncated, foreign
+// or holds other tokens is dropped and reported as a miss — never served. The store keeps to a byte budget
+// (oldest use first out) and removes leftovers of interrupted writes when it opens.
 #include <cstdint>
 #include <filesystem>
 #include <list>
@@ -15,6 +14,7 @@
 #include <unordered_set>
 
 #include "kv/kv_span.h"
+#include "kv/span_record.h"
 
 namespace depcache {
 
@@ -24,13 +24,34 @@ class DiskSpanStore {
   DiskSpanStore(std::filesystem::path dir, size_t byte_budget);
 
   // Stores `span` for `tokens` under `key` (replacing what was there), then
-  // evicts the least recently used files beyond the budget. Returns false
-  // when the span alone exceeds the budget (nothing is written).
-  bool put(uint64_t key, std::span<const int32_t> tokens, const KvSpan& span);
-  // The span stored under `key` if its file is sound and holds exactly
-  // `tokens`; otherwise nullopt (a bad file is deleted).
-  std::optional<KvSpan> get(uint64_t key, std::span<const int32_t> tokens);
+  // evicts the least recently used files beyond the budget. `tokens` is the
+  // whole sequence in namespace ns; the span holds all but its first
+  // `prefix`. Returns false when the span alone exceeds the budget or the
+  // write fails (disk full): nothing is stored then.
+  bool put(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix, const KvSpan& span);
+  bool put(uint64_t key, std::span<const int32_t> tokens, const KvSpan& span) {
+    return put(key, 0, tokens, 0, span);
+  }
+  // The span stored under `key` if its file is sound and holds exactly this
+  // sequence; otherwise nullopt (a bad or foreign file is deleted).
+  std::optional<KvSpan> get(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix);
+  std::optional<KvSpan> get(uint64_t key, std::span<const int32_t> tokens) { return get(key, 0, tokens, 0); }
+
+  // What each file says it holds, from headers only (K/V is not read or
+  // checked until get). Files whose header is unreadable are deleted.
+  struct StoredSpan {
+    uint64_t key = 0, ns = 0;
+    std::vector<int32_t> tokens;
+    int64_t prefix = 0;
+  };
+  std::vector<StoredSpan> scan();
+  // Bytes a file for this span would take (for callers keeping room).
+  static size_t file_bytes(int64_t n_tokens, const KvSpan& span) { return span_record_bytes(n_tokens, span); }
   bool contains(uint64_t key) const { return files_.count(key) > 0; }
+  size_t file_bytes_of(uint64_t key) const {
+    const auto it = files_.find(key);
+    return it == files_.end() ? 0 : it->second.bytes;
+  }
   void remove(uint64_t key);
   // Deletes every span file whose key is not in `live` (spans the index no
   // longer knows). Returns how many went.

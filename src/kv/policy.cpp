@@ -51,10 +51,15 @@ class Gdsf final : public ReplacementPolicy {
  public:
   explicit Gdsf(bool profiled) : profiled_(profiled) {}
   std::string_view name() const override { return profiled_ ? "pgdsf" : "gdsf"; }
-  void on_insert(int32_t node, double cost_per_token) override { state_[node] = {clock_, cost_per_token}; }
   void on_split(int32_t head, int32_t from) override { state_.copy(from, head); }
-  void on_access(int32_t node) override { state_[node].base = clock_; }
-  void on_evict(int32_t, double priority) override { clock_ = std::max(clock_, priority); }
+  void on_insert(int32_t node, double cost_per_token) override { state_[node] = {clock_[0], cost_per_token}; }
+  void on_access(int32_t node) override { state_[node].base = clock_[0]; }
+  void on_evict(int32_t, double priority, Tier from) override {
+    double& c = clock_[static_cast<int>(from)];
+    c = std::max(c, priority);
+  }
+  // A node entering a tier competes from that tier's clock.
+  void on_tier_change(int32_t node, Tier to) override { state_[node].base = clock_[static_cast<int>(to)]; }
   double priority(const NodeView& n) const override {
     const State* s = state_.find(n.id);
     const double base = s ? s->base : 0.0;
@@ -69,7 +74,7 @@ class Gdsf final : public ReplacementPolicy {
     double cost_per_token = 1;  // recompute time per token when it was computed
   };
   bool profiled_;
-  double clock_ = 0;
+  double clock_[4] = {};  // per tier
   PerNode<State> state_;
 };
 
@@ -118,6 +123,20 @@ class CacheCraft final : public ReplacementPolicy {
 };
 
 }  // namespace
+
+const char* tier_name(Tier t) {
+  switch (t) {
+    case Tier::Hot:
+      return "hot";
+    case Tier::Host:
+      return "host";
+    case Tier::Disk:
+      return "disk";
+    case Tier::Remote:
+      return "remote";
+  }
+  return "?";
+}
 
 std::vector<std::string> policy_names() { return {"lru", "lfu", "gdsf", "pgdsf", "lacr", "cachecraft"}; }
 

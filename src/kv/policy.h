@@ -7,7 +7,8 @@
 //   lfu       hit count (ties: last access)
 //   gdsf      Clock + Frequency / Size (cost 1 per node)
 //   pgdsf     Clock + Frequency × Cost / Size, with Cost / Size the node's
-//             recompute time per token (RAGCache); Clock = max(Clock, evicted)
+//             recompute time per token (RAGCache); one Clock per tier,
+//             raised to the priority of what leaves the tier
 //   lacr      α·Frequency + (1 − α)·Lookahead (DepCache), the lookahead being
 //             the weighted count of pending requests that will use the node
 //   cachecraft  f += 1 / CFO per access (Cache-Craft's reuse score)
@@ -20,6 +21,11 @@
 
 namespace depcache {
 
+// Where a span lives, fastest first. Remote is the shared store between
+// processes; it is where a match may find blocks, not a node's tier.
+enum class Tier : uint8_t { Hot = 0, Host = 1, Disk = 2, Remote = 3 };
+const char* tier_name(Tier t);
+
 // What the index knows about a node when it asks for its priority.
 struct NodeView {
   int32_t id = -1;
@@ -27,6 +33,7 @@ struct NodeView {
   uint64_t hits = 0;       // accesses since insertion (the insertion counts as one)
   uint64_t last_used = 0;  // index clock at the last access
   uint64_t now = 0;        // index clock now
+  Tier tier = Tier::Hot;
 };
 
 class ReplacementPolicy {
@@ -40,7 +47,10 @@ class ReplacementPolicy {
   virtual void on_insert(int32_t /*node*/, double /*cost_per_token*/) {}
   virtual void on_split(int32_t /*head*/, int32_t /*from*/) {}
   virtual void on_access(int32_t /*node*/) {}
-  virtual void on_evict(int32_t /*node*/, double /*priority*/) {}
+  // The node left `from` (down a tier, or out of the index from the last).
+  virtual void on_evict(int32_t /*node*/, double /*priority*/, Tier /*from*/) {}
+  // The node now lives in tier `to` (promoted or demoted).
+  virtual void on_tier_change(int32_t /*node*/, Tier /*to*/) {}
   // Lower is evicted first.
   virtual double priority(const NodeView& node) const = 0;
 

@@ -1,13 +1,94 @@
 #include "kv/radix_index.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "kv/span_record.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 namespace depcache {
+namespace {
+constexpr int kHot = static_cast<int>(Tier::Hot);
+constexpr int kHost = static_cast<int>(Tier::Host);
+constexpr int kDisk = static_cast<int>(Tier::Disk);
+constexpr int kRemote = static_cast<int>(Tier::Remote);
+}  // namespace
 
 RadixIndex::RadixIndex(size_t byte_budget, std::unique_ptr<ReplacementPolicy> policy)
-    : budget_(byte_budget), policy_(policy ? std::move(policy) : make_policy("lru")) {}
+    : policy_(policy ? std::move(policy) : make_policy("lru")) {
+  budget_[kHot] = byte_budget;
+}
+
+RadixIndex::~RadixIndex() = default;
+
+void RadixIndex::attach_host(size_t byte_budget) {
+  auto lk = lock();
+  host_ = byte_budget > 0;
+  budget_[kHost] = byte_budget;
+}
+
+void RadixIndex::attach_remote(RemoteStore& store, int64_t block_tokens) {
+  auto lk = lock();
+  if (block_tokens < 1) fail(ErrorKind::InvalidInput, "remote block size must be at least 1 token");
+  remote_ = &store;
+  block_tokens_ = block_tokens;
+}
+
+void RadixIndex::set_cost_model(std::function<double(int64_t, int64_t)> cost) {
+  auto lk = lock();
+  cost_model_ = std::move(cost);
+}
+
+void RadixIndex::attach_disk(DiskSpanStore& store) {
+  auto lk = lock();
+  disk_ = &store;
+  budget_[kDisk] = store.budget();
+  // Adopt what an earlier process left: shortest sequences first, so every
+  // span's context is in place before it. A span whose context is missing,
+  // or whose key does not match its contents, is deleted.
+  std::vector<DiskSpanStore::StoredSpan> found = store.scan();
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.tokens.size() < b.tokens.size(); });
+  for (const DiskSpanStore::StoredSpan& f : found) {
+    const auto n = static_cast<int64_t>(f.tokens.size());
+    const std::span<const int32_t> all(f.tokens);
+    bool adopted = false;
+    if (f.prefix < n && span_content_key(f.ns, all) == f.key) {
+      const Match m = peek_locked(f.ns, all.first(static_cast<size_t>(f.prefix)));
+      // The context must end exactly at a node's end, and the slot must be free.
+      const bool at_node_end =
+          m.length == f.prefix &&
+          (m.pieces.empty() ||
+           m.pieces.back().length == static_cast<int64_t>(nodes_[m.pieces.back().node].tokens.size()));
+      if (at_node_end) {
+        const NodeId parent = m.pieces.empty() ? root(f.ns) : m.pieces.back().node;
+        if (!nodes_[parent].children.count(f.tokens[f.prefix])) {
+          const NodeId id = new_node();
+          Node& node = nodes_[id];
+          node.tokens.assign(f.tokens.begin() + f.prefix, f.tokens.end());
+          node.ns = f.ns;
+          node.start = f.prefix;
+          node.parent = parent;
+          node.tier = Tier::Disk;
+          node.disk_key = f.key;
+          node.disk_bytes = store.file_bytes_of(f.key);
+          // Bytes per token as in memory: the file holds K/V and positions plus the tokens.
+          node.bytes_per_token = 0;
+          node.hits = 1;
+          node.last_used = clock_;
+          nodes_[parent].children.emplace(node.tokens.front(), id);
+          bytes_[kDisk] += node.disk_bytes;
+          policy_->on_insert(id, 1.0);
+          policy_->on_tier_change(id, Tier::Disk);
+          adopted = true;
+        }
+      }
+    }
+    if (!adopted) store.remove(f.key);
+  }
+  make_room(kDisk);
+}
 
 RadixIndex::NodeId RadixIndex::new_node() {
   NodeId id;
@@ -28,11 +109,34 @@ RadixIndex::NodeId RadixIndex::root(uint64_t ns) {
   const auto it = roots_.find(ns);
   if (it != roots_.end()) return it->second;
   const NodeId id = new_node();
+  nodes_[id].ns = ns;
   roots_.emplace(ns, id);
   return id;
 }
 
+size_t RadixIndex::n_nodes(Tier t) const {
+  auto lk = lock();
+  size_t n = 0;
+  for (const Node& node : nodes_) n += node.live && node.parent >= 0 && node.tier == t;
+  return n;
+}
+
+std::vector<int32_t> RadixIndex::path_tokens(NodeId id) const {
+  std::vector<NodeId> chain;
+  for (NodeId at = id; nodes_[at].parent >= 0; at = nodes_[at].parent) chain.push_back(at);
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(nodes_[id].start) + nodes_[id].tokens.size());
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    out.insert(out.end(), nodes_[*it].tokens.begin(), nodes_[*it].tokens.end());
+  return out;
+}
+
 RadixIndex::Match RadixIndex::peek(uint64_t ns, std::span<const int32_t> tokens) const {
+  auto lk = lock();
+  return peek_locked(ns, tokens);
+}
+
+RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> tokens) const {
   Match m;
   const auto r = roots_.find(ns);
   if (r == roots_.end()) return m;
@@ -46,6 +150,7 @@ RadixIndex::Match RadixIndex::peek(uint64_t ns, std::span<const int32_t> tokens)
     const auto edge = static_cast<int64_t>(child.tokens.size());
     while (k < edge && k < rest && child.tokens[k] == tokens[m.length + k]) ++k;
     m.pieces.push_back({c->second, 0, k});
+    m.tokens_from[static_cast<int>(child.tier)] += k;
     m.length += k;
     if (k < edge) break;
     at = c->second;
@@ -53,8 +158,91 @@ RadixIndex::Match RadixIndex::peek(uint64_t ns, std::span<const int32_t> tokens)
   return m;
 }
 
+void RadixIndex::set_tier(NodeId id, Tier t) {
+  Node& n = nodes_[id];
+  bytes_[static_cast<int>(n.tier)] -= tier_bytes(n);
+  n.tier = t;
+  bytes_[static_cast<int>(t)] += tier_bytes(n);
+  policy_->on_tier_change(id, t);
+}
+
+bool RadixIndex::promote(NodeId id) {
+  Node& n = nodes_[id];
+  if (n.tier == Tier::Hot) return true;
+  if (n.tier == Tier::Host) {
+    // Host to hot is a copy in the papers' setting (host to GPU memory);
+    // it is done for real, so its cost shows in the time to first token.
+    if (n.span.n_tokens() > 0) n.span = KvSpan(n.span);
+    stats_.promoted_bytes += static_cast<int64_t>(node_bytes(n));
+    set_tier(id, Tier::Hot);
+    return true;
+  }
+  // Disk.
+  if (n.span.n_tokens() == 0 && n.bytes_per_token == 0 && disk_) {
+    const std::vector<int32_t> path = path_tokens(id);
+    std::optional<KvSpan> span = disk_->get(n.disk_key, n.ns, path, n.start);
+    if (!span || span->n_tokens() != static_cast<int64_t>(n.tokens.size())) return false;
+    disk_->remove(n.disk_key);  // the hot copy is the node's span now
+    bytes_[kDisk] -= n.disk_bytes;
+    n.disk_bytes = 0;
+    n.span = std::move(*span);
+    n.bytes_per_token = n.span.bytes() / n.tokens.size();
+    n.tier = Tier::Hot;
+    bytes_[kHot] += node_bytes(n);
+    policy_->on_tier_change(id, Tier::Hot);
+    stats_.promoted_bytes += static_cast<int64_t>(node_bytes(n));
+    return true;
+  }
+  set_tier(id, Tier::Hot);  // a virtual node
+  return true;
+}
+
+bool RadixIndex::promote_match(Match& m) {
+  for (size_t i = 0; i < m.pieces.size(); ++i) {
+    const NodeId id = m.pieces[i].node;
+    if (nodes_[id].tier == Tier::Hot || promote(id)) continue;
+    ++stats_.dropped_bad;
+    for (size_t j = i; j < m.pieces.size(); ++j) --nodes_[m.pieces[j].node].pins;
+    drop_subtree(id);  // the rest of the match hangs below it
+    m.pieces.resize(i);
+    m.length = 0;
+    for (const Piece& p : m.pieces) m.length += p.length;
+    return false;
+  }
+  return true;
+}
+
+RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens) {
+  Match m = peek_locked(ns, tokens);
+  std::vector<Tier> found_in;
+  for (const Piece& p : m.pieces) found_in.push_back(nodes_[p.node].tier);
+  // Hold what is matched while lower tiers and the remote store are read:
+  // bringing one node in must not push another out.
+  pin(m);
+  promote_match(m);
+  const Match held = m;
+  std::fill(std::begin(m.tokens_from), std::end(m.tokens_from), 0);
+  for (size_t i = 0; i < held.pieces.size(); ++i)
+    m.tokens_from[static_cast<int>(found_in[i])] += held.pieces[i].length;
+  if (remote_ && m.length < static_cast<int64_t>(tokens.size())) {
+    const int64_t local = m.length;
+    const int64_t total = fetch_remote(ns, tokens, local);
+    if (total > local) {
+      int64_t from[kTiers];
+      std::copy(std::begin(m.tokens_from), std::end(m.tokens_from), from);
+      m = peek_locked(ns, tokens.first(static_cast<size_t>(total)));
+      std::copy(std::begin(from), std::end(from), m.tokens_from);
+      m.tokens_from[kRemote] = total - local;
+    }
+  }
+  unpin_locked(held, false);  // splits keep pins on the same node ids
+  return m;
+}
+
 RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens) {
-  Match m = peek(ns, tokens);
+  auto lk = lock();
+  const auto t0 = Clock::now();
+  Match m = load(ns, tokens);
   ++clock_;
   for (const Piece& p : m.pieces) {
     Node& n = nodes_[p.node];
@@ -62,7 +250,51 @@ RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens
     ++n.hits;
     policy_->on_access(p.node);
   }
+  for (int t = 0; t < kTiers; ++t) stats_.hit_tokens[t] += m.tokens_from[t];
+  m.load_ms = ms_since(t0);
+  stats_.load_ms += m.load_ms;
   return m;
+}
+
+int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens) {
+  auto lk = lock();
+  const auto t0 = Clock::now();
+  const Match m = load(ns, tokens);
+  stats_.load_ms += ms_since(t0);
+  make_room(kHot);
+  return m.length - m.tokens_from[kHot];
+}
+
+int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<Match> held;  // each block stays pinned until all are in
+  for (int64_t b0 = (length / block_tokens_) * block_tokens_; b0 < n; b0 += block_tokens_) {
+    const int64_t b1 = std::min(n, b0 + block_tokens_);
+    const std::span<const int32_t> seq = tokens.first(static_cast<size_t>(b1));
+    const uint64_t key = span_content_key(ns, seq);
+    const std::optional<std::vector<uint8_t>> record = remote_->get(key);
+    if (!record) break;
+    DecodedSpan d = decode_span_record(*record, key, ns, seq, b0);
+    if (d.status != RecordStatus::Ok) {
+      if (d.status == RecordStatus::Corrupt) {
+        ++stats_.dropped_bad;
+        remote_->remove(key);
+      }
+      break;
+    }
+    const KvSpan block = std::move(d.span);
+    const SpanMaker from_block = [&](int64_t begin, int64_t end) {
+      return block.slice(begin - b0, end - b0);
+    };
+    Match path;
+    insert_impl(ns, seq, &from_block, 0, 1.0, &path, /*publish=*/false);
+    if (path.length < b1) break;  // larger than the hot tier
+    pin(path);
+    held.push_back(std::move(path));
+    length = b1;
+  }
+  for (const Match& m : held) unpin_locked(m, false);
+  return length;
 }
 
 RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
@@ -75,6 +307,9 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
     n.span = n.span.slice(at, n.span.n_tokens());
   }
   h.bytes_per_token = n.bytes_per_token;
+  h.ns = n.ns;
+  h.start = n.start;
+  h.tier = n.tier;
   h.parent = n.parent;
   h.last_used = n.last_used;
   h.hits = n.hits;
@@ -82,6 +317,7 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   // live node is ever a leaf, so the head cannot be evicted before the tail.
   nodes_[n.parent].children[h.tokens.front()] = head;
   n.tokens.erase(n.tokens.begin(), n.tokens.begin() + at);
+  n.start += at;
   n.parent = head;
   h.children.emplace(n.tokens.front(), node);
   policy_->on_split(head, node);
@@ -90,30 +326,55 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
 
 int64_t RadixIndex::insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span,
                            double cost_per_token, Match* path) {
-  return insert_impl(ns, tokens, &make_span, 0, cost_per_token, path);
+  auto lk = lock();
+  return insert_impl(ns, tokens, &make_span, 0, cost_per_token, path, true);
 }
 
 int64_t RadixIndex::insert_virtual(uint64_t ns, std::span<const int32_t> tokens, size_t bytes_per_token,
                                    double cost_per_token, Match* path) {
-  return insert_impl(ns, tokens, nullptr, bytes_per_token, cost_per_token, path);
+  auto lk = lock();
+  return insert_impl(ns, tokens, nullptr, bytes_per_token, cost_per_token, path, false);
 }
 
 int64_t RadixIndex::insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
-                                size_t virtual_bytes_per_token, double cost_per_token, Match* path) {
-  const int64_t added = insert_path(ns, tokens, make_span, virtual_bytes_per_token, cost_per_token);
-  if (path) *path = peek(ns, tokens);
+                                size_t virtual_bytes_per_token, double cost_per_token, Match* path,
+                                bool publish) {
+  int64_t from = 0;
+  const int64_t added = insert_path(ns, tokens, make_span, virtual_bytes_per_token, cost_per_token, &from);
+  if (publish && remote_ && make_span && added > 0) publish_remote(ns, tokens, from, *make_span);
+  if (path) *path = peek_locked(ns, tokens);
   return added;
 }
 
+void RadixIndex::publish_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t from,
+                                const SpanMaker& make_span) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  for (int64_t b0 = (from / block_tokens_) * block_tokens_; b0 < n; b0 += block_tokens_) {
+    const int64_t b1 = std::min(n, b0 + block_tokens_);
+    const std::span<const int32_t> seq = tokens.first(static_cast<size_t>(b1));
+    const uint64_t key = span_content_key(ns, seq);
+    remote_->put(key, encode_span_record(key, ns, seq, b0, make_span(b0, b1)));
+    ++stats_.remote_published;
+  }
+}
+
 int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
-                                size_t virtual_bytes_per_token, double cost_per_token) {
+                                size_t virtual_bytes_per_token, double cost_per_token, int64_t* new_from) {
   ++clock_;
   NodeId at = root(ns);
   nodes_[at].last_used = clock_;
   int64_t pos = 0;
   const auto n = static_cast<int64_t>(tokens.size());
+  *new_from = n;
   while (pos < n) {
-    const auto c = nodes_[at].children.find(tokens[pos]);
+    auto c = nodes_[at].children.find(tokens[pos]);
+    // A new leaf hangs below hot nodes only; a walked node whose disk file
+    // is bad goes (with what hangs below it) and the tokens count as new.
+    if (c != nodes_[at].children.end() && nodes_[c->second].tier != Tier::Hot && !promote(c->second)) {
+      ++stats_.dropped_bad;
+      drop_subtree(c->second);
+      c = nodes_[at].children.end();
+    }
     if (c == nodes_[at].children.end()) {
       const int64_t added = n - pos;
       KvSpan span;
@@ -125,21 +386,25 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
                added);
         bytes_per_token = span.bytes() / static_cast<size_t>(added);
       }
-      if (bytes_per_token * static_cast<size_t>(added) > budget_) break;  // could never fit
+      if (bytes_per_token * static_cast<size_t>(added) > budget_[kHot]) break;  // could never fit
       const NodeId leaf = new_node();
       Node& l = nodes_[leaf];
       l.tokens.assign(tokens.begin() + pos, tokens.end());
       l.span = std::move(span);
       l.bytes_per_token = bytes_per_token;
+      l.ns = ns;
+      l.start = pos;
       l.parent = at;
       l.last_used = clock_;
       l.hits = 1;
-      bytes_ += node_bytes(l);
+      bytes_[kHot] += node_bytes(l);
       nodes_[at].children.emplace(tokens[pos], leaf);
-      policy_->on_insert(leaf, cost_per_token);
+      const double cost = cost_model_ ? cost_model_(pos, added) / static_cast<double>(added) : cost_per_token;
+      policy_->on_insert(leaf, cost);
+      *new_from = pos;
       // Keep the new leaf through this eviction: it is what the caller wants cached.
       ++nodes_[leaf].pins;
-      evict_to(budget_);
+      make_room(kHot);
       --nodes_[leaf].pins;
       return added;
     }
@@ -152,77 +417,198 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
     pos += k;
     at = child;
   }
-  evict_to(budget_);
+  make_room(kHot);
   return 0;
 }
 
 void RadixIndex::pin(const Match& m) {
+  auto lk = lock();
   for (const Piece& p : m.pieces) ++nodes_[p.node].pins;
 }
 
 void RadixIndex::unpin(const Match& m) {
+  auto lk = lock();
+  unpin_locked(m, true);
+}
+
+void RadixIndex::unpin_locked(const Match& m, bool evict) {
   for (const Piece& p : m.pieces) {
     if (nodes_[p.node].pins <= 0) fail(ErrorKind::Internal, "radix index: unpin of an unpinned node");
     --nodes_[p.node].pins;
   }
-  evict_to(budget_);  // what pins held above the budget can go now
+  if (evict) make_room(kHot);  // what pins held above the budget can go now
 }
 
 void RadixIndex::remove_leaf(NodeId id) {
   Node& n = nodes_[id];
   nodes_[n.parent].children.erase(n.tokens.front());
-  bytes_ -= node_bytes(n);
+  bytes_[static_cast<int>(n.tier)] -= tier_bytes(n);
+  if (n.tier == Tier::Disk && disk_ && n.disk_bytes > 0) disk_->remove(n.disk_key);
   n = Node{};
   free_.push_back(id);
   --n_live_;
   ++n_evicted_;
 }
 
+void RadixIndex::drop_subtree(NodeId id) {
+  std::vector<NodeId> order = {id};
+  for (size_t i = 0; i < order.size(); ++i)
+    for (const auto& [tok, child] : nodes_[order[i]].children) order.push_back(child);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) remove_leaf(*it);  // children first
+}
+
+int RadixIndex::next_tier(int t) const {
+  if (t == kHot && host_) return kHost;
+  if (t <= kHost && disk_) return kDisk;
+  return -1;
+}
+
 void RadixIndex::evict_to(size_t target) {
-  while (bytes_ > target) {
-    // The evictable leaf the policy ranks lowest. A linear scan keeps this
-    // simple and lets priorities depend on anything (clocks, lookahead).
+  auto lk = lock();
+  const size_t budget = budget_[kHot];
+  budget_[kHot] = std::min(budget, target);
+  make_room(kHot);
+  budget_[kHot] = budget;
+}
+
+void RadixIndex::make_room(int t) {
+  while (bytes_[t] > budget_[t]) {
+    // The node of this tier the policy ranks lowest among those with no
+    // child in the same tier. A linear scan keeps this simple and lets
+    // priorities depend on anything (clocks, lookahead).
     NodeId victim = -1;
     double lowest = 0;
     for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
       const Node& n = nodes_[id];
-      if (!n.live || n.parent < 0 || !n.children.empty() || n.pins > 0) continue;
+      if (!n.live || n.parent < 0 || n.pins > 0 || static_cast<int>(n.tier) != t) continue;
+      const bool tier_leaf = std::none_of(n.children.begin(), n.children.end(), [&](const auto& c) {
+        return static_cast<int>(nodes_[c.second].tier) == t;
+      });
+      if (!tier_leaf) continue;
       const double p =
-          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, clock_});
+          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, clock_, n.tier});
       if (victim < 0 || p < lowest) victim = id, lowest = p;
     }
     if (victim < 0) return;  // everything left is pinned
-    policy_->on_evict(victim, lowest);
-    remove_leaf(victim);
+    policy_->on_evict(victim, lowest, static_cast<Tier>(t));
+    ++stats_.demoted[t];
+    demote(victim);
+  }
+}
+
+void RadixIndex::demote(NodeId id) {
+  const int t = static_cast<int>(nodes_[id].tier);
+  const int to = next_tier(t);
+  if (to < 0) {
+    drop_subtree(id);  // the last tier: a leaf (its children were in this tier or gone)
+    return;
+  }
+  if (to == kHost) {
+    set_tier(id, Tier::Host);
+    make_room(kHost);
+    return;
+  }
+  // To disk. Virtual nodes only change their tier.
+  Node& n = nodes_[id];
+  if (n.span.n_tokens() == 0) {
+    set_tier(id, Tier::Disk);
+    make_room(kDisk);
+    return;
+  }
+  const std::vector<int32_t> path = path_tokens(id);
+  const size_t need = DiskSpanStore::file_bytes(static_cast<int64_t>(path.size()), n.span);
+  // Room on disk first, by the policy (the store's own order would not know
+  // which files the index still needs).
+  const size_t budget = budget_[kDisk];
+  if (need <= budget) {
+    budget_[kDisk] = budget - need;
+    ++nodes_[id].pins;
+    make_room(kDisk);
+    --nodes_[id].pins;
+    budget_[kDisk] = budget;
+  }
+  const uint64_t key = span_content_key(n.ns, path);
+  if (need > budget || !disk_->put(key, n.ns, path, n.start, n.span)) {
+    if (need <= budget) ++stats_.disk_write_failures;
+    drop_subtree(id);  // cannot go lower: out, with whatever hangs below
+    return;
+  }
+  bytes_[t] -= node_bytes(n);
+  n.tier = Tier::Disk;
+  n.disk_key = key;
+  n.disk_bytes = need;
+  n.span = KvSpan();
+  n.bytes_per_token = 0;
+  bytes_[kDisk] += need;
+  policy_->on_tier_change(id, Tier::Disk);
+}
+
+void RadixIndex::persist() {
+  auto lk = lock();
+  if (!disk_) return;
+  // Deepest first, so children are on disk before their parents move.
+  std::vector<std::pair<int64_t, NodeId>> order;
+  for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
+    const Node& n = nodes_[id];
+    if (n.live && n.parent >= 0 && n.tier != Tier::Disk && n.span.n_tokens() > 0)
+      order.emplace_back(n.start, id);
+  }
+  std::sort(order.begin(), order.end(), std::greater<>());
+  for (const auto& [start, id] : order) {
+    if (!nodes_[id].live || nodes_[id].tier == Tier::Disk) continue;
+    nodes_[id].pins = 0;  // shutting down: nothing is in use
+    if (nodes_[id].tier == Tier::Hot && host_) set_tier(id, Tier::Host);
+    demote(id);
   }
 }
 
 void RadixIndex::check_invariants() const {
-  size_t bytes = 0, live = 0;
+  auto lk = lock();
+  size_t bytes[kTiers] = {}, live = 0, on_disk = 0;
   for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
     const Node& n = nodes_[id];
     if (!n.live) continue;
     ++live;
-    bytes += node_bytes(n);
+    bytes[static_cast<int>(n.tier)] += tier_bytes(n);
     if (n.parent < 0) {
       if (!n.tokens.empty()) fail(ErrorKind::Internal, "radix root {} has tokens", id);
     } else {
       if (n.tokens.empty()) fail(ErrorKind::Internal, "radix node {} has no tokens", id);
+      const Node& parent = nodes_[n.parent];
+      if (parent.parent >= 0 && static_cast<int>(parent.tier) > static_cast<int>(n.tier))
+        fail(ErrorKind::Internal, "radix node {} in tier {} under a parent in tier {}", id, tier_name(n.tier),
+             tier_name(parent.tier));
+      if (n.start != parent.start + static_cast<int64_t>(parent.tokens.size()))
+        fail(ErrorKind::Internal, "radix node {} starts at {}, its parent ends at {}", id, n.start,
+             parent.start + static_cast<int64_t>(parent.tokens.size()));
       if (n.span.n_tokens() != 0 && n.span.n_tokens() != static_cast<int64_t>(n.tokens.size()))
         fail(ErrorKind::Internal, "radix node {}: {} tokens but a span of {}", id, n.tokens.size(),
              n.span.n_tokens());
       if (n.span.n_tokens() != 0 && n.span.bytes() != node_bytes(n))
         fail(ErrorKind::Internal, "radix node {}: span of {} bytes counted as {}", id, n.span.bytes(),
              node_bytes(n));
-      const auto it = nodes_[n.parent].children.find(n.tokens.front());
-      if (it == nodes_[n.parent].children.end() || it->second != id)
+      if (n.tier == Tier::Disk && n.disk_bytes > 0) {
+        ++on_disk;
+        if (n.span.n_tokens() != 0)
+          fail(ErrorKind::Internal, "radix node {} on disk still holds its span", id);
+        if (!disk_ || !disk_->contains(n.disk_key))
+          fail(ErrorKind::Internal, "radix node {} is on disk, but its file is not", id);
+      }
+      const auto it = parent.children.find(n.tokens.front());
+      if (it == parent.children.end() || it->second != id)
         fail(ErrorKind::Internal, "radix node {} is not its parent's child", id);
     }
     for (const auto& [tok, child] : n.children)
       if (!nodes_[child].live || nodes_[child].parent != id || nodes_[child].tokens.front() != tok)
         fail(ErrorKind::Internal, "radix node {}: broken child link", id);
   }
-  if (bytes != bytes_) fail(ErrorKind::Internal, "radix index counts {} bytes, nodes hold {}", bytes_, bytes);
+  for (int t = 0; t < kRemote; ++t)
+    if (bytes[t] != bytes_[t])
+      fail(ErrorKind::Internal, "radix index counts {} bytes in the {} tier, nodes hold {}", bytes_[t],
+           tier_name(static_cast<Tier>(t)), bytes[t]);
+  if (disk_ && disk_->n_files() != on_disk)
+    fail(ErrorKind::Internal, "the disk tier holds {} files, the index {} nodes on disk", disk_->n_files(),
+         on_disk);
   if (live != n_live_) fail(ErrorKind::Internal, "radix index counts {} nodes, {} are live", n_live_, live);
 }
 

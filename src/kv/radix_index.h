@@ -6,25 +6,50 @@
 // model fingerprint, the KV dtype, and for dependency attention the context a
 // subtree hangs under — so a match is always exact.
 //
-// Capacity is a byte budget; when it is exceeded, the unpinned leaf the
-// replacement policy ranks lowest is evicted (LRU by default). A parent
-// becomes evictable once its children are gone. Nodes may also be virtual
-// (a size, no K/V): the simulator replays workloads through the same index
-// and policies without running a model.
+// Tiers. Every node records where its span lives: the hot tier (the memory
+// the engine computes from, the role GPU memory plays in the papers), the
+// host tier, or the disk tier (a DiskSpanStore, surviving restarts). Each
+// tier has a byte budget; when one is exceeded, the unpinned node of that
+// tier the replacement policy ranks lowest and that has no child in the same
+// tier moves one tier down, and from the last tier it leaves the index
+// (which makes eviction leaf-only: a parent goes once its children are gone).
+// A parent is therefore always in the same or a faster tier than its
+// children. A match brings every node it uses back to the hot tier; the time
+// this takes is part of the request's time to first token. A disk file that
+// turns out corrupt is dropped with the subtree below it, and the match
+// stops there: the tokens are recomputed, never served from a bad file.
+//
+// The remote tier (a RemoteStore such as Redis) is shared between
+// processes and content-addressed: sequences are cut into blocks of
+// block_tokens, each filed under the hash of its namespace and every token
+// up to the block's end. New KV is published block by block as it is
+// inserted; a match that ends early looks for the following blocks there.
+// A remote store that fails only makes the match shorter.
+//
+// Nodes may also be virtual (a size, no K/V): the simulator replays
+// workloads through the same index and policies without running a model.
+//
+// All public methods lock the index; a caller that uses span() of matched
+// nodes holds lock() (or pins the nodes) so a concurrent prefetch cannot move
+// them.
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "kv/disk_store.h"
 #include "kv/kv_span.h"
 #include "kv/policy.h"
+#include "kv/remote_store.h"
 
 namespace depcache {
 
 class RadixIndex {
  public:
   using NodeId = int32_t;
+  static constexpr int kTiers = 4;  // Tier values; Remote is not a node's tier
 
   // A matched run: tokens [offset, offset + length) of a node's span.
   struct Piece {
@@ -35,19 +60,55 @@ class RadixIndex {
   struct Match {
     int64_t length = 0;  // tokens matched from the start of the sequence
     std::vector<Piece> pieces;
+    int64_t tokens_from[kTiers] = {};  // matched tokens by the tier they were found in
+    double load_ms = 0;                // time spent bringing them to the hot tier
   };
-  // Makes the span of sequence tokens [begin, end) when insert needs it.
+  // Makes the span of sequence tokens [begin, end). Insert asks for the new
+  // tokens; with a remote tier it also asks for whole blocks, which may start
+  // before them.
   using SpanMaker = std::function<KvSpan(int64_t begin, int64_t end)>;
 
-  // policy: null for LRU.
+  struct Stats {
+    int64_t hit_tokens[kTiers] = {};  // matched tokens by tier found in
+    int64_t demoted[kTiers] = {};     // nodes moved down out of each tier
+    int64_t promoted_bytes = 0;       // bytes brought to the hot tier
+    double load_ms = 0;               // time spent doing so
+    int64_t dropped_bad = 0;          // disk or remote records found corrupt and dropped
+    int64_t remote_published = 0;     // blocks offered to the remote tier
+    int64_t disk_write_failures = 0;  // spans that could not be written (disk full)
+  };
+
+  // byte_budget: the hot tier's. policy: null for LRU.
   explicit RadixIndex(size_t byte_budget, std::unique_ptr<ReplacementPolicy> policy = nullptr);
+  ~RadixIndex();
+
+  // Lower tiers, attached before use. The host tier holds spans in memory
+  // under its own budget. Attaching a disk store adopts the spans it holds
+  // from an earlier process (those whose context is on disk too; the others
+  // are orphans and deleted). The remote store is shared with other
+  // processes. The index does not own the stores.
+  void attach_host(size_t byte_budget);
+  void attach_disk(DiskSpanStore& store);
+  void attach_remote(RemoteStore& store, int64_t block_tokens = 32);
+  // Moves every span still in memory to the disk tier, children first (as
+  // far as its budget allows), so the next process finds them; for a clean
+  // shutdown.
+  void persist();
+  // Recompute time of n tokens after `cached` ones (any unit), for
+  // cost-aware policies; replaces the cost the caller passes to insert.
+  void set_cost_model(std::function<double(int64_t cached, int64_t n)> cost);
 
   // Longest cached prefix of `tokens` in namespace ns; counts an access of
   // every node used. Pieces stay valid until the next insert (which may
   // split nodes).
   Match match(uint64_t ns, std::span<const int32_t> tokens);
-  // The same without counting an access (for schedulers looking ahead).
+  // The same without counting an access and without moving anything (for
+  // schedulers looking ahead).
   Match peek(uint64_t ns, std::span<const int32_t> tokens) const;
+  // Brings what is cached of `tokens` to the hot tier (from lower tiers and
+  // the remote store) without counting an access, for requests still
+  // waiting. Returns the tokens loaded.
+  int64_t prefetch(uint64_t ns, std::span<const int32_t> tokens);
   // Adds what is missing of `tokens` (split where it diverges), then evicts
   // to the budget. Returns the tokens that were new. A span that alone
   // exceeds the budget is not stored. cost_per_token feeds cost-aware
@@ -66,22 +127,36 @@ class RadixIndex {
   void pin(const Match& m);
   void unpin(const Match& m);
 
+  // The span of a matched (hence hot) node.
   const KvSpan& span(NodeId node) const { return nodes_[node].span; }
   ReplacementPolicy& policy() { return *policy_; }
-  size_t bytes() const { return bytes_; }
-  size_t budget() const { return budget_; }
+  std::unique_lock<std::recursive_mutex> lock() const { return std::unique_lock(mu_); }
+  // Bytes and budget of the hot tier; of any tier.
+  size_t bytes() const { return bytes_[0]; }
+  size_t budget() const { return budget_[0]; }
+  size_t bytes(Tier t) const { return bytes_[static_cast<int>(t)]; }
+  size_t budget(Tier t) const { return budget_[static_cast<int>(t)]; }
   size_t n_nodes() const { return n_live_; }
-  int64_t n_evicted() const { return n_evicted_; }
-  // Evicts LRU unpinned leaves until bytes() <= target.
+  size_t n_nodes(Tier t) const;
+  int64_t n_evicted() const { return n_evicted_; }  // nodes that left the index
+  const Stats& stats() const { return stats_; }
+  // Moves hot nodes down (or out) until the hot tier holds <= target bytes.
   void evict_to(size_t target);
-  // Walks every live node; checks the tree's invariants (for tests).
+  // Walks every live node; checks the tree's and the tiers' invariants,
+  // including that the disk tier's nodes and the store's files agree (for
+  // tests).
   void check_invariants() const;
 
  private:
   struct Node {
     std::vector<int32_t> tokens;  // edge label; empty only for roots
-    KvSpan span;                  // empty for a virtual node
+    KvSpan span;                  // empty for a virtual node and on disk
     size_t bytes_per_token = 0;
+    uint64_t ns = 0;
+    int64_t start = 0;  // tokens of the sequence before this node's
+    Tier tier = Tier::Hot;
+    uint64_t disk_key = 0;  // on disk: the file's key
+    size_t disk_bytes = 0;  // on disk: the file's size
     uint64_t hits = 0;
     NodeId parent = -1;
     std::unordered_map<int32_t, NodeId> children;  // by first token
@@ -92,19 +167,49 @@ class RadixIndex {
 
   NodeId root(uint64_t ns);
   NodeId new_node();
+  Match peek_locked(uint64_t ns, std::span<const int32_t> tokens) const;
+  std::vector<int32_t> path_tokens(NodeId node) const;  // the sequence up to the node's end
+  // Bytes a node counts in its tier: its file on disk (real spans), its
+  // memory otherwise (virtual nodes are sizes in every tier).
+  size_t tier_bytes(const Node& n) const { return n.disk_bytes + node_bytes(n); }
+  void set_tier(NodeId node, Tier t);
+  bool promote(NodeId node);  // to the hot tier; false when its disk file is bad
+  // Promotes the pieces of a pinned match in order; where a promotion
+  // fails, unpins and drops the rest and truncates m (returns false).
+  bool promote_match(Match& m);
+  // match and prefetch: the match, brought to the hot tier (and extended
+  // from the remote store), with the tiers it came from.
+  Match load(uint64_t ns, std::span<const int32_t> tokens);
+  // Extends a match of `length` tokens from the remote store block by block,
+  // inserting what is found; returns the new length.
+  int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length);
+  void unpin_locked(const Match& m, bool evict);
+  void publish_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t from, const SpanMaker& make_span);
+  int next_tier(int t) const;  // -1: out of the index
+  void make_room(int t);
+  void demote(NodeId node);
+  void drop_subtree(NodeId node);
   NodeId split(NodeId node, int64_t at);
   int64_t insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
-                      size_t virtual_bytes_per_token, double cost_per_token, Match* path);
+                      size_t virtual_bytes_per_token, double cost_per_token, Match* path, bool publish);
+  // Returns the tokens added; *new_from: where they start.
   int64_t insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
-                      size_t virtual_bytes_per_token, double cost_per_token);
+                      size_t virtual_bytes_per_token, double cost_per_token, int64_t* new_from);
   size_t node_bytes(const Node& n) const {
     return n.tokens.size() * n.bytes_per_token;
   }  // node keeps [at, end); returns the new parent with [0, at)
   void remove_leaf(NodeId node);
 
-  size_t budget_;
+  mutable std::recursive_mutex mu_;
+  size_t budget_[kTiers] = {};
+  size_t bytes_[kTiers] = {};
+  bool host_ = false;
+  DiskSpanStore* disk_ = nullptr;
+  RemoteStore* remote_ = nullptr;
+  int64_t block_tokens_ = 32;
+  std::function<double(int64_t, int64_t)> cost_model_;
+  Stats stats_;
   std::unique_ptr<ReplacementPolicy> policy_;
-  size_t bytes_ = 0;
   size_t n_live_ = 0;
   int64_t n_evicted_ = 0;
   uint64_t clock_ = 0;

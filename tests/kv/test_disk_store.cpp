@@ -87,8 +87,32 @@ TEST_F(DiskStore, BadFilesAreDroppedNeverServed) {
   EXPECT_TRUE(store.get(5, tokens_of(4, 5)).has_value());
 }
 
+TEST_F(DiskStore, RecordsCarryNamespaceAndContext) {
+  const std::vector<int32_t> path = tokens_of(9, 3);  // 6 context tokens, then the span's 3
+  const KvSpan span = make_span(3, 7);
+  {
+    DiskSpanStore store(dir_, 1 << 20);
+    ASSERT_TRUE(store.put(5, 77, path, 6, span));
+    std::ofstream(dir_ / "00000000000000aa.kvspan", std::ios::trunc) << "short";  // unreadable header
+  }
+  DiskSpanStore store(dir_, 1 << 20);
+  const auto found = store.scan();
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].key, 5u);
+  EXPECT_EQ(found[0].ns, 77u);
+  EXPECT_EQ(found[0].prefix, 6);
+  EXPECT_EQ(found[0].tokens, path);
+  EXPECT_EQ(store.n_dropped(), 1);
+  EXPECT_FALSE(store.get(5, 78, path, 6).has_value());  // other namespace
+  EXPECT_FALSE(store.get(5, 77, path, 5).has_value());  // other split of context and span
+  const auto got = store.get(5, 77, path, 6);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->data(), span.data());
+  EXPECT_EQ(got->positions(), span.positions());
+}
+
 TEST_F(DiskStore, BudgetAndOrphans) {
-  const size_t one = 64 + 8 * 4 + make_span(4, 1).data().size();
+  const size_t one = DiskSpanStore::file_bytes(4, make_span(4, 1));
   DiskSpanStore store(dir_, 3 * one);
   for (uint64_t key = 1; key <= 3; ++key) ASSERT_TRUE(store.put(key, tokens_of(4, key), make_span(4, key)));
   ASSERT_TRUE(store.get(1, tokens_of(4, 1)).has_value());       // 1 is now the most recent

@@ -70,7 +70,7 @@ TEST(Policy, GdsfClockAgesOldEntries) {
     ReplacementPolicy& p = *policy;
     p.on_insert(1, 1.0);
     p.on_access(1);
-    p.on_evict(7, 10.0);  // clock = 10
+    p.on_evict(7, 10.0, Tier::Hot);  // clock = 10
     p.on_insert(2, 1.0);
     const NodeView old{1, 1, 2, 1, 100}, fresh{2, 1, 1, 99, 100};
     EXPECT_NEAR(p.priority(old), 2.0, 1e-9) << name;
