@@ -235,7 +235,11 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens)
       m.tokens_from[kRemote] = total - local;
     }
   }
+  // Back to the budget, keeping what this match brought in.
+  pin(m);
   unpin_locked(held, false);  // splits keep pins on the same node ids
+  make_room(kHot);
+  unpin_locked(m, false);
   return m;
 }
 
@@ -261,7 +265,6 @@ int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens) {
   const auto t0 = Clock::now();
   const Match m = load(ns, tokens);
   stats_.load_ms += ms_since(t0);
-  make_room(kHot);
   return m.length - m.tokens_from[kHot];
 }
 

@@ -53,6 +53,13 @@ void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64
   }
 }
 
+// A match's load figures into the report. Tokens found in several runs
+// (shared tree prefixes) count once per run here; they are placed once.
+void add_load(PrefillReport& r, const RadixIndex::Match& m) {
+  for (int t = 0; t < RadixIndex::kTiers; ++t) r.reused_from[t] += m.tokens_from[t];
+  r.load_ms += m.load_ms;
+}
+
 RadixIndex::SpanMaker rows_span(const KvCache& kv, std::span<const int64_t> rows) {
   return [&kv, rows](int64_t begin, int64_t end) { return kv.extract(rows.subspan(begin, end - begin)); };
 }
@@ -74,12 +81,15 @@ class FlatStrategy final : public Strategy {
     for (int64_t t = 0; t < n; ++t) rows[t] = positions[t] = static_cast<int32_t>(t);
     RadixIndex::Match match;
     int64_t m = 0;
+    PrefillReport report;
     if (reuse_) {
+      const auto lk = index_.lock();  // match, place and pin before anything else moves
       match = index_.match(ns_, tokens);
       m = std::min(match.length, n - 1);  // the last token is computed for its logits
       std::vector<bool> placed(n, false);
       place_pieces(index_, match, m, rows, positions, kv, placed);
       index_.pin(match);
+      add_load(report, match);
     }
     PrefillPlan plan;
     plan.tokens.assign(tokens.begin() + m, tokens.end());
@@ -92,11 +102,21 @@ class FlatStrategy final : public Strategy {
     const double ms_per_token = ms_since(t0) / static_cast<double>(n - m);  // cost-aware policies
     kv.set_n_past(n);
     if (reuse_) {
+      const auto lk = index_.lock();
       index_.insert(ns_, tokens, rows_span(kv, rows), ms_per_token);
       index_.unpin(match);
     }
     const int n_layer = fwd.model().config().n_layer;
-    return {n, n - m, m, r.attention_pairs / n_layer, n, std::move(r.logits)};
+    report.prompt_tokens = report.flat_tokens = n;
+    report.computed_tokens = n - m;
+    report.reused_tokens = m;
+    report.attention_pairs = r.attention_pairs / n_layer;
+    report.logits = std::move(r.logits);
+    return report;
+  }
+  std::vector<Lookup> lookups(const PromptParts& parts) const override {
+    if (!reuse_) return {};
+    return {{ns_, parts.flat()}};
   }
 
  private:
@@ -123,9 +143,12 @@ class DepCacheStrategy final : public Strategy {
     const std::vector<CacheRun> runs = dependency_runs(prompt, ns_, scheme_);
     const auto& tokens = prompt.tokens();
 
+    PrefillReport report;
     if (reuse_) {
+      const auto lk = index_.lock();  // match, place and pin before anything else moves
       for (const CacheRun& run : runs) {
         RadixIndex::Match match = index_.match(run.ns, run.tokens);
+        add_load(report, match);
         place_pieces(index_, match, match.length, run.rows, positions, kv, placed);
         index_.pin(match);
         pinned.push_back(std::move(match));
@@ -151,6 +174,7 @@ class DepCacheStrategy final : public Strategy {
     kv.set_n_past(n);
 
     if (reuse_) {
+      const auto lk = index_.lock();
       // Each inserted run stays pinned until all are in, so one run's insert
       // cannot evict another this request just computed.
       for (const CacheRun& run : runs) {
@@ -163,12 +187,20 @@ class DepCacheStrategy final : public Strategy {
     }
     const int n_layer = fwd.model().config().n_layer;
     const auto n_computed = static_cast<int64_t>(computed.size());
-    return {n,
-            n_computed,
-            n - n_computed,
-            result.attention_pairs / n_layer,
-            parts.n_flat_tokens(),
-            std::move(result.logits)};
+    report.prompt_tokens = n;
+    report.computed_tokens = n_computed;
+    report.reused_tokens = n - n_computed;
+    report.attention_pairs = result.attention_pairs / n_layer;
+    report.flat_tokens = parts.n_flat_tokens();
+    report.logits = std::move(result.logits);
+    return report;
+  }
+  std::vector<Lookup> lookups(const PromptParts& parts) const override {
+    std::vector<Lookup> out;
+    if (!reuse_) return out;
+    for (CacheRun& run : dependency_runs(parts.dep_prompt(), ns_, scheme_))
+      out.push_back({run.ns, std::move(run.tokens)});
+    return out;
   }
 
  private:

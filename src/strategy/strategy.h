@@ -27,7 +27,16 @@ struct PrefillReport {
   int64_t reused_tokens = 0;    // tokens placed from the index
   int64_t attention_pairs = 0;  // (query, key) pairs per layer
   int64_t flat_tokens = 0;      // tokens of the flat serialization, for reference
-  std::vector<float> logits;    // of the last prompt token
+  int64_t reused_from[RadixIndex::kTiers] = {};  // reused tokens by the tier they were found in
+  double load_ms = 0;                            // bringing them to the hot tier (part of TTFT)
+  std::vector<float> logits;                     // of the last prompt token
+};
+
+// A sequence a strategy will look up for a request: what schedulers and
+// prefetchers peek at before it runs.
+struct Lookup {
+  uint64_t ns = 0;
+  std::vector<int32_t> tokens;
 };
 
 class Strategy {
@@ -38,6 +47,8 @@ class Strategy {
   // kv.n_past() at the prompt's end (ready to decode) and stores new KV in
   // the index (when the strategy reuses).
   virtual PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) = 0;
+  // The sequences prefill will look up (none without reuse).
+  virtual std::vector<Lookup> lookups(const PromptParts& parts) const = 0;
 };
 
 // A cacheable run of a DepPrompt under depcache: tokens matched from the

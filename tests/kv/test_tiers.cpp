@@ -1,0 +1,315 @@
+// The index's tiers: spans move hot -> host -> disk under their budgets and
+// come back intact on a match; the disk tier survives a restart; corrupt
+// files, a full disk and a writer killed mid-stream never make the index
+// serve wrong K/V; random operation sequences keep every tier within its
+// budget, never move pinned nodes, and keep the index and the disk store in
+// agreement.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "kv/radix_index.h"
+#include "test_support.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+using Tokens = std::vector<int32_t>;
+constexpr int kLayers = 2;
+constexpr int64_t kRowElems = 8;
+
+// The K/V of sequence row i depends only on (token, i), so sequences that
+// share a prefix share its K/V, as real prefill would give.
+uint8_t kv_byte(int32_t token, int64_t row, int layer, size_t j) {
+  return static_cast<uint8_t>((token * 131 + row * 31 + layer * 7 + static_cast<int64_t>(j)) & 0xff);
+}
+
+KvSpan expected_span(const Tokens& seq, int64_t begin, int64_t end) {
+  KvSpan s(kLayers, kRowElems, DType::F16, end - begin);
+  for (int il = 0; il < kLayers; ++il)
+    for (int64_t i = begin; i < end; ++i)
+      for (size_t j = 0; j < s.row_bytes(); ++j) {
+        s.k(il)[(i - begin) * s.row_bytes() + j] = kv_byte(seq[i], i, il, j);
+        s.v(il)[(i - begin) * s.row_bytes() + j] = kv_byte(seq[i], i, il, j + 1000);
+      }
+  for (int64_t i = begin; i < end; ++i) s.positions()[i - begin] = static_cast<int32_t>(i);
+  return s;
+}
+
+RadixIndex::SpanMaker maker(const Tokens& seq) {
+  return [&seq](int64_t b, int64_t e) { return expected_span(seq, b, e); };
+}
+
+// Every matched piece holds exactly the K/V of its sequence rows.
+void expect_served_correctly(const RadixIndex& index, const RadixIndex::Match& m, const Tokens& seq) {
+  int64_t at = 0;
+  for (const RadixIndex::Piece& p : m.pieces) {
+    const KvSpan& span = index.span(p.node);
+    ASSERT_GE(span.n_tokens(), p.offset + p.length) << "a matched node without its K/V in memory";
+    const KvSpan want = expected_span(seq, at, at + p.length);
+    for (int il = 0; il < kLayers; ++il) {
+      ASSERT_EQ(std::memcmp(span.k(il) + p.offset * span.row_bytes(), want.k(il), want.row_bytes() * p.length), 0);
+      ASSERT_EQ(std::memcmp(span.v(il) + p.offset * span.row_bytes(), want.v(il), want.row_bytes() * p.length), 0);
+    }
+    for (int64_t i = 0; i < p.length; ++i) ASSERT_EQ(span.positions()[p.offset + i], at + i);
+    at += p.length;
+  }
+  EXPECT_EQ(at, m.length);
+}
+
+size_t token_bytes() { return expected_span({1}, 0, 1).bytes(); }
+
+Tokens sequence(int id, int64_t n, int64_t shared = 0) {
+  Tokens t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i < shared ? 1000 + i : id * 97 + i);
+  return t;
+}
+
+class Tiers : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::temp_path("tiers"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(Tiers, SpansMoveDownAndComeBackIntact) {
+  const size_t tb = token_bytes();
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(40 * tb);
+  index.attach_host(40 * tb);
+  index.attach_disk(disk);
+  std::vector<Tokens> seqs;
+  for (int i = 0; i < 8; ++i) seqs.push_back(sequence(i, 20, 8));  // 8 shared tokens, then 12 own
+  for (const Tokens& s : seqs) {
+    index.insert(1, s, maker(s));
+    index.check_invariants();
+    EXPECT_LE(index.bytes(Tier::Hot), index.budget(Tier::Hot));
+    EXPECT_LE(index.bytes(Tier::Host), index.budget(Tier::Host));
+  }
+  EXPECT_GT(index.n_nodes(Tier::Host), 0u);
+  EXPECT_GT(index.n_nodes(Tier::Disk), 0u);
+  EXPECT_EQ(disk.n_files(), index.n_nodes(Tier::Disk));
+  // The oldest went furthest; a match brings it back whole.
+  const RadixIndex::Match m = index.match(1, seqs[0]);
+  EXPECT_EQ(m.length, 20);
+  EXPECT_GT(m.tokens_from[static_cast<int>(Tier::Disk)], 0);
+  expect_served_correctly(index, m, seqs[0]);
+  for (const RadixIndex::Piece& p : m.pieces) EXPECT_GT(index.span(p.node).n_tokens(), 0);
+  EXPECT_GT(index.stats().promoted_bytes, 0);
+  index.check_invariants();
+}
+
+TEST_F(Tiers, DiskTierSurvivesARestart) {
+  const size_t tb = token_bytes();
+  std::vector<Tokens> seqs;
+  for (int i = 0; i < 6; ++i) seqs.push_back(sequence(i, 16, 5));
+  {
+    DiskSpanStore disk(dir_, 1 << 20);
+    RadixIndex index(30 * tb);
+    index.attach_disk(disk);
+    for (const Tokens& s : seqs) index.insert(7, s, maker(s));
+    index.persist();  // a clean shutdown: what is in memory goes to disk
+    index.check_invariants();
+    EXPECT_EQ(index.bytes(Tier::Hot), 0u);
+  }
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(30 * tb);
+  index.attach_disk(disk);
+  index.check_invariants();
+  for (const Tokens& s : seqs) {
+    const RadixIndex::Match m = index.match(7, s);
+    EXPECT_EQ(m.length, 16);
+    expect_served_correctly(index, m, s);
+    index.check_invariants();
+  }
+  EXPECT_EQ(index.match(8, seqs[0]).length, 0);  // another namespace has nothing
+}
+
+TEST_F(Tiers, OrphansAndForeignFilesAreNotAdopted) {
+  const size_t tb = token_bytes();
+  const Tokens a = sequence(1, 12, 4), b = sequence(2, 12, 4);
+  {
+    DiskSpanStore disk(dir_, 1 << 20);
+    RadixIndex index(100 * tb);
+    index.attach_disk(disk);
+    index.insert(3, a, maker(a));
+    index.insert(3, b, maker(b));  // splits: shared 4, then two leaves of 8
+    index.persist();
+    EXPECT_EQ(disk.n_files(), 3u);
+  }
+  // Remove the shared parent's file: both leaves lose their context.
+  {
+    DiskSpanStore disk(dir_, 1 << 20);
+    const auto found = disk.scan();
+    for (const auto& f : found)
+      if (f.prefix == 0) disk.remove(f.key);
+  }
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(100 * tb);
+  index.attach_disk(disk);
+  EXPECT_EQ(disk.n_files(), 0u);  // orphans deleted
+  EXPECT_EQ(index.match(3, a).length, 0);
+  index.check_invariants();
+}
+
+TEST_F(Tiers, CorruptDiskFileIsDroppedWithItsSubtreeNeverServed) {
+  const size_t tb = token_bytes();
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(20 * tb);
+  index.attach_disk(disk);
+  const Tokens a = sequence(1, 18, 6), b = sequence(2, 18, 6);
+  index.insert(1, a, maker(a));
+  index.insert(1, b, maker(b));
+  for (int i = 3; i < 6; ++i) {
+    const Tokens c = sequence(i, 18);
+    index.insert(1, c, maker(c));  // pushes a and b to disk
+  }
+  ASSERT_GT(disk.n_files(), 0u);
+  // Flip a byte in every span file.
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  const RadixIndex::Match m = index.match(1, a);
+  expect_served_correctly(index, m, a);  // whatever is served is right
+  EXPECT_LT(m.length, 18);               // and the corrupt part is not served
+  EXPECT_GT(index.stats().dropped_bad, 0);
+  index.check_invariants();
+  // Recomputed and inserted again, it is whole.
+  index.insert(1, a, maker(a));
+  const RadixIndex::Match again = index.match(1, a);
+  EXPECT_EQ(again.length, 18);
+  expect_served_correctly(index, again, a);
+}
+
+TEST_F(Tiers, FullDiskDegradesToRecomputation) {
+  const size_t tb = token_bytes();
+  // A file size limit makes every write past it fail as a full disk would.
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  {
+    DiskSpanStore disk(dir_, 1 << 20);
+    RadixIndex index(250 * tb);
+    index.attach_disk(disk);
+    std::vector<Tokens> seqs;
+    for (int i = 0; i < 10; ++i) seqs.push_back(sequence(i, 100));  // 100-token files exceed 4 KiB
+    for (const Tokens& s : seqs) {
+      index.insert(2, s, maker(s));
+      index.check_invariants();
+    }
+    EXPECT_GT(index.stats().disk_write_failures, 0);
+    EXPECT_EQ(disk.n_files(), 0u);
+    for (const auto& entry : std::filesystem::directory_iterator(dir_))
+      ADD_FAILURE() << "left behind: " << entry.path();
+    for (const Tokens& s : seqs) {
+      const RadixIndex::Match m = index.match(2, s);
+      expect_served_correctly(index, m, s);
+    }
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+}
+
+// A process demoting spans to disk is killed at random moments; the next
+// process adopts what it finds and serves only correct K/V.
+TEST_F(Tiers, KilledWriterLeavesNothingWrongBehind) {
+  const size_t tb = token_bytes();
+  for (int round = 0; round < 3; ++round) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      DiskSpanStore disk(dir_, 1 << 20);
+      RadixIndex index(10 * tb);
+      index.attach_disk(disk);
+      for (int i = 0;; ++i) {
+        const Tokens s = sequence(i % 50, 40, 10);
+        index.insert(4, s, maker(s));
+      }
+    }
+    usleep(static_cast<useconds_t>(20000 + 15000 * round));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    DiskSpanStore disk(dir_, 1 << 20);
+    RadixIndex index(1 << 20);
+    index.attach_disk(disk);
+    index.check_invariants();
+    for (int i = 0; i < 50; ++i) {
+      const Tokens s = sequence(i, 40, 10);
+      const RadixIndex::Match m = index.match(4, s);
+      expect_served_correctly(index, m, s);
+    }
+    index.check_invariants();
+  }
+}
+
+// Random inserts, matches, pins, unpins and prefetches over three tiers:
+// budgets hold (beyond what pins hold), pinned nodes stay hot, served K/V is
+// right, and the index agrees with the disk store after every step.
+TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
+  const size_t tb = token_bytes();
+  for (const char* policy : {"lru", "lfu", "pgdsf", "lacr"}) {
+    std::filesystem::remove_all(dir_);
+    DiskSpanStore disk(dir_, 300 * DiskSpanStore::file_bytes(1, expected_span({1}, 0, 1)));
+    RadixIndex index(60 * tb, make_policy(policy));
+    index.attach_host(60 * tb);
+    index.attach_disk(disk);
+    std::mt19937 rng(42);
+    struct Pinned {
+      uint64_t ns;
+      Tokens seq;
+      RadixIndex::Match m;
+    };
+    std::vector<Pinned> pinned;
+    for (int step = 0; step < 600; ++step) {
+      const int id = static_cast<int>(rng() % 30);
+      const Tokens s = sequence(id, 5 + static_cast<int64_t>(rng() % 25), static_cast<int64_t>(rng() % 12));
+      const int op = static_cast<int>(rng() % 10);
+      if (op < 4) {
+        index.insert(1 + id % 2, s, maker(s));
+      } else if (op < 7) {
+        const RadixIndex::Match m = index.match(1 + id % 2, s);
+        expect_served_correctly(index, m, s);
+        if (rng() % 3 == 0 && pinned.size() < 4) {
+          index.pin(m);
+          pinned.push_back({static_cast<uint64_t>(1 + id % 2), s, m});
+        }
+      } else if (op < 8) {
+        index.prefetch(1 + id % 2, s);
+      } else if (!pinned.empty()) {
+        index.unpin(pinned.back().m);
+        pinned.pop_back();
+      }
+      ASSERT_NO_THROW(index.check_invariants()) << policy << " step " << step;
+      // Pieces of a pinned match go stale when an insert splits a node;
+      // the sequence itself stays whole and hot.
+      for (const Pinned& p : pinned) {
+        const RadixIndex::Match now = index.peek(p.ns, p.seq);
+        ASSERT_GE(now.length, p.m.length) << policy << " step " << step;
+        expect_served_correctly(index, now, p.seq);
+      }
+      if (pinned.empty()) {
+        ASSERT_LE(index.bytes(Tier::Hot), index.budget(Tier::Hot)) << policy << " step " << step;
+      }
+      ASSERT_LE(index.bytes(Tier::Host), index.budget(Tier::Host)) << policy << " step " << step;
+      ASSERT_LE(disk.bytes(), disk.budget()) << policy << " step " << step;
+    }
+    for (const Pinned& p : pinned) index.unpin(p.m);
+    index.check_invariants();
+  }
+}
+
+}  // namespace
+}  // namespace depcache
