@@ -1,5 +1,10 @@
 #include "test_support.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 
 #include "model/model.h"
 #include "model/model_writer.h"
@@ -52,6 +58,58 @@ std::filesystem::path shared_dir() {
   if (const char* env = std::getenv("DEPCACHE_SHARED"); env && *env) return env;
   std::filesystem::path p = DEPCACHE_SHARED_DIR;
   return std::filesystem::exists(p) ? p : std::filesystem::path{};
+}
+
+RedisServer::RedisServer() {
+  if (!std::filesystem::exists("/usr/bin/redis-server")) return;
+  // A free port: bind to 0, read it back, release it for Redis.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw std::runtime_error("no free loopback port for redis-server");
+  port_ = ntohs(addr.sin_port);
+  ::close(fd);
+  start();
+}
+
+RedisServer::~RedisServer() { stop(); }
+
+void RedisServer::start() {
+  const std::string port = std::to_string(port_);
+  pid_ = fork();
+  if (pid_ == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save",
+          "", "--appendonly", "no", "--daemonize", "no", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Ready when it accepts connections.
+  for (int i = 0; i < 500; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (up) return;
+    usleep(10000);
+  }
+  throw std::runtime_error("redis-server did not start on port " + port);
+}
+
+void RedisServer::stop() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
 }
 
 std::filesystem::path temp_path(const std::string& stem) {

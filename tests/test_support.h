@@ -36,6 +36,27 @@ struct CliRun {
 };
 CliRun run_cli(const std::string& args, const std::string& stdin_text = "");
 
+// A real redis-server (the Debian package) on a free loopback port, with no
+// persistence, stopped on destruction. port() is 0 when redis-server is not
+// installed; tests then skip with a message.
+class RedisServer {
+ public:
+  RedisServer();
+  ~RedisServer();
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+  int port() const { return port_; }
+  void stop();
+  void start();  // again, on the same port
+
+ private:
+  int port_ = 0;
+  int pid_ = -1;
+};
+#define DEPCACHE_REQUIRE_REDIS(server)  \
+  ::depcache::test::RedisServer server; \
+  if (server.port() == 0) GTEST_SKIP() << "redis-server not installed (scripts/setup.sh installs it)"
+
 // A random-weight model of a preset shape (std 0.2, so logits differ enough
 // for comparisons to mean something), written with the project's GGUF writer
 // and loaded; made once per process per (preset, type, tied).

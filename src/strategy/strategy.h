@@ -22,11 +22,11 @@
 namespace depcache {
 
 struct PrefillReport {
-  int64_t prompt_tokens = 0;    // tokens in the assembly
-  int64_t computed_tokens = 0;  // tokens run through the model
-  int64_t reused_tokens = 0;    // tokens placed from the index
-  int64_t attention_pairs = 0;  // (query, key) pairs per layer
-  int64_t flat_tokens = 0;      // tokens of the flat serialization, for reference
+  int64_t prompt_tokens = 0;                     // tokens in the assembly
+  int64_t computed_tokens = 0;                   // tokens run through the model
+  int64_t reused_tokens = 0;                     // tokens placed from the index
+  int64_t attention_pairs = 0;                   // (query, key) pairs per layer
+  int64_t flat_tokens = 0;                       // tokens of the flat serialization, for reference
   int64_t reused_from[RadixIndex::kTiers] = {};  // reused tokens by the tier they were found in
   double load_ms = 0;                            // bringing them to the hot tier (part of TTFT)
   std::vector<float> logits;                     // of the last prompt token

@@ -4,18 +4,23 @@
 // serve wrong K/V; random operation sequences keep every tier within its
 // budget, never move pinned nodes, and keep the index and the disk store in
 // agreement.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "kv/radix_index.h"
+#include "kv/span_record.h"
 #include "test_support.h"
 #include "util/error.h"
 
@@ -56,8 +61,10 @@ void expect_served_correctly(const RadixIndex& index, const RadixIndex::Match& m
     ASSERT_GE(span.n_tokens(), p.offset + p.length) << "a matched node without its K/V in memory";
     const KvSpan want = expected_span(seq, at, at + p.length);
     for (int il = 0; il < kLayers; ++il) {
-      ASSERT_EQ(std::memcmp(span.k(il) + p.offset * span.row_bytes(), want.k(il), want.row_bytes() * p.length), 0);
-      ASSERT_EQ(std::memcmp(span.v(il) + p.offset * span.row_bytes(), want.v(il), want.row_bytes() * p.length), 0);
+      ASSERT_EQ(
+          std::memcmp(span.k(il) + p.offset * span.row_bytes(), want.k(il), want.row_bytes() * p.length), 0);
+      ASSERT_EQ(
+          std::memcmp(span.v(il) + p.offset * span.row_bytes(), want.v(il), want.row_bytes() * p.length), 0);
     }
     for (int64_t i = 0; i < p.length; ++i) ASSERT_EQ(span.positions()[p.offset + i], at + i);
     at += p.length;
@@ -309,6 +316,122 @@ TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
     for (const Pinned& p : pinned) index.unpin(p.m);
     index.check_invariants();
   }
+}
+
+}  // namespace
+}  // namespace depcache
+
+namespace depcache {
+namespace {
+
+// The remote tier, against a real redis-server.
+RedisOptions redis_at(int port, int retry_after_ms = 2000) {
+  RedisOptions o;
+  o.port = port;
+  o.retry_after_ms = retry_after_ms;
+  return o;
+}
+
+TEST(RemoteTier, TwoIndexesShareSpansThroughRedis) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const size_t tb = token_bytes();
+  RedisStore store_a(redis_at(redis.port())), store_b(redis_at(redis.port()));
+  RadixIndex a(1000 * tb), b(1000 * tb);
+  a.attach_remote(store_a, 8);
+  b.attach_remote(store_b, 8);
+  const Tokens s1 = sequence(1, 30, 10), s2 = sequence(2, 27, 10);
+  a.insert(5, s1, maker(s1));
+  a.insert(5, s2, maker(s2));
+  EXPECT_EQ(a.stats().remote_published, 4 + 3);  // 30 -> blocks 0..3; 27 -> blocks 1..3 are new
+  // The other process (index) has nothing locally and finds everything remotely.
+  const RadixIndex::Match m = b.match(5, s1);
+  EXPECT_EQ(m.length, 30);
+  EXPECT_EQ(m.tokens_from[static_cast<int>(Tier::Remote)], 30);
+  expect_served_correctly(b, m, s1);
+  // A partial local match is extended from the block it ends in.
+  const RadixIndex::Match m2 = b.match(5, s2);
+  EXPECT_EQ(m2.length, 27);
+  EXPECT_EQ(m2.tokens_from[static_cast<int>(Tier::Hot)], 10);
+  expect_served_correctly(b, m2, s2);
+  EXPECT_EQ(b.match(6, s1).length, 0);  // namespaces stay apart remotely too
+  b.check_invariants();
+}
+
+TEST(RemoteTier, RedisStoppedMidRunDegradesAndRecovers) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const size_t tb = token_bytes();
+  RedisStore store_a(redis_at(redis.port(), 50)), store_b(redis_at(redis.port(), 50));
+  RadixIndex a(1000 * tb), b(1000 * tb);
+  a.attach_remote(store_a, 8);
+  b.attach_remote(store_b, 8);
+  const Tokens s1 = sequence(1, 20), s2 = sequence(2, 20);
+  a.insert(1, s1, maker(s1));
+  redis.stop();
+  a.insert(1, s2, maker(s2));  // publishing fails quietly
+  RadixIndex::Match m;
+  ASSERT_NO_THROW(m = b.match(1, s1));
+  EXPECT_EQ(m.length, 0);  // computed locally instead
+  EXPECT_GT(store_a.n_failures() + store_b.n_failures(), 0);
+  EXPECT_FALSE(store_b.last_error().empty());
+  b.insert(1, s1, maker(s1));
+  EXPECT_EQ(b.match(1, s1).length, 20);  // the local cache still works
+  redis.start();                         // back (empty: no persistence)
+  usleep(100000);                        // past the retry delay
+  const Tokens s3 = sequence(3, 20);
+  a.insert(1, s3, maker(s3));
+  RadixIndex c(1000 * tb);
+  RedisStore store_c(redis_at(redis.port()));
+  c.attach_remote(store_c, 8);
+  const RadixIndex::Match m3 = c.match(1, s3);
+  EXPECT_EQ(m3.length, 20);
+  expect_served_correctly(c, m3, s3);
+}
+
+TEST(RemoteTier, SlowRedisTimesOutToAMiss) {
+  // A server that accepts connections and never answers.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  RedisOptions o = redis_at(ntohs(addr.sin_port));
+  o.timeout_ms = 100;
+  RedisStore store(o);
+  RadixIndex index(1 << 20);
+  index.attach_remote(store, 8);
+  const Tokens s = sequence(1, 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(index.match(1, s).length, 0);
+  index.insert(1, s, maker(s));
+  EXPECT_EQ(index.match(1, s).length, 20);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_GT(store.n_failures(), 0);
+  ::close(fd);
+}
+
+TEST(RemoteTier, CorruptRecordIsDroppedNeverServed) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const size_t tb = token_bytes();
+  RedisStore store_a(redis_at(redis.port())), store_b(redis_at(redis.port()));
+  RadixIndex a(1000 * tb), b(1000 * tb);
+  a.attach_remote(store_a, 8);
+  b.attach_remote(store_b, 8);
+  const Tokens s = sequence(1, 24);
+  a.insert(2, s, maker(s));
+  // Damage the second block's record in place.
+  const uint64_t key = span_content_key(2, std::span<const int32_t>(s).first(16));
+  std::vector<uint8_t> record = *store_a.get(key);
+  record[record.size() - 3] ^= 0x40;
+  store_a.remove(key);
+  store_a.put(key, record);
+  const RadixIndex::Match m = b.match(2, s);
+  EXPECT_EQ(m.length, 8);  // the first block only
+  expect_served_correctly(b, m, s);
+  EXPECT_EQ(b.stats().dropped_bad, 1);
+  EXPECT_FALSE(store_a.get(key).has_value());  // and it is gone for everyone
 }
 
 }  // namespace
