@@ -5,21 +5,28 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "compute/sampling.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
+#include "kv/disk_store.h"
 #include "kv/policy.h"
+#include "kv/remote_store.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "retrieval/rag_request.h"
+#include "strategy/lookahead.h"
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
 #include "util/error.h"
@@ -35,7 +42,10 @@ struct RunOptions {
                                          json_path;
   int threads = 0;
   int64_t ctx = 0;
-  double cache_mib = 1024;
+  double cache_mib = 1024, host_mib = 0, disk_mib = 4096;
+  std::string cache_dir, redis;
+  int64_t redis_block = 32;
+  size_t prefetch = 0, window = 32;
   size_t limit = 0;
   int max_tokens = 1;
   bool quiet = false, verify = false, no_reuse = false;
@@ -55,6 +65,61 @@ struct StrategyRun {
   std::vector<RequestRow> rows;
   size_t cached_bytes = 0;
   int64_t evicted = 0;
+  RadixIndex::Stats stats;
+  bool tiered = false;
+};
+
+// Loads the spans of queued requests into the hot tier while the current
+// one computes: after request i starts, requests i+1 .. i+depth.
+class Prefetcher {
+ public:
+  Prefetcher(RadixIndex& index, const std::vector<std::vector<Lookup>>& lookups, size_t depth)
+      : index_(index), lookups_(lookups), depth_(depth) {
+    if (depth_ > 0) thread_ = std::thread([this] { loop(); });
+  }
+  ~Prefetcher() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+  void started(size_t i) {
+    {
+      std::lock_guard lk(mu_);
+      current_ = i;
+    }
+    cv_.notify_one();
+  }
+  int64_t loaded() const { return loaded_; }
+
+ private:
+  void loop() {
+    size_t done_upto = 0;  // requests below this were prefetched
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || current_ + depth_ + 1 > done_upto; });
+      if (stop_) return;
+      const size_t from = std::max(done_upto, current_ + 1);
+      const size_t to = std::min(lookups_.size(), current_ + depth_ + 1);
+      done_upto = std::max(to, current_ + depth_ + 1);
+      lk.unlock();
+      for (size_t j = from; j < to; ++j)
+        for (const Lookup& l : lookups_[j]) loaded_ += index_.prefetch(l.ns, l.tokens);
+      lk.lock();
+    }
+  }
+
+  RadixIndex& index_;
+  const std::vector<std::vector<Lookup>>& lookups_;
+  size_t depth_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t current_ = 0;
+  bool stop_ = false;
+  std::atomic<int64_t> loaded_{0};
+  std::thread thread_;
 };
 
 PositionScheme parse_scheme(const std::string& s) {
@@ -90,7 +155,26 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   so.scheme = parse_scheme(o.scheme);
   so.reuse = !o.no_reuse;
   RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0), make_policy(o.policy));
+  // Lower tiers: the stores outlive nothing but this run.
+  std::unique_ptr<DiskSpanStore> disk;
+  std::unique_ptr<RedisStore> redis;
+  if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0));
+  if (!o.cache_dir.empty()) {
+    disk = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0));
+    index.attach_disk(*disk);
+    if (disk->n_files() > 0)
+      fmt::print(stderr, "[{}] disk tier: {} spans ({:.1f} MiB) adopted from {}\n", name, disk->n_files(),
+                 disk->bytes() / 1048576.0, o.cache_dir);
+  }
+  if (!o.redis.empty()) {
+    redis = std::make_unique<RedisStore>(parse_redis_address(o.redis));
+    index.attach_remote(*redis, o.redis_block);
+  }
   const auto strategy = make_strategy(name, index, *model, kv_type, so);
+  // What each request will look up, for the prefetcher and LACR's lookahead.
+  std::vector<std::vector<Lookup>> lookups;
+  for (const RagRequest& r : reqs) lookups.push_back(strategy->lookups(make_prompt_parts(tok, r)));
+  const bool lookahead = o.policy == "lacr";
   KvCache kv(model->config(), n_ctx, kv_type);
   // --verify: the same strategy without reuse, on its own assembly.
   RadixIndex no_index(0);
@@ -103,17 +187,25 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     ref_kv = std::make_unique<KvCache>(model->config(), n_ctx, kv_type);
   }
 
-  StrategyRun run{name, {}, 0, 0};
+  StrategyRun run{name, {}, 0, 0, {}, o.host_mib > 0 || disk || redis};
   Progress progress(name, reqs.size());
   std::vector<float> logits;
+  auto prefetcher = std::make_unique<Prefetcher>(index, lookups, o.no_reuse ? 0 : o.prefetch);
   for (size_t i = 0; i < reqs.size(); ++i) {
     RequestRow row;
     row.id = reqs[i].id;
+    if (lookahead) {
+      std::vector<const std::vector<Lookup>*> pending;
+      for (size_t j = i + 1; j < reqs.size() && j <= i + o.window; ++j) pending.push_back(&lookups[j]);
+      const auto lk = index.lock();
+      index.policy().set_lookahead(lookahead_weights(index, pending));
+    }
     const auto t0 = Clock::now();
     const PromptParts parts = make_prompt_parts(tok, reqs[i]);
     row.report = strategy->prefill(parts, kv, fwd);  // every request was checked to fit n_ctx
     row.output.push_back(argmax(row.report.logits));
     row.ttft_ms = ms_since(t0);
+    prefetcher->started(i);  // the next requests' spans load while this one decodes
     for (int t = 1; t < o.max_tokens; ++t) {
       const std::vector<int32_t> one = {row.output.back()};
       fwd.eval(one, kv, Logits::Last, logits);
@@ -130,8 +222,11 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     run.rows.push_back(std::move(row));
     progress.step(i + 1);
   }
+  prefetcher.reset();  // joined: nothing else touches the index now
   run.cached_bytes = index.bytes();
   run.evicted = index.n_evicted();
+  run.stats = index.stats();
+  if (disk) index.persist();  // the next process starts from what this one computed
   return run;
 }
 
@@ -145,6 +240,12 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
                       {"computed_tokens", r.report.computed_tokens},
                       {"reused_tokens", r.report.reused_tokens},
                       {"attention_pairs", r.report.attention_pairs},
+                      {"load_ms", r.report.load_ms},
+                      {"found_in",
+                       {{"hot", r.report.reused_from[0]},
+                        {"host", r.report.reused_from[1]},
+                        {"disk", r.report.reused_from[2]},
+                        {"remote", r.report.reused_from[3]}}},
                       {"output", r.output}};
   if (r.logit_diff >= 0) {
     j["max_logit_diff_vs_no_reuse"] = r.logit_diff;
@@ -183,6 +284,16 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify) {
   }
   fmt::print(
       "hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) pairs per layer.\n");
+  for (const StrategyRun& run : runs) {
+    if (!run.tiered) continue;
+    const RadixIndex::Stats& s = run.stats;
+    fmt::print(
+        "{:<9} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} ms; "
+        "demoted hot {} host {}; bad records dropped {}; blocks published {}\n",
+        run.name, s.hit_tokens[0], s.hit_tokens[1], s.hit_tokens[2], s.hit_tokens[3],
+        s.promoted_bytes / 1048576.0, s.load_ms, s.demoted[0], s.demoted[1], s.dropped_bad,
+        s.remote_published);
+  }
 }
 
 }  // namespace
@@ -206,6 +317,26 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--cache-mib", o.cache_mib, "Byte budget of the KV index in MiB (LRU beyond it)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1048576.0));
+  cmd->add_option("--host-mib", o.host_mib, "Host tier budget in MiB (0: none; hot spans evicted go here)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1048576.0));
+  cmd->add_option("--cache-dir", o.cache_dir,
+                  "Disk tier directory: spans evicted from memory are kept here across runs");
+  cmd->add_option("--disk-mib", o.disk_mib, "Disk tier budget in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1048576.0));
+  cmd->add_option(
+      "--redis", o.redis,
+      "Remote tier shared with other processes: Redis at host:port (down or slow: computed locally)");
+  cmd->add_option("--redis-block", o.redis_block, "Tokens per remote block")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--prefetch", o.prefetch,
+                  "Queued requests whose spans are loaded into the hot tier while the current one runs")
+      ->capture_default_str();
+  cmd->add_option("--window", o.window, "Queued requests LACR's lookahead sees")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--policy", o.policy,
                   "Replacement policy of the index: lru, lfu, gdsf, pgdsf, lacr, cachecraft")
       ->capture_default_str();
@@ -230,7 +361,8 @@ void add_run_command(CLI::App& app) {
     for (const std::string& s : names)
       if (std::find(known.begin(), known.end(), s) == known.end())
         fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", s);
-    make_policy(o.policy);  // reject a bad name before loading anything
+    make_policy(o.policy);  // reject bad names before loading anything
+    if (!o.redis.empty()) parse_redis_address(o.redis);
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
     const auto model = Model::load(o.model_path);
@@ -276,7 +408,8 @@ void add_run_command(CLI::App& app) {
           fmt::print("{:<9} {:<12} {:>9.2f} {:>7} {:>8} {:>7} {:>12}\n", run.name, r.id.substr(0, 12),
                      r.ttft_ms, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens,
                      r.report.attention_pairs);
-        fmt::print("index: {:.1f} MiB cached, {} nodes evicted\n", run.cached_bytes / 1048576.0, run.evicted);
+        fmt::print("index: {:.1f} MiB hot, {} nodes left the index\n", run.cached_bytes / 1048576.0,
+                   run.evicted);
       }
       if (json)
         for (const RequestRow& r : run.rows) json << row_json(run.name, r).dump() << '\n';

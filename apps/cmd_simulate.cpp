@@ -198,10 +198,10 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--capacity", o.capacity,
                   "Index budget: tokens, or a percentage of the stream's distinct KV tokens")
       ->capture_default_str();
-  cmd->add_option(
-         "--policy", o.policies,
-         "Policies, comma-separated: lru, lfu, gdsf, pgdsf, lacr, cachecraft, optionally +lpm or +lsp "
-         "scheduling (lpm and lsp alone use lru)")
+  cmd->add_option("--policy", o.policies,
+                  "Policies, comma-separated: lru, lfu, gdsf, pgdsf, lacr, cachecraft, optionally +lpm, +lsp "
+                  "or +ragcache "
+                  "scheduling (a scheduler alone uses lru)")
       ->capture_default_str();
   cmd->add_option("--window", o.window, "Pending requests seen by schedulers and LACR's lookahead")
       ->capture_default_str()

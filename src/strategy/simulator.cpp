@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "kv/radix_index.h"
+#include "strategy/lookahead.h"
 #include "strategy/strategy.h"
 #include "util/error.h"
 #include "util/hash.h"
@@ -17,6 +18,7 @@ constexpr size_t kBytesPerToken = 1;
 
 struct Prepared {
   std::vector<CacheRun> runs;
+  std::vector<Lookup> lookups;  // the runs as the scheduler and lookahead see them
   int64_t tokens = 0;
   std::vector<int32_t> items;  // tree segments (context items)
 };
@@ -29,11 +31,13 @@ int64_t matched_tokens(const RadixIndex& index, const Prepared& p) {
 
 }  // namespace
 
-std::vector<std::string> scheduler_names() { return {"fifo", "lpm", "lsp"}; }
+std::vector<std::string> scheduler_names() { return {"fifo", "lpm", "lsp", "ragcache"}; }
 
 SimulationResult simulate(const std::vector<DepPrompt>& prompts, const SimulationOptions& o) {
-  if (o.scheduler != "fifo" && o.scheduler != "lpm" && o.scheduler != "lsp")
-    fail(ErrorKind::InvalidInput, "unknown scheduler '{}' (expected fifo, lpm or lsp)", o.scheduler);
+  const auto known = scheduler_names();
+  if (std::find(known.begin(), known.end(), o.scheduler) == known.end())
+    fail(ErrorKind::InvalidInput, "unknown scheduler '{}' (expected fifo, lpm, lsp or ragcache)",
+         o.scheduler);
   if (o.capacity_tokens < 0) fail(ErrorKind::InvalidInput, "capacity must not be negative");
   PolicyOptions po;
   po.lacr_alpha = o.lacr_alpha;
@@ -43,6 +47,7 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
   std::vector<Prepared> reqs(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     reqs[i].runs = dependency_runs(prompts[i], 0, o.scheme);
+    for (const CacheRun& run : reqs[i].runs) reqs[i].lookups.push_back({run.ns, run.tokens});
     reqs[i].tokens = static_cast<int64_t>(prompts[i].size());
     for (int32_t s = 0; s < static_cast<int32_t>(prompts[i].segments().size()); ++s)
       if (prompts[i].segments()[s].kind == SegmentKind::Tree) reqs[i].items.push_back(s);
@@ -64,6 +69,17 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
       for (size_t q = 0; q < queue.size(); ++q) {
         const int64_t m = matched_tokens(index, reqs[queue[q]]);
         if (m > best) best = m, pick = q;
+      }
+    } else if (o.scheduler == "ragcache") {
+      // RAGCache's order: the highest cached / to-compute ratio first; the
+      // window bounds how long a request with little cached can wait.
+      double best = -1;
+      for (size_t q = 0; q < queue.size(); ++q) {
+        const Prepared& p = reqs[queue[q]];
+        const int64_t cached = std::min(matched_tokens(index, p), p.tokens - 1);
+        const double ratio =
+            static_cast<double>(cached) / static_cast<double>(std::max<int64_t>(p.tokens - cached, 1));
+        if (ratio > best) best = ratio, pick = q;
       }
     } else if (o.scheduler == "lsp") {
       // Longest shared prefix groups: serve the request whose runs the most
@@ -91,13 +107,9 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
     // before serving and again once this request's nodes are in.
     const auto refresh_lookahead = [&] {
       if (!lookahead) return;
-      std::unordered_map<int32_t, double> weights;
-      for (size_t q = 0; q < queue.size(); ++q) {
-        const double w = static_cast<double>(queue.size() - q) / static_cast<double>(queue.size());
-        for (const CacheRun& run : reqs[queue[q]].runs)
-          for (const RadixIndex::Piece& p : index.peek(run.ns, run.tokens).pieces) weights[p.node] += w;
-      }
-      index.policy().set_lookahead(std::move(weights));
+      std::vector<const std::vector<Lookup>*> pending;
+      for (size_t q : queue) pending.push_back(&reqs[q].lookups);
+      index.policy().set_lookahead(lookahead_weights(index, pending));
     };
     refresh_lookahead();
 
