@@ -17,6 +17,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "compute/sampling.h"
+#include "engine/cost_profile.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "kv/disk_store.h"
@@ -171,6 +172,15 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     index.attach_remote(*redis, o.redis_block);
   }
   const auto strategy = make_strategy(name, index, *model, kv_type, so);
+  if (o.policy == "pgdsf" && so.reuse && name != "full") {
+    // PGDSF's cost of a node: the measured time to recompute its tokens after its context.
+    KvCache scratch(model->config(), n_ctx, kv_type);
+    const auto t0 = Clock::now();
+    const PrefillCostTable table = profile_prefill_cost(fwd, scratch, n_ctx);
+    fmt::print(stderr, "[{}] PGDSF prefill cost table ({:.1f} s to measure):\n{}", name, seconds_since(t0),
+               table.to_string());
+    index.set_cost_model(table);
+  }
   // What each request will look up, for the prefetcher and LACR's lookahead.
   std::vector<std::vector<Lookup>> lookups;
   for (const RagRequest& r : reqs) lookups.push_back(strategy->lookups(make_prompt_parts(tok, r)));

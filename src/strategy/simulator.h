@@ -16,8 +16,8 @@ struct SimulationOptions {
   std::string policy = "lru";      // see make_policy
   std::string scheduler = "fifo";  // fifo, lpm (longest prefix match first), lsp (longest shared prefix
                                    // groups), ragcache (highest cached / to-compute ratio first)
-  int64_t capacity_tokens = 0;  // index budget, in tokens of KV
-  size_t window = 32;           // pending requests the scheduler and LACR's lookahead see
+  int64_t capacity_tokens = 0;     // index budget, in tokens of KV
+  size_t window = 32;              // pending requests the scheduler and LACR's lookahead see
   double lacr_alpha = 0.2;
   PositionScheme scheme = PositionScheme::Depth;
 };

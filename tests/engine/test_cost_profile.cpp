@@ -1,0 +1,29 @@
+// The measured prefill cost table on a real (random-weight) model: a full
+// grid of positive times, and the index charging nodes by it.
+#include <gtest/gtest.h>
+
+#include "engine/cost_profile.h"
+#include "model/model.h"
+#include "test_support.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+TEST(CostProfile, MeasuresAGridOfPositiveTimes) {
+  const auto model = test::random_model("tiny", DType::F32);
+  ThreadPool pool(1);
+  Forward fwd(model, pool);
+  KvCache kv(model->config(), 256, DType::F32);
+  const PrefillCostTable t = profile_prefill_cost(fwd, kv, 256, 1);
+  EXPECT_EQ(t.fresh_axis(), (std::vector<int64_t>{8, 32, 128}));
+  EXPECT_EQ(t.cached_axis().size(), 3u);
+  for (size_t i = 0; i < t.cached_axis().size(); ++i)
+    for (size_t j = 0; j < t.fresh_axis().size(); ++j) EXPECT_GT(t.at(i, j), 0.0);
+  // More new tokens cost more (a wide margin: 16x the tokens).
+  EXPECT_GT(t(0, 128), t(0, 8));
+  EXPECT_EQ(kv.n_past(), 0);
+}
+
+}  // namespace
+}  // namespace depcache
