@@ -27,8 +27,9 @@ TEST(SimulateCli, ReplaysATraceUnderEveryPolicy) {
         << "\n";
   }
   const std::string trace = (dir / "trace.jsonl").string();
-  auto r = run_cli("simulate --requests " + trace +
-                   " --capacity 50% --json --policy lru,lfu,gdsf,pgdsf,lacr,cachecraft,lpm,lsp,lacr+lpm");
+  auto r = run_cli(
+      "simulate --requests " + trace +
+      " --capacity 50% --json --policy lru,lfu,gdsf,pgdsf,lacr,cachecraft,lpm,lsp,lacr+lpm,lacr+ragcache");
   ASSERT_EQ(r.code, 0) << r.out;
   std::istringstream lines(r.out);
   int n = 0;
@@ -39,7 +40,7 @@ TEST(SimulateCli, ReplaysATraceUnderEveryPolicy) {
     EXPECT_LE(j["token_hit_rate"].get<double>(), 1.0);
     ++n;
   }
-  EXPECT_EQ(n, 9);
+  EXPECT_EQ(n, 10);
   r = run_cli("simulate --requests " + trace + " --capacity 100%");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("capacity"), std::string::npos) << r.out;

@@ -332,13 +332,24 @@ RedisOptions redis_at(int port, int retry_after_ms = 2000) {
   return o;
 }
 
+// Two indexes, as two processes would have, each with its own connection.
+struct TwoIndexes {
+  explicit TwoIndexes(int port, int retry_after_ms = 2000)
+      : store_a(redis_at(port, retry_after_ms)),
+        store_b(redis_at(port, retry_after_ms)),
+        a(1000 * token_bytes()),
+        b(1000 * token_bytes()) {
+    a.attach_remote(store_a, 8);
+    b.attach_remote(store_b, 8);
+  }
+  RedisStore store_a, store_b;
+  RadixIndex a, b;
+};
+
 TEST(RemoteTier, TwoIndexesShareSpansThroughRedis) {
   DEPCACHE_REQUIRE_REDIS(redis);
-  const size_t tb = token_bytes();
-  RedisStore store_a(redis_at(redis.port())), store_b(redis_at(redis.port()));
-  RadixIndex a(1000 * tb), b(1000 * tb);
-  a.attach_remote(store_a, 8);
-  b.attach_remote(store_b, 8);
+  TwoIndexes two(redis.port());
+  RadixIndex &a = two.a, &b = two.b;
   const Tokens s1 = sequence(1, 30, 10), s2 = sequence(2, 27, 10);
   a.insert(5, s1, maker(s1));
   a.insert(5, s2, maker(s2));
@@ -360,10 +371,9 @@ TEST(RemoteTier, TwoIndexesShareSpansThroughRedis) {
 TEST(RemoteTier, RedisStoppedMidRunDegradesAndRecovers) {
   DEPCACHE_REQUIRE_REDIS(redis);
   const size_t tb = token_bytes();
-  RedisStore store_a(redis_at(redis.port(), 50)), store_b(redis_at(redis.port(), 50));
-  RadixIndex a(1000 * tb), b(1000 * tb);
-  a.attach_remote(store_a, 8);
-  b.attach_remote(store_b, 8);
+  TwoIndexes two(redis.port(), 50);
+  RadixIndex &a = two.a, &b = two.b;
+  RedisStore &store_a = two.store_a, &store_b = two.store_b;
   const Tokens s1 = sequence(1, 20), s2 = sequence(2, 20);
   a.insert(1, s1, maker(s1));
   redis.stop();
@@ -414,11 +424,9 @@ TEST(RemoteTier, SlowRedisTimesOutToAMiss) {
 
 TEST(RemoteTier, CorruptRecordIsDroppedNeverServed) {
   DEPCACHE_REQUIRE_REDIS(redis);
-  const size_t tb = token_bytes();
-  RedisStore store_a(redis_at(redis.port())), store_b(redis_at(redis.port()));
-  RadixIndex a(1000 * tb), b(1000 * tb);
-  a.attach_remote(store_a, 8);
-  b.attach_remote(store_b, 8);
+  TwoIndexes two(redis.port());
+  RadixIndex &a = two.a, &b = two.b;
+  RedisStore& store_a = two.store_a;
   const Tokens s = sequence(1, 24);
   a.insert(2, s, maker(s));
   // Damage the second block's record in place.
