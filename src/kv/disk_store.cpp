@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,21 +21,29 @@ namespace {
 constexpr const char* kSuffix = ".kvspan";
 constexpr const char* kPartial = ".kvspan.partial";
 
+// Reads exactly n bytes; false on an error or an early end of file.
+bool read_exact(int fd, uint8_t* p, size_t n) {
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
 std::optional<std::vector<uint8_t>> read_file(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
-  std::vector<uint8_t> buf;
-  uint8_t chunk[1 << 16];
-  for (;;) {
-    const ssize_t r = ::read(fd, chunk, sizeof chunk);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      ::close(fd);
-      if (r < 0) return std::nullopt;
-      return buf;
-    }
-    buf.insert(buf.end(), chunk, chunk + r);
+  struct stat st {};
+  std::optional<std::vector<uint8_t>> buf;
+  if (::fstat(fd, &st) == 0) {
+    buf.emplace(static_cast<size_t>(st.st_size));
+    if (!read_exact(fd, buf->data(), buf->size())) buf.reset();
   }
+  ::close(fd);
+  return buf;
 }
 
 }  // namespace
@@ -143,21 +152,11 @@ std::vector<DiskSpanStore::StoredSpan> DiskSpanStore::scan() {
   for (const auto& [key, entry] : files_) {
     const int fd = ::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC);
     std::vector<uint8_t> head(kSpanRecordHeader);
-    const auto read_all = [fd](uint8_t* p, size_t n) {
-      while (n > 0) {
-        const ssize_t r = ::read(fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<size_t>(r);
-      }
-      return true;
-    };
     std::optional<SpanRecordHeader> h;
-    if (fd >= 0 && read_all(head.data(), head.size())) h = decode_span_record_header(head);
+    if (fd >= 0 && read_exact(fd, head.data(), head.size())) h = decode_span_record_header(head);
     if (h && h->key == key && h->size == entry.bytes) {
       head.resize(kSpanRecordHeader + 4 * static_cast<size_t>(h->n_tokens));
-      if (read_all(head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader))
+      if (read_exact(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader))
         out.push_back({key, h->ns, span_record_tokens(head, h->n_tokens), h->prefix});
       else
         h.reset();

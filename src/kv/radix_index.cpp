@@ -1,7 +1,6 @@
 #include "kv/radix_index.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "kv/span_record.h"
 #include "util/error.h"
@@ -73,8 +72,6 @@ void RadixIndex::attach_disk(DiskSpanStore& store) {
           node.tier = Tier::Disk;
           node.disk_key = f.key;
           node.disk_bytes = store.file_bytes_of(f.key);
-          // Bytes per token as in memory: the file holds K/V and positions plus the tokens.
-          node.bytes_per_token = 0;
           node.hits = 1;
           node.last_used = clock_;
           nodes_[parent].children.emplace(node.tokens.front(), id);
@@ -158,10 +155,11 @@ RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> 
   return m;
 }
 
-void RadixIndex::set_tier(NodeId id, Tier t) {
+void RadixIndex::set_tier(NodeId id, Tier t, const std::function<void(Node&)>& change) {
   Node& n = nodes_[id];
   bytes_[static_cast<int>(n.tier)] -= tier_bytes(n);
   n.tier = t;
+  if (change) change(n);
   bytes_[static_cast<int>(t)] += tier_bytes(n);
   policy_->on_tier_change(id, t);
 }
@@ -183,47 +181,43 @@ bool RadixIndex::promote(NodeId id) {
     std::optional<KvSpan> span = disk_->get(n.disk_key, n.ns, path, n.start);
     if (!span || span->n_tokens() != static_cast<int64_t>(n.tokens.size())) return false;
     disk_->remove(n.disk_key);  // the hot copy is the node's span now
-    bytes_[kDisk] -= n.disk_bytes;
-    n.disk_bytes = 0;
-    n.span = std::move(*span);
-    n.bytes_per_token = n.span.bytes() / n.tokens.size();
-    n.tier = Tier::Hot;
-    bytes_[kHot] += node_bytes(n);
-    policy_->on_tier_change(id, Tier::Hot);
-    stats_.promoted_bytes += static_cast<int64_t>(node_bytes(n));
+    set_tier(id, Tier::Hot, [&](Node& node) {
+      node.disk_bytes = 0;
+      node.span = std::move(*span);
+      node.bytes_per_token = node.span.bytes() / node.tokens.size();
+    });
+    stats_.promoted_bytes += static_cast<int64_t>(node_bytes(nodes_[id]));
     return true;
   }
   set_tier(id, Tier::Hot);  // a virtual node
   return true;
 }
 
-bool RadixIndex::promote_match(Match& m) {
+void RadixIndex::promote_match(Match& m) {
   for (size_t i = 0; i < m.pieces.size(); ++i) {
     const NodeId id = m.pieces[i].node;
     if (nodes_[id].tier == Tier::Hot || promote(id)) continue;
     ++stats_.dropped_bad;
-    for (size_t j = i; j < m.pieces.size(); ++j) --nodes_[m.pieces[j].node].pins;
-    drop_subtree(id);  // the rest of the match hangs below it
+    // The rest of the match hangs below it: unpinned, uncounted, dropped.
+    for (size_t j = i; j < m.pieces.size(); ++j) {
+      const Piece& p = m.pieces[j];
+      --nodes_[p.node].pins;
+      m.tokens_from[static_cast<int>(nodes_[p.node].tier)] -= p.length;
+      m.length -= p.length;
+    }
+    drop_subtree(id);
     m.pieces.resize(i);
-    m.length = 0;
-    for (const Piece& p : m.pieces) m.length += p.length;
-    return false;
+    return;
   }
-  return true;
 }
 
 RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens) {
-  Match m = peek_locked(ns, tokens);
-  std::vector<Tier> found_in;
-  for (const Piece& p : m.pieces) found_in.push_back(nodes_[p.node].tier);
+  Match m = peek_locked(ns, tokens);  // tokens_from: the tiers as found
   // Hold what is matched while lower tiers and the remote store are read:
   // bringing one node in must not push another out.
   pin(m);
   promote_match(m);
   const Match held = m;
-  std::fill(std::begin(m.tokens_from), std::end(m.tokens_from), 0);
-  for (size_t i = 0; i < held.pieces.size(); ++i)
-    m.tokens_from[static_cast<int>(found_in[i])] += held.pieces[i].length;
   if (remote_ && m.length < static_cast<int64_t>(tokens.size())) {
     const int64_t local = m.length;
     const int64_t total = fetch_remote(ns, tokens, local);
@@ -536,14 +530,12 @@ void RadixIndex::demote(NodeId id) {
     drop_subtree(id);  // cannot go lower: out, with whatever hangs below
     return;
   }
-  bytes_[t] -= node_bytes(n);
-  n.tier = Tier::Disk;
-  n.disk_key = key;
-  n.disk_bytes = need;
-  n.span = KvSpan();
-  n.bytes_per_token = 0;
-  bytes_[kDisk] += need;
-  policy_->on_tier_change(id, Tier::Disk);
+  set_tier(id, Tier::Disk, [&](Node& node) {
+    node.disk_key = key;
+    node.disk_bytes = need;
+    node.span = KvSpan();
+    node.bytes_per_token = 0;
+  });
 }
 
 void RadixIndex::persist() {

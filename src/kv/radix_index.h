@@ -172,11 +172,13 @@ class RadixIndex {
   // Bytes a node counts in its tier: its file on disk (real spans), its
   // memory otherwise (virtual nodes are sizes in every tier).
   size_t tier_bytes(const Node& n) const { return n.disk_bytes + node_bytes(n); }
-  void set_tier(NodeId node, Tier t);
+  // Moves a node to tier t, applying `change` to it in between, so its
+  // bytes leave the old tier as they were and enter the new one as they are.
+  void set_tier(NodeId node, Tier t, const std::function<void(Node&)>& change = {});
   bool promote(NodeId node);  // to the hot tier; false when its disk file is bad
   // Promotes the pieces of a pinned match in order; where a promotion
-  // fails, unpins and drops the rest and truncates m (returns false).
-  bool promote_match(Match& m);
+  // fails, unpins and drops the rest and truncates m and its tier counts.
+  void promote_match(Match& m);
   // match and prefetch: the match, brought to the hot tier (and extended
   // from the remote store), with the tiers it came from.
   Match load(uint64_t ns, std::span<const int32_t> tokens);
