@@ -88,6 +88,7 @@ const IsaKernels& scalar_set() {
   static const IsaKernels k = [] {
     IsaKernels s{Isa::Scalar, {}};
     fill_scalar_dequant(s.set);
+    fill_scalar_panels(s.set);
     auto put = [&](DType t, DotFn f) { s.set.by_type[static_cast<uint32_t>(t)].dot = f; };
     put(DType::F32, dot_f32);
     put(DType::F16, dot_f16);
@@ -105,6 +106,7 @@ const IsaKernels& avx2_set() {
   static const IsaKernels k = [] {
     IsaKernels s{Isa::Avx2, scalar_set().set};
     fill_avx2_kernels(s.set);
+    fill_avx2_panels(s.set);
     return s;
   }();
   return k;
@@ -114,6 +116,7 @@ const IsaKernels& avx512_set() {
   static const IsaKernels k = [] {
     IsaKernels s{Isa::Avx512, avx2_set().set};
     fill_avx512_kernels(s.set);
+    fill_avx512_panels(s.set);
     return s;
   }();
   return k;

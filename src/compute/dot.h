@@ -38,10 +38,14 @@ namespace detail {
 // Kernels take n already checked against the block size.
 using DotFn = float (*)(const void* w, const float* x, int64_t n);
 using DequantFn = void (*)(const void* src, float* dst, int64_t n);
+// One panel of a PackedMatrix times n_tok tokens (see packed_matrix.h).
+using PanelFn = void (*)(const uint8_t* panel, int64_t n_in, const float* x, int64_t x_stride, int64_t n_tok,
+                         float* y, int64_t y_stride, int n_rows);
 
 struct TypeKernels {
   DotFn dot = nullptr;
   DequantFn dequant = nullptr;
+  PanelFn panel = nullptr;
 };
 
 // Indexed by the DType number (all supported numbers are below 32).
@@ -59,8 +63,11 @@ const TypeKernels& kernels_for(DType t, int64_t n);
 // Each ISA fills the entries it implements over a copy of the set below it,
 // so unimplemented entries fall back to the lower ISA.
 void fill_scalar_dequant(KernelSet& set);  // quant.cpp
+void fill_scalar_panels(KernelSet& set);   // packed_matrix.cpp
 void fill_avx2_kernels(KernelSet& set);    // dot_avx2.cpp
 void fill_avx512_kernels(KernelSet& set);  // dot_avx512.cpp
+void fill_avx2_panels(KernelSet& set);     // gemm_avx2.cpp
+void fill_avx512_panels(KernelSet& set);   // gemm_avx512.cpp
 
 }  // namespace detail
 }  // namespace depcache

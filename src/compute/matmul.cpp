@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "compute/dot.h"
+#include "compute/packed_matrix.h"
 #include "compute/quant.h"
 #include "util/thread_pool.h"
 
@@ -56,11 +57,43 @@ void matmul_gemm(const WeightMatrix& w, const float* x, int64_t n_tokens, float*
   });
 }
 
+void matmul_panels(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
+  const int64_t n_panels = w.n_panels();
+  const int64_t threads = pool.size();
+  // A task is a run of panels by a run of tokens. Decode streams the
+  // weights: one long run of panels per thread keeps each thread's reads
+  // sequential for the hardware prefetcher. Prefill is compute-bound: one
+  // panel per task (or a token run, when panels are few) balances better.
+  int64_t panels_per_task = 1, n_chunks = 1;
+  if (n_tokens < kGemmMinTokens) {
+    panels_per_task = (n_panels + threads - 1) / threads;
+  } else if (n_panels < 4 * threads) {
+    constexpr int64_t kTokenQuantum = 60;  // whole multiples of the widest tile
+    n_chunks =
+        std::max<int64_t>(1, std::min((4 * threads + n_panels - 1) / n_panels, n_tokens / kTokenQuantum));
+  }
+  const int64_t n_runs = (n_panels + panels_per_task - 1) / panels_per_task;
+  const int64_t chunk = (n_tokens + n_chunks - 1) / n_chunks;
+  pool.parallel_for(n_runs * n_chunks, [&](int64_t task, int) {
+    const int64_t run = task / n_chunks, t0 = (task % n_chunks) * chunk;
+    const int64_t nt = std::min(chunk, n_tokens - t0);
+    if (nt <= 0) return;
+    const int64_t p1 = std::min(n_panels, (run + 1) * panels_per_task);
+    for (int64_t p = run * panels_per_task; p < p1; ++p) {
+      const int rows = static_cast<int>(std::min(kPanelRows, w.n_out() - p * kPanelRows));
+      panel_gemm(w.type(), w.panel(p), w.n_in(), x + t0 * w.n_in(), w.n_in(), nt,
+                 y + t0 * w.n_out() + p * kPanelRows, w.n_out(), rows);
+    }
+  });
+}
+
 }  // namespace
 
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             std::vector<float>& scratch) {
-  if (n_tokens < kGemmMinTokens)
+  if (w.packed)
+    matmul_panels(*w.packed, x, n_tokens, y, pool);
+  else if (n_tokens < kGemmMinTokens)
     matmul_rows(w, x, n_tokens, y, pool);
   else
     matmul_gemm(w, x, n_tokens, y, pool, scratch);

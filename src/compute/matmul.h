@@ -2,6 +2,7 @@
 // y = x · Wᵀ for a weight matrix kept in its file type.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "compute/dtype.h"
@@ -9,6 +10,7 @@
 namespace depcache {
 
 class ThreadPool;
+class PackedMatrix;
 
 // A row-major weight matrix: n_out rows of n_in elements of `type`.
 struct WeightMatrix {
@@ -17,14 +19,18 @@ struct WeightMatrix {
   int64_t n_out = 0;
   const uint8_t* data = nullptr;
   size_t row_bytes = 0;
+  // The same weights in panels (packed_matrix.h), made at load for the types
+  // that have panel kernels; matmul uses it when present.
+  std::shared_ptr<const PackedMatrix> packed;
 
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 
 // x: (n_tokens, n_in) row-major floats; y: (n_tokens, n_out).
-// Few tokens (decode) use per-row dot kernels on the stored type, which is
-// memory-bound; many tokens (prefill) dequantize the matrix once into
-// `scratch` and run a float GEMM, which is compute-bound.
+// A packed matrix runs the panel kernels for any token count, in parallel
+// over panels (and token blocks when there are few panels). Otherwise few
+// tokens (decode) use per-row dot kernels on the stored type and many
+// tokens (prefill) dequantize the matrix into `scratch` for a float GEMM.
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             std::vector<float>& scratch);
 

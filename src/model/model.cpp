@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "compute/packed_matrix.h"
 #include "compute/quant.h"
 #include "util/error.h"
 
@@ -29,7 +30,7 @@ class TensorLoader {
     if (t.dims.size() != 2 || t.dims[0] != n_in || t.dims[1] != n_out)
       fail(ErrorKind::InvalidInput, "{}: tensor '{}' has shape [{}], expected [{}, {}]", f_.source(), t.name,
            fmt::join(t.dims, ", "), n_in, n_out);
-    return {t.type, n_in, n_out, t.data, row_bytes(t.type, n_in)};
+    return {t.type, n_in, n_out, t.data, row_bytes(t.type, n_in), nullptr};
   }
 
   std::vector<float> vector(const std::string& name, int64_t n) const {
@@ -90,6 +91,14 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
   // Tied embeddings: models without output.weight reuse the token embedding.
   m->output =
       m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
+  // The matmul weights get their panel copy; the embedding table keeps rows
+  // (a lookup reads one row) and the file mapping stays for the fingerprint.
+  auto pack = [](WeightMatrix& w) {
+    if (packable(w.type)) w.packed = std::make_shared<const PackedMatrix>(w);
+  };
+  for (LayerWeights& l : m->layers)
+    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) pack(*w);
+  pack(m->output);
   return m;
 }
 

@@ -40,7 +40,7 @@ TEST_P(MatmulTypes, MatchesFloat64Reference) {
         std::vector<uint8_t> wq(row_bytes(type, n_in) * n_out);
         for (int64_t r = 0; r < n_out; ++r)
           quantize_row(type, wf.data() + r * n_in, wq.data() + r * row_bytes(type, n_in), n_in);
-        const WeightMatrix w{type, n_in, n_out, wq.data(), row_bytes(type, n_in)};
+        const WeightMatrix w{type, n_in, n_out, wq.data(), row_bytes(type, n_in), nullptr};
         const auto x = randn(n_tokens * n_in, 2);
         std::vector<float> y(n_tokens * n_out);
         matmul(w, x.data(), n_tokens, y.data(), pool, scratch);

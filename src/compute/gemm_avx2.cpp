@@ -1,0 +1,192 @@
+// AVX2 panel kernels (layouts in packed_matrix.h). With 16 vector registers
+// a tile covers 16 rows (one half of a panel) by MR tokens; otherwise the
+// scheme of the AVX-512 file: decode a column once, broadcast-multiply it
+// into every token of the tile.
+//
+// As in dot_avx2.cpp, only intrinsics and plain structs come from headers.
+#include <cstdint>
+
+#include "compute/dot.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+namespace depcache::detail {
+namespace {
+
+constexpr int64_t kRows = 32;  // kPanelRows
+
+inline __m128i load8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+
+template <int MR>
+struct Tile {
+  static constexpr int kSets = MR == 1 ? 2 : MR;
+  const float* x;
+  int64_t xs;
+  __m256 acc[kSets][2];
+
+  void zero() {
+    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+  }
+  template <int S>
+  void put(int64_t k, __m256 w0, __m256 w1) {
+    if constexpr (MR == 1) {
+      const __m256 xb = _mm256_broadcast_ss(x + k);
+      acc[S][0] = _mm256_fmadd_ps(w0, xb, acc[S][0]);
+      acc[S][1] = _mm256_fmadd_ps(w1, xb, acc[S][1]);
+    } else {
+      for (int t = 0; t < MR; ++t) {
+        const __m256 xb = _mm256_broadcast_ss(x + t * xs + k);
+        acc[t][0] = _mm256_fmadd_ps(w0, xb, acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(w1, xb, acc[t][1]);
+      }
+    }
+  }
+  void store(float* y, int64_t ys, __m256i m0, __m256i m1) const {
+    if constexpr (MR == 1) {
+      _mm256_maskstore_ps(y, m0, _mm256_add_ps(acc[0][0], acc[1][0]));
+      _mm256_maskstore_ps(y + 8, m1, _mm256_add_ps(acc[0][1], acc[1][1]));
+    } else {
+      for (int t = 0; t < MR; ++t) {
+        _mm256_maskstore_ps(y + t * ys, m0, acc[t][0]);
+        _mm256_maskstore_ps(y + t * ys + 8, m1, acc[t][1]);
+      }
+    }
+  }
+};
+
+// ---- Column walkers over rows 16h .. 16h + 15 of a panel.
+
+template <class Load>
+struct WalkDense {
+  static constexpr int kTokens = 6;
+  template <class T>
+  static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
+    auto col = [&](int64_t k, int part) { return Load::at(panel, k * kRows + 16 * h + 8 * part); };
+    int64_t k = 0;
+    for (; k + 2 <= n_in; k += 2) {
+      tile.template put<0>(k, col(k, 0), col(k, 1));
+      tile.template put<1>(k + 1, col(k + 1, 0), col(k + 1, 1));
+    }
+    if (k < n_in) tile.template put<0>(k, col(k, 0), col(k, 1));
+  }
+};
+struct F32Load {
+  static __m256 at(const uint8_t* p, int64_t i) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
+  }
+};
+struct F16Load {
+  static __m256 at(const uint8_t* p, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+  }
+};
+struct BF16Load {
+  static __m256 at(const uint8_t* p, int64_t i) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+};
+
+struct WalkQ8_0 {
+  static constexpr int kTokens = 5;
+  template <class T>
+  static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
+    for (int64_t b = 0; b < n_in / 32; ++b) {
+      const uint8_t* blk = panel + b * 1152;
+      const auto* d = reinterpret_cast<const float*>(blk) + 16 * h;
+      const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+      const uint8_t* q = blk + 128 + 16 * h;
+      auto w = [&](int64_t k, int part, __m256 dv) {
+        return _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8(q + k * kRows + 8 * part))));
+      };
+      for (int64_t k = 0; k < 32; k += 2) {
+        tile.template put<0>(32 * b + k, w(k, 0, d0), w(k, 1, d1));
+        tile.template put<1>(32 * b + k + 1, w(k + 1, 0, d0), w(k + 1, 1, d1));
+      }
+    }
+  }
+};
+
+struct WalkQ4_K {
+  static constexpr int kTokens = 4;
+  template <class T>
+  static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    for (int64_t s = 0; s < n_in / 32; ++s) {
+      const uint8_t* sub = panel + s * 768;
+      const auto* f = reinterpret_cast<const float*>(sub) + 16 * h;
+      const __m256 a0 = _mm256_loadu_ps(f), a1 = _mm256_loadu_ps(f + 8);
+      const __m256 m0 = _mm256_loadu_ps(f + 32), m1 = _mm256_loadu_ps(f + 40);
+      const uint8_t* q = sub + 256 + 16 * h;
+      for (int64_t j = 0; j < 16; ++j) {
+        const __m256i r0 = _mm256_cvtepu8_epi32(load8(q + j * kRows));
+        const __m256i r1 = _mm256_cvtepu8_epi32(load8(q + j * kRows + 8));
+        tile.template put<0>(32 * s + 2 * j,
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r0, low4)), a0, m0),
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r1, low4)), a1, m1));
+        tile.template put<1>(32 * s + 2 * j + 1,
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r0, 4)), a0, m0),
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r1, 4)), a1, m1));
+      }
+    }
+  }
+};
+
+template <class Walk, int MR>
+void tile(const uint8_t* panel, int64_t n_in, int h, const float* x, int64_t xs, float* y, int64_t ys,
+          __m256i m0, __m256i m1) {
+  Tile<MR> t{x, xs, {}};
+  t.zero();
+  Walk::run(panel, n_in, h, t);
+  t.store(y, ys, m0, m1);
+}
+
+template <class Walk, int MR>
+void tail(int left, const uint8_t* panel, int64_t n_in, int h, const float* x, int64_t xs, float* y,
+          int64_t ys, __m256i m0, __m256i m1) {
+  if constexpr (MR > 0) {
+    if (left == MR) return tile<Walk, MR>(panel, n_in, h, x, xs, y, ys, m0, m1);
+    tail<Walk, MR - 1>(left, panel, n_in, h, x, xs, y, ys, m0, m1);
+  }
+}
+
+// Lanes below n (of 8) set.
+inline __m256i lane_mask(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <class Walk>
+void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, int64_t n_tok, float* y,
+                  int64_t ys, int n_rows) {
+  constexpr int MR = Walk::kTokens;
+  for (int h = 0; h < 2 && 16 * h < n_rows; ++h) {
+    const int rows = n_rows - 16 * h;
+    const __m256i m0 = lane_mask(rows), m1 = lane_mask(rows - 8);
+    float* yh = y + 16 * h;
+    int64_t i = 0;
+    for (; i + MR <= n_tok; i += MR) tile<Walk, MR>(panel, n_in, h, x + i * xs, xs, yh + i * ys, ys, m0, m1);
+    if (i < n_tok)
+      tail<Walk, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, h, x + i * xs, xs, yh + i * ys, ys, m0,
+                         m1);
+  }
+}
+
+}  // namespace
+
+void fill_avx2_panels(KernelSet& set) {
+  auto put = [&](DType t, PanelFn f) { set.by_type[static_cast<uint32_t>(t)].panel = f; };
+  put(DType::F32, panel_kernel<WalkDense<F32Load>>);
+  put(DType::F16, panel_kernel<WalkDense<F16Load>>);
+  put(DType::BF16, panel_kernel<WalkDense<BF16Load>>);
+  put(DType::Q8_0, panel_kernel<WalkQ8_0>);
+  put(DType::Q4_K, panel_kernel<WalkQ4_K>);
+}
+
+}  // namespace depcache::detail
+
+#else
+namespace depcache::detail {
+void fill_avx2_panels(KernelSet&) {}  // compiler without AVX2: the portable kernels stay
+}  // namespace depcache::detail
+#endif

@@ -1,0 +1,193 @@
+// AVX-512 panel kernels (layouts in packed_matrix.h): a tile of MR tokens by
+// the 32 rows of a panel lives in 2*MR accumulators; each input column is
+// decoded into two 16-row vectors once and multiplied into every token of the
+// tile with a broadcast. Quantized columns are decoded to fp32 with the
+// format's formula (one rounding), so x is used exactly as given.
+//
+// As in dot_avx512.cpp, only intrinsics and plain structs come from headers.
+#include <cstdint>
+
+#include "compute/dot.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+namespace depcache::detail {
+namespace {
+
+constexpr int64_t kRows = 32;  // kPanelRows
+
+inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// Accumulators of one tile. A single token (decode) alternates two sets on
+// even and odd columns, since two FMA chains alone would wait on latency.
+template <int MR>
+struct Tile {
+  static constexpr int kSets = MR == 1 ? 2 : MR;
+  const float* x;
+  int64_t xs;
+  __m512 acc[kSets][2];
+
+  void zero() {
+    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+  }
+  template <int S>
+  void put(int64_t k, __m512 w0, __m512 w1) {
+    if constexpr (MR == 1) {
+      const __m512 xb = _mm512_set1_ps(x[k]);
+      acc[S][0] = _mm512_fmadd_ps(w0, xb, acc[S][0]);
+      acc[S][1] = _mm512_fmadd_ps(w1, xb, acc[S][1]);
+    } else {
+      for (int t = 0; t < MR; ++t) {
+        const __m512 xb = _mm512_set1_ps(x[t * xs + k]);
+        acc[t][0] = _mm512_fmadd_ps(w0, xb, acc[t][0]);
+        acc[t][1] = _mm512_fmadd_ps(w1, xb, acc[t][1]);
+      }
+    }
+  }
+  void store(float* y, int64_t ys, __mmask16 m0, __mmask16 m1) const {
+    if constexpr (MR == 1) {
+      _mm512_mask_storeu_ps(y, m0, _mm512_add_ps(acc[0][0], acc[1][0]));
+      _mm512_mask_storeu_ps(y + 16, m1, _mm512_add_ps(acc[0][1], acc[1][1]));
+    } else {
+      for (int t = 0; t < MR; ++t) {
+        _mm512_mask_storeu_ps(y + t * ys, m0, acc[t][0]);
+        _mm512_mask_storeu_ps(y + t * ys + 16, m1, acc[t][1]);
+      }
+    }
+  }
+};
+
+// ---- Column walkers: hand every input column k of a panel to the tile as
+// two 16-row vectors, alternating the set S.
+
+template <class Load>
+struct WalkDense {
+  static constexpr int kTokens = 12;
+  template <class T>
+  static void run(const uint8_t* panel, int64_t n_in, T& tile) {
+    int64_t k = 0;
+    for (; k + 2 <= n_in; k += 2) {
+      tile.template put<0>(k, Load::at(panel, k * kRows), Load::at(panel, k * kRows + 16));
+      tile.template put<1>(k + 1, Load::at(panel, (k + 1) * kRows), Load::at(panel, (k + 1) * kRows + 16));
+    }
+    if (k < n_in) tile.template put<0>(k, Load::at(panel, k * kRows), Load::at(panel, k * kRows + 16));
+  }
+};
+struct F32Load {
+  static __m512 at(const uint8_t* p, int64_t i) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
+  }
+};
+struct F16Load {
+  static __m512 at(const uint8_t* p, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
+  }
+};
+struct BF16Load {
+  static __m512 at(const uint8_t* p, int64_t i) {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+};
+
+struct WalkQ8_0 {
+  static constexpr int kTokens = 10;
+  template <class T>
+  static void run(const uint8_t* panel, int64_t n_in, T& tile) {
+    for (int64_t b = 0; b < n_in / 32; ++b) {
+      const uint8_t* blk = panel + b * 1152;
+      const auto* d = reinterpret_cast<const float*>(blk);
+      const __m512 d0 = _mm512_loadu_ps(d), d1 = _mm512_loadu_ps(d + 16);
+      const uint8_t* q = blk + 128;
+      auto w = [&](int64_t k, int half, __m512 dv) {
+        return _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(q + k * kRows + 16 * half))));
+      };
+      for (int64_t k = 0; k < 32; k += 2) {
+        tile.template put<0>(32 * b + k, w(k, 0, d0), w(k, 1, d1));
+        tile.template put<1>(32 * b + k + 1, w(k + 1, 0, d0), w(k + 1, 1, d1));
+      }
+    }
+  }
+};
+
+struct WalkQ4_K {
+  static constexpr int kTokens = 8;
+  template <class T>
+  static void run(const uint8_t* panel, int64_t n_in, T& tile) {
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    for (int64_t s = 0; s < n_in / 32; ++s) {
+      const uint8_t* sub = panel + s * 768;
+      const auto* f = reinterpret_cast<const float*>(sub);
+      const __m512 a0 = _mm512_loadu_ps(f), a1 = _mm512_loadu_ps(f + 16);
+      const __m512 m0 = _mm512_loadu_ps(f + 32), m1 = _mm512_loadu_ps(f + 48);
+      const uint8_t* q = sub + 256;
+      for (int64_t j = 0; j < 16; ++j) {
+        const __m512i r0 = _mm512_cvtepu8_epi32(load16(q + j * kRows));
+        const __m512i r1 = _mm512_cvtepu8_epi32(load16(q + j * kRows + 16));
+        tile.template put<0>(32 * s + 2 * j,
+                             _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(r0, low4)), a0, m0),
+                             _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(r1, low4)), a1, m1));
+        tile.template put<1>(32 * s + 2 * j + 1,
+                             _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r0, 4)), a0, m0),
+                             _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r1, 4)), a1, m1));
+      }
+    }
+  }
+};
+
+template <class Walk, int MR>
+void tile(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, float* y, int64_t ys, __mmask16 m0,
+          __mmask16 m1) {
+  Tile<MR> t{x, xs, {}};
+  t.zero();
+  Walk::run(panel, n_in, t);
+  t.store(y, ys, m0, m1);
+}
+
+// The last n_tok % kTokens tokens, with a tile of exactly that many.
+template <class Walk, int MR>
+void tail(int left, const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, float* y, int64_t ys,
+          __mmask16 m0, __mmask16 m1) {
+  if constexpr (MR > 0) {
+    if (left == MR) return tile<Walk, MR>(panel, n_in, x, xs, y, ys, m0, m1);
+    tail<Walk, MR - 1>(left, panel, n_in, x, xs, y, ys, m0, m1);
+  }
+}
+
+template <class Walk>
+void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, int64_t n_tok, float* y,
+                  int64_t ys, int n_rows) {
+  const auto mask = [](int n) {
+    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n < 0 ? 0 : n)) - 1);
+  };
+  const __mmask16 m0 = mask(n_rows), m1 = mask(n_rows - 16);
+  constexpr int MR = Walk::kTokens;
+  int64_t i = 0;
+  for (; i + MR <= n_tok; i += MR) tile<Walk, MR>(panel, n_in, x + i * xs, xs, y + i * ys, ys, m0, m1);
+  if (i < n_tok)
+    tail<Walk, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, x + i * xs, xs, y + i * ys, ys, m0, m1);
+}
+
+}  // namespace
+
+void fill_avx512_panels(KernelSet& set) {
+  auto put = [&](DType t, PanelFn f) { set.by_type[static_cast<uint32_t>(t)].panel = f; };
+  put(DType::F32, panel_kernel<WalkDense<F32Load>>);
+  put(DType::F16, panel_kernel<WalkDense<F16Load>>);
+  put(DType::BF16, panel_kernel<WalkDense<BF16Load>>);
+  put(DType::Q8_0, panel_kernel<WalkQ8_0>);
+  put(DType::Q4_K, panel_kernel<WalkQ4_K>);
+}
+
+}  // namespace depcache::detail
+
+#else
+namespace depcache::detail {
+void fill_avx512_panels(KernelSet&) {}  // compiler without AVX-512: the AVX2 kernels stay
+}  // namespace depcache::detail
+#endif

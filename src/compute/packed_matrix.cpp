@@ -1,0 +1,215 @@
+#include "compute/packed_matrix.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <vector>
+
+#include "compute/dot.h"
+#include "compute/fp16.h"
+#include "compute/matmul.h"
+#include "compute/quant.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+constexpr size_t kQ8PanelBlock = kPanelRows * sizeof(float) + kPanelRows * kQ32;         // 1152
+constexpr size_t kQ4KPanelSub = 2 * kPanelRows * sizeof(float) + kPanelRows * kQ32 / 2;  // 768
+
+template <class T>
+void pack_dense(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
+  auto* out = reinterpret_cast<T*>(dst);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* src = reinterpret_cast<const T*>(w.row(r0 + r));
+    for (int64_t k = 0; k < w.n_in; ++k) out[k * kPanelRows + r] = src[k];
+  }
+}
+
+void pack_q8_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* blocks = reinterpret_cast<const BlockQ8_0*>(w.row(r0 + r));
+    for (int64_t b = 0; b < w.n_in / kQ32; ++b) {
+      uint8_t* out = dst + b * kQ8PanelBlock;
+      const float d = fp16_to_fp32(blocks[b].d);
+      std::memcpy(out + r * sizeof(float), &d, sizeof d);
+      auto* q = reinterpret_cast<int8_t*>(out + kPanelRows * sizeof(float));
+      for (int64_t k = 0; k < kQ32; ++k) q[k * kPanelRows + r] = blocks[b].qs[k];
+    }
+  }
+}
+
+void pack_q4_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* blocks = reinterpret_cast<const BlockQ4_K*>(w.row(r0 + r));
+    for (int64_t sb = 0; sb < w.n_in / kQK; ++sb) {
+      const BlockQ4_K& b = blocks[sb];
+      uint8_t sc[8], mn[8];
+      unpack_q4k_scales(b.scales, sc, mn);
+      const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+      for (int s = 0; s < 8; ++s) {
+        uint8_t* out = dst + (sb * 8 + s) * kQ4KPanelSub;
+        const float a = d * sc[s], m = dmin * mn[s];
+        std::memcpy(out + r * sizeof(float), &a, sizeof a);
+        std::memcpy(out + (kPanelRows + r) * sizeof(float), &m, sizeof m);
+        uint8_t* q = out + 2 * kPanelRows * sizeof(float);
+        const uint8_t* src = b.qs + 32 * (s / 2);
+        const int shift = 4 * (s & 1);
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (src[2 * j] >> shift) & 0xF, hi = (src[2 * j + 1] >> shift) & 0xF;
+          q[j * kPanelRows + r] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+    }
+  }
+}
+
+// The portable kernel: one input column of the panel at a time, decoded by
+// panel_value.
+void panel_scalar(DType t, const uint8_t* panel, int64_t n_in, const float* x, int64_t x_stride,
+                  int64_t n_tok, float* y, int64_t y_stride, int n_rows) {
+  std::vector<float> acc(static_cast<size_t>(n_tok) * kPanelRows, 0.0f);
+  float col[kPanelRows];
+  for (int64_t k = 0; k < n_in; ++k) {
+    for (int r = 0; r < n_rows; ++r) col[r] = panel_value(t, panel, n_in, r, k);
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const float xv = x[i * x_stride + k];
+      for (int r = 0; r < n_rows; ++r) acc[i * kPanelRows + r] += col[r] * xv;
+    }
+  }
+  for (int64_t i = 0; i < n_tok; ++i)
+    for (int r = 0; r < n_rows; ++r) y[i * y_stride + r] = acc[i * kPanelRows + r];
+}
+
+template <DType T>
+void panel_scalar_of(const uint8_t* panel, int64_t n_in, const float* x, int64_t x_stride, int64_t n_tok,
+                     float* y, int64_t y_stride, int n_rows) {
+  panel_scalar(T, panel, n_in, x, x_stride, n_tok, y, y_stride, n_rows);
+}
+
+}  // namespace
+
+bool packable(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+size_t panel_bytes(DType t, int64_t n_in) {
+  switch (t) {
+    case DType::F32:
+      return n_in * kPanelRows * 4;
+    case DType::F16:
+    case DType::BF16:
+      return n_in * kPanelRows * 2;
+    case DType::Q8_0:
+      return n_in / kQ32 * kQ8PanelBlock;
+    case DType::Q4_K:
+      return n_in / kQ32 * kQ4KPanelSub;
+    default:
+      fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
+  }
+}
+
+void PackedMatrix::Unmap::operator()(uint8_t* p) const { munmap(p, size); }
+
+PackedMatrix::PackedMatrix(const WeightMatrix& w) : type_(w.type), n_in_(w.n_in), n_out_(w.n_out) {
+  if (!packable(w.type))
+    fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(w.type).name);
+  row_bytes(w.type, w.n_in);  // validates n_in against the block size
+  panel_bytes_ = panel_bytes(w.type, w.n_in);
+  const size_t size = std::max<size_t>(1, bytes());
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    fail(ErrorKind::LimitExceeded, "cannot allocate {} bytes for a {}x{} weight matrix", size, n_out_, n_in_);
+  madvise(p, size, MADV_HUGEPAGE);  // advice only; 4 KiB pages work too
+  data_ = std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{size});
+  // Anonymous pages start zeroed, so the rows past n_out of the last panel
+  // are zero weights.
+  for (int64_t p0 = 0; p0 < n_panels(); ++p0) {
+    const int64_t r0 = p0 * kPanelRows, rows = std::min(kPanelRows, n_out_ - r0);
+    uint8_t* dst = data_.get() + p0 * panel_bytes_;
+    switch (type_) {
+      case DType::F32:
+        pack_dense<uint32_t>(w, r0, rows, dst);
+        break;
+      case DType::F16:
+      case DType::BF16:
+        pack_dense<uint16_t>(w, r0, rows, dst);
+        break;
+      case DType::Q8_0:
+        pack_q8_0(w, r0, rows, dst);
+        break;
+      default:
+        pack_q4_k(w, r0, rows, dst);
+        break;
+    }
+  }
+}
+
+float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_t k) {
+  auto read_f32 = [](const uint8_t* p) {
+    float f;
+    std::memcpy(&f, p, sizeof f);
+    return f;
+  };
+  auto read_u16 = [](const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return h;
+  };
+  (void)n_in;
+  const size_t idx = static_cast<size_t>(k * kPanelRows + r);
+  switch (t) {
+    case DType::F32:
+      return read_f32(panel + idx * 4);
+    case DType::F16:
+      return fp16_to_fp32(read_u16(panel + idx * 2));
+    case DType::BF16:
+      return bf16_to_fp32(read_u16(panel + idx * 2));
+    case DType::Q8_0: {
+      const uint8_t* blk = panel + (k / kQ32) * kQ8PanelBlock;
+      const auto q = static_cast<int8_t>(blk[kPanelRows * sizeof(float) + (k % kQ32) * kPanelRows + r]);
+      return read_f32(blk + r * sizeof(float)) * q;
+    }
+    case DType::Q4_K: {
+      const uint8_t* sub = panel + (k / kQ32) * kQ4KPanelSub;
+      const int64_t i = k % kQ32;
+      const uint8_t byte = sub[2 * kPanelRows * sizeof(float) + (i / 2) * kPanelRows + r];
+      const int q = (i % 2 == 0) ? (byte & 0xF) : (byte >> 4);
+      const float a = read_f32(sub + r * sizeof(float)), m = read_f32(sub + (kPanelRows + r) * sizeof(float));
+      return a * static_cast<float>(q) - m;
+    }
+    default:
+      fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
+  }
+}
+
+void panel_gemm(DType t, const uint8_t* panel, int64_t n_in, const float* x, int64_t x_stride, int64_t n_tok,
+                float* y, int64_t y_stride, int n_rows) {
+  const auto raw = static_cast<uint32_t>(t);
+  const detail::PanelFn fn =
+      raw < detail::kKernelTableSize ? detail::active_kernels().by_type[raw].panel : nullptr;
+  if (!fn) fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
+  fn(panel, n_in, x, x_stride, n_tok, y, y_stride, n_rows);
+}
+
+namespace detail {
+
+void fill_scalar_panels(KernelSet& set) {
+  set.by_type[static_cast<uint32_t>(DType::F32)].panel = panel_scalar_of<DType::F32>;
+  set.by_type[static_cast<uint32_t>(DType::F16)].panel = panel_scalar_of<DType::F16>;
+  set.by_type[static_cast<uint32_t>(DType::BF16)].panel = panel_scalar_of<DType::BF16>;
+  set.by_type[static_cast<uint32_t>(DType::Q8_0)].panel = panel_scalar_of<DType::Q8_0>;
+  set.by_type[static_cast<uint32_t>(DType::Q4_K)].panel = panel_scalar_of<DType::Q4_K>;
+}
+
+}  // namespace detail
+}  // namespace depcache

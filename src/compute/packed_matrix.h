@@ -1,0 +1,71 @@
+#pragma once
+// Weight matrices rearranged once at load into panels of kPanelRows output
+// rows, so that one vector load gives the same input column of 32 rows. The
+// GEMM broadcasts an input value and multiplies it into whole columns: no
+// horizontal sums, the tile of a prefill and the matvec of a decode run the
+// same kernel, and the panel of a large prefill stays in cache while every
+// token goes past it. Values keep the file's precision: f16/bf16 stay 16-bit,
+// Q8_0 keeps its int8 codes (scales widened to f32), Q4_K its nibbles.
+//
+// Layout of panel p (rows 32p .. 32p+31, rows past n_out are zero):
+//   F32, F16, BF16: element (r, k) at index k * 32 + r.
+//   Q8_0: per block of 32 inputs, 1152 bytes: float d[32] (one per row),
+//         then int8 q[32 inputs][32 rows]. Value = d[r] * q[k][r].
+//   Q4_K: per sub-block of 32 inputs, 768 bytes: float a[32], float m[32]
+//         (d*scale and dmin*min of each row's sub-block), then uint8
+//         q[16][32 rows] where byte (j, r) holds input 2j in its low nibble
+//         and 2j + 1 in its high nibble. Value = a[r] * q - m[r].
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "compute/dtype.h"
+
+namespace depcache {
+
+struct WeightMatrix;
+
+inline constexpr int64_t kPanelRows = 32;
+
+// Whether t has a panel layout and kernels.
+bool packable(DType t);
+// Bytes of one panel of n_in inputs (n_in a valid row length of t).
+size_t panel_bytes(DType t, int64_t n_in);
+
+class PackedMatrix {
+ public:
+  // Error(InvalidInput) if the type has no panel layout.
+  explicit PackedMatrix(const WeightMatrix& w);
+
+  DType type() const { return type_; }
+  int64_t n_in() const { return n_in_; }
+  int64_t n_out() const { return n_out_; }
+  int64_t n_panels() const { return (n_out_ + kPanelRows - 1) / kPanelRows; }
+  size_t bytes() const { return n_panels() * panel_bytes_; }
+  const uint8_t* panel(int64_t p) const { return data_.get() + static_cast<size_t>(p) * panel_bytes_; }
+
+ private:
+  struct Unmap {
+    size_t size;
+    void operator()(uint8_t* p) const;
+  };
+  DType type_;
+  int64_t n_in_, n_out_;
+  size_t panel_bytes_;
+  // Anonymous memory with huge pages where the kernel gives them: streaming
+  // the weights of a decode step from it runs at nearly twice the speed of
+  // the file mapping on the machines we measured.
+  std::unique_ptr<uint8_t, Unmap> data_;
+};
+
+// Weight (r, k) of a panel as a float; the reference the kernels are tested
+// against.
+float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_t k);
+
+// y[t * y_stride + r] = sum_k W(r, k) * x[t * x_stride + k] for the n_rows
+// (<= 32) valid rows of one panel and n_tok tokens, with the kernels of the
+// current ISA.
+void panel_gemm(DType t, const uint8_t* panel, int64_t n_in, const float* x, int64_t x_stride, int64_t n_tok,
+                float* y, int64_t y_stride, int n_rows);
+
+}  // namespace depcache
