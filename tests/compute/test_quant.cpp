@@ -16,6 +16,7 @@
 #include "compute/fp16.h"
 #include "compute/quant.h"
 #include "compute/quant_reference.h"
+#include "random_rows.h"
 #include "test_support.h"
 #include "util/error.h"
 
@@ -43,52 +44,6 @@ std::vector<int64_t> sizes_for(DType t) {
     default:
       return {256, 768, 2816, 4864};  // 896 is not a multiple of 256
   }
-}
-
-void put16(std::vector<uint8_t>& row, size_t offset, uint16_t v) { std::memcpy(&row[offset], &v, 2); }
-
-// A finite fp16 scale of either sign spanning 2^-20..2^3 (subnormal halves
-// included), so products stay finite and every format field gets exercised.
-uint16_t random_scale(std::mt19937& rng) {
-  const float v = std::exp2(std::uniform_real_distribution<float>(-20.f, 3.f)(rng));
-  return fp32_to_fp16(rng() & 1 ? -v : v);
-}
-
-// Random bytes for every field, except that fp16 scales are finite (above)
-// and F16/BF16 elements are finite.
-std::vector<uint8_t> random_row(DType t, int64_t n, std::mt19937& rng) {
-  std::vector<uint8_t> row(row_bytes(t, n));
-  for (auto& b : row) b = static_cast<uint8_t>(rng());
-  std::normal_distribution<float> normal(0.f, 4.f);
-  for (int64_t i = 0; i < n; ++i) {
-    if (t == DType::F32) {
-      const float f = normal(rng);
-      std::memcpy(&row[4 * i], &f, 4);
-    } else if (t == DType::F16) {
-      uint16_t h;
-      do h = static_cast<uint16_t>(rng());
-      while (((h >> 10) & 31) == 31);
-      put16(row, 2 * i, h);
-    } else if (t == DType::BF16) {  // |v| in 2^-30..2^30, 5% zero/subnormal
-      const uint32_t e = rng() % 20 == 0 ? 0 : 97 + rng() % 61;
-      put16(row, 2 * i, static_cast<uint16_t>((rng() & 0x8000u) | (e << 7) | (rng() & 0x7Fu)));
-    }
-  }
-  const int64_t blocks = n / dtype_info(t).block_size;
-  for (int64_t k = 0; k < blocks; ++k) {
-    if (t == DType::Q8_0) put16(row, 34 * k, random_scale(rng));
-    if (t == DType::Q4_0) put16(row, 18 * k, random_scale(rng));
-    if (t == DType::Q4_K) put16(row, 144 * k, random_scale(rng)), put16(row, 144 * k + 2, random_scale(rng));
-    if (t == DType::Q6_K) put16(row, 210 * k + 208, random_scale(rng));
-  }
-  return row;
-}
-
-std::vector<float> random_x(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> x(n);
-  for (auto& v : x) v = normal(rng);
-  return x;
 }
 
 // ---- Parameterised over (ISA, type); ISAs the CPU lacks are skipped.

@@ -1,0 +1,175 @@
+// Panel layout and panel GEMM kernels of every ISA the CPU has, against the
+// float64 reference dequantizer, on odd shapes: one row, rows that leave a
+// part-filled panel, token counts that leave part-filled tiles of every
+// width, inputs that are not a multiple of any vector length.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "compute/dot.h"
+#include "compute/matmul.h"
+#include "compute/packed_matrix.h"
+#include "compute/quant_reference.h"
+#include "random_rows.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+constexpr DType kPanelTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_K};
+constexpr Isa kIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512};
+
+std::vector<int64_t> inputs_for(DType t) {
+  switch (dtype_info(t).block_size) {
+    case 1:
+      return {1, 7, 33, 896};
+    case 32:
+      return {32, 96, 896};
+    default:
+      return {256, 768};
+  }
+}
+
+// A weight matrix in file rows, its float64 values and its panels.
+struct TestMatrix {
+  std::vector<uint8_t> bytes;
+  std::vector<double> values;  // n_out x n_in
+  WeightMatrix w;
+
+  TestMatrix(DType t, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+    const size_t rb = row_bytes(t, n_in);
+    values.resize(n_in * n_out);
+    for (int64_t r = 0; r < n_out; ++r) {
+      const std::vector<uint8_t> row = random_row(t, n_in, rng);
+      bytes.insert(bytes.end(), row.begin(), row.end());
+      dequantize_row_f64(t, row.data(), values.data() + r * n_in, n_in);
+    }
+    w = {t, n_in, n_out, bytes.data(), rb, nullptr};
+    w.packed = std::make_shared<const PackedMatrix>(w);
+  }
+};
+
+// y[t][r] against the exact sum, with the bound of the dot tests (fp32
+// summation in any order: (n + 2) * FLT_EPSILON * sum|w x|), plus one
+// subnormal step per operation for products that underflow.
+void expect_matches(const TestMatrix& m, const float* x, int64_t xs, int64_t n_tok, const float* y, int64_t ys,
+                    const std::string& label) {
+  const int64_t n_in = m.w.n_in;
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t r = 0; r < m.w.n_out; ++r) {
+      double exact = 0, mag = 0;
+      for (int64_t k = 0; k < n_in; ++k) {
+        const double p = m.values[r * n_in + k] * x[t * xs + k];
+        exact += p, mag += std::fabs(p);
+      }
+      const double tol = (n_in + 2) * (double(FLT_EPSILON) * mag + double(FLT_TRUE_MIN));
+      ASSERT_LE(std::fabs(y[t * ys + r] - exact), tol)
+          << label << " token " << t << " row " << r << " got " << y[t * ys + r] << " want " << exact;
+    }
+}
+
+class PanelTest : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
+ protected:
+  void SetUp() override {
+    const Isa isa = std::get<0>(GetParam());
+    if (!isa_supported(isa)) GTEST_SKIP() << "this CPU does not support the " << isa_name(isa) << " kernels";
+    set_isa(isa);
+  }
+  void TearDown() override { set_isa(saved_); }
+  DType type() const { return std::get<1>(GetParam()); }
+  Isa saved_ = current_isa();
+};
+
+// Packing moves values, it does not compute them: every weight read back
+// from the panels equals the exact value (the formulas are exact in fp32
+// before their one rounding), and rows past n_out are zero.
+TEST_P(PanelTest, PackingKeepsEveryValue) {
+  std::mt19937 rng(11);
+  for (int64_t n_in : inputs_for(type())) {
+    const TestMatrix m(type(), n_in, 45, rng);
+    const PackedMatrix& p = *m.w.packed;
+    ASSERT_EQ(p.n_panels(), 2);
+    for (int64_t r = 0; r < 2 * kPanelRows; ++r)
+      for (int64_t k = 0; k < n_in; ++k) {
+        const float got = panel_value(type(), p.panel(r / kPanelRows), n_in, r % kPanelRows, k);
+        const float want = r < 45 ? static_cast<float>(m.values[r * n_in + k]) : 0.0f;
+        ASSERT_EQ(got, want) << "row " << r << " input " << k << " n_in " << n_in;
+      }
+  }
+}
+
+// Strided x and y, read from an odd address; y's padding columns must stay
+// untouched (the masked stores of a part-filled panel).
+TEST_P(PanelTest, GemmMatchesReference) {
+  std::mt19937 rng(23);
+  const std::string isa(isa_name(std::get<0>(GetParam())));
+  for (int64_t n_in : inputs_for(type()))
+    for (int64_t n_out : {1, 17, 32, 45})
+      for (int64_t n_tok : {1, 2, 7, 13, 29}) {
+        const TestMatrix m(type(), n_in, n_out, rng);
+        const int64_t xs = n_in + 3, ys = n_out + 5;
+        std::vector<float> xbuf = random_x(n_tok * xs + 1, rng);
+        const float* x = xbuf.data() + 1;
+        constexpr float kSentinel = -12345.0f;
+        std::vector<float> y(n_tok * ys, kSentinel);
+        const PackedMatrix& p = *m.w.packed;
+        for (int64_t pi = 0; pi < p.n_panels(); ++pi)
+          panel_gemm(type(), p.panel(pi), n_in, x, xs, n_tok, y.data() + pi * kPanelRows, ys,
+                     static_cast<int>(std::min<int64_t>(kPanelRows, n_out - pi * kPanelRows)));
+        const std::string label = isa + "/" + std::string(dtype_info(type()).name) + " n_in " + std::to_string(n_in) +
+                                  " n_out " + std::to_string(n_out) + " tokens " + std::to_string(n_tok);
+        expect_matches(m, x, xs, n_tok, y.data(), ys, label);
+        for (int64_t t = 0; t < n_tok; ++t)
+          for (int64_t c = n_out; c < ys; ++c) ASSERT_EQ(y[t * ys + c], kSentinel) << label << " wrote padding";
+        if (HasFatalFailure()) return;
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsasAndTypes, PanelTest,
+                         ::testing::Combine(::testing::ValuesIn(kIsas), ::testing::ValuesIn(kPanelTypes)),
+                         [](const auto& info) {
+                           return std::string(isa_name(std::get<0>(info.param))) + "_" +
+                                  std::string(dtype_info(std::get<1>(info.param)).name);
+                         });
+
+// The threaded matmul over panels: decode (runs of panels per thread) and
+// prefill (panels, or token chunks when panels are few) cover every output
+// once, for token counts around the chunk sizes.
+TEST(PanelMatmul, EveryThreadSplitCoversTheOutput) {
+  std::mt19937 rng(5);
+  ThreadPool pool(2);
+  std::vector<float> scratch;
+  for (int64_t n_out : {40, 200, 1000})
+    for (int64_t n_tok : {1, 3, 4, 61, 130}) {
+      const TestMatrix m(DType::F16, 64, n_out, rng);
+      const std::vector<float> x = random_x(n_tok * 64, rng);
+      std::vector<float> y(n_tok * n_out, NAN);
+      matmul(m.w, x.data(), n_tok, y.data(), pool, scratch);
+      expect_matches(m, x.data(), 64, n_tok, y.data(), n_out,
+                     "n_out " + std::to_string(n_out) + " tokens " + std::to_string(n_tok));
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST(PanelMatmul, TypesWithoutPanelsAreRefused) {
+  EXPECT_FALSE(packable(DType::Q6_K));
+  EXPECT_FALSE(packable(DType::Q4_0));
+  std::vector<uint8_t> row(row_bytes(DType::Q6_K, 256));
+  const WeightMatrix w{DType::Q6_K, 256, 1, row.data(), row.size(), nullptr};
+  try {
+    PackedMatrix p(w);
+    FAIL() << "packed a Q6_K matrix";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
+    EXPECT_NE(std::string(e.what()).find("Q6_K"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace depcache
