@@ -58,8 +58,8 @@ struct TestMatrix {
 // y[t][r] against the exact sum, with the bound of the dot tests (fp32
 // summation in any order: (n + 2) * FLT_EPSILON * sum|w x|), plus one
 // subnormal step per operation for products that underflow.
-void expect_matches(const TestMatrix& m, const float* x, int64_t xs, int64_t n_tok, const float* y, int64_t ys,
-                    const std::string& label) {
+void expect_matches(const TestMatrix& m, const float* x, int64_t xs, int64_t n_tok, const float* y,
+                    int64_t ys, const std::string& label) {
   const int64_t n_in = m.w.n_in;
   for (int64_t t = 0; t < n_tok; ++t)
     for (int64_t r = 0; r < m.w.n_out; ++r) {
@@ -122,11 +122,13 @@ TEST_P(PanelTest, GemmMatchesReference) {
         for (int64_t pi = 0; pi < p.n_panels(); ++pi)
           panel_gemm(type(), p.panel(pi), n_in, x, xs, n_tok, y.data() + pi * kPanelRows, ys,
                      static_cast<int>(std::min<int64_t>(kPanelRows, n_out - pi * kPanelRows)));
-        const std::string label = isa + "/" + std::string(dtype_info(type()).name) + " n_in " + std::to_string(n_in) +
-                                  " n_out " + std::to_string(n_out) + " tokens " + std::to_string(n_tok);
+        const std::string label = isa + "/" + std::string(dtype_info(type()).name) + " n_in " +
+                                  std::to_string(n_in) + " n_out " + std::to_string(n_out) + " tokens " +
+                                  std::to_string(n_tok);
         expect_matches(m, x, xs, n_tok, y.data(), ys, label);
         for (int64_t t = 0; t < n_tok; ++t)
-          for (int64_t c = n_out; c < ys; ++c) ASSERT_EQ(y[t * ys + c], kSentinel) << label << " wrote padding";
+          for (int64_t c = n_out; c < ys; ++c)
+            ASSERT_EQ(y[t * ys + c], kSentinel) << label << " wrote padding";
         if (HasFatalFailure()) return;
       }
 }
