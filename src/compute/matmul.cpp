@@ -57,32 +57,45 @@ void matmul_gemm(const WeightMatrix& w, const float* x, int64_t n_tokens, float*
   });
 }
 
-void matmul_panels(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  const int64_t n_panels = w.n_panels();
+// Every output of `outs` is packed. A task is a run of panels of one matrix
+// by a run of tokens. Decode streams the weights: a few long runs per thread
+// keep each thread's reads sequential for the hardware prefetcher while the
+// dynamic hand-out still evens out a thread that starts late. Prefill is
+// compute-bound: one panel per task (or a token run, when panels are few).
+void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, ThreadPool& pool) {
+  int64_t n_panels = 0;
+  for (const MatmulOut& o : outs) n_panels += o.w->packed->n_panels();
   const int64_t threads = pool.size();
-  // A task is a run of panels by a run of tokens. Decode streams the
-  // weights: one long run of panels per thread keeps each thread's reads
-  // sequential for the hardware prefetcher. Prefill is compute-bound: one
-  // panel per task (or a token run, when panels are few) balances better.
-  int64_t panels_per_task = 1, n_chunks = 1;
+  int64_t panels_per_run = 1, n_chunks = 1;
   if (n_tokens < kGemmMinTokens) {
-    panels_per_task = (n_panels + threads - 1) / threads;
+    panels_per_run = (n_panels + 4 * threads - 1) / (4 * threads);
   } else if (n_panels < 4 * threads) {
     constexpr int64_t kTokenQuantum = 60;  // whole multiples of the widest tile
     n_chunks =
         std::max<int64_t>(1, std::min((4 * threads + n_panels - 1) / n_panels, n_tokens / kTokenQuantum));
   }
-  const int64_t n_runs = (n_panels + panels_per_task - 1) / panels_per_task;
+  struct Run {
+    const PackedMatrix* w;
+    float* y;
+    int64_t p0, p1;
+  };
+  std::vector<Run> runs;
+  for (const MatmulOut& o : outs) {
+    const PackedMatrix& w = *o.w->packed;
+    for (int64_t p = 0; p < w.n_panels(); p += panels_per_run)
+      runs.push_back({&w, o.y, p, std::min(w.n_panels(), p + panels_per_run)});
+  }
   const int64_t chunk = (n_tokens + n_chunks - 1) / n_chunks;
-  pool.parallel_for(n_runs * n_chunks, [&](int64_t task, int) {
-    const int64_t run = task / n_chunks, t0 = (task % n_chunks) * chunk;
+  pool.parallel_for(static_cast<int64_t>(runs.size()) * n_chunks, [&](int64_t task, int) {
+    const Run& r = runs[task / n_chunks];
+    const int64_t t0 = (task % n_chunks) * chunk;
     const int64_t nt = std::min(chunk, n_tokens - t0);
     if (nt <= 0) return;
-    const int64_t p1 = std::min(n_panels, (run + 1) * panels_per_task);
-    for (int64_t p = run * panels_per_task; p < p1; ++p) {
+    const PackedMatrix& w = *r.w;
+    for (int64_t p = r.p0; p < r.p1; ++p) {
       const int rows = static_cast<int>(std::min(kPanelRows, w.n_out() - p * kPanelRows));
       panel_gemm(w.type(), w.panel(p), w.n_in(), x + t0 * w.n_in(), w.n_in(), nt,
-                 y + t0 * w.n_out() + p * kPanelRows, w.n_out(), rows);
+                 r.y + t0 * w.n_out() + p * kPanelRows, w.n_out(), rows);
     }
   });
 }
@@ -91,12 +104,22 @@ void matmul_panels(const PackedMatrix& w, const float* x, int64_t n_tokens, floa
 
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             std::vector<float>& scratch) {
-  if (w.packed)
-    matmul_panels(*w.packed, x, n_tokens, y, pool);
-  else if (n_tokens < kGemmMinTokens)
-    matmul_rows(w, x, n_tokens, y, pool);
-  else
-    matmul_gemm(w, x, n_tokens, y, pool, scratch);
+  const MatmulOut out{&w, y};
+  matmul(std::span(&out, 1), x, n_tokens, pool, scratch);
+}
+
+void matmul(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, ThreadPool& pool,
+            std::vector<float>& scratch) {
+  std::vector<MatmulOut> packed;
+  for (const MatmulOut& o : outs) {
+    if (o.w->packed)
+      packed.push_back(o);
+    else if (n_tokens < kGemmMinTokens)
+      matmul_rows(*o.w, x, n_tokens, o.y, pool);
+    else
+      matmul_gemm(*o.w, x, n_tokens, o.y, pool, scratch);
+  }
+  if (!packed.empty()) matmul_panels(packed, x, n_tokens, pool);
 }
 
 }  // namespace depcache

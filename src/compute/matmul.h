@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "compute/dtype.h"
@@ -32,6 +33,15 @@ struct WeightMatrix {
 // tokens (decode) use per-row dot kernels on the stored type and many
 // tokens (prefill) dequantize the matrix into `scratch` for a float GEMM.
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+            std::vector<float>& scratch);
+
+// Several matrices applied to the same x (Q, K and V; gate and up) in one
+// parallel loop: one hand-out and one wait instead of one per matrix.
+struct MatmulOut {
+  const WeightMatrix* w;
+  float* y;  // (n_tokens, w->n_out)
+};
+void matmul(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, ThreadPool& pool,
             std::vector<float>& scratch);
 
 // Token count from which the GEMM path is taken.

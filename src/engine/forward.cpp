@@ -120,9 +120,8 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
 
   // Q, K, V of every active token.
   rms_norm(x_.data(), w.attn_norm.data(), xn_.data(), n, c.n_embd, c.rms_eps);
-  matmul(w.wq, xn_.data(), n, q_.data(), pool_, matmul_scratch_);
-  matmul(w.wk, xn_.data(), n, k_.data(), pool_, matmul_scratch_);
-  matmul(w.wv, xn_.data(), n, v_.data(), pool_, matmul_scratch_);
+  const MatmulOut qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
+  matmul(qkv, xn_.data(), n, pool_, matmul_scratch_);
   if (c.qkv_bias) {
     add_bias(q_.data(), w.bq.data(), n, q_width);
     add_bias(k_.data(), w.bk.data(), n, c.n_embd_kv());
@@ -189,8 +188,8 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
 
   // Feed-forward block (SwiGLU).
   rms_norm(x_.data(), w.ffn_norm.data(), xn_.data(), m, c.n_embd, c.rms_eps);
-  matmul(w.w_gate, xn_.data(), m, gate_.data(), pool_, matmul_scratch_);
-  matmul(w.w_up, xn_.data(), m, up_.data(), pool_, matmul_scratch_);
+  const MatmulOut gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};
+  matmul(gate_up, xn_.data(), m, pool_, matmul_scratch_);
   swiglu(gate_.data(), up_.data(), m * c.n_ff);
   matmul(w.w_down, gate_.data(), m, proj_.data(), pool_, matmul_scratch_);
   for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
