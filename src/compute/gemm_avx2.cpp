@@ -16,8 +16,6 @@ namespace {
 
 constexpr int64_t kRows = 32;  // kPanelRows
 
-inline __m128i load8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
-
 template <int MR>
 struct Tile {
   static constexpr int kSets = MR == 1 ? 2 : MR;
@@ -88,21 +86,32 @@ struct BF16Load {
   }
 };
 
+// Quantized panels: 32 bytes hold one four-slot group of 8 rows; slot j of
+// every row is (v >> 8j) & 0xFF, or a nibble of it for Q4_K.
+inline __m256 slot(__m256i v, int shift, int mask, __m256 a, __m256 m) {
+  const __m256i q = _mm256_and_si256(_mm256_srli_epi32(v, shift), _mm256_set1_epi32(mask));
+  return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), a, m);  // a*q - m, exact before its one rounding
+}
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
 struct WalkQ8_0 {
   static constexpr int kTokens = 5;
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
     for (int64_t b = 0; b < n_in / 32; ++b) {
       const uint8_t* blk = panel + b * 1152;
-      const auto* d = reinterpret_cast<const float*>(blk) + 16 * h;
-      const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-      const uint8_t* q = blk + 128 + 16 * h;
-      auto w = [&](int64_t k, int part, __m256 dv) {
-        return _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8(q + k * kRows + 8 * part))));
-      };
-      for (int64_t k = 0; k < 32; k += 2) {
-        tile.template put<0>(32 * b + k, w(k, 0, d0), w(k, 1, d1));
-        tile.template put<1>(32 * b + k + 1, w(k + 1, 0, d0), w(k + 1, 1, d1));
+      const auto* f = reinterpret_cast<const float*>(blk) + 16 * h;
+      const __m256 a0 = _mm256_loadu_ps(f), a1 = _mm256_loadu_ps(f + 8);
+      const __m256 m0 = _mm256_mul_ps(a0, _mm256_set1_ps(128.f)),
+                   m1 = _mm256_mul_ps(a1, _mm256_set1_ps(128.f));
+      const uint8_t* u = blk + 128 + 64 * h;
+      for (int64_t g = 0; g < 8; ++g) {
+        const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
+        const int64_t k = 32 * b + 4 * g;
+        tile.template put<0>(k, slot(v0, 0, 0xFF, a0, m0), slot(v1, 0, 0xFF, a1, m1));
+        tile.template put<1>(k + 1, slot(v0, 8, 0xFF, a0, m0), slot(v1, 8, 0xFF, a1, m1));
+        tile.template put<0>(k + 2, slot(v0, 16, 0xFF, a0, m0), slot(v1, 16, 0xFF, a1, m1));
+        tile.template put<1>(k + 3, slot(v0, 24, 0xFF, a0, m0), slot(v1, 24, 0xFF, a1, m1));
       }
     }
   }
@@ -112,22 +121,24 @@ struct WalkQ4_K {
   static constexpr int kTokens = 4;
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
-    const __m256i low4 = _mm256_set1_epi32(0x0F);
     for (int64_t s = 0; s < n_in / 32; ++s) {
       const uint8_t* sub = panel + s * 768;
       const auto* f = reinterpret_cast<const float*>(sub) + 16 * h;
       const __m256 a0 = _mm256_loadu_ps(f), a1 = _mm256_loadu_ps(f + 8);
       const __m256 m0 = _mm256_loadu_ps(f + 32), m1 = _mm256_loadu_ps(f + 40);
-      const uint8_t* q = sub + 256 + 16 * h;
-      for (int64_t j = 0; j < 16; ++j) {
-        const __m256i r0 = _mm256_cvtepu8_epi32(load8(q + j * kRows));
-        const __m256i r1 = _mm256_cvtepu8_epi32(load8(q + j * kRows + 8));
-        tile.template put<0>(32 * s + 2 * j,
-                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r0, low4)), a0, m0),
-                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r1, low4)), a1, m1));
-        tile.template put<1>(32 * s + 2 * j + 1,
-                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r0, 4)), a0, m0),
-                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r1, 4)), a1, m1));
+      const uint8_t* u = sub + 256 + 64 * h;
+      for (int64_t g = 0; g < 4; ++g) {
+        const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
+        const int64_t k = 32 * s + 8 * g;
+        // Input 8g + j: byte j % 4, low nibble for j < 4, high for j >= 4.
+        tile.template put<0>(k, slot(v0, 0, 0xF, a0, m0), slot(v1, 0, 0xF, a1, m1));
+        tile.template put<1>(k + 1, slot(v0, 8, 0xF, a0, m0), slot(v1, 8, 0xF, a1, m1));
+        tile.template put<0>(k + 2, slot(v0, 16, 0xF, a0, m0), slot(v1, 16, 0xF, a1, m1));
+        tile.template put<1>(k + 3, slot(v0, 24, 0xF, a0, m0), slot(v1, 24, 0xF, a1, m1));
+        tile.template put<0>(k + 4, slot(v0, 4, 0xF, a0, m0), slot(v1, 4, 0xF, a1, m1));
+        tile.template put<1>(k + 5, slot(v0, 12, 0xF, a0, m0), slot(v1, 12, 0xF, a1, m1));
+        tile.template put<0>(k + 6, slot(v0, 20, 0xF, a0, m0), slot(v1, 20, 0xF, a1, m1));
+        tile.template put<1>(k + 7, slot(v0, 28, 0xF, a0, m0), slot(v1, 28, 0xF, a1, m1));
       }
     }
   }

@@ -26,6 +26,14 @@ void pack_dense(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   }
 }
 
+// Offset of byte slot j (< 32) of row r in the value bytes of a block: slots
+// come in groups of four per row, groups of all 32 rows one after another.
+constexpr size_t slot_byte(int64_t r, int64_t j) {
+  return static_cast<size_t>((j / 4) * kPanelRows * 4 + r * 4 + j % 4);
+}
+// The slot of Q4_K input i (< 32): inputs 8g+b and 8g+4+b share slot 4g+b.
+constexpr int64_t q4k_slot(int64_t i) { return (i / 8) * 4 + i % 4; }
+
 void pack_q8_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(w.row(r0 + r));
@@ -33,8 +41,8 @@ void pack_q8_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
       uint8_t* out = dst + b * kQ8PanelBlock;
       const float d = fp16_to_fp32(blocks[b].d);
       std::memcpy(out + r * sizeof(float), &d, sizeof d);
-      auto* q = reinterpret_cast<int8_t*>(out + kPanelRows * sizeof(float));
-      for (int64_t k = 0; k < kQ32; ++k) q[k * kPanelRows + r] = blocks[b].qs[k];
+      uint8_t* u = out + kPanelRows * sizeof(float);
+      for (int64_t k = 0; k < kQ32; ++k) u[slot_byte(r, k)] = static_cast<uint8_t>(blocks[b].qs[k] + 128);
     }
   }
 }
@@ -52,12 +60,13 @@ void pack_q4_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
         const float a = d * sc[s], m = dmin * mn[s];
         std::memcpy(out + r * sizeof(float), &a, sizeof a);
         std::memcpy(out + (kPanelRows + r) * sizeof(float), &m, sizeof m);
-        uint8_t* q = out + 2 * kPanelRows * sizeof(float);
+        uint8_t* u = out + 2 * kPanelRows * sizeof(float);
         const uint8_t* src = b.qs + 32 * (s / 2);
         const int shift = 4 * (s & 1);
-        for (int j = 0; j < 16; ++j) {
-          const int lo = (src[2 * j] >> shift) & 0xF, hi = (src[2 * j + 1] >> shift) & 0xF;
-          q[j * kPanelRows + r] = static_cast<uint8_t>(lo | (hi << 4));
+        for (int64_t i = 0; i < kQ32; ++i) {
+          const int q = (src[i] >> shift) & 0xF;
+          // Inputs 8g .. 8g+3 in the low nibbles, 8g+4 .. 8g+7 in the high.
+          u[slot_byte(r, q4k_slot(i))] |= static_cast<uint8_t>(q << (i % 8 < 4 ? 0 : 4));
         }
       }
     }
@@ -176,14 +185,15 @@ float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_
       return bf16_to_fp32(read_u16(panel + idx * 2));
     case DType::Q8_0: {
       const uint8_t* blk = panel + (k / kQ32) * kQ8PanelBlock;
-      const auto q = static_cast<int8_t>(blk[kPanelRows * sizeof(float) + (k % kQ32) * kPanelRows + r]);
-      return read_f32(blk + r * sizeof(float)) * q;
+      const int u = blk[kPanelRows * sizeof(float) + slot_byte(r, k % kQ32)];
+      const float a = read_f32(blk + r * sizeof(float));
+      return a * static_cast<float>(u) - 128 * a;
     }
     case DType::Q4_K: {
       const uint8_t* sub = panel + (k / kQ32) * kQ4KPanelSub;
       const int64_t i = k % kQ32;
-      const uint8_t byte = sub[2 * kPanelRows * sizeof(float) + (i / 2) * kPanelRows + r];
-      const int q = (i % 2 == 0) ? (byte & 0xF) : (byte >> 4);
+      const uint8_t byte = sub[2 * kPanelRows * sizeof(float) + slot_byte(r, q4k_slot(i))];
+      const int q = (i % 8 < 4) ? (byte & 0xF) : (byte >> 4);
       const float a = read_f32(sub + r * sizeof(float)), m = read_f32(sub + (kPanelRows + r) * sizeof(float));
       return a * static_cast<float>(q) - m;
     }

@@ -9,12 +9,16 @@
 //
 // Layout of panel p (rows 32p .. 32p+31, rows past n_out are zero):
 //   F32, F16, BF16: element (r, k) at index k * 32 + r.
-//   Q8_0: per block of 32 inputs, 1152 bytes: float d[32] (one per row),
-//         then int8 q[32 inputs][32 rows]. Value = d[r] * q[k][r].
+//   Q8_0: per block of 32 inputs, 1152 bytes: float a[32] (the block scale
+//         d of each row), then uint8 u[8][32 rows][4]: group g, row r holds
+//         inputs 4g .. 4g+3 as q + 128. Value = a[r] * u - 128 * a[r].
 //   Q4_K: per sub-block of 32 inputs, 768 bytes: float a[32], float m[32]
 //         (d*scale and dmin*min of each row's sub-block), then uint8
-//         q[16][32 rows] where byte (j, r) holds input 2j in its low nibble
-//         and 2j + 1 in its high nibble. Value = a[r] * q - m[r].
+//         u[4][32 rows][4]: group g, row r, byte b holds input 8g + b in its
+//         low nibble and 8g + 4 + b in its high nibble. Value = a[r] * q - m[r].
+// The quantized layouts keep the weights unsigned in four-input groups per
+// row: the shape of the int8 dot-product instructions (VNNI), whose kernels
+// run on activations quantized per token to int8 in blocks of 32.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
