@@ -11,6 +11,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "compute/dot.h"
 #include "engine/forward.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -59,7 +60,7 @@ void add_bench_model_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench-model", "Measure prompt (pp) and generation (tg) tokens/s");
   static std::string model_path, pp_list = "512", tg_list = "128", kv_type = "f16";
   static int threads = 0, reps = 3, ubatch = 512;
-  static bool json = false;
+  static bool json = false, int8 = false;
   cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
   cmd->add_option("-p,--n-prompt", pp_list, "Prompt lengths, comma-separated (0: none)")
       ->capture_default_str();
@@ -73,8 +74,11 @@ void add_bench_model_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
+  cmd->add_flag("--int8-activations", int8,
+                "Q8_0/Q4_K matmuls on int8-quantized activations (AVX-512 VNNI; faster, not exact)");
   cmd->add_flag("--json", json, "Print JSON lines instead of a table");
   cmd->callback([] {
+    if (int8) set_int8_activations(true);
     const std::vector<int> pps = parse_list(pp_list, "--n-prompt");
     const std::vector<int> tgs = parse_list(tg_list, "--n-gen");
     const DType kv = parse_kv_type(kv_type);

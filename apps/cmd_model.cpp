@@ -1,4 +1,5 @@
-// `depcache model info|new`: inspect a GGUF file; write a random-weight model.
+// `depcache model info|new|quantize`: inspect a GGUF file; write a random-weight
+// model; requantize a model.
 #include <fmt/format.h>
 
 #include "commands.h"
@@ -30,6 +31,7 @@ std::string value_summary(const GgufValue& v) {
 }  // namespace
 
 void add_model_new_command(CLI::App& model);
+void add_model_quantize_command(CLI::App& model);
 
 void add_model_commands(CLI::App& app) {
   CLI::App* model = app.add_subcommand("model", "Inspect or create GGUF model files");
@@ -41,6 +43,7 @@ void add_model_commands(CLI::App& app) {
   info->add_option("file", info_path, "GGUF file")->required();
   info->add_flag("--tensors", show_tensors, "List every tensor");
   add_model_new_command(*model);
+  add_model_quantize_command(*model);
   info->callback([] {
     const GgufFile f = GgufFile::open(info_path);
     fmt::print("file: {}\nGGUF version: {}\nalignment: {}\ntensors: {}\n", info_path, f.version(),

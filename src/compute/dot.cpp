@@ -223,6 +223,23 @@ void set_isa(Isa isa) {
 
 Isa current_isa() { return detail::active().isa; }
 
+namespace {
+std::atomic<int> g_int8{-1};  // -1: not read from the environment yet
+}  // namespace
+
+void set_int8_activations(bool on) { g_int8.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool int8_activations() {
+  int v = g_int8.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("DEPCACHE_INT8_ACTIVATIONS");
+    v = env && std::string_view(env) == "1" ? 1 : 0;
+    int expected = -1;
+    if (!g_int8.compare_exchange_strong(expected, v)) v = expected;
+  }
+  return v == 1;
+}
+
 std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512:

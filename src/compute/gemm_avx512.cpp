@@ -183,6 +183,94 @@ void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs
     tail<Walk, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, x + i * xs, xs, y + i * ys, ys, m0, m1);
 }
 
+// ---- Int8 activations (VNNI). Per block of 32 inputs a tile of MR tokens
+// by 32 rows sums u * xq in int32 (vpdpbusd: unsigned weights times signed
+// activations, four per lane), then adds d_x * (a * sum - m * sum xq) in
+// fp32. Q8_0 values are u - 128 with m = 128 a; Q4_K has its own m.
+template <bool kQ4, int MR>
+void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y, int64_t ys,
+             __mmask16 k0, __mmask16 k1) {
+  const int64_t nb = n_in / 32;
+  __m512 acc[MR][2];
+  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+  auto x4 = [&](int t, int64_t i) {  // four activations of token t as one broadcast lane
+    int32_t v;
+    __builtin_memcpy(&v, xq + t * n_in + i, 4);
+    return _mm512_set1_epi32(v);
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = panel + b * (kQ4 ? 768 : 1152);
+    const auto* f = reinterpret_cast<const float*>(blk);
+    const uint8_t* u = blk + (kQ4 ? 256 : 128);
+    __m512i ia[MR][2];
+    for (auto& a : ia) a[0] = a[1] = _mm512_setzero_si512();
+    if constexpr (!kQ4) {
+      for (int64_t g = 0; g < 8; ++g) {
+        const __m512i w0 = _mm512_loadu_si512(u + g * 128), w1 = _mm512_loadu_si512(u + g * 128 + 64);
+        for (int t = 0; t < MR; ++t) {
+          const __m512i xb = x4(t, 32 * b + 4 * g);
+          ia[t][0] = _mm512_dpbusd_epi32(ia[t][0], w0, xb);
+          ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
+        }
+      }
+    } else {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      for (int64_t g = 0; g < 4; ++g) {
+        const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
+        const __m512i lo0 = _mm512_and_si512(v0, low4),
+                      hi0 = _mm512_and_si512(_mm512_srli_epi32(v0, 4), low4);
+        const __m512i lo1 = _mm512_and_si512(v1, low4),
+                      hi1 = _mm512_and_si512(_mm512_srli_epi32(v1, 4), low4);
+        for (int t = 0; t < MR; ++t) {
+          const __m512i xl = x4(t, 32 * b + 8 * g), xh = x4(t, 32 * b + 8 * g + 4);
+          ia[t][0] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[t][0], lo0, xl), hi0, xh);
+          ia[t][1] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[t][1], lo1, xl), hi1, xh);
+        }
+      }
+    }
+    const __m512 a0 = _mm512_loadu_ps(f), a1 = _mm512_loadu_ps(f + 16);
+    const __m512 m0 = kQ4 ? _mm512_loadu_ps(f + 32) : _mm512_mul_ps(a0, _mm512_set1_ps(128.f));
+    const __m512 m1 = kQ4 ? _mm512_loadu_ps(f + 48) : _mm512_mul_ps(a1, _mm512_set1_ps(128.f));
+    for (int t = 0; t < MR; ++t) {
+      const __m512 dx = _mm512_set1_ps(xs[(t * nb + b) * 2]), dxs = _mm512_set1_ps(xs[(t * nb + b) * 2 + 1]);
+      acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][0]), _mm512_mul_ps(a0, dx),
+                                  _mm512_fnmadd_ps(m0, dxs, acc[t][0]));
+      acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][1]), _mm512_mul_ps(a1, dx),
+                                  _mm512_fnmadd_ps(m1, dxs, acc[t][1]));
+    }
+  }
+  for (int t = 0; t < MR; ++t) {
+    _mm512_mask_storeu_ps(y + t * ys, k0, acc[t][0]);
+    _mm512_mask_storeu_ps(y + t * ys + 16, k1, acc[t][1]);
+  }
+}
+
+template <bool kQ4, int MR>
+void tail_i8(int left, const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y,
+             int64_t ys, __mmask16 k0, __mmask16 k1) {
+  if constexpr (MR > 0) {
+    if (left == MR) return tile_i8<kQ4, MR>(panel, n_in, xq, xs, y, ys, k0, k1);
+    tail_i8<kQ4, MR - 1>(left, panel, n_in, xq, xs, y, ys, k0, k1);
+  }
+}
+
+template <bool kQ4>
+void panel_kernel_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, int64_t n_tok,
+                     float* y, int64_t ys, int n_rows) {
+  const auto mask = [](int n) {
+    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n < 0 ? 0 : n)) - 1);
+  };
+  const __mmask16 k0 = mask(n_rows), k1 = mask(n_rows - 16);
+  constexpr int MR = kQ4 ? 5 : 6;
+  const int64_t xs_row = n_in / 32 * 2;
+  int64_t i = 0;
+  for (; i + MR <= n_tok; i += MR)
+    tile_i8<kQ4, MR>(panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys, ys, k0, k1);
+  if (i < n_tok)
+    tail_i8<kQ4, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys,
+                         ys, k0, k1);
+}
+
 }  // namespace
 
 void fill_avx512_panels(KernelSet& set) {
@@ -192,6 +280,11 @@ void fill_avx512_panels(KernelSet& set) {
   put(DType::BF16, panel_kernel<WalkDense<BF16Load>>);
   put(DType::Q8_0, panel_kernel<WalkQ8_0>);
   put(DType::Q4_K, panel_kernel<WalkQ4_K>);
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512vnni")) {
+    set.by_type[static_cast<uint32_t>(DType::Q8_0)].panel_i8 = panel_kernel_i8<false>;
+    set.by_type[static_cast<uint32_t>(DType::Q4_K)].panel_i8 = panel_kernel_i8<true>;
+  }
 }
 
 }  // namespace depcache::detail

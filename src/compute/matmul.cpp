@@ -8,6 +8,7 @@
 #include "compute/dot.h"
 #include "compute/packed_matrix.h"
 #include "compute/quant.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace depcache {
@@ -62,7 +63,32 @@ void matmul_gemm(const WeightMatrix& w, const float* x, int64_t n_tokens, float*
 // keep each thread's reads sequential for the hardware prefetcher while the
 // dynamic hand-out still evens out a thread that starts late. Prefill is
 // compute-bound: one panel per task (or a token run, when panels are few).
-void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, ThreadPool& pool) {
+void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, ThreadPool& pool,
+                   std::vector<float>& scratch) {
+  // Int8 activations, when chosen and the kernels have them for a type: x
+  // quantized once for every matrix that reads it, in parallel over tokens.
+  const int64_t n_in = outs.front().w->n_in;
+  for (const MatmulOut& o : outs)
+    if (o.w->n_in != n_in)
+      fail(ErrorKind::Internal, "matmul: matrices of {} and {} inputs share one x", n_in, o.w->n_in);
+  bool any_i8 = false;
+  std::vector<char> use_i8(outs.size(), 0);
+  if (int8_activations())
+    for (size_t i = 0; i < outs.size(); ++i) any_i8 |= (use_i8[i] = has_int8_panels(outs[i].w->type));
+  const int8_t* xq = nullptr;
+  const float* xs = nullptr;
+  if (any_i8) {
+    const int64_t q_floats = (n_tokens * n_in + 3) / 4, s_floats = n_tokens * (n_in / kQ32) * 2;
+    scratch.resize(q_floats + s_floats);
+    auto* q = reinterpret_cast<int8_t*>(scratch.data());
+    float* sc = scratch.data() + q_floats;
+    constexpr int64_t kTokensPerTask = 16;
+    pool.parallel_for((n_tokens + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t task, int) {
+      const int64_t t0 = task * kTokensPerTask, nt = std::min(kTokensPerTask, n_tokens - t0);
+      quantize_activations(x + t0 * n_in, nt, n_in, q + t0 * n_in, sc + t0 * (n_in / kQ32) * 2);
+    });
+    xq = q, xs = sc;
+  }
   int64_t n_panels = 0;
   for (const MatmulOut& o : outs) n_panels += o.w->packed->n_panels();
   const int64_t threads = pool.size();
@@ -78,12 +104,13 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
     const PackedMatrix* w;
     float* y;
     int64_t p0, p1;
+    bool i8;
   };
   std::vector<Run> runs;
-  for (const MatmulOut& o : outs) {
-    const PackedMatrix& w = *o.w->packed;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const PackedMatrix& w = *outs[i].w->packed;
     for (int64_t p = 0; p < w.n_panels(); p += panels_per_run)
-      runs.push_back({&w, o.y, p, std::min(w.n_panels(), p + panels_per_run)});
+      runs.push_back({&w, outs[i].y, p, std::min(w.n_panels(), p + panels_per_run), use_i8[i] != 0});
   }
   const int64_t chunk = (n_tokens + n_chunks - 1) / n_chunks;
   pool.parallel_for(static_cast<int64_t>(runs.size()) * n_chunks, [&](int64_t task, int) {
@@ -94,8 +121,12 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
     const PackedMatrix& w = *r.w;
     for (int64_t p = r.p0; p < r.p1; ++p) {
       const int rows = static_cast<int>(std::min(kPanelRows, w.n_out() - p * kPanelRows));
-      panel_gemm(w.type(), w.panel(p), w.n_in(), x + t0 * w.n_in(), w.n_in(), nt,
-                 r.y + t0 * w.n_out() + p * kPanelRows, w.n_out(), rows);
+      float* y = r.y + t0 * w.n_out() + p * kPanelRows;
+      if (r.i8)
+        panel_gemm_i8(w.type(), w.panel(p), n_in, xq + t0 * n_in, xs + t0 * (n_in / kQ32) * 2, nt, y,
+                      w.n_out(), rows);
+      else
+        panel_gemm(w.type(), w.panel(p), n_in, x + t0 * n_in, n_in, nt, y, w.n_out(), rows);
     }
   });
 }
@@ -119,7 +150,7 @@ void matmul(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, T
     else
       matmul_gemm(*o.w, x, n_tokens, o.y, pool, scratch);
   }
-  if (!packed.empty()) matmul_panels(packed, x, n_tokens, pool);
+  if (!packed.empty()) matmul_panels(packed, x, n_tokens, pool, scratch);
 }
 
 }  // namespace depcache

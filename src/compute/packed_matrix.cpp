@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -209,6 +211,40 @@ void panel_gemm(DType t, const uint8_t* panel, int64_t n_in, const float* x, int
       raw < detail::kKernelTableSize ? detail::active_kernels().by_type[raw].panel : nullptr;
   if (!fn) fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
   fn(panel, n_in, x, x_stride, n_tok, y, y_stride, n_rows);
+}
+
+void quantize_activations(const float* x, int64_t n_tok, int64_t n_in, int8_t* xq, float* xs) {
+  if (n_in % kQ32 != 0)
+    fail(ErrorKind::InvalidInput, "int8 activations need rows of whole 32-blocks, not {}", n_in);
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t b = 0; b < n_in / kQ32; ++b) {
+      const float* src = x + t * n_in + b * kQ32;
+      int8_t* q = xq + t * n_in + b * kQ32;
+      float amax = 0;
+      for (int64_t i = 0; i < kQ32; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const float d = amax / 127, id = d > 0 ? 1 / d : 0;
+      int sum = 0;
+      for (int64_t i = 0; i < kQ32; ++i) {
+        q[i] = static_cast<int8_t>(std::nearbyint(src[i] * id));
+        sum += q[i];
+      }
+      xs[(t * (n_in / kQ32) + b) * 2] = d;
+      xs[(t * (n_in / kQ32) + b) * 2 + 1] = d * static_cast<float>(sum);
+    }
+}
+
+bool has_int8_panels(DType t) {
+  const auto raw = static_cast<uint32_t>(t);
+  return raw < detail::kKernelTableSize && detail::active_kernels().by_type[raw].panel_i8 != nullptr;
+}
+
+void panel_gemm_i8(DType t, const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs,
+                   int64_t n_tok, float* y, int64_t y_stride, int n_rows) {
+  if (!has_int8_panels(t))
+    fail(ErrorKind::InvalidInput, "no int8 kernel for tensor type {} on {}", dtype_info(t).name,
+         isa_name(current_isa()));
+  detail::active_kernels().by_type[static_cast<uint32_t>(t)].panel_i8(panel, n_in, xq, xs, n_tok, y, y_stride,
+                                                                      n_rows);
 }
 
 namespace detail {

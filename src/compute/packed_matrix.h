@@ -72,4 +72,17 @@ float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_
 void panel_gemm(DType t, const uint8_t* panel, int64_t n_in, const float* x, int64_t x_stride, int64_t n_tok,
                 float* y, int64_t y_stride, int n_rows);
 
+// Int8 activations for the quantized panels: per token and block of 32
+// inputs, d = max|x| / 127 and q = round(x / d); xs gets (d, d * sum q) per
+// block. n_in must be a multiple of 32. A token's result depends on its own
+// values only, so a batch gives every token what it would get alone.
+void quantize_activations(const float* x, int64_t n_tok, int64_t n_in, int8_t* xq, float* xs);
+
+// panel_gemm on int8 activations, with the kernels of the current ISA;
+// Error(InvalidInput) where they have no int8 kernel for t.
+void panel_gemm_i8(DType t, const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs,
+                   int64_t n_tok, float* y, int64_t y_stride, int n_rows);
+// Whether the current ISA has an int8 kernel for t.
+bool has_int8_panels(DType t);
+
 }  // namespace depcache

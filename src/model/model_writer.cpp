@@ -226,4 +226,42 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   return report;
 }
 
+QuantizeReport quantize_model(const std::filesystem::path& in, const std::filesystem::path& out, DType type,
+                              int n_threads) {
+  file_type_code(type);  // rejects types we cannot write
+  const GgufFile src = GgufFile::open(in);
+  GgufWriter w;
+  for (const auto& [k, v] : src.metadata())
+    if (k != "general.alignment") w.set(k, v);
+  w.set("general.file_type", GgufValue::u32(file_type_code(type)));
+  w.set("general.alignment", GgufValue::u32(32));
+  QuantizeReport report;
+  auto pool = std::make_shared<ThreadPool>(n_threads);
+  for (const GgufTensor& t : src.tensors()) {
+    const bool matrix = t.dims.size() == 2 && t.name.ends_with(".weight") && dtype_info(t.type).compute;
+    const DType to = matrix ? storable_type(type, t.dims[0]) : t.type;
+    if (matrix && to != type)
+      report.notes.push_back(fmt::format("{}: rows of {} do not fit {} blocks, written as {}", t.name,
+                                         t.dims[0], dtype_info(type).name, dtype_info(to).name));
+    report.n_converted += matrix && to == type;
+    const GgufTensor* tp = &t;
+    w.add_tensor(t.name, to, t.dims, [tp, to, pool](uint8_t* dst, size_t n_bytes) {
+      if (to == tp->type) {
+        std::memcpy(dst, tp->data, n_bytes);
+        return;
+      }
+      const int64_t n_in = tp->dims[0];
+      const size_t rb_in = row_bytes(tp->type, n_in), rb_out = row_bytes(to, n_in);
+      pool->parallel_for(tp->n_rows(), [&](int64_t r, int) {
+        std::vector<float> row(n_in);
+        dequantize_row(tp->type, tp->data + r * rb_in, row.data(), n_in);
+        quantize_row(to, row.data(), dst + r * rb_out, n_in);
+      });
+    });
+  }
+  w.write(out);
+  report.file_bytes = std::filesystem::file_size(out);
+  return report;
+}
+
 }  // namespace depcache

@@ -49,4 +49,17 @@ struct RandomModelReport {
 
 RandomModelReport write_random_model(const std::filesystem::path& path, const RandomModelOptions& opts);
 
+struct QuantizeReport {
+  int n_converted = 0;             // matrices written in the new type
+  std::vector<std::string> notes;  // matrices kept in a fallback type
+  size_t file_bytes = 0;
+};
+
+// Rewrites a model with its 2-D weight matrices (attention, feed-forward,
+// embedding, output) in `type`, as GGUF v3: every value dequantized to fp32
+// and quantized again, rows that do not fit the type's blocks in the closest
+// type that fits. Metadata and every other tensor are copied unchanged.
+QuantizeReport quantize_model(const std::filesystem::path& in, const std::filesystem::path& out, DType type,
+                              int n_threads = 0);
+
 }  // namespace depcache

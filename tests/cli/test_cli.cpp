@@ -30,7 +30,8 @@ class Cli : public ::testing::Test {
 std::filesystem::path* Cli::model_ = nullptr;
 
 TEST_F(Cli, EverySubcommandHasHelp) {
-  for (const char* sub : {"", "model", "model new", "model info", "tokenize", "generate", "bench-model"}) {
+  for (const char* sub :
+       {"", "model", "model new", "model info", "model quantize", "tokenize", "generate", "bench-model"}) {
     const CliRun r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub << ": " << r.out;
     EXPECT_NE(r.out.find("--help"), std::string::npos) << sub;
@@ -80,6 +81,27 @@ TEST_F(Cli, BenchModelPrintsTableAndJson) {
   const CliRun json = run("bench-model -m " + model_->string() + " -p 8 -n 0 -r 1 --json");
   ASSERT_EQ(json.code, 0) << json.out;
   EXPECT_NE(json.out.find("\"avg_ts\""), std::string::npos) << json.out;
+  const CliRun int8 = run("bench-model -m " + model_->string() + " -p 8 -n 2 -r 1 --int8-activations");
+  ASSERT_EQ(int8.code, 0) << int8.out;
+  EXPECT_NE(int8.out.find("pp8"), std::string::npos) << int8.out;
+}
+
+// Requantizing keeps the model usable: the Q8_0 test model rewritten as F16
+// and back generates, and the types are the requested ones.
+TEST_F(Cli, ModelQuantizeRewritesMatrices) {
+  const auto f16 = test::temp_path("cli-f16") += ".gguf";
+  const CliRun r = run("model quantize -m " + model_->string() + " -o " + f16.string() + " --type f16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("as F16"), std::string::npos) << r.out;
+  const CliRun info = run("model info --tensors " + f16.string());
+  EXPECT_NE(info.out.find("blk.0.attn_q.weight"), std::string::npos);
+  EXPECT_EQ(info.out.find("Q8_0"), std::string::npos) << info.out;
+  const CliRun gen = run("generate -m " + f16.string() + " -p 'a b' -n 4 --temp 0");
+  EXPECT_EQ(gen.code, 0) << gen.out;
+  EXPECT_EQ(run("model quantize -m " + model_->string() + " -o " + f16.string() + " --type q9_9").code, 3);
+  EXPECT_EQ(run("model quantize -m " + f16.string() + " -o " + f16.string() + " --type q8_0").code, 3);
+  EXPECT_EQ(run("model quantize -m /nonexistent.gguf -o " + f16.string() + " --type q8_0").code, 4);
+  std::filesystem::remove(f16);
 }
 
 TEST_F(Cli, ModelInfoShowsTensors) {

@@ -159,6 +159,71 @@ TEST(PanelMatmul, EveryThreadSplitCoversTheOutput) {
     }
 }
 
+// Int8 activations: quantization within half a step of x, and the int8
+// kernels equal to float64 arithmetic on the quantized activations (weights
+// times d * q), up to fp32 summation.
+TEST(Int8Activations, QuantizationIsWithinHalfAStep) {
+  std::mt19937 rng(3);
+  std::vector<float> x = random_x(5 * 96, rng);
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block
+  std::vector<int8_t> q(x.size());
+  std::vector<float> xs(5 * 3 * 2);
+  quantize_activations(x.data(), 5, 96, q.data(), xs.data());
+  for (int64_t t = 0; t < 5; ++t)
+    for (int64_t b = 0; b < 3; ++b) {
+      const float d = xs[(t * 3 + b) * 2];
+      float amax = 0;
+      int sum = 0;
+      for (int64_t i = 0; i < 32; ++i) {
+        const int64_t at = t * 96 + b * 32 + i;
+        amax = std::max(amax, std::fabs(x[at]));
+        EXPECT_LE(std::fabs(x[at] - d * q[at]), 0.5f * d * (1 + 1e-5f) + FLT_TRUE_MIN) << "element " << at;
+        EXPECT_LE(std::abs(int{q[at]}), 127);
+        sum += q[at];
+      }
+      EXPECT_FLOAT_EQ(d, amax / 127);
+      EXPECT_FLOAT_EQ(xs[(t * 3 + b) * 2 + 1], d * static_cast<float>(sum));
+    }
+  EXPECT_EQ(xs[2], 0.0f);  // token 0, block 1: zeros
+  EXPECT_THROW(quantize_activations(x.data(), 1, 33, q.data(), xs.data()), Error);
+}
+
+TEST(Int8Activations, KernelsMatchQuantizedReference) {
+  const Isa saved = current_isa();
+  if (!isa_supported(Isa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  set_isa(Isa::Avx512);
+  if (!has_int8_panels(DType::Q8_0)) {
+    set_isa(saved);
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  }
+  std::mt19937 rng(41);
+  for (DType t : {DType::Q8_0, DType::Q4_K})
+    for (int64_t n_in : inputs_for(t))
+      for (int64_t n_out : {1, 17, 45})
+        for (int64_t n_tok : {1, 4, 5, 6, 7, 13, 29}) {
+          const TestMatrix m(t, n_in, n_out, rng);
+          const std::vector<float> x = random_x(n_tok * n_in, rng);
+          std::vector<int8_t> xq(x.size());
+          std::vector<float> xs(n_tok * n_in / 32 * 2);
+          quantize_activations(x.data(), n_tok, n_in, xq.data(), xs.data());
+          std::vector<float> xhat(x.size());
+          for (int64_t i = 0; i < n_tok * n_in; ++i) xhat[i] = xs[(i / 32) * 2] * xq[i];
+          const int64_t ys = n_out + 3;
+          std::vector<float> y(n_tok * ys, -1.0f);
+          const PackedMatrix& p = *m.w.packed;
+          for (int64_t pi = 0; pi < p.n_panels(); ++pi)
+            panel_gemm_i8(t, p.panel(pi), n_in, xq.data(), xs.data(), n_tok, y.data() + pi * kPanelRows, ys,
+                          static_cast<int>(std::min<int64_t>(kPanelRows, n_out - pi * kPanelRows)));
+          expect_matches(m, xhat.data(), n_in, n_tok, y.data(), ys,
+                         std::string(dtype_info(t).name) + " int8 n_in " + std::to_string(n_in) + " n_out " +
+                             std::to_string(n_out) + " tokens " + std::to_string(n_tok));
+          for (int64_t i = 0; i < n_tok; ++i)
+            for (int64_t c = n_out; c < ys; ++c) ASSERT_EQ(y[i * ys + c], -1.0f) << "wrote padding";
+          if (HasFatalFailure()) break;
+        }
+  set_isa(saved);
+}
+
 TEST(PanelMatmul, TypesWithoutPanelsAreRefused) {
   EXPECT_FALSE(packable(DType::Q6_K));
   EXPECT_FALSE(packable(DType::Q4_0));
