@@ -94,18 +94,22 @@ inline __m256 slot(__m256i v, int shift, int mask, __m256 a, __m256 m) {
 }
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-struct WalkQ8_0 {
+// Q8_0 (one scale per block, m = 128 a) and Q6_K (a scale per half of 16,
+// m = 32 a): eight groups of four byte slots after the scales.
+template <size_t kBlockBytes, int kOffset, bool kHalves>
+struct WalkBytes {
   static constexpr int kTokens = 5;
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
+    const __m256 off = _mm256_set1_ps(static_cast<float>(kOffset));
     for (int64_t b = 0; b < n_in / 32; ++b) {
-      const uint8_t* blk = panel + b * 1152;
+      const uint8_t* blk = panel + b * kBlockBytes;
       const auto* f = reinterpret_cast<const float*>(blk) + 16 * h;
-      const __m256 a0 = _mm256_loadu_ps(f), a1 = _mm256_loadu_ps(f + 8);
-      const __m256 m0 = _mm256_mul_ps(a0, _mm256_set1_ps(128.f)),
-                   m1 = _mm256_mul_ps(a1, _mm256_set1_ps(128.f));
-      const uint8_t* u = blk + 128 + 64 * h;
+      const uint8_t* u = blk + (kHalves ? 256 : 128) + 64 * h;
       for (int64_t g = 0; g < 8; ++g) {
+        const float* fa = f + (kHalves && g >= 4 ? 32 : 0);
+        const __m256 a0 = _mm256_loadu_ps(fa), a1 = _mm256_loadu_ps(fa + 8);
+        const __m256 m0 = _mm256_mul_ps(a0, off), m1 = _mm256_mul_ps(a1, off);
         const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
         const int64_t k = 32 * b + 4 * g;
         tile.template put<0>(k, slot(v0, 0, 0xFF, a0, m0), slot(v1, 0, 0xFF, a1, m1));
@@ -116,6 +120,8 @@ struct WalkQ8_0 {
     }
   }
 };
+using WalkQ8_0 = WalkBytes<1152, 128, false>;
+using WalkQ6_K = WalkBytes<1280, 32, true>;
 
 struct WalkQ4_K {
   static constexpr int kTokens = 4;
@@ -192,6 +198,8 @@ void fill_avx2_panels(KernelSet& set) {
   put(DType::BF16, panel_kernel<WalkDense<BF16Load>>);
   put(DType::Q8_0, panel_kernel<WalkQ8_0>);
   put(DType::Q4_K, panel_kernel<WalkQ4_K>);
+  put(DType::Q4_0, panel_kernel<WalkQ4_K>);  // same layout
+  put(DType::Q6_K, panel_kernel<WalkQ6_K>);
 }
 
 }  // namespace depcache::detail

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "compute/dot.h"
+#include "compute/packed_matrix.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #pragma GCC diagnostic push
@@ -100,18 +101,22 @@ inline __m512 slot(__m512i v, int shift, int mask, __m512 a, __m512 m) {
   return _mm512_fmsub_ps(_mm512_cvtepi32_ps(q), a, m);  // a*q - m, exact before its one rounding
 }
 
-struct WalkQ8_0 {
+// Q8_0 (one scale per block, m = 128 a) and Q6_K (a scale per half of 16,
+// m = 32 a): eight groups of four byte slots after the scales.
+template <size_t kBlockBytes, int kOffset, bool kHalves>
+struct WalkBytes {
   static constexpr int kTokens = 10;
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, T& tile) {
+    const __m512 off = _mm512_set1_ps(static_cast<float>(kOffset));
     for (int64_t b = 0; b < n_in / 32; ++b) {
-      const uint8_t* blk = panel + b * 1152;
+      const uint8_t* blk = panel + b * kBlockBytes;
       const auto* f = reinterpret_cast<const float*>(blk);
-      const __m512 a0 = _mm512_loadu_ps(f), a1 = _mm512_loadu_ps(f + 16);
-      const __m512 m0 = _mm512_mul_ps(a0, _mm512_set1_ps(128.f)),
-                   m1 = _mm512_mul_ps(a1, _mm512_set1_ps(128.f));
-      const uint8_t* u = blk + 128;
+      const uint8_t* u = blk + (kHalves ? 256 : 128);
       for (int64_t g = 0; g < 8; ++g) {
+        const float* fa = f + (kHalves && g >= 4 ? 32 : 0);
+        const __m512 a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16);
+        const __m512 m0 = _mm512_mul_ps(a0, off), m1 = _mm512_mul_ps(a1, off);
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
         const int64_t k = 32 * b + 4 * g;
         tile.template put<0>(k, slot(v0, 0, 0xFF, a0, m0), slot(v1, 0, 0xFF, a1, m1));
@@ -122,6 +127,8 @@ struct WalkQ8_0 {
     }
   }
 };
+using WalkQ8_0 = WalkBytes<1152, 128, false>;
+using WalkQ6_K = WalkBytes<1280, 32, true>;
 
 struct WalkQ4_K {
   static constexpr int kTokens = 8;
@@ -186,34 +193,43 @@ void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs
 // ---- Int8 activations (VNNI). Per block of 32 inputs a tile of MR tokens
 // by 32 rows sums u * xq in int32 (vpdpbusd: unsigned weights times signed
 // activations, four per lane), then adds d_x * (a * sum - m * sum xq) in
-// fp32. Q8_0 values are u - 128 with m = 128 a; Q4_K has its own m.
-template <bool kQ4, int MR>
+// fp32: Q8_0 values are u - 128 (m = 128 a), Q6_K u - 32 per half block
+// (m = 32 a, its own scale and activation sum per half), Q4_K/Q4_0 nibbles
+// with their own m.
+enum class I8 { Q8_0, Q4, Q6_K };
+
+template <I8 kKind, int MR>
 void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y, int64_t ys,
              __mmask16 k0, __mmask16 k1) {
+  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? 1152 : kKind == I8::Q4 ? 768 : 1280;
   const int64_t nb = n_in / 32;
   __m512 acc[MR][2];
   for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+  __m512i ia[MR][2];
   auto x4 = [&](int t, int64_t i) {  // four activations of token t as one broadcast lane
     int32_t v;
     __builtin_memcpy(&v, xq + t * n_in + i, 4);
     return _mm512_set1_epi32(v);
   };
+  // acc += d_x * (a * ia - m * sum xq), sum taken from scale slot `which`.
+  auto flush = [&](int64_t b, const float* fa, __m512 m0, __m512 m1, int which) {
+    const __m512 a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16);
+    for (int t = 0; t < MR; ++t) {
+      const float* sc = xs + (t * nb + b) * kActScales;
+      const __m512 dx = _mm512_set1_ps(sc[0]), dxs = _mm512_set1_ps(sc[which]);
+      acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][0]), _mm512_mul_ps(a0, dx),
+                                  _mm512_fnmadd_ps(m0, dxs, acc[t][0]));
+      acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][1]), _mm512_mul_ps(a1, dx),
+                                  _mm512_fnmadd_ps(m1, dxs, acc[t][1]));
+      ia[t][0] = ia[t][1] = _mm512_setzero_si512();
+    }
+  };
+  for (auto& a : ia) a[0] = a[1] = _mm512_setzero_si512();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = panel + b * (kQ4 ? 768 : 1152);
+    const uint8_t* blk = panel + b * kBlockBytes;
     const auto* f = reinterpret_cast<const float*>(blk);
-    const uint8_t* u = blk + (kQ4 ? 256 : 128);
-    __m512i ia[MR][2];
-    for (auto& a : ia) a[0] = a[1] = _mm512_setzero_si512();
-    if constexpr (!kQ4) {
-      for (int64_t g = 0; g < 8; ++g) {
-        const __m512i w0 = _mm512_loadu_si512(u + g * 128), w1 = _mm512_loadu_si512(u + g * 128 + 64);
-        for (int t = 0; t < MR; ++t) {
-          const __m512i xb = x4(t, 32 * b + 4 * g);
-          ia[t][0] = _mm512_dpbusd_epi32(ia[t][0], w0, xb);
-          ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
-        }
-      }
-    } else {
+    if constexpr (kKind == I8::Q4) {
+      const uint8_t* u = blk + 256;
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       for (int64_t g = 0; g < 4; ++g) {
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
@@ -227,16 +243,27 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
           ia[t][1] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[t][1], lo1, xl), hi1, xh);
         }
       }
-    }
-    const __m512 a0 = _mm512_loadu_ps(f), a1 = _mm512_loadu_ps(f + 16);
-    const __m512 m0 = kQ4 ? _mm512_loadu_ps(f + 32) : _mm512_mul_ps(a0, _mm512_set1_ps(128.f));
-    const __m512 m1 = kQ4 ? _mm512_loadu_ps(f + 48) : _mm512_mul_ps(a1, _mm512_set1_ps(128.f));
-    for (int t = 0; t < MR; ++t) {
-      const __m512 dx = _mm512_set1_ps(xs[(t * nb + b) * 2]), dxs = _mm512_set1_ps(xs[(t * nb + b) * 2 + 1]);
-      acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][0]), _mm512_mul_ps(a0, dx),
-                                  _mm512_fnmadd_ps(m0, dxs, acc[t][0]));
-      acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][1]), _mm512_mul_ps(a1, dx),
-                                  _mm512_fnmadd_ps(m1, dxs, acc[t][1]));
+      flush(b, f, _mm512_loadu_ps(f + 32), _mm512_loadu_ps(f + 48), 1);
+    } else {
+      const uint8_t* u = blk + (kKind == I8::Q8_0 ? 128 : 256);
+      for (int64_t g = 0; g < 8; ++g) {
+        const __m512i w0 = _mm512_loadu_si512(u + g * 128), w1 = _mm512_loadu_si512(u + g * 128 + 64);
+        for (int t = 0; t < MR; ++t) {
+          const __m512i xb = x4(t, 32 * b + 4 * g);
+          ia[t][0] = _mm512_dpbusd_epi32(ia[t][0], w0, xb);
+          ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
+        }
+        if (kKind == I8::Q6_K && (g == 3 || g == 7)) {
+          const float* fa = f + (g == 3 ? 0 : 32);
+          const __m512 s32 = _mm512_set1_ps(32.f);
+          flush(b, fa, _mm512_mul_ps(_mm512_loadu_ps(fa), s32), _mm512_mul_ps(_mm512_loadu_ps(fa + 16), s32),
+                g == 3 ? 2 : 3);
+        }
+      }
+      if constexpr (kKind == I8::Q8_0) {
+        const __m512 s128 = _mm512_set1_ps(128.f);
+        flush(b, f, _mm512_mul_ps(_mm512_loadu_ps(f), s128), _mm512_mul_ps(_mm512_loadu_ps(f + 16), s128), 1);
+      }
     }
   }
   for (int t = 0; t < MR; ++t) {
@@ -245,30 +272,30 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
   }
 }
 
-template <bool kQ4, int MR>
+template <I8 kKind, int MR>
 void tail_i8(int left, const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y,
              int64_t ys, __mmask16 k0, __mmask16 k1) {
   if constexpr (MR > 0) {
-    if (left == MR) return tile_i8<kQ4, MR>(panel, n_in, xq, xs, y, ys, k0, k1);
-    tail_i8<kQ4, MR - 1>(left, panel, n_in, xq, xs, y, ys, k0, k1);
+    if (left == MR) return tile_i8<kKind, MR>(panel, n_in, xq, xs, y, ys, k0, k1);
+    tail_i8<kKind, MR - 1>(left, panel, n_in, xq, xs, y, ys, k0, k1);
   }
 }
 
-template <bool kQ4>
+template <I8 kKind>
 void panel_kernel_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, int64_t n_tok,
                      float* y, int64_t ys, int n_rows) {
   const auto mask = [](int n) {
     return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n < 0 ? 0 : n)) - 1);
   };
   const __mmask16 k0 = mask(n_rows), k1 = mask(n_rows - 16);
-  constexpr int MR = kQ4 ? 5 : 6;
-  const int64_t xs_row = n_in / 32 * 2;
+  constexpr int MR = kKind == I8::Q4 ? 5 : 6;
+  const int64_t xs_row = n_in / 32 * kActScales;
   int64_t i = 0;
   for (; i + MR <= n_tok; i += MR)
-    tile_i8<kQ4, MR>(panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys, ys, k0, k1);
+    tile_i8<kKind, MR>(panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys, ys, k0, k1);
   if (i < n_tok)
-    tail_i8<kQ4, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys,
-                         ys, k0, k1);
+    tail_i8<kKind, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, xq + i * n_in, xs + i * xs_row,
+                           y + i * ys, ys, k0, k1);
 }
 
 }  // namespace
@@ -280,10 +307,15 @@ void fill_avx512_panels(KernelSet& set) {
   put(DType::BF16, panel_kernel<WalkDense<BF16Load>>);
   put(DType::Q8_0, panel_kernel<WalkQ8_0>);
   put(DType::Q4_K, panel_kernel<WalkQ4_K>);
+  put(DType::Q4_0, panel_kernel<WalkQ4_K>);  // same layout
+  put(DType::Q6_K, panel_kernel<WalkQ6_K>);
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512vnni")) {
-    set.by_type[static_cast<uint32_t>(DType::Q8_0)].panel_i8 = panel_kernel_i8<false>;
-    set.by_type[static_cast<uint32_t>(DType::Q4_K)].panel_i8 = panel_kernel_i8<true>;
+    auto put_i8 = [&](DType t, PanelI8Fn f) { set.by_type[static_cast<uint32_t>(t)].panel_i8 = f; };
+    put_i8(DType::Q8_0, panel_kernel_i8<I8::Q8_0>);
+    put_i8(DType::Q4_K, panel_kernel_i8<I8::Q4>);
+    put_i8(DType::Q4_0, panel_kernel_i8<I8::Q4>);
+    put_i8(DType::Q6_K, panel_kernel_i8<I8::Q6_K>);
   }
 }
 

@@ -18,6 +18,7 @@ namespace {
 
 constexpr size_t kQ8PanelBlock = kPanelRows * sizeof(float) + kPanelRows * kQ32;         // 1152
 constexpr size_t kQ4KPanelSub = 2 * kPanelRows * sizeof(float) + kPanelRows * kQ32 / 2;  // 768
+constexpr size_t kQ6KPanelBlock = 2 * kPanelRows * sizeof(float) + kPanelRows * kQ32;    // 1280
 
 template <class T>
 void pack_dense(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
@@ -49,6 +50,16 @@ void pack_q8_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   }
 }
 
+// Writes a, m and the nibble of each input into a Q4_K-layout block.
+void put_q4_block(uint8_t* out, int64_t r, float a, float m, const int* q) {
+  std::memcpy(out + r * sizeof(float), &a, sizeof a);
+  std::memcpy(out + (kPanelRows + r) * sizeof(float), &m, sizeof m);
+  uint8_t* u = out + 2 * kPanelRows * sizeof(float);
+  // Inputs 8g .. 8g+3 in the low nibbles, 8g+4 .. 8g+7 in the high.
+  for (int64_t i = 0; i < kQ32; ++i)
+    u[slot_byte(r, q4k_slot(i))] |= static_cast<uint8_t>(q[i] << (i % 8 < 4 ? 0 : 4));
+}
+
 void pack_q4_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     const auto* blocks = reinterpret_cast<const BlockQ4_K*>(w.row(r0 + r));
@@ -58,17 +69,46 @@ void pack_q4_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
       unpack_q4k_scales(b.scales, sc, mn);
       const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
       for (int s = 0; s < 8; ++s) {
-        uint8_t* out = dst + (sb * 8 + s) * kQ4KPanelSub;
-        const float a = d * sc[s], m = dmin * mn[s];
-        std::memcpy(out + r * sizeof(float), &a, sizeof a);
-        std::memcpy(out + (kPanelRows + r) * sizeof(float), &m, sizeof m);
-        uint8_t* u = out + 2 * kPanelRows * sizeof(float);
         const uint8_t* src = b.qs + 32 * (s / 2);
-        const int shift = 4 * (s & 1);
+        int q[kQ32];
+        for (int64_t i = 0; i < kQ32; ++i) q[i] = (src[i] >> (4 * (s & 1))) & 0xF;
+        put_q4_block(dst + (sb * 8 + s) * kQ4KPanelSub, r, d * sc[s], dmin * mn[s], q);
+      }
+    }
+  }
+}
+
+void pack_q4_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* blocks = reinterpret_cast<const BlockQ4_0*>(w.row(r0 + r));
+    for (int64_t b = 0; b < w.n_in / kQ32; ++b) {
+      int q[kQ32];
+      for (int i = 0; i < 16; ++i) q[i] = blocks[b].qs[i] & 0xF, q[i + 16] = blocks[b].qs[i] >> 4;
+      const float d = fp16_to_fp32(blocks[b].d);
+      put_q4_block(dst + b * kQ4KPanelSub, r, d, 8 * d, q);
+    }
+  }
+}
+
+void pack_q6_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* blocks = reinterpret_cast<const BlockQ6_K*>(w.row(r0 + r));
+    for (int64_t sb = 0; sb < w.n_in / kQK; ++sb) {
+      const BlockQ6_K& b = blocks[sb];
+      const float d = fp16_to_fp32(b.d);
+      for (int64_t c = 0; c < 8; ++c) {
+        uint8_t* out = dst + (sb * 8 + c) * kQ6KPanelBlock;
+        const float a0 = d * b.scales[2 * c], a1 = d * b.scales[2 * c + 1];
+        std::memcpy(out + r * sizeof(float), &a0, sizeof a0);
+        std::memcpy(out + (kPanelRows + r) * sizeof(float), &a1, sizeof a1);
+        uint8_t* u = out + 2 * kPanelRows * sizeof(float);
         for (int64_t i = 0; i < kQ32; ++i) {
-          const int q = (src[i] >> shift) & 0xF;
-          // Inputs 8g .. 8g+3 in the low nibbles, 8g+4 .. 8g+7 in the high.
-          u[slot_byte(r, q4k_slot(i))] |= static_cast<uint8_t>(q << (i % 8 < 4 ? 0 : 4));
+          // Element e of the super-block (layout in quant.h).
+          const int64_t e = 32 * c + i, h = e / 128, l = e % 32, quarter = (e % 128) / 32;
+          const uint8_t lo = b.ql[64 * h + l + 32 * (quarter & 1)];
+          const int nibble = quarter < 2 ? (lo & 0xF) : (lo >> 4);
+          const int top = (b.qh[32 * h + l] >> (2 * quarter)) & 3;
+          u[slot_byte(r, i)] = static_cast<uint8_t>(nibble | (top << 4));
         }
       }
     }
@@ -107,6 +147,8 @@ bool packable(DType t) {
     case DType::BF16:
     case DType::Q8_0:
     case DType::Q4_K:
+    case DType::Q4_0:
+    case DType::Q6_K:
       return true;
     default:
       return false;
@@ -123,7 +165,10 @@ size_t panel_bytes(DType t, int64_t n_in) {
     case DType::Q8_0:
       return n_in / kQ32 * kQ8PanelBlock;
     case DType::Q4_K:
+    case DType::Q4_0:
       return n_in / kQ32 * kQ4KPanelSub;
+    case DType::Q6_K:
+      return n_in / kQ32 * kQ6KPanelBlock;
     default:
       fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
   }
@@ -158,6 +203,12 @@ PackedMatrix::PackedMatrix(const WeightMatrix& w) : type_(w.type), n_in_(w.n_in)
       case DType::Q8_0:
         pack_q8_0(w, r0, rows, dst);
         break;
+      case DType::Q4_0:
+        pack_q4_0(w, r0, rows, dst);
+        break;
+      case DType::Q6_K:
+        pack_q6_k(w, r0, rows, dst);
+        break;
       default:
         pack_q4_k(w, r0, rows, dst);
         break;
@@ -191,6 +242,14 @@ float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_
       const float a = read_f32(blk + r * sizeof(float));
       return a * static_cast<float>(u) - 128 * a;
     }
+    case DType::Q6_K: {
+      const uint8_t* blk = panel + (k / kQ32) * kQ6KPanelBlock;
+      const int64_t i = k % kQ32;
+      const int u = blk[2 * kPanelRows * sizeof(float) + slot_byte(r, i)];
+      const float a = read_f32(blk + ((i < 16 ? 0 : kPanelRows) + r) * sizeof(float));
+      return a * static_cast<float>(u) - 32 * a;
+    }
+    case DType::Q4_0:
     case DType::Q4_K: {
       const uint8_t* sub = panel + (k / kQ32) * kQ4KPanelSub;
       const int64_t i = k % kQ32;
@@ -223,13 +282,16 @@ void quantize_activations(const float* x, int64_t n_tok, int64_t n_in, int8_t* x
       float amax = 0;
       for (int64_t i = 0; i < kQ32; ++i) amax = std::max(amax, std::fabs(src[i]));
       const float d = amax / 127, id = d > 0 ? 1 / d : 0;
-      int sum = 0;
+      int sum[2] = {0, 0};
       for (int64_t i = 0; i < kQ32; ++i) {
         q[i] = static_cast<int8_t>(std::nearbyint(src[i] * id));
-        sum += q[i];
+        sum[i / 16] += q[i];
       }
-      xs[(t * (n_in / kQ32) + b) * 2] = d;
-      xs[(t * (n_in / kQ32) + b) * 2 + 1] = d * static_cast<float>(sum);
+      float* out = xs + (t * (n_in / kQ32) + b) * kActScales;
+      out[0] = d;
+      out[1] = d * static_cast<float>(sum[0] + sum[1]);
+      out[2] = d * static_cast<float>(sum[0]);
+      out[3] = d * static_cast<float>(sum[1]);
     }
 }
 
@@ -255,6 +317,8 @@ void fill_scalar_panels(KernelSet& set) {
   set.by_type[static_cast<uint32_t>(DType::BF16)].panel = panel_scalar_of<DType::BF16>;
   set.by_type[static_cast<uint32_t>(DType::Q8_0)].panel = panel_scalar_of<DType::Q8_0>;
   set.by_type[static_cast<uint32_t>(DType::Q4_K)].panel = panel_scalar_of<DType::Q4_K>;
+  set.by_type[static_cast<uint32_t>(DType::Q4_0)].panel = panel_scalar_of<DType::Q4_0>;
+  set.by_type[static_cast<uint32_t>(DType::Q6_K)].panel = panel_scalar_of<DType::Q6_K>;
 }
 
 }  // namespace detail

@@ -16,6 +16,11 @@
 //         (d*scale and dmin*min of each row's sub-block), then uint8
 //         u[4][32 rows][4]: group g, row r, byte b holds input 8g + b in its
 //         low nibble and 8g + 4 + b in its high nibble. Value = a[r] * q - m[r].
+//   Q4_0: the Q4_K layout with a = d and m = 8d.
+//   Q6_K: per block of 32 inputs, 1280 bytes: float a0[32], float a1[32]
+//         (d*scale of each row's sub-blocks of 16), then uint8 u[8][32][4]
+//         as for Q8_0 holding the 6-bit q. Value = a * q - 32 * a, a = a0
+//         for inputs 0..15 and a1 for 16..31.
 // The quantized layouts keep the weights unsigned in four-input groups per
 // row: the shape of the int8 dot-product instructions (VNNI), whose kernels
 // run on activations quantized per token to int8 in blocks of 32.
@@ -30,6 +35,7 @@ namespace depcache {
 struct WeightMatrix;
 
 inline constexpr int64_t kPanelRows = 32;
+inline constexpr int64_t kActScales = 4;
 
 // Whether t has a panel layout and kernels.
 bool packable(DType t);
@@ -73,8 +79,9 @@ void panel_gemm(DType t, const uint8_t* panel, int64_t n_in, const float* x, int
                 float* y, int64_t y_stride, int n_rows);
 
 // Int8 activations for the quantized panels: per token and block of 32
-// inputs, d = max|x| / 127 and q = round(x / d); xs gets (d, d * sum q) per
-// block. n_in must be a multiple of 32. A token's result depends on its own
+// inputs, d = max|x| / 127 and q = round(x / d); xs gets kActScales floats
+// per block: d, d * sum q, and d * sum q over each half of 16 (for the
+// 16-input sub-blocks of Q6_K). n_in must be a multiple of 32. A token's result depends on its own
 // values only, so a batch gives every token what it would get alone.
 void quantize_activations(const float* x, int64_t n_tok, int64_t n_in, int8_t* xq, float* xs);
 

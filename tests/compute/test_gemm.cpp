@@ -22,7 +22,8 @@
 namespace depcache {
 namespace {
 
-constexpr DType kPanelTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_K};
+constexpr DType kPanelTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
+                                 DType::Q4_K, DType::Q4_0, DType::Q6_K};
 constexpr Isa kIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512};
 
 std::vector<int64_t> inputs_for(DType t) {
@@ -167,24 +168,28 @@ TEST(Int8Activations, QuantizationIsWithinHalfAStep) {
   std::vector<float> x = random_x(5 * 96, rng);
   std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block
   std::vector<int8_t> q(x.size());
-  std::vector<float> xs(5 * 3 * 2);
+  std::vector<float> xs(5 * 3 * kActScales);
   quantize_activations(x.data(), 5, 96, q.data(), xs.data());
   for (int64_t t = 0; t < 5; ++t)
     for (int64_t b = 0; b < 3; ++b) {
-      const float d = xs[(t * 3 + b) * 2];
+      const float* sc = &xs[(t * 3 + b) * kActScales];
+      const float d = sc[0];
       float amax = 0;
-      int sum = 0;
+      int sum = 0, half[2] = {0, 0};
       for (int64_t i = 0; i < 32; ++i) {
         const int64_t at = t * 96 + b * 32 + i;
         amax = std::max(amax, std::fabs(x[at]));
         EXPECT_LE(std::fabs(x[at] - d * q[at]), 0.5f * d * (1 + 1e-5f) + FLT_TRUE_MIN) << "element " << at;
         EXPECT_LE(std::abs(int{q[at]}), 127);
         sum += q[at];
+        half[i / 16] += q[at];
       }
       EXPECT_FLOAT_EQ(d, amax / 127);
-      EXPECT_FLOAT_EQ(xs[(t * 3 + b) * 2 + 1], d * static_cast<float>(sum));
+      EXPECT_FLOAT_EQ(sc[1], d * static_cast<float>(sum));
+      EXPECT_FLOAT_EQ(sc[2], d * static_cast<float>(half[0]));
+      EXPECT_FLOAT_EQ(sc[3], d * static_cast<float>(half[1]));
     }
-  EXPECT_EQ(xs[2], 0.0f);  // token 0, block 1: zeros
+  EXPECT_EQ(xs[kActScales], 0.0f);  // token 0, block 1: zeros
   EXPECT_THROW(quantize_activations(x.data(), 1, 33, q.data(), xs.data()), Error);
 }
 
@@ -197,17 +202,17 @@ TEST(Int8Activations, KernelsMatchQuantizedReference) {
     GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
   }
   std::mt19937 rng(41);
-  for (DType t : {DType::Q8_0, DType::Q4_K})
+  for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q4_0, DType::Q6_K})
     for (int64_t n_in : inputs_for(t))
       for (int64_t n_out : {1, 17, 45})
         for (int64_t n_tok : {1, 4, 5, 6, 7, 13, 29}) {
           const TestMatrix m(t, n_in, n_out, rng);
           const std::vector<float> x = random_x(n_tok * n_in, rng);
           std::vector<int8_t> xq(x.size());
-          std::vector<float> xs(n_tok * n_in / 32 * 2);
+          std::vector<float> xs(n_tok * n_in / 32 * kActScales);
           quantize_activations(x.data(), n_tok, n_in, xq.data(), xs.data());
           std::vector<float> xhat(x.size());
-          for (int64_t i = 0; i < n_tok * n_in; ++i) xhat[i] = xs[(i / 32) * 2] * xq[i];
+          for (int64_t i = 0; i < n_tok * n_in; ++i) xhat[i] = xs[(i / 32) * kActScales] * xq[i];
           const int64_t ys = n_out + 3;
           std::vector<float> y(n_tok * ys, -1.0f);
           const PackedMatrix& p = *m.w.packed;
@@ -225,16 +230,16 @@ TEST(Int8Activations, KernelsMatchQuantizedReference) {
 }
 
 TEST(PanelMatmul, TypesWithoutPanelsAreRefused) {
-  EXPECT_FALSE(packable(DType::Q6_K));
-  EXPECT_FALSE(packable(DType::Q4_0));
-  std::vector<uint8_t> row(row_bytes(DType::Q6_K, 256));
-  const WeightMatrix w{DType::Q6_K, 256, 1, row.data(), row.size(), nullptr};
+  EXPECT_FALSE(packable(DType::Q5_0));
+  EXPECT_TRUE(packable(DType::Q6_K));
+  std::vector<uint8_t> row(64);
+  const WeightMatrix w{DType::Q5_0, 32, 1, row.data(), row.size(), nullptr};
   try {
     PackedMatrix p(w);
-    FAIL() << "packed a Q6_K matrix";
+    FAIL() << "packed a Q5_0 matrix";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
-    EXPECT_NE(std::string(e.what()).find("Q6_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Q5_0"), std::string::npos) << e.what();
   }
 }
 
