@@ -78,14 +78,14 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
   const int8_t* xq = nullptr;
   const float* xs = nullptr;
   if (any_i8) {
-    const int64_t q_floats = (n_tokens * n_in + 3) / 4, s_floats = n_tokens * (n_in / kQ32) * 2;
+    const int64_t q_floats = (n_tokens * n_in + 3) / 4, s_floats = n_tokens * (n_in / kQ32) * kActScales;
     scratch.resize(q_floats + s_floats);
     auto* q = reinterpret_cast<int8_t*>(scratch.data());
     float* sc = scratch.data() + q_floats;
     constexpr int64_t kTokensPerTask = 16;
     pool.parallel_for((n_tokens + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t task, int) {
       const int64_t t0 = task * kTokensPerTask, nt = std::min(kTokensPerTask, n_tokens - t0);
-      quantize_activations(x + t0 * n_in, nt, n_in, q + t0 * n_in, sc + t0 * (n_in / kQ32) * 2);
+      quantize_activations(x + t0 * n_in, nt, n_in, q + t0 * n_in, sc + t0 * (n_in / kQ32) * kActScales);
     });
     xq = q, xs = sc;
   }
@@ -123,7 +123,7 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
       const int rows = static_cast<int>(std::min(kPanelRows, w.n_out() - p * kPanelRows));
       float* y = r.y + t0 * w.n_out() + p * kPanelRows;
       if (r.i8)
-        panel_gemm_i8(w.type(), w.panel(p), n_in, xq + t0 * n_in, xs + t0 * (n_in / kQ32) * 2, nt, y,
+        panel_gemm_i8(w.type(), w.panel(p), n_in, xq + t0 * n_in, xs + t0 * (n_in / kQ32) * kActScales, nt, y,
                       w.n_out(), rows);
       else
         panel_gemm(w.type(), w.panel(p), n_in, x + t0 * n_in, n_in, nt, y, w.n_out(), rows);
