@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <exception>
+#include <mutex>
+
 #include "compute/packed_matrix.h"
 #include "compute/quant.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
@@ -93,12 +97,24 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
       m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
   // The matmul weights get their panel copy; the embedding table keeps rows
   // (a lookup reads one row) and the file mapping stays for the fingerprint.
-  auto pack = [](WeightMatrix& w) {
-    if (packable(w.type)) w.packed = std::make_shared<const PackedMatrix>(w);
-  };
+  // Packing touches every weight once; one matrix per task over all cores.
+  std::vector<WeightMatrix*> to_pack;
   for (LayerWeights& l : m->layers)
-    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) pack(*w);
-  pack(m->output);
+    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      if (packable(w->type)) to_pack.push_back(w);
+  if (packable(m->output.type)) to_pack.push_back(&m->output);
+  ThreadPool pool(0);
+  std::mutex failed_mutex;
+  std::exception_ptr failed;  // the pool's tasks must not throw; the first error is rethrown here
+  pool.parallel_for(static_cast<int64_t>(to_pack.size()), [&](int64_t i, int) {
+    try {
+      to_pack[i]->packed = std::make_shared<const PackedMatrix>(*to_pack[i]);
+    } catch (...) {
+      std::lock_guard lock(failed_mutex);
+      if (!failed) failed = std::current_exception();
+    }
+  });
+  if (failed) std::rethrow_exception(failed);
   return m;
 }
 
