@@ -8,7 +8,6 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   clang libclang-rt-14-dev      # libFuzzer and sanitizer runtimes
-  libopenblas-dev               # float GEMM for prefill
   libpcre2-dev                  # Unicode-aware pre-tokenizer regexes (\p{L}, \p{N}, look-ahead)
   nlohmann-json3-dev            # JSON output (bench --json) and request files
   libcli11-dev                  # command-line parsing

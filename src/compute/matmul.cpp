@@ -1,9 +1,6 @@
 #include "compute/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
-#include <mutex>
 
 #include "compute/dot.h"
 #include "compute/packed_matrix.h"
@@ -14,13 +11,6 @@
 namespace depcache {
 namespace {
 
-// Our pool splits the work; OpenBLAS must not start threads of its own that
-// would compete with it for the same cores.
-void single_threaded_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
 void matmul_rows(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
   constexpr int64_t kRowsPerTask = 16;
   const int64_t n_tasks = (w.n_out + kRowsPerTask - 1) / kRowsPerTask;
@@ -30,31 +20,6 @@ void matmul_rows(const WeightMatrix& w, const float* x, int64_t n_tokens, float*
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t t = 0; t < n_tokens; ++t)
         y[t * w.n_out + r] = dot_row(w.type, w.row(r), x + t * w.n_in, w.n_in);
-  });
-}
-
-void matmul_gemm(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-                 std::vector<float>& scratch) {
-  single_threaded_blas();
-  const bool is_f32 = w.type == DType::F32;
-  if (!is_f32) scratch.resize(static_cast<size_t>(w.n_out * w.n_in));
-  // One slice of output rows per thread: each dequantizes its rows and runs
-  // a single-threaded SGEMM on them.
-  const int64_t n_slices = std::min<int64_t>(pool.size(), std::max<int64_t>(1, w.n_out / 16));
-  const int64_t rows_per_slice = (w.n_out + n_slices - 1) / n_slices;
-  pool.parallel_for(n_slices, [&](int64_t s, int) {
-    const int64_t r0 = s * rows_per_slice;
-    const int64_t r1 = std::min(w.n_out, r0 + rows_per_slice);
-    if (r0 >= r1) return;
-    const float* panel = reinterpret_cast<const float*>(w.row(r0));
-    if (!is_f32) {
-      float* dst = scratch.data() + r0 * w.n_in;
-      dequantize_rows(w.type, w.row(r0), w.row_bytes, r1 - r0, w.n_in, dst);
-      panel = dst;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens),
-                static_cast<int>(r1 - r0), static_cast<int>(w.n_in), 1.0f, x, static_cast<int>(w.n_in), panel,
-                static_cast<int>(w.n_in), 0.0f, y + r0, static_cast<int>(w.n_out));
   });
 }
 
@@ -145,10 +110,8 @@ void matmul(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, T
   for (const MatmulOut& o : outs) {
     if (o.w->packed)
       packed.push_back(o);
-    else if (n_tokens < kGemmMinTokens)
-      matmul_rows(*o.w, x, n_tokens, o.y, pool);
     else
-      matmul_gemm(*o.w, x, n_tokens, o.y, pool, scratch);
+      matmul_rows(*o.w, x, n_tokens, o.y, pool);
   }
   if (!packed.empty()) matmul_panels(packed, x, n_tokens, pool, scratch);
 }

@@ -29,9 +29,9 @@ struct WeightMatrix {
 
 // x: (n_tokens, n_in) row-major floats; y: (n_tokens, n_out).
 // A packed matrix runs the panel kernels for any token count, in parallel
-// over panels (and token blocks when there are few panels). Otherwise few
-// tokens (decode) use per-row dot kernels on the stored type and many
-// tokens (prefill) dequantize the matrix into `scratch` for a float GEMM.
+// over panels (and token blocks when there are few panels); `scratch` holds
+// the int8 activations when those are on. A matrix without panels (only
+// ever built by hand, e.g. in tests) runs the per-row dot kernels.
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             std::vector<float>& scratch);
 
@@ -44,7 +44,8 @@ struct MatmulOut {
 void matmul(std::span<const MatmulOut> outs, const float* x, int64_t n_tokens, ThreadPool& pool,
             std::vector<float>& scratch);
 
-// Token count from which the GEMM path is taken.
+// Token count from which work is split as a prefill (compute-bound) rather
+// than a decode (weight streaming).
 inline constexpr int64_t kGemmMinTokens = 4;
 
 }  // namespace depcache
