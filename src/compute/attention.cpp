@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "compute/attention_lanes.h"
+#include "compute/dot.h"
 #include "compute/vec.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -10,189 +12,56 @@
 namespace depcache {
 namespace {
 
-constexpr int64_t kKeyBlock = 64;
-constexpr int kLanes = 8;       // one AVX2 vector of (query, head) pairs
-constexpr int kMaxVectors = 8;  // pairs per task: up to 64
-
-// e^x for every lane, x <= 0 (scores minus their running maximum), with a
-// relative error of a few ulp; lanes below -87.3 (or -inf) give exactly 0.
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  // x = n ln2 + r, |r| <= ln2 / 2; ln2 split in two for an exact n ln2.
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-06f), r);
-  // Taylor series to r^7 (truncation < 1e-8 relative on |r| <= 0.347).
-  __m256 p = _mm256_set1_ps(1.f / 5040);
-  for (float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-}
-
-// The (query, head) pairs of one task: queries of one visibility group and
-// the query heads of one KV head. Each pair is a vector lane and every lane
-// runs the same operations in the same order whatever the other lanes hold,
-// so a query's result does not depend on how the batch was cut into tasks.
-struct LaneSet {
-  int n = 0;
-  int64_t row[kLanes * kMaxVectors];  // row of q and out
-  int head[kLanes * kMaxVectors];     // query head
-  int32_t end[kLanes * kMaxVectors];  // one past the last row of its causal run
+// AVX2 traits for the lane kernel (attention_lanes.h).
+struct SimdAvx2 {
+  static constexpr int W = 8;
+  using V = __m256;
+  using I = __m256i;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static I load_i(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  // -inf in the lanes whose end is below row_plus_1.
+  static V hide_past(V x, int32_t row_plus_1, I end) {
+    const __m256i hidden = _mm256_cmpgt_epi32(_mm256_set1_epi32(row_plus_1), end);
+    return _mm256_blendv_ps(x, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(hidden));
+  }
+  static V zero_if_neg_inf(V x) { return _mm256_andnot_ps(_mm256_cmp_ps(x, set1(-INFINITY), _CMP_EQ_OQ), x); }
+  static V inv_or_one(V l) {
+    const __m256 pos = _mm256_cmp_ps(l, zero(), _CMP_GT_OQ);
+    return _mm256_blendv_ps(set1(1.0f), _mm256_div_ps(set1(1.0f), l), pos);
+  }
+  // e^x for x <= 0 with a relative error of a few ulp; below -87.3 (or
+  // -inf) exactly 0. x = n ln2 + r with ln2 split in two for an exact n ln2,
+  // then the Taylor series of e^r to r^7 (< 1e-8 relative on |r| <= 0.347).
+  static V exp_nonpositive(V x) {
+    const __m256 keep = _mm256_cmp_ps(x, set1(-87.3f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, set1(-87.3f));
+    const __m256 n =
+        _mm256_round_ps(_mm256_mul_ps(x, set1(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, set1(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, set1(1.42860677e-06f), r);
+    __m256 p = set1(1.f / 5040);
+    for (float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
+      p = _mm256_fmadd_ps(p, r, set1(c));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+  }
+  static void widen(const float* src, float* dst, int d) { std::copy(src, src + d, dst); }
+  static void widen(const uint16_t* src, float* dst, int d) {
+    int i = 0;
+    for (; i + 8 <= d; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    for (; i < d; ++i) dst[i] = _cvtsh_ss(src[i]);
+  }
 };
-
-struct TileScratch {
-  std::vector<float> qt, kf, vf, p, ot;
-};
-
-template <typename T>
-void widen_rows(const T* src, int64_t stride, int64_t n, int d, float* dst) {
-  for (int64_t j = 0; j < n; ++j)
-    for (int i = 0; i < d; i += 8) {
-      if (i + 8 <= d)
-        _mm256_storeu_ps(dst + j * d + i, vec::load8(src + j * stride + i));
-      else
-        for (int t = i; t < d; ++t) dst[j * d + t] = vec::load1(src + j * stride + t);
-    }
-}
-
-// Online softmax over key blocks for up to 64 lanes. Q (scaled) and the
-// output are kept transposed, [vector][dim][lane], so scores and outputs are
-// plain vector FMAs with a broadcast key or value element.
-template <typename T, int NV>
-void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv, int64_t kv_off,
-                  const QueryGroup& g, int d, float scale, float* out, TileScratch& s) {
-  const T* k = static_cast<const T*>(kv.k) + kv_off;
-  const T* v = static_cast<const T*>(kv.v) + kv_off;
-  s.qt.assign(static_cast<size_t>(NV) * d * kLanes, 0.0f);
-  s.ot.assign(static_cast<size_t>(NV) * d * kLanes, 0.0f);
-  s.kf.resize(kKeyBlock * d);
-  s.vf.resize(kKeyBlock * d);
-  s.p.resize(kKeyBlock * NV * kLanes);
-  int32_t ends[kLanes * kMaxVectors];
-  int32_t max_end = 0;
-  for (int lane = 0; lane < NV * kLanes; ++lane) {
-    ends[lane] = lane < ls.n ? ls.end[lane] : 0;
-    max_end = std::max(max_end, ends[lane]);
-    if (lane >= ls.n) continue;
-    const float* qr = q + ls.row[lane] * q_stride + int64_t{ls.head[lane]} * d;
-    for (int i = 0; i < d; ++i) s.qt[((lane / kLanes) * d + i) * kLanes + lane % kLanes] = qr[i] * scale;
-  }
-  __m256 m[NV], l[NV];
-  __m256i endv[NV];
-  for (int vi = 0; vi < NV; ++vi) {
-    m[vi] = _mm256_set1_ps(-INFINITY);
-    l[vi] = _mm256_setzero_ps();
-    endv[vi] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ends + vi * kLanes));
-  }
-  auto block = [&](int64_t j0, int64_t nb, bool causal) {
-    widen_rows(k + j0 * kv.row_stride, kv.row_stride, nb, d, s.kf.data());
-    widen_rows(v + j0 * kv.row_stride, kv.row_stride, nb, d, s.vf.data());
-    __m256 bm[NV];
-    for (auto& x : bm) x = _mm256_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < nb; ++j) {
-      __m256 acc[NV];
-      for (auto& x : acc) x = _mm256_setzero_ps();
-      for (int i = 0; i < d; ++i) {
-        const __m256 kb = _mm256_broadcast_ss(&s.kf[j * d + i]);
-        for (int vi = 0; vi < NV; ++vi)
-          acc[vi] = _mm256_fmadd_ps(kb, _mm256_loadu_ps(&s.qt[(vi * d + i) * kLanes]), acc[vi]);
-      }
-      for (int vi = 0; vi < NV; ++vi) {
-        if (causal) {  // lanes whose run ends at or before this row do not see it
-          const __m256i hidden =
-              _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(j0 + j + 1)), endv[vi]);
-          acc[vi] = _mm256_blendv_ps(acc[vi], _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(hidden));
-        }
-        bm[vi] = _mm256_max_ps(bm[vi], acc[vi]);
-        _mm256_storeu_ps(&s.p[(j * NV + vi) * kLanes], acc[vi]);
-      }
-    }
-    for (int vi = 0; vi < NV; ++vi) {
-      const __m256 m_new = _mm256_max_ps(m[vi], bm[vi]);
-      // A lane that has seen nothing yet keeps m = -inf; subtracting 0
-      // instead keeps its exponentials at exactly 0 rather than NaN.
-      const __m256 none = _mm256_cmp_ps(m_new, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
-      const __m256 m_use = _mm256_andnot_ps(none, m_new);
-      const __m256 corr = exp_nonpositive(_mm256_sub_ps(m[vi], m_use));
-      l[vi] = _mm256_mul_ps(l[vi], corr);
-      for (int64_t j = 0; j < nb; ++j) {
-        float* pj = &s.p[(j * NV + vi) * kLanes];
-        const __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(pj), m_use));
-        l[vi] = _mm256_add_ps(l[vi], p);
-        _mm256_storeu_ps(pj, p);
-      }
-      float* o = &s.ot[static_cast<size_t>(vi) * d * kLanes];
-      int i = 0;
-      for (; i + 4 <= d; i += 4) {
-        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + (i + 0) * kLanes), corr);
-        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(o + (i + 1) * kLanes), corr);
-        __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(o + (i + 2) * kLanes), corr);
-        __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(o + (i + 3) * kLanes), corr);
-        for (int64_t j = 0; j < nb; ++j) {
-          const __m256 p = _mm256_loadu_ps(&s.p[(j * NV + vi) * kLanes]);
-          const float* vr = &s.vf[j * d + i];
-          a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(vr + 0), p, a0);
-          a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(vr + 1), p, a1);
-          a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(vr + 2), p, a2);
-          a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(vr + 3), p, a3);
-        }
-        _mm256_storeu_ps(o + (i + 0) * kLanes, a0);
-        _mm256_storeu_ps(o + (i + 1) * kLanes, a1);
-        _mm256_storeu_ps(o + (i + 2) * kLanes, a2);
-        _mm256_storeu_ps(o + (i + 3) * kLanes, a3);
-      }
-      for (; i < d; ++i) {
-        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(o + i * kLanes), corr);
-        for (int64_t j = 0; j < nb; ++j)
-          a = _mm256_fmadd_ps(_mm256_broadcast_ss(&s.vf[j * d + i]),
-                              _mm256_loadu_ps(&s.p[(j * NV + vi) * kLanes]), a);
-        _mm256_storeu_ps(o + i * kLanes, a);
-      }
-      m[vi] = m_new;
-    }
-  };
-  auto range = [&](int64_t begin, int64_t end, bool causal) {
-    for (int64_t j0 = begin; j0 < end; j0 += kKeyBlock) block(j0, std::min(kKeyBlock, end - j0), causal);
-  };
-  for (const RowRange& r : g.context) range(r.begin, r.end, false);
-  range(g.causal_begin, max_end, true);
-  float inv[kLanes * kMaxVectors];
-  for (int vi = 0; vi < NV; ++vi) {
-    // 1/l where l > 0 (a lane with no visible row keeps zeros).
-    const __m256 pos = _mm256_cmp_ps(l[vi], _mm256_setzero_ps(), _CMP_GT_OQ);
-    _mm256_storeu_ps(inv + vi * kLanes,
-                     _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(1.0f), l[vi]), pos));
-  }
-  for (int lane = 0; lane < ls.n; ++lane) {
-    float* o = out + ls.row[lane] * q_stride + int64_t{ls.head[lane]} * d;
-    const float* src = &s.ot[static_cast<size_t>(lane / kLanes) * d * kLanes + lane % kLanes];
-    for (int i = 0; i < d; ++i) o[i] = src[i * kLanes] * inv[lane];
-  }
-}
-
-template <typename T>
-void attend_lanes_any(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv,
-                      int64_t kv_off, const QueryGroup& g, int d, float scale, float* out, TileScratch& s) {
-  switch ((ls.n + kLanes - 1) / kLanes) {
-#define DEPCACHE_LANES(NV) \
-  case NV:                 \
-    return attend_lanes<T, NV>(ls, q, q_stride, kv, kv_off, g, d, scale, out, s);
-    DEPCACHE_LANES(1)
-    DEPCACHE_LANES(2)
-    DEPCACHE_LANES(3)
-    DEPCACHE_LANES(4)
-    DEPCACHE_LANES(5)
-    DEPCACHE_LANES(6)
-    DEPCACHE_LANES(7)
-    DEPCACHE_LANES(8)
-#undef DEPCACHE_LANES
-    default:
-      fail(ErrorKind::Internal, "attention task of {} lanes", ls.n);
-  }
-}
 
 // A task: KV head, a run of batch rows whose queries share one group, and
 // the range of query heads of that KV head it covers.
@@ -203,6 +72,12 @@ struct Task {
 };
 
 }  // namespace
+
+namespace detail {
+AttendLanesFn attend_lanes_avx2(bool f16) {
+  return f16 ? attend_lanes_for<SimdAvx2, uint16_t> : attend_lanes_for<SimdAvx2, float>;
+}
+}  // namespace detail
 
 Visibility::Visibility(std::vector<QueryGroup> groups) : groups_(std::move(groups)) {
   int64_t next = 0;
@@ -258,7 +133,10 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
   auto id_of = [&](int64_t r) { return ids.empty() ? r : ids[r]; };
   // Lanes per task are (query, head) pairs: as many queries as fill 64
   // lanes with all heads of a KV head (decode: one query, its heads).
-  constexpr int kMaxLanes = kLanes * kMaxVectors;
+  using detail::kMaxLanes;
+  detail::AttendLanesFn kernel = nullptr;
+  if (current_isa() == Isa::Avx512) kernel = detail::attend_lanes_avx512(kv.f16);
+  if (!kernel) kernel = detail::attend_lanes_avx2(kv.f16);
   const int heads_per_task = std::min(group, kMaxLanes);
   const int64_t rows_per_task = std::max(1, kMaxLanes / heads_per_task);
   std::vector<Task> tasks;
@@ -272,9 +150,9 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
     r0 = r1;
   }
   pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
-    thread_local TileScratch scratch;
+    thread_local detail::TileScratch scratch;
     const Task& t = tasks[ti];
-    LaneSet ls;
+    detail::LaneSet ls;
     const QueryGroup& g = vis.group_of(id_of(t.r0));
     for (int64_t r = t.r0; r < t.r1; ++r)
       for (int h = t.h0; h < t.h1; ++h) {
@@ -283,11 +161,7 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
         ls.end[ls.n] = static_cast<int32_t>(g.self_row + (id_of(r) - g.first) + 1);
         ++ls.n;
       }
-    const int64_t kv_off = int64_t{t.kv_head} * head_dim;
-    if (kv.f16)
-      attend_lanes_any<uint16_t>(ls, q, q_stride, kv, kv_off, g, head_dim, scale, out, scratch);
-    else
-      attend_lanes_any<float>(ls, q, q_stride, kv, kv_off, g, head_dim, scale, out, scratch);
+    kernel(ls, q, q_stride, kv, int64_t{t.kv_head} * head_dim, g, head_dim, scale, out, scratch);
   });
 }
 

@@ -1,0 +1,167 @@
+#pragma once
+// The lane kernel of attention(): an online softmax over key blocks for up
+// to 64 (query, head) lanes that share a KV head and a visibility group.
+// Written once over a SIMD width and compiled per ISA: attention.cpp (AVX2)
+// and attention_avx512.cpp (AVX-512) include it with their own flags. The
+// templates live in an anonymous namespace, so each file keeps its own copy
+// and the linker can never hand one ISA's code to the other's callers.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "compute/attention.h"
+
+namespace depcache::detail {
+
+inline constexpr int kMaxLanes = 64;
+inline constexpr int64_t kKeyBlock = 64;
+
+// The (query, head) pairs of one task. Each pair is a vector lane and every
+// lane runs the same operations in the same order whatever the other lanes
+// hold, so a query's result does not depend on how the batch was cut.
+struct LaneSet {
+  int n = 0;
+  int64_t row[kMaxLanes];  // row of q and out
+  int head[kMaxLanes];     // query head
+  int32_t end[kMaxLanes];  // one past the last row of its causal run
+};
+
+struct TileScratch {
+  std::vector<float> qt, kf, vf, p, ot;
+};
+
+using AttendLanesFn = void (*)(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv,
+                               int64_t kv_off, const QueryGroup& g, int d, float scale, float* out,
+                               TileScratch& s);
+
+// The kernel of each ISA for f16 or f32 KV; nullptr where the compiler could
+// not build that ISA.
+AttendLanesFn attend_lanes_avx2(bool f16);    // attention.cpp
+AttendLanesFn attend_lanes_avx512(bool f16);  // attention_avx512.cpp
+
+}  // namespace depcache::detail
+
+namespace depcache::detail {
+namespace {
+
+// S: the SIMD traits of an ISA (vector type V of S::W floats, see the ISA
+// files). Q (scaled) and the output are kept transposed, [vector][dim][lane],
+// so scores and outputs are plain vector FMAs with a broadcast key or value
+// element.
+template <class S, typename T, int NV>
+void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv, int64_t kv_off,
+                  const QueryGroup& g, int d, float scale, float* out, TileScratch& s) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  const T* k = static_cast<const T*>(kv.k) + kv_off;
+  const T* v = static_cast<const T*>(kv.v) + kv_off;
+  s.qt.assign(static_cast<size_t>(NV) * d * W, 0.0f);
+  s.ot.assign(static_cast<size_t>(NV) * d * W, 0.0f);
+  s.kf.resize(kKeyBlock * d);
+  s.vf.resize(kKeyBlock * d);
+  s.p.resize(kKeyBlock * NV * W);
+  int32_t ends[kMaxLanes];
+  int32_t max_end = 0;
+  for (int lane = 0; lane < NV * W; ++lane) {
+    ends[lane] = lane < ls.n ? ls.end[lane] : 0;
+    max_end = std::max(max_end, ends[lane]);
+    if (lane >= ls.n) continue;
+    const float* qr = q + ls.row[lane] * q_stride + int64_t{ls.head[lane]} * d;
+    for (int i = 0; i < d; ++i) s.qt[((lane / W) * d + i) * W + lane % W] = qr[i] * scale;
+  }
+  V m[NV], l[NV];
+  typename S::I endv[NV];
+  for (int vi = 0; vi < NV; ++vi) {
+    m[vi] = S::set1(-INFINITY);
+    l[vi] = S::zero();
+    endv[vi] = S::load_i(ends + vi * W);
+  }
+  auto block = [&](int64_t j0, int64_t nb, bool causal) {
+    for (int64_t j = 0; j < nb; ++j) {
+      S::widen(k + (j0 + j) * kv.row_stride, s.kf.data() + j * d, d);
+      S::widen(v + (j0 + j) * kv.row_stride, s.vf.data() + j * d, d);
+    }
+    V bm[NV];
+    for (auto& x : bm) x = S::set1(-INFINITY);
+    for (int64_t j = 0; j < nb; ++j) {
+      V acc[NV];
+      for (auto& x : acc) x = S::zero();
+      for (int i = 0; i < d; ++i) {
+        const V kb = S::bcast(&s.kf[j * d + i]);
+        for (int vi = 0; vi < NV; ++vi) acc[vi] = S::fmadd(kb, S::load(&s.qt[(vi * d + i) * W]), acc[vi]);
+      }
+      for (int vi = 0; vi < NV; ++vi) {
+        // Lanes whose causal run ends at or before this row do not see it.
+        if (causal) acc[vi] = S::hide_past(acc[vi], static_cast<int32_t>(j0 + j + 1), endv[vi]);
+        bm[vi] = S::max(bm[vi], acc[vi]);
+        S::store(&s.p[(j * NV + vi) * W], acc[vi]);
+      }
+    }
+    for (int vi = 0; vi < NV; ++vi) {
+      const V m_new = S::max(m[vi], bm[vi]);
+      // A lane that has seen nothing yet keeps m = -inf; subtracting 0
+      // instead keeps its exponentials at exactly 0 rather than NaN.
+      const V m_use = S::zero_if_neg_inf(m_new);
+      const V corr = S::exp_nonpositive(S::sub(m[vi], m_use));
+      l[vi] = S::mul(l[vi], corr);
+      for (int64_t j = 0; j < nb; ++j) {
+        float* pj = &s.p[(j * NV + vi) * W];
+        const V p = S::exp_nonpositive(S::sub(S::load(pj), m_use));
+        l[vi] = S::add(l[vi], p);
+        S::store(pj, p);
+      }
+      float* o = &s.ot[static_cast<size_t>(vi) * d * W];
+      int i = 0;
+      for (; i + 4 <= d; i += 4) {
+        V a0 = S::mul(S::load(o + (i + 0) * W), corr), a1 = S::mul(S::load(o + (i + 1) * W), corr);
+        V a2 = S::mul(S::load(o + (i + 2) * W), corr), a3 = S::mul(S::load(o + (i + 3) * W), corr);
+        for (int64_t j = 0; j < nb; ++j) {
+          const V p = S::load(&s.p[(j * NV + vi) * W]);
+          const float* vr = &s.vf[j * d + i];
+          a0 = S::fmadd(S::bcast(vr + 0), p, a0);
+          a1 = S::fmadd(S::bcast(vr + 1), p, a1);
+          a2 = S::fmadd(S::bcast(vr + 2), p, a2);
+          a3 = S::fmadd(S::bcast(vr + 3), p, a3);
+        }
+        S::store(o + (i + 0) * W, a0);
+        S::store(o + (i + 1) * W, a1);
+        S::store(o + (i + 2) * W, a2);
+        S::store(o + (i + 3) * W, a3);
+      }
+      for (; i < d; ++i) {
+        V a = S::mul(S::load(o + i * W), corr);
+        for (int64_t j = 0; j < nb; ++j)
+          a = S::fmadd(S::bcast(&s.vf[j * d + i]), S::load(&s.p[(j * NV + vi) * W]), a);
+        S::store(o + i * W, a);
+      }
+      m[vi] = m_new;
+    }
+  };
+  auto range = [&](int64_t begin, int64_t end, bool causal) {
+    for (int64_t j0 = begin; j0 < end; j0 += kKeyBlock) block(j0, std::min(kKeyBlock, end - j0), causal);
+  };
+  for (const RowRange& r : g.context) range(r.begin, r.end, false);
+  range(g.causal_begin, max_end, true);
+  float inv[kMaxLanes];
+  for (int vi = 0; vi < NV; ++vi) S::store(inv + vi * W, S::inv_or_one(l[vi]));
+  for (int lane = 0; lane < ls.n; ++lane) {
+    float* o = out + ls.row[lane] * q_stride + int64_t{ls.head[lane]} * d;
+    const float* src = &s.ot[static_cast<size_t>(lane / W) * d * W + lane % W];
+    for (int i = 0; i < d; ++i) o[i] = src[i * W] * inv[lane];
+  }
+}
+
+// The instantiation for ceil(n / W) vectors.
+template <class S, typename T, int NV = 1>
+void attend_lanes_for(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv,
+                      int64_t kv_off, const QueryGroup& g, int d, float scale, float* out, TileScratch& s) {
+  if constexpr (NV * S::W < kMaxLanes) {
+    if (ls.n > NV * S::W)
+      return attend_lanes_for<S, T, NV + 1>(ls, q, q_stride, kv, kv_off, g, d, scale, out, s);
+  }
+  attend_lanes<S, T, NV>(ls, q, q_stride, kv, kv_off, g, d, scale, out, s);
+}
+
+}  // namespace
+}  // namespace depcache::detail
