@@ -7,6 +7,7 @@
 #include <random>
 
 #include "compute/attention.h"
+#include "compute/dot.h"
 #include "compute/vec.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -83,18 +84,23 @@ TEST(Attention, RangesMatchFloat64SoftmaxWithGqaAndF16) {
   for (int64_t t = 0; t < n_q; ++t) pairs += static_cast<int64_t>(rows_of(vis.visible(t)).size());
   EXPECT_EQ(vis.n_pairs(), pairs);
   EXPECT_EQ(vis.visible(72), (std::vector<RowRange>{{3, 40}, {100, 180}, {195, 203}}));
-  for (bool f16 : {false, true}) {
-    std::vector<float> out(q.size());
-    attention(q.data(), n_q, {}, vis, kv.view(f16), n_head, n_head_kv, hd, out.data(), pool);
-    double max_diff = 0;
-    for (int64_t t = 0; t < n_q; ++t)
-      for (int h = 0; h < n_head; ++h) {
-        const auto ref = reference(kv, f16, &q[(t * n_head + h) * hd], h / 2, rows_of(vis.visible(t)));
-        for (int i = 0; i < hd; ++i)
-          max_diff = std::max(max_diff, std::fabs(ref[i] - out[(t * n_head + h) * hd + i]));
-      }
-    EXPECT_LT(max_diff, 1e-5) << (f16 ? "f16" : "f32");
-  }
+  const Isa saved = current_isa();
+  for (Isa isa : {Isa::Avx2, Isa::Avx512})  // 8- and 16-lane kernels
+    for (bool f16 : {false, true}) {
+      if (!isa_supported(isa)) continue;
+      set_isa(isa);
+      std::vector<float> out(q.size());
+      attention(q.data(), n_q, {}, vis, kv.view(f16), n_head, n_head_kv, hd, out.data(), pool);
+      double max_diff = 0;
+      for (int64_t t = 0; t < n_q; ++t)
+        for (int h = 0; h < n_head; ++h) {
+          const auto ref = reference(kv, f16, &q[(t * n_head + h) * hd], h / 2, rows_of(vis.visible(t)));
+          for (int i = 0; i < hd; ++i)
+            max_diff = std::max(max_diff, std::fabs(ref[i] - out[(t * n_head + h) * hd + i]));
+        }
+      EXPECT_LT(max_diff, 1e-5) << (f16 ? "f16 " : "f32 ") << isa_name(isa);
+    }
+  set_isa(saved);
 }
 
 // A subset of queries, given by id: rows of q and out are compact.
