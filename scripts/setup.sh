@@ -18,6 +18,7 @@ PACKAGES=(
   gnuplot-nox                   # the PNG plot of `simulate --grid`
   libhiredis-dev                # Redis client for the shared remote KV tier
   redis-server                  # a real Redis for the remote tier's tests (started on a loopback port)
+  linux-perf                    # bench/profile.sh: where the time of a run goes
 )
 
 missing=()

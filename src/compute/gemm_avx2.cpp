@@ -4,6 +4,7 @@
 // into every token of the tile.
 //
 // As in dot_avx2.cpp, only intrinsics and plain structs come from headers.
+#include <algorithm>
 #include <cstdint>
 
 #include "compute/dot.h"
@@ -40,14 +41,15 @@ struct Tile {
       }
     }
   }
-  void store(float* y, int64_t ys, __m256i m0, __m256i m1) const {
+  // Vector 0 holds rows o0.., vector 1 rows o1.. (masks: the valid ones).
+  void store(float* y, int64_t ys, int o0, int o1, __m256i m0, __m256i m1) const {
     if constexpr (MR == 1) {
-      _mm256_maskstore_ps(y, m0, _mm256_add_ps(acc[0][0], acc[1][0]));
-      _mm256_maskstore_ps(y + 8, m1, _mm256_add_ps(acc[0][1], acc[1][1]));
+      _mm256_maskstore_ps(y + o0, m0, _mm256_add_ps(acc[0][0], acc[1][0]));
+      _mm256_maskstore_ps(y + o1, m1, _mm256_add_ps(acc[0][1], acc[1][1]));
     } else {
       for (int t = 0; t < MR; ++t) {
-        _mm256_maskstore_ps(y + t * ys, m0, acc[t][0]);
-        _mm256_maskstore_ps(y + t * ys + 8, m1, acc[t][1]);
+        _mm256_maskstore_ps(y + t * ys + o0, m0, acc[t][0]);
+        _mm256_maskstore_ps(y + t * ys + o1, m1, acc[t][1]);
       }
     }
   }
@@ -58,31 +60,48 @@ struct Tile {
 template <class Load>
 struct WalkDense {
   static constexpr int kTokens = 6;
+  // Rows of the two vectors of half h (see BF16Load for the exception).
+  static constexpr int row_offset(int h, int part) { return Load::row_offset(h, part); }
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
-    auto col = [&](int64_t k, int part) { return Load::at(panel, k * kRows + 16 * h + 8 * part); };
+    __m256 w0, w1, w2, w3;
     int64_t k = 0;
     for (; k + 2 <= n_in; k += 2) {
-      tile.template put<0>(k, col(k, 0), col(k, 1));
-      tile.template put<1>(k + 1, col(k + 1, 0), col(k + 1, 1));
+      Load::half(panel, k * kRows + 16 * h, w0, w1);
+      Load::half(panel, (k + 1) * kRows + 16 * h, w2, w3);
+      tile.template put<0>(k, w0, w1);
+      tile.template put<1>(k + 1, w2, w3);
     }
-    if (k < n_in) tile.template put<0>(k, col(k, 0), col(k, 1));
+    if (k < n_in) {
+      Load::half(panel, k * kRows + 16 * h, w0, w1);
+      tile.template put<0>(k, w0, w1);
+    }
   }
 };
+// half(): the 16 stored values of a column starting at element i.
 struct F32Load {
-  static __m256 at(const uint8_t* p, int64_t i) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
+  static constexpr int row_offset(int h, int part) { return 16 * h + 8 * part; }
+  static void half(const uint8_t* p, int64_t i, __m256& w0, __m256& w1) {
+    w0 = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
+    w1 = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i + 8);
   }
 };
 struct F16Load {
-  static __m256 at(const uint8_t* p, int64_t i) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+  static constexpr int row_offset(int h, int part) { return 16 * h + 8 * part; }
+  static void half(const uint8_t* p, int64_t i, __m256& w0, __m256& w1) {
+    w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+    w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i + 16)));
   }
 };
+// bf16 widened by unpacking with zeros; with the packed row order (see
+// packed_matrix.h) half h yields rows 8h..8h+7 and 16+8h..16+8h+7.
 struct BF16Load {
-  static __m256 at(const uint8_t* p, int64_t i) {
-    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  static constexpr int row_offset(int h, int part) { return 8 * h + 16 * part; }
+  static void half(const uint8_t* p, int64_t i, __m256& w0, __m256& w1) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)),
+                  z = _mm256_setzero_si256();
+    w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+    w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
   }
 };
 
@@ -99,6 +118,7 @@ inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_
 template <size_t kBlockBytes, int kOffset, bool kHalves>
 struct WalkBytes {
   static constexpr int kTokens = 5;
+  static constexpr int row_offset(int h, int part) { return 16 * h + 8 * part; }
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
     const __m256 off = _mm256_set1_ps(static_cast<float>(kOffset));
@@ -125,6 +145,7 @@ using WalkQ6_K = WalkBytes<1280, 32, true>;
 
 struct WalkQ4_K {
   static constexpr int kTokens = 4;
+  static constexpr int row_offset(int h, int part) { return 16 * h + 8 * part; }
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
     for (int64_t s = 0; s < n_in / 32; ++s) {
@@ -152,19 +173,19 @@ struct WalkQ4_K {
 
 template <class Walk, int MR>
 void tile(const uint8_t* panel, int64_t n_in, int h, const float* x, int64_t xs, float* y, int64_t ys,
-          __m256i m0, __m256i m1) {
+          const __m256i* masks) {
   Tile<MR> t{x, xs, {}};
   t.zero();
   Walk::run(panel, n_in, h, t);
-  t.store(y, ys, m0, m1);
+  t.store(y, ys, Walk::row_offset(h, 0), Walk::row_offset(h, 1), masks[0], masks[1]);
 }
 
 template <class Walk, int MR>
 void tail(int left, const uint8_t* panel, int64_t n_in, int h, const float* x, int64_t xs, float* y,
-          int64_t ys, __m256i m0, __m256i m1) {
+          int64_t ys, const __m256i* masks) {
   if constexpr (MR > 0) {
-    if (left == MR) return tile<Walk, MR>(panel, n_in, h, x, xs, y, ys, m0, m1);
-    tail<Walk, MR - 1>(left, panel, n_in, h, x, xs, y, ys, m0, m1);
+    if (left == MR) return tile<Walk, MR>(panel, n_in, h, x, xs, y, ys, masks);
+    tail<Walk, MR - 1>(left, panel, n_in, h, x, xs, y, ys, masks);
   }
 }
 
@@ -177,15 +198,14 @@ template <class Walk>
 void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, int64_t n_tok, float* y,
                   int64_t ys, int n_rows) {
   constexpr int MR = Walk::kTokens;
-  for (int h = 0; h < 2 && 16 * h < n_rows; ++h) {
-    const int rows = n_rows - 16 * h;
-    const __m256i m0 = lane_mask(rows), m1 = lane_mask(rows - 8);
-    float* yh = y + 16 * h;
+  for (int h = 0; h < 2; ++h) {
+    const int o0 = Walk::row_offset(h, 0), o1 = Walk::row_offset(h, 1);
+    if (n_rows <= std::min(o0, o1)) continue;  // no valid row in this half
+    const __m256i masks[2] = {lane_mask(n_rows - o0), lane_mask(n_rows - o1)};
     int64_t i = 0;
-    for (; i + MR <= n_tok; i += MR) tile<Walk, MR>(panel, n_in, h, x + i * xs, xs, yh + i * ys, ys, m0, m1);
+    for (; i + MR <= n_tok; i += MR) tile<Walk, MR>(panel, n_in, h, x + i * xs, xs, y + i * ys, ys, masks);
     if (i < n_tok)
-      tail<Walk, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, h, x + i * xs, xs, yh + i * ys, ys, m0,
-                         m1);
+      tail<Walk, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, h, x + i * xs, xs, y + i * ys, ys, masks);
   }
 }
 

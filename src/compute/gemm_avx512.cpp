@@ -69,28 +69,40 @@ struct WalkDense {
   static constexpr int kTokens = 12;
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, T& tile) {
+    __m512 w0, w1, w2, w3;
     int64_t k = 0;
     for (; k + 2 <= n_in; k += 2) {
-      tile.template put<0>(k, Load::at(panel, k * kRows), Load::at(panel, k * kRows + 16));
-      tile.template put<1>(k + 1, Load::at(panel, (k + 1) * kRows), Load::at(panel, (k + 1) * kRows + 16));
+      Load::column(panel, k * kRows, w0, w1);
+      Load::column(panel, (k + 1) * kRows, w2, w3);
+      tile.template put<0>(k, w0, w1);
+      tile.template put<1>(k + 1, w2, w3);
     }
-    if (k < n_in) tile.template put<0>(k, Load::at(panel, k * kRows), Load::at(panel, k * kRows + 16));
+    if (k < n_in) {
+      Load::column(panel, k * kRows, w0, w1);
+      tile.template put<0>(k, w0, w1);
+    }
   }
 };
+// column(): the 32 rows of the input column starting at element i.
 struct F32Load {
-  static __m512 at(const uint8_t* p, int64_t i) {
-    return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
+  static void column(const uint8_t* p, int64_t i, __m512& w0, __m512& w1) {
+    w0 = _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
+    w1 = _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i + 16);
   }
 };
 struct F16Load {
-  static __m512 at(const uint8_t* p, int64_t i) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
+  static void column(const uint8_t* p, int64_t i, __m512& w0, __m512& w1) {
+    w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
+    w1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i + 32)));
   }
 };
+// bf16 is the top half of an fp32: unpacking with zeros widens it exactly
+// (the packed row order makes the result rows 0-15 and 16-31).
 struct BF16Load {
-  static __m512 at(const uint8_t* p, int64_t i) {
-    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  static void column(const uint8_t* p, int64_t i, __m512& w0, __m512& w1) {
+    const __m512i v = _mm512_loadu_si512(p + 2 * i), z = _mm512_setzero_si512();
+    w0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, v));
+    w1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, v));
   }
 };
 

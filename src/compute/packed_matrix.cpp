@@ -20,12 +20,20 @@ constexpr size_t kQ8PanelBlock = kPanelRows * sizeof(float) + kPanelRows * kQ32;
 constexpr size_t kQ4KPanelSub = 2 * kPanelRows * sizeof(float) + kPanelRows * kQ32 / 2;  // 768
 constexpr size_t kQ6KPanelBlock = 2 * kPanelRows * sizeof(float) + kPanelRows * kQ32;    // 1280
 
+// Position of row r within an input column of a BF16 panel: interleaved so
+// that widening by unpacking with zeros (which works per 128-bit lane on 4
+// of every 8 values) yields rows in order.
+constexpr int64_t bf16_slot(int64_t r) {
+  return r < 16 ? (r / 4) * 8 + r % 4 : ((r - 16) / 4) * 8 + 4 + r % 4;
+}
+
 template <class T>
 void pack_dense(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   auto* out = reinterpret_cast<T*>(dst);
   for (int64_t r = 0; r < rows; ++r) {
     const auto* src = reinterpret_cast<const T*>(w.row(r0 + r));
-    for (int64_t k = 0; k < w.n_in; ++k) out[k * kPanelRows + r] = src[k];
+    const int64_t slot = w.type == DType::BF16 ? bf16_slot(r) : r;
+    for (int64_t k = 0; k < w.n_in; ++k) out[k * kPanelRows + slot] = src[k];
   }
 }
 
@@ -235,7 +243,7 @@ float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_
     case DType::F16:
       return fp16_to_fp32(read_u16(panel + idx * 2));
     case DType::BF16:
-      return bf16_to_fp32(read_u16(panel + idx * 2));
+      return bf16_to_fp32(read_u16(panel + (k * kPanelRows + bf16_slot(r)) * 2));
     case DType::Q8_0: {
       const uint8_t* blk = panel + (k / kQ32) * kQ8PanelBlock;
       const int u = blk[kPanelRows * sizeof(float) + slot_byte(r, k % kQ32)];

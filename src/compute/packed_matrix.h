@@ -8,7 +8,10 @@
 // Q8_0 keeps its int8 codes (scales widened to f32), Q4_K its nibbles.
 //
 // Layout of panel p (rows 32p .. 32p+31, rows past n_out are zero):
-//   F32, F16, BF16: element (r, k) at index k * 32 + r.
+//   F32, F16: element (r, k) at index k * 32 + r.
+//   BF16: element (r, k) at index k * 32 + s(r), rows interleaved in fours:
+//         s(r) = 8 (r / 4) + r % 4 for r < 16, 8 ((r - 16) / 4) + 4 + r % 4
+//         after, so that unpacking a column with zeros gives rows in order.
 //   Q8_0: per block of 32 inputs, 1152 bytes: float a[32] (the block scale
 //         d of each row), then uint8 u[8][32 rows][4]: group g, row r holds
 //         inputs 4g .. 4g+3 as q + 128. Value = a[r] * u - 128 * a[r].
