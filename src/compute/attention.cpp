@@ -38,22 +38,7 @@ struct SimdAvx2 {
     const __m256 pos = _mm256_cmp_ps(l, zero(), _CMP_GT_OQ);
     return _mm256_blendv_ps(set1(1.0f), _mm256_div_ps(set1(1.0f), l), pos);
   }
-  // e^x for x <= 0 with a relative error of a few ulp; below -87.3 (or
-  // -inf) exactly 0. x = n ln2 + r with ln2 split in two for an exact n ln2,
-  // then the Taylor series of e^r to r^7 (< 1e-8 relative on |r| <= 0.347).
-  static V exp_nonpositive(V x) {
-    const __m256 keep = _mm256_cmp_ps(x, set1(-87.3f), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, set1(-87.3f));
-    const __m256 n =
-        _mm256_round_ps(_mm256_mul_ps(x, set1(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, set1(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, set1(1.42860677e-06f), r);
-    __m256 p = set1(1.f / 5040);
-    for (float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
-      p = _mm256_fmadd_ps(p, r, set1(c));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-  }
+  static V exp_nonpositive(V x) { return vec::exp(x); }  // exactly 0 below -87.3 (and for -inf)
   static void widen(const float* src, float* dst, int d) { std::copy(src, src + d, dst); }
   static void widen(const uint16_t* src, float* dst, int d) {
     int i = 0;

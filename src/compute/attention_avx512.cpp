@@ -38,7 +38,7 @@ struct SimdAvx512 {
   static V inv_or_one(V l) {
     return _mm512_mask_div_ps(set1(1.0f), _mm512_cmp_ps_mask(l, zero(), _CMP_GT_OQ), set1(1.0f), l);
   }
-  // As in the AVX2 traits (attention.cpp): e^x for x <= 0, 0 below -87.3.
+  // The scheme of vec::exp (vec.h) on 16 lanes: e^x for x <= 0, 0 below -87.3.
   static V exp_nonpositive(V x) {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, set1(-87.3f), _CMP_GE_OQ);
     x = _mm512_max_ps(x, set1(-87.3f));

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "compute/vec.h"
+
 namespace depcache {
 
 void rms_norm(const float* x, const float* w, float* out, int64_t n_rows, int64_t n, float eps) {
@@ -22,7 +24,14 @@ void add_bias(float* x, const float* b, int64_t n_rows, int64_t n) {
 }
 
 void swiglu(float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = vec::exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
   }

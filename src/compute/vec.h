@@ -49,6 +49,24 @@ inline void axpy(float* y, float alpha, const T* x, int64_t n) {
   for (; i < n; ++i) y[i] += alpha * load1(x + i);
 }
 
+// e^x in every lane with a relative error of a few ulp: x = n ln2 + r with
+// ln2 split in two for an exact n ln2, then the Taylor series of e^r to r^7
+// (< 1e-8 relative on |r| <= 0.347). Below -87.3 (or -inf) the result is
+// exactly 0; above 88 it is e^88.
+inline __m256 exp(__m256 x) {
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  for (float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
 inline void scale(float* y, float alpha, int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   int64_t i = 0;

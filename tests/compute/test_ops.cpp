@@ -2,6 +2,7 @@
 // against plain float64 computations.
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <random>
 
@@ -122,6 +123,44 @@ TEST(Sampling, GreedyAndFilters) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
   EXPECT_THROW(Sampler(SamplerParams{.temperature = -1.0f}), Error);
   EXPECT_THROW(Sampler(SamplerParams{.top_p = 0.0f}), Error);
+}
+
+// The vector exp of the attention softmax and SwiGLU against std::exp in
+// double: a few ulp over the whole finite range, exact 0 below -87.3.
+TEST(VecExp, FewUlpOverTheRange) {
+  std::vector<float> xs;
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) xs.push_back(x);
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 0.5f, -0.5f}) xs.push_back(x);
+  while (xs.size() % 8) xs.push_back(0.0f);
+  double worst = 0;
+  for (size_t i = 0; i < xs.size(); i += 8) {
+    float got[8];
+    _mm256_storeu_ps(got, vec::exp(_mm256_loadu_ps(&xs[i])));
+    for (int j = 0; j < 8; ++j) {
+      const double want = std::exp(static_cast<double>(xs[i + j]));
+      worst = std::max(worst, std::fabs(got[j] - want) / want);
+    }
+  }
+  std::printf("[check] vec::exp worst relative error %.3g\n", worst);
+  EXPECT_LT(worst, 4 * FLT_EPSILON);
+  float low[8];
+  _mm256_storeu_ps(low,
+                   vec::exp(_mm256_setr_ps(-87.4f, -100.f, -1e30f, -INFINITY, -88.f, -200.f, -90.f, -1e5f)));
+  for (float v : low) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Swiglu, MatchesFloat64WithTails) {
+  for (int64_t n : {1, 7, 8, 13, 4864 + 3}) {
+    std::vector<float> gate = test::randn(n, 3), up = test::randn(n, 4);
+    gate[0] = 95.0f;                  // e^-g underflows
+    if (n > 1) gate[n - 1] = -95.0f;  // e^-g overflows: silu is -0
+    const std::vector<float> g0 = gate;
+    swiglu(gate.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = g0[i], want = g / (1 + std::exp(-g)) * up[i];
+      EXPECT_NEAR(gate[i], want, 4 * FLT_EPSILON * std::fabs(want) + 1e-30) << "n " << n << " i " << i;
+    }
+  }
 }
 
 }  // namespace
