@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "compute/dot.h"
 #include "compute/matmul.h"
 #include "compute/packed_matrix.h"
@@ -25,13 +26,7 @@ using depcache::Isa;
 
 constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_K};
 
-std::vector<float> random_floats(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& f : v) f = normal(rng);
-  return v;
-}
+using depcache::bench::random_floats;
 
 struct Matrix {
   std::vector<uint8_t> rows;

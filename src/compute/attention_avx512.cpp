@@ -4,11 +4,7 @@
 #include "compute/attention_lanes.h"
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "compute/avx512_intrinsics.h"
 
 namespace depcache::detail {
 namespace {

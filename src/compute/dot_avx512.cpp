@@ -12,13 +12,7 @@
 #include "compute/quant.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-// GCC 12's AVX-512 headers seed intrinsics with self-initialised
-// "undefined" vectors, which -Wuninitialized flags at every use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "compute/avx512_intrinsics.h"
 
 namespace depcache::detail {
 namespace {

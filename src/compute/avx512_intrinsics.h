@@ -1,0 +1,9 @@
+#pragma once
+// <immintrin.h> for the AVX-512 files. GCC 12's AVX-512 headers seed
+// intrinsics with self-initialised "undefined" vectors, which -Wuninitialized
+// flags at every use; the warnings are silenced for the header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
