@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <exception>
-#include <mutex>
-
 #include "compute/packed_matrix.h"
 #include "compute/quant.h"
 #include "util/error.h"
@@ -104,17 +101,9 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
       if (packable(w->type)) to_pack.push_back(w);
   if (packable(m->output.type)) to_pack.push_back(&m->output);
   ThreadPool pool(0);
-  std::mutex failed_mutex;
-  std::exception_ptr failed;  // the pool's tasks must not throw; the first error is rethrown here
   pool.parallel_for(static_cast<int64_t>(to_pack.size()), [&](int64_t i, int) {
-    try {
-      to_pack[i]->packed = std::make_shared<const PackedMatrix>(*to_pack[i]);
-    } catch (...) {
-      std::lock_guard lock(failed_mutex);
-      if (!failed) failed = std::current_exception();
-    }
+    to_pack[i]->packed = std::make_shared<const PackedMatrix>(*to_pack[i]);
   });
-  if (failed) std::rethrow_exception(failed);
   return m;
 }
 

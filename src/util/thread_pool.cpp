@@ -31,7 +31,12 @@ void ThreadPool::run_tasks(uint32_t gen, int thread) {
     const Fn* fn = fn_.load(std::memory_order_relaxed);
     if (task >= n_tasks_.load(std::memory_order_relaxed)) return;
     if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) continue;
-    (*fn)(task, thread);
+    try {
+      (*fn)(task, thread);
+    } catch (...) {
+      std::lock_guard lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
     n_done_.fetch_add(1, std::memory_order_release);
     w = work_.load(std::memory_order_acquire);
   }
@@ -58,7 +63,15 @@ void ThreadPool::worker_loop(int thread) {
 void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t, int)>& fn) {
   if (n_tasks <= 0) return;
   if (n_threads_ == 1 || n_tasks == 1) {
-    for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+    std::exception_ptr error;
+    for (int64_t t = 0; t < n_tasks; ++t) {
+      try {
+        fn(t, 0);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
     return;
   }
   // First close the previous loop (a generation with no claimable task), so
@@ -79,6 +92,12 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
   if (n_sleeping_.load() > 0) wake_.notify_all();
   run_tasks(gen, 0);
   while (n_done_.load(std::memory_order_acquire) < n_tasks) _mm_pause();
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(error_mutex_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace depcache

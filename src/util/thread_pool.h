@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -25,7 +26,8 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Runs fn(task, thread) for task in [0, n_tasks); tasks are handed out
-  // dynamically. Returns when all are done. Not reentrant.
+  // dynamically. Returns when all are done. Not reentrant. If tasks throw,
+  // the others still run and the first exception is rethrown here.
   void parallel_for(int64_t n_tasks, const std::function<void(int64_t task, int thread)>& fn);
 
   static int default_threads();
@@ -49,6 +51,8 @@ class ThreadPool {
   std::atomic<int64_t> n_done_{0};
   std::atomic<int> n_sleeping_{0};
   std::atomic<bool> stop_{false};
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // the first exception of the current loop
 };
 
 }  // namespace depcache

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <vector>
 
 #include "util/thread_pool.h"
@@ -26,6 +27,26 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
       ASSERT_LT(max_thread.load(), threads);
     }
   }
+}
+
+// A throwing task does not end the process or the loop: every other task
+// runs, the first exception reaches the caller, and the pool keeps working.
+TEST(ThreadPool, TaskExceptionsReachTheCaller) {
+  for (int threads : {1, 2})
+    for (int round = 0; round < 20; ++round) {
+      ThreadPool pool(threads);
+      std::atomic<int> ran{0};
+      EXPECT_THROW(pool.parallel_for(64,
+                                     [&](int64_t t, int) {
+                                       ran.fetch_add(1);
+                                       if (t % 7 == 3) throw std::runtime_error("task failed");
+                                     }),
+                   std::runtime_error);
+      EXPECT_EQ(ran.load(), 64);
+      std::atomic<int> after{0};
+      pool.parallel_for(16, [&](int64_t, int) { after.fetch_add(1); });
+      EXPECT_EQ(after.load(), 16);
+    }
 }
 
 TEST(ThreadPool, DefaultsToOnePerCore) { EXPECT_EQ(ThreadPool(0).size(), ThreadPool::default_threads()); }
