@@ -3,6 +3,7 @@
 // two can be compared on one GGUF file.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -92,13 +93,12 @@ void add_bench_model_command(CLI::App& app) {
     const double size_mib = model->file().file_size() / 1048576.0;
     // The matrix types of a layer; files that fall back to another type
     // where rows do not fit the blocks show both (e.g. Q8_0+Q4_K).
-    std::string type_name;
+    std::vector<std::string_view> types;
     const LayerWeights& l0 = model->layers[0];
-    for (const WeightMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down}) {
-      const std::string name(dtype_info(w->type).name);
-      if (type_name != name && !type_name.starts_with(name + "+") && !type_name.ends_with("+" + name))
-        type_name += (type_name.empty() ? "" : "+") + name;
-    }
+    for (const WeightMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down})
+      if (std::find(types.begin(), types.end(), dtype_info(w->type).name) == types.end())
+        types.push_back(dtype_info(w->type).name);
+    const std::string type_name = fmt::format("{}", fmt::join(types, "+"));
     const std::string model_desc = fmt::format("{} {}L {}d {}", c.arch_name, c.n_layer, c.n_embd, type_name);
 
     std::mt19937 rng(1234);

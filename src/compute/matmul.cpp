@@ -36,13 +36,12 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
   for (const MatmulOut& o : outs)
     if (o.w->n_in != n_in)
       fail(ErrorKind::Internal, "matmul: matrices of {} and {} inputs share one x", n_in, o.w->n_in);
-  bool any_i8 = false;
-  std::vector<char> use_i8(outs.size(), 0);
-  if (int8_activations())
-    for (size_t i = 0; i < outs.size(); ++i) any_i8 |= (use_i8[i] = has_int8_panels(outs[i].w->type));
+  const bool int8 = int8_activations() && std::any_of(outs.begin(), outs.end(), [](const MatmulOut& o) {
+                      return has_int8_panels(o.w->type);
+                    });
   const int8_t* xq = nullptr;
   const float* xs = nullptr;
-  if (any_i8) {
+  if (int8) {
     const int64_t q_floats = (n_tokens * n_in + 3) / 4, s_floats = n_tokens * (n_in / kQ32) * kActScales;
     scratch.resize(q_floats + s_floats);
     auto* q = reinterpret_cast<int8_t*>(scratch.data());
@@ -72,10 +71,11 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
     bool i8;
   };
   std::vector<Run> runs;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const PackedMatrix& w = *outs[i].w->packed;
+  for (const MatmulOut& o : outs) {
+    const PackedMatrix& w = *o.w->packed;
+    const bool i8 = int8 && has_int8_panels(w.type());
     for (int64_t p = 0; p < w.n_panels(); p += panels_per_run)
-      runs.push_back({&w, outs[i].y, p, std::min(w.n_panels(), p + panels_per_run), use_i8[i] != 0});
+      runs.push_back({&w, o.y, p, std::min(w.n_panels(), p + panels_per_run), i8});
   }
   const int64_t chunk = (n_tokens + n_chunks - 1) / n_chunks;
   pool.parallel_for(static_cast<int64_t>(runs.size()) * n_chunks, [&](int64_t task, int) {

@@ -130,7 +130,7 @@ void panel_scalar(DType t, const uint8_t* panel, int64_t n_in, const float* x, i
   std::vector<float> acc(static_cast<size_t>(n_tok) * kPanelRows, 0.0f);
   float col[kPanelRows];
   for (int64_t k = 0; k < n_in; ++k) {
-    for (int r = 0; r < n_rows; ++r) col[r] = panel_value(t, panel, n_in, r, k);
+    for (int r = 0; r < n_rows; ++r) col[r] = panel_value(t, panel, r, k);
     for (int64_t i = 0; i < n_tok; ++i) {
       const float xv = x[i * x_stride + k];
       for (int r = 0; r < n_rows; ++r) acc[i * kPanelRows + r] += col[r] * xv;
@@ -138,6 +138,12 @@ void panel_scalar(DType t, const uint8_t* panel, int64_t n_in, const float* x, i
   }
   for (int64_t i = 0; i < n_tok; ++i)
     for (int r = 0; r < n_rows; ++r) y[i * y_stride + r] = acc[i * kPanelRows + r];
+}
+
+// The current ISA's kernels of t, or null for a type outside the table.
+const detail::TypeKernels* kernels_of(DType t) {
+  const auto raw = static_cast<uint32_t>(t);
+  return raw < detail::kKernelTableSize ? &detail::active_kernels().by_type[raw] : nullptr;
 }
 
 template <DType T>
@@ -224,7 +230,7 @@ PackedMatrix::PackedMatrix(const WeightMatrix& w) : type_(w.type), n_in_(w.n_in)
   }
 }
 
-float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_t k) {
+float panel_value(DType t, const uint8_t* panel, int64_t r, int64_t k) {
   auto read_f32 = [](const uint8_t* p) {
     float f;
     std::memcpy(&f, p, sizeof f);
@@ -235,7 +241,6 @@ float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_
     std::memcpy(&h, p, sizeof h);
     return h;
   };
-  (void)n_in;
   const size_t idx = static_cast<size_t>(k * kPanelRows + r);
   switch (t) {
     case DType::F32:
@@ -273,11 +278,10 @@ float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_
 
 void panel_gemm(DType t, const uint8_t* panel, int64_t n_in, const float* x, int64_t x_stride, int64_t n_tok,
                 float* y, int64_t y_stride, int n_rows) {
-  const auto raw = static_cast<uint32_t>(t);
-  const detail::PanelFn fn =
-      raw < detail::kKernelTableSize ? detail::active_kernels().by_type[raw].panel : nullptr;
-  if (!fn) fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
-  fn(panel, n_in, x, x_stride, n_tok, y, y_stride, n_rows);
+  const detail::TypeKernels* k = kernels_of(t);
+  if (!k || !k->panel)
+    fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
+  k->panel(panel, n_in, x, x_stride, n_tok, y, y_stride, n_rows);
 }
 
 void quantize_activations(const float* x, int64_t n_tok, int64_t n_in, int8_t* xq, float* xs) {
@@ -304,8 +308,8 @@ void quantize_activations(const float* x, int64_t n_tok, int64_t n_in, int8_t* x
 }
 
 bool has_int8_panels(DType t) {
-  const auto raw = static_cast<uint32_t>(t);
-  return raw < detail::kKernelTableSize && detail::active_kernels().by_type[raw].panel_i8 != nullptr;
+  const detail::TypeKernels* k = kernels_of(t);
+  return k && k->panel_i8;
 }
 
 void panel_gemm_i8(DType t, const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs,
@@ -313,8 +317,7 @@ void panel_gemm_i8(DType t, const uint8_t* panel, int64_t n_in, const int8_t* xq
   if (!has_int8_panels(t))
     fail(ErrorKind::InvalidInput, "no int8 kernel for tensor type {} on {}", dtype_info(t).name,
          isa_name(current_isa()));
-  detail::active_kernels().by_type[static_cast<uint32_t>(t)].panel_i8(panel, n_in, xq, xs, n_tok, y, y_stride,
-                                                                      n_rows);
+  kernels_of(t)->panel_i8(panel, n_in, xq, xs, n_tok, y, y_stride, n_rows);
 }
 
 namespace detail {

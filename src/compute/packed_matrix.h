@@ -73,7 +73,7 @@ class PackedMatrix {
 
 // Weight (r, k) of a panel as a float; the reference the kernels are tested
 // against.
-float panel_value(DType t, const uint8_t* panel, int64_t n_in, int64_t r, int64_t k);
+float panel_value(DType t, const uint8_t* panel, int64_t r, int64_t k);
 
 // y[t * y_stride + r] = sum_k W(r, k) * x[t * x_stride + k] for the n_rows
 // (<= 32) valid rows of one panel and n_tok tokens, with the kernels of the

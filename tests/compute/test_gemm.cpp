@@ -98,7 +98,7 @@ TEST_P(PanelTest, PackingKeepsEveryValue) {
     ASSERT_EQ(p.n_panels(), 2);
     for (int64_t r = 0; r < 2 * kPanelRows; ++r)
       for (int64_t k = 0; k < n_in; ++k) {
-        const float got = panel_value(type(), p.panel(r / kPanelRows), n_in, r % kPanelRows, k);
+        const float got = panel_value(type(), p.panel(r / kPanelRows), r % kPanelRows, k);
         const float want = r < 45 ? static_cast<float>(m.values[r * n_in + k]) : 0.0f;
         ASSERT_EQ(got, want) << "row " << r << " input " << k << " n_in " << n_in;
       }

@@ -42,6 +42,19 @@ std::vector<float> eval_all(const std::shared_ptr<const Model>& m, const std::ve
   return logits;
 }
 
+// Logits of every token, fed one at a time (the decode path).
+std::vector<float> decode_each(const std::shared_ptr<const Model>& m, const std::vector<int32_t>& toks) {
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  KvCache kv(m->config(), static_cast<int64_t>(toks.size()), DType::F32);
+  std::vector<float> all, logits;
+  for (int32_t t : toks) {
+    fwd.eval(std::span(&t, 1), kv, Logits::Last, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
 double max_rel_to_ref(const std::vector<float>& got, const std::vector<double>& ref,
                       const std::string& label) {
   double max_ref = 0, max_diff = 0;
@@ -74,16 +87,8 @@ TEST_P(ReferenceForward, MatchesFloat64Reference) {
   // f16 K/V carry a relative rounding of 2^-11 (4.9e-4) per element, amplified
   // through the layers of a random model with wide (std 0.2) weights.
   EXPECT_LT(max_rel_to_ref(eval_all(m, toks, DType::F16), ref, "kv f16"), 5e-3);
-  // Token by token: the decode (per-row dot) path.
-  ThreadPool pool(2);
-  Forward fwd(m, pool);
-  KvCache kv(m->config(), 19, DType::F32);
-  std::vector<float> all, logits;
-  for (int32_t t : toks) {
-    fwd.eval(std::span(&t, 1), kv, Logits::Last, logits);
-    all.insert(all.end(), logits.begin(), logits.end());
-  }
-  EXPECT_LT(max_rel_to_ref(all, ref, "decode path"), 1e-4);
+  // Token by token: the decode path.
+  EXPECT_LT(max_rel_to_ref(decode_each(m, toks), ref, "decode path"), 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -194,14 +199,7 @@ TEST_F(Int8Activations, DecodeMatchesPrefillOnKQuants) {
   const auto ref = test::reference_logits(*m, toks);
   const auto got = logits(m, toks, true);
   EXPECT_LT(max_rel_to_ref(got, ref, "Q4_K int8 activations"), 5e-2);
-  ThreadPool pool(2);
-  Forward fwd(m, pool);
-  KvCache kv(m->config(), 19, DType::F32);
-  std::vector<float> all, step;
-  for (int32_t t : toks) {
-    fwd.eval(std::span(&t, 1), kv, Logits::Last, step);
-    all.insert(all.end(), step.begin(), step.end());
-  }
+  const auto all = decode_each(m, toks);
   EXPECT_LT(test::max_abs_diff(all.data(), got.data(), all.size(), "int8 decode vs prefill"), 1e-5);
 }
 
