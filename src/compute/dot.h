@@ -21,16 +21,16 @@ void set_isa(Isa isa);
 // The ISA in use. The first use picks DEPCACHE_ISA=scalar|avx2|avx512 when set
 // (falling back to best_isa() with a warning if unsupported), else best_isa().
 Isa current_isa();
-std::string_view isa_name(Isa isa);
+std::string_view isa_name(Isa isa);                       // "scalar", "avx2", "avx512"
+std::optional<Isa> isa_from_name(std::string_view name);  // case-insensitive
 
-// Int8 activations: matmuls on Q8_0 and Q4_K panels quantize each token's
-// input to int8 in blocks of 32 (as the Q8_0 format does) and use integer
-// dot products (AVX-512 VNNI), about twice as fast in prefill but no longer
-// exact in the activations. Off by default; the first use reads
+// Int8 activations: matmuls on Q8_0, Q4_K, Q4_0 and Q6_K panels quantize
+// each token's input to int8 in blocks of 32 (as the Q8_0 format does) and
+// use integer dot products (AVX-512 VNNI), about twice as fast in prefill but
+// no longer exact in the activations. Off by default; the first use reads
 // DEPCACHE_INT8_ACTIVATIONS=1. Without VNNI the setting changes nothing.
 void set_int8_activations(bool on);
-bool int8_activations();                                  // "scalar", "avx2", "avx512"
-std::optional<Isa> isa_from_name(std::string_view name);  // case-insensitive
+bool int8_activations();
 
 // sum_i dequant(w_row)[i] * x[i] for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K.
 // n must be a multiple of the block size, else Error(InvalidInput).
@@ -51,7 +51,7 @@ using PanelFn = void (*)(const uint8_t* panel, int64_t n_in, const float* x, int
                          float* y, int64_t y_stride, int n_rows);
 
 // The same on int8 activations (quantize_activations in packed_matrix.h):
-// xq rows of n_in values, xs rows of n_in / 32 pairs (d, d * sum q).
+// xq rows of n_in values, xs rows of n_in / 32 groups of kActScales scales.
 using PanelI8Fn = void (*)(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs,
                            int64_t n_tok, float* y, int64_t y_stride, int n_rows);
 

@@ -63,6 +63,12 @@ DType storable_type(DType wanted, int64_t n_in) {
   return DType::F16;
 }
 
+// The note for a matrix written in a fallback type.
+std::string fallback_note(const std::string& name, int64_t n_in, DType wanted, DType written) {
+  return fmt::format("{}: rows of {} do not fit {} blocks, written as {}", name, n_in,
+                     dtype_info(wanted).name, dtype_info(written).name);
+}
+
 std::vector<std::pair<std::string, GgufValue>> tokenizer_metadata(const RandomModelOptions& o) {
   std::vector<std::pair<std::string, GgufValue>> md;
   if (o.vocab_from) {
@@ -173,9 +179,7 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   uint64_t tensor_index = 0;
   auto add_matrix = [&](const std::string& name, int64_t n_in, int64_t n_out) {
     const DType t = storable_type(o.type, n_in);
-    if (t != o.type)
-      report.notes.push_back(fmt::format("{}: rows of {} do not fit {} blocks, written as {}", name, n_in,
-                                         dtype_info(o.type).name, dtype_info(t).name));
+    if (t != o.type) report.notes.push_back(fallback_note(name, n_in, o.type, t));
     const uint64_t tseed = o.seed * 0x100000001B3ull + (++tensor_index << 32);
     const float stddev = o.stddev;
     report.n_params += n_in * n_out;
@@ -240,9 +244,7 @@ QuantizeReport quantize_model(const std::filesystem::path& in, const std::filesy
   for (const GgufTensor& t : src.tensors()) {
     const bool matrix = t.dims.size() == 2 && t.name.ends_with(".weight") && dtype_info(t.type).compute;
     const DType to = matrix ? storable_type(type, t.dims[0]) : t.type;
-    if (matrix && to != type)
-      report.notes.push_back(fmt::format("{}: rows of {} do not fit {} blocks, written as {}", t.name,
-                                         t.dims[0], dtype_info(type).name, dtype_info(to).name));
+    if (matrix && to != type) report.notes.push_back(fallback_note(t.name, t.dims[0], type, to));
     report.n_converted += matrix && to == type;
     const GgufTensor* tp = &t;
     w.add_tensor(t.name, to, t.dims, [tp, to, pool](uint8_t* dst, size_t n_bytes) {
