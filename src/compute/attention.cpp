@@ -136,6 +136,11 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
   }
   pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     thread_local detail::TileScratch scratch;
+    scratch.qt.resize(static_cast<size_t>(kMaxLanes) * head_dim);
+    scratch.ot.resize(scratch.qt.size());
+    scratch.kf.resize(static_cast<size_t>(detail::kKeyBlock) * head_dim);
+    scratch.vf.resize(scratch.kf.size());
+    scratch.p.resize(static_cast<size_t>(detail::kKeyBlock) * kMaxLanes);
     const Task& t = tasks[ti];
     detail::LaneSet ls;
     const QueryGroup& g = vis.group_of(id_of(t.r0));

@@ -5,7 +5,6 @@
 // and attention_avx512.cpp (AVX-512) include it with their own flags. The
 // templates live in an anonymous namespace, so each file keeps its own copy
 // and the linker can never hand one ISA's code to the other's callers.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -27,6 +26,10 @@ struct LaneSet {
   int32_t end[kMaxLanes];  // one past the last row of its causal run
 };
 
+// Per-thread buffers of a task, sized by attention() for head dimension d
+// (qt, ot: kMaxLanes * d; kf, vf: kKeyBlock * d; p: kKeyBlock * kMaxLanes).
+// The kernels only index them: no std template is instantiated in an ISA
+// file, where the linker could pick its copy for every caller.
 struct TileScratch {
   std::vector<float> qt, kf, vf, p, ot;
 };
@@ -56,16 +59,12 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
   constexpr int W = S::W;
   const T* k = static_cast<const T*>(kv.k) + kv_off;
   const T* v = static_cast<const T*>(kv.v) + kv_off;
-  s.qt.assign(static_cast<size_t>(NV) * d * W, 0.0f);
-  s.ot.assign(static_cast<size_t>(NV) * d * W, 0.0f);
-  s.kf.resize(kKeyBlock * d);
-  s.vf.resize(kKeyBlock * d);
-  s.p.resize(kKeyBlock * NV * W);
+  for (int64_t i = 0; i < int64_t{NV} * d * W; ++i) s.qt[i] = s.ot[i] = 0.0f;
   int32_t ends[kMaxLanes];
   int32_t max_end = 0;
   for (int lane = 0; lane < NV * W; ++lane) {
     ends[lane] = lane < ls.n ? ls.end[lane] : 0;
-    max_end = std::max(max_end, ends[lane]);
+    if (ends[lane] > max_end) max_end = ends[lane];
     if (lane >= ls.n) continue;
     const float* qr = q + ls.row[lane] * q_stride + int64_t{ls.head[lane]} * d;
     for (int i = 0; i < d; ++i) s.qt[((lane / W) * d + i) * W + lane % W] = qr[i] * scale;
@@ -139,7 +138,8 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
     }
   };
   auto range = [&](int64_t begin, int64_t end, bool causal) {
-    for (int64_t j0 = begin; j0 < end; j0 += kKeyBlock) block(j0, std::min(kKeyBlock, end - j0), causal);
+    for (int64_t j0 = begin; j0 < end; j0 += kKeyBlock)
+      block(j0, end - j0 < kKeyBlock ? end - j0 : kKeyBlock, causal);
   };
   for (const RowRange& r : g.context) range(r.begin, r.end, false);
   range(g.causal_begin, max_end, true);
