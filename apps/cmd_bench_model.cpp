@@ -75,8 +75,9 @@ void add_bench_model_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
-  cmd->add_flag("--int8-activations", int8,
-                "Q8_0/Q4_K matmuls on int8-quantized activations (AVX-512 VNNI; faster, not exact)");
+  cmd->add_flag(
+      "--int8-activations", int8,
+      "Q8_0/Q4_K/Q4_0/Q6_K matmuls on int8-quantized activations (AVX-512 VNNI; faster, not exact)");
   cmd->add_flag("--json", json, "Print JSON lines instead of a table");
   cmd->callback([] {
     if (int8) set_int8_activations(true);

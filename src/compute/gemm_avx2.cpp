@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "compute/dot.h"
+#include "compute/packed_matrix.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -15,7 +16,7 @@
 namespace depcache::detail {
 namespace {
 
-constexpr int64_t kRows = 32;  // kPanelRows
+constexpr int64_t kRows = kPanelRows;
 
 template <int MR>
 struct Tile {
@@ -125,7 +126,7 @@ struct WalkBytes {
     for (int64_t b = 0; b < n_in / 32; ++b) {
       const uint8_t* blk = panel + b * kBlockBytes;
       const auto* f = reinterpret_cast<const float*>(blk) + 16 * h;
-      const uint8_t* u = blk + (kHalves ? 256 : 128) + 64 * h;
+      const uint8_t* u = blk + (kHalves ? 2 : 1) * kPanelScaleBytes + 64 * h;
       for (int64_t g = 0; g < 8; ++g) {
         const float* fa = f + (kHalves && g >= 4 ? 32 : 0);
         const __m256 a0 = _mm256_loadu_ps(fa), a1 = _mm256_loadu_ps(fa + 8);
@@ -140,8 +141,8 @@ struct WalkBytes {
     }
   }
 };
-using WalkQ8_0 = WalkBytes<1152, 128, false>;
-using WalkQ6_K = WalkBytes<1280, 32, true>;
+using WalkQ8_0 = WalkBytes<kQ8_0PanelBlock, 128, false>;
+using WalkQ6_K = WalkBytes<kQ6_KPanelBlock, 32, true>;
 
 struct WalkQ4_K {
   static constexpr int kTokens = 4;
@@ -149,11 +150,11 @@ struct WalkQ4_K {
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
     for (int64_t s = 0; s < n_in / 32; ++s) {
-      const uint8_t* sub = panel + s * 768;
+      const uint8_t* sub = panel + s * kQ4PanelBlock;
       const auto* f = reinterpret_cast<const float*>(sub) + 16 * h;
       const __m256 a0 = _mm256_loadu_ps(f), a1 = _mm256_loadu_ps(f + 8);
       const __m256 m0 = _mm256_loadu_ps(f + 32), m1 = _mm256_loadu_ps(f + 40);
-      const uint8_t* u = sub + 256 + 64 * h;
+      const uint8_t* u = sub + 2 * kPanelScaleBytes + 64 * h;
       for (int64_t g = 0; g < 4; ++g) {
         const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
         const int64_t k = 32 * s + 8 * g;

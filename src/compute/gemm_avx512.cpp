@@ -16,7 +16,7 @@
 namespace depcache::detail {
 namespace {
 
-constexpr int64_t kRows = 32;  // kPanelRows
+constexpr int64_t kRows = kPanelRows;
 
 // Accumulators of one tile. A single token (decode) alternates two sets on
 // even and odd columns, since two FMA chains alone would wait on latency.
@@ -120,7 +120,7 @@ struct WalkBytes {
     for (int64_t b = 0; b < n_in / 32; ++b) {
       const uint8_t* blk = panel + b * kBlockBytes;
       const auto* f = reinterpret_cast<const float*>(blk);
-      const uint8_t* u = blk + (kHalves ? 256 : 128);
+      const uint8_t* u = blk + (kHalves ? 2 : 1) * kPanelScaleBytes;
       for (int64_t g = 0; g < 8; ++g) {
         const float* fa = f + (kHalves && g >= 4 ? 32 : 0);
         const __m512 a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16);
@@ -135,19 +135,19 @@ struct WalkBytes {
     }
   }
 };
-using WalkQ8_0 = WalkBytes<1152, 128, false>;
-using WalkQ6_K = WalkBytes<1280, 32, true>;
+using WalkQ8_0 = WalkBytes<kQ8_0PanelBlock, 128, false>;
+using WalkQ6_K = WalkBytes<kQ6_KPanelBlock, 32, true>;
 
 struct WalkQ4_K {
   static constexpr int kTokens = 8;
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, T& tile) {
     for (int64_t s = 0; s < n_in / 32; ++s) {
-      const uint8_t* sub = panel + s * 768;
+      const uint8_t* sub = panel + s * kQ4PanelBlock;
       const auto* f = reinterpret_cast<const float*>(sub);
       const __m512 a0 = _mm512_loadu_ps(f), a1 = _mm512_loadu_ps(f + 16);
       const __m512 m0 = _mm512_loadu_ps(f + 32), m1 = _mm512_loadu_ps(f + 48);
-      const uint8_t* u = sub + 256;
+      const uint8_t* u = sub + 2 * kPanelScaleBytes;
       for (int64_t g = 0; g < 4; ++g) {
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
         const int64_t k = 32 * s + 8 * g;
@@ -209,7 +209,9 @@ enum class I8 { Q8_0, Q4, Q6_K };
 template <I8 kKind, int MR>
 void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y, int64_t ys,
              __mmask16 k0, __mmask16 k1) {
-  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? 1152 : kKind == I8::Q4 ? 768 : 1280;
+  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock
+                                 : kKind == I8::Q4 ? kQ4PanelBlock
+                                                   : kQ6_KPanelBlock;
   const int64_t nb = n_in / 32;
   __m512 acc[MR][2];
   for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
@@ -237,7 +239,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
     const uint8_t* blk = panel + b * kBlockBytes;
     const auto* f = reinterpret_cast<const float*>(blk);
     if constexpr (kKind == I8::Q4) {
-      const uint8_t* u = blk + 256;
+      const uint8_t* u = blk + 2 * kPanelScaleBytes;
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       for (int64_t g = 0; g < 4; ++g) {
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
@@ -253,7 +255,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
       }
       flush(b, f, _mm512_loadu_ps(f + 32), _mm512_loadu_ps(f + 48), 1);
     } else {
-      const uint8_t* u = blk + (kKind == I8::Q8_0 ? 128 : 256);
+      const uint8_t* u = blk + (kKind == I8::Q8_0 ? 1 : 2) * kPanelScaleBytes;
       for (int64_t g = 0; g < 8; ++g) {
         const __m512i w0 = _mm512_loadu_si512(u + g * 128), w1 = _mm512_loadu_si512(u + g * 128 + 64);
         for (int t = 0; t < MR; ++t) {

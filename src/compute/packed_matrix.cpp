@@ -16,10 +16,6 @@
 namespace depcache {
 namespace {
 
-constexpr size_t kQ8PanelBlock = kPanelRows * sizeof(float) + kPanelRows * kQ32;         // 1152
-constexpr size_t kQ4KPanelSub = 2 * kPanelRows * sizeof(float) + kPanelRows * kQ32 / 2;  // 768
-constexpr size_t kQ6KPanelBlock = 2 * kPanelRows * sizeof(float) + kPanelRows * kQ32;    // 1280
-
 // Position of row r within an input column of a BF16 panel: interleaved so
 // that widening by unpacking with zeros (which works per 128-bit lane on 4
 // of every 8 values) yields rows in order.
@@ -49,7 +45,7 @@ void pack_q8_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(w.row(r0 + r));
     for (int64_t b = 0; b < w.n_in / kQ32; ++b) {
-      uint8_t* out = dst + b * kQ8PanelBlock;
+      uint8_t* out = dst + b * kQ8_0PanelBlock;
       const float d = fp16_to_fp32(blocks[b].d);
       std::memcpy(out + r * sizeof(float), &d, sizeof d);
       uint8_t* u = out + kPanelRows * sizeof(float);
@@ -80,7 +76,7 @@ void pack_q4_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
         const uint8_t* src = b.qs + 32 * (s / 2);
         int q[kQ32];
         for (int64_t i = 0; i < kQ32; ++i) q[i] = (src[i] >> (4 * (s & 1))) & 0xF;
-        put_q4_block(dst + (sb * 8 + s) * kQ4KPanelSub, r, d * sc[s], dmin * mn[s], q);
+        put_q4_block(dst + (sb * 8 + s) * kQ4PanelBlock, r, d * sc[s], dmin * mn[s], q);
       }
     }
   }
@@ -93,7 +89,7 @@ void pack_q4_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
       int q[kQ32];
       for (int i = 0; i < 16; ++i) q[i] = blocks[b].qs[i] & 0xF, q[i + 16] = blocks[b].qs[i] >> 4;
       const float d = fp16_to_fp32(blocks[b].d);
-      put_q4_block(dst + b * kQ4KPanelSub, r, d, 8 * d, q);
+      put_q4_block(dst + b * kQ4PanelBlock, r, d, 8 * d, q);
     }
   }
 }
@@ -105,7 +101,7 @@ void pack_q6_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
       const BlockQ6_K& b = blocks[sb];
       const float d = fp16_to_fp32(b.d);
       for (int64_t c = 0; c < 8; ++c) {
-        uint8_t* out = dst + (sb * 8 + c) * kQ6KPanelBlock;
+        uint8_t* out = dst + (sb * 8 + c) * kQ6_KPanelBlock;
         const float a0 = d * b.scales[2 * c], a1 = d * b.scales[2 * c + 1];
         std::memcpy(out + r * sizeof(float), &a0, sizeof a0);
         std::memcpy(out + (kPanelRows + r) * sizeof(float), &a1, sizeof a1);
@@ -177,12 +173,12 @@ size_t panel_bytes(DType t, int64_t n_in) {
     case DType::BF16:
       return n_in * kPanelRows * 2;
     case DType::Q8_0:
-      return n_in / kQ32 * kQ8PanelBlock;
+      return n_in / kQ32 * kQ8_0PanelBlock;
     case DType::Q4_K:
     case DType::Q4_0:
-      return n_in / kQ32 * kQ4KPanelSub;
+      return n_in / kQ32 * kQ4PanelBlock;
     case DType::Q6_K:
-      return n_in / kQ32 * kQ6KPanelBlock;
+      return n_in / kQ32 * kQ6_KPanelBlock;
     default:
       fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
   }
@@ -250,13 +246,13 @@ float panel_value(DType t, const uint8_t* panel, int64_t r, int64_t k) {
     case DType::BF16:
       return bf16_to_fp32(read_u16(panel + (k * kPanelRows + bf16_slot(r)) * 2));
     case DType::Q8_0: {
-      const uint8_t* blk = panel + (k / kQ32) * kQ8PanelBlock;
+      const uint8_t* blk = panel + (k / kQ32) * kQ8_0PanelBlock;
       const int u = blk[kPanelRows * sizeof(float) + slot_byte(r, k % kQ32)];
       const float a = read_f32(blk + r * sizeof(float));
       return a * static_cast<float>(u) - 128 * a;
     }
     case DType::Q6_K: {
-      const uint8_t* blk = panel + (k / kQ32) * kQ6KPanelBlock;
+      const uint8_t* blk = panel + (k / kQ32) * kQ6_KPanelBlock;
       const int64_t i = k % kQ32;
       const int u = blk[2 * kPanelRows * sizeof(float) + slot_byte(r, i)];
       const float a = read_f32(blk + ((i < 16 ? 0 : kPanelRows) + r) * sizeof(float));
@@ -264,7 +260,7 @@ float panel_value(DType t, const uint8_t* panel, int64_t r, int64_t k) {
     }
     case DType::Q4_0:
     case DType::Q4_K: {
-      const uint8_t* sub = panel + (k / kQ32) * kQ4KPanelSub;
+      const uint8_t* sub = panel + (k / kQ32) * kQ4PanelBlock;
       const int64_t i = k % kQ32;
       const uint8_t byte = sub[2 * kPanelRows * sizeof(float) + slot_byte(r, q4k_slot(i))];
       const int q = (i % 8 < 4) ? (byte & 0xF) : (byte >> 4);

@@ -40,6 +40,13 @@ struct WeightMatrix;
 inline constexpr int64_t kPanelRows = 32;
 inline constexpr int64_t kActScales = 4;
 
+// Quantized panels, per block of 32 inputs: the bytes of the scale arrays
+// in front (one or two float[32]) and of the whole block.
+inline constexpr size_t kPanelScaleBytes = kPanelRows * sizeof(float);                 // 128
+inline constexpr size_t kQ8_0PanelBlock = kPanelScaleBytes + kPanelRows * kQ32;        // 1152
+inline constexpr size_t kQ4PanelBlock = 2 * kPanelScaleBytes + kPanelRows * kQ32 / 2;  // 768
+inline constexpr size_t kQ6_KPanelBlock = 2 * kPanelScaleBytes + kPanelRows * kQ32;    // 1280
+
 // Whether t has a panel layout and kernels.
 bool packable(DType t);
 // Bytes of one panel of n_in inputs (n_in a valid row length of t).
