@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -19,8 +20,10 @@
 #include <random>
 #include <stdexcept>
 
+#include "compute/dot.h"
 #include "model/model.h"
 #include "model/model_writer.h"
+#include "util/numeric.h"
 
 namespace depcache::test {
 
@@ -132,11 +135,61 @@ CliRun run_cli(const std::string& args, const std::string& stdin_text) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(double(a[i]) - double(b[i])));
-  std::printf("[check] %s: max |diff| = %.3g over %lld values\n", label.c_str(), m, (long long)n);
+namespace {
+template <class B>
+double report_max_abs_diff(std::span<const float> a, std::span<const B> b, const std::string& label) {
+  const double m = max_abs_difference(a, b);
+  std::printf("[check] %s: max |diff| = %.3g over %zu values%s\n", label.c_str(), m, a.size(),
+              a.size() == b.size() ? "" : " (lengths differ)");
   return m;
+}
+}  // namespace
+
+double max_abs_diff(std::span<const float> a, std::span<const float> b, const std::string& label) {
+  return report_max_abs_diff(a, b, label);
+}
+
+double max_abs_diff(std::span<const float> a, std::span<const double> b, const std::string& label) {
+  return report_max_abs_diff(a, b, label);
+}
+
+double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label) {
+  return report_max_abs_diff(std::span(a, n), std::span(b, n), label);
+}
+
+double max_rel_diff(std::span<const float> got, std::span<const double> ref, const std::string& label) {
+  double scale = 1e-30;
+  for (double r : ref) scale = std::isfinite(r) ? std::max(scale, std::fabs(r)) : INFINITY;
+  const double d = max_abs_difference(got, ref);
+  std::printf("[check] %s: max |diff| = %.3g, max |ref| = %.3g\n", label.c_str(), d, scale);
+  return std::isfinite(scale) ? d / scale : INFINITY;
+}
+
+bool strict_mode() {
+  const char* s = std::getenv("DEPCACHE_STRICT");
+  return s && *s && std::string(s) != "0";
+}
+
+void print_skip_reason(const std::string& reason) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::printf("[skip-reason] %s.%s: %s\n", info ? info->test_suite_name() : "?", info ? info->name() : "?",
+              reason.c_str());
+  std::fflush(stdout);
+}
+
+void skip_variant(const std::string& reason) {
+  print_skip_reason(reason);
+  if (strict_mode()) {
+    ADD_FAILURE() << "strict mode: " << reason;
+    return;
+  }
+  GTEST_SKIP() << reason;  // records the skip; the caller's loop goes on
+}
+
+bool isa_available(Isa isa) {
+  if (isa_supported(isa)) return true;
+  skip_variant("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
+  return false;
 }
 
 }  // namespace depcache::test

@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "compute/dot.h"
 #include "compute/dtype.h"
 
 namespace depcache {
@@ -15,6 +17,32 @@ class Model;
 
 namespace depcache::test {
 
+// Strict mode (DEPCACHE_STRICT=1, set by .ci/run): a test that cannot find
+// what it needs (../shared, Redis, WordNet, a CPU feature) fails instead of
+// skipping, so CI never passes on tests that did not run.
+bool strict_mode();
+
+// Every skip prints one "[skip-reason] Suite.Test: reason" line, which the
+// test command collects into its summary of what did not run.
+void print_skip_reason(const std::string& reason);
+
+// Skips the calling test (returns from it), or fails it in strict mode.
+#define DEPCACHE_SKIP(reason)                                                             \
+  do {                                                                                    \
+    const std::string skip_reason_ = (reason);                                            \
+    ::depcache::test::print_skip_reason(skip_reason_);                                    \
+    if (::depcache::test::strict_mode()) GTEST_FAIL() << "strict mode: " << skip_reason_; \
+    GTEST_SKIP() << skip_reason_;                                                         \
+  } while (0)
+
+// For a loop over variants (ISAs) inside one test: reports that a variant
+// did not run — the test ends as skipped (or, in strict mode, failed) — and
+// lets the loop go on with the others.
+void skip_variant(const std::string& reason);
+
+// An ISA's kernels can run on this CPU; otherwise reports a skipped variant.
+bool isa_available(Isa isa);
+
 // ../shared beside the clone (override with DEPCACHE_SHARED); empty if absent.
 std::filesystem::path shared_dir();
 
@@ -22,7 +50,7 @@ std::filesystem::path shared_dir();
 #define DEPCACHE_REQUIRE_SHARED(path_var, relative)                                   \
   const std::filesystem::path path_var = ::depcache::test::shared_dir() / (relative); \
   if (::depcache::test::shared_dir().empty() || !std::filesystem::exists(path_var))   \
-  GTEST_SKIP() << "reference file not found (../shared absent?): " << (relative)
+  DEPCACHE_SKIP(std::string("reference file not found (../shared absent?): ") + (relative))
 
 // A fresh temporary directory removed at process exit is not needed: callers
 // remove what they make. Returns a unique path under the system temp dir.
@@ -55,7 +83,7 @@ class RedisServer {
 };
 #define DEPCACHE_REQUIRE_REDIS(server)  \
   ::depcache::test::RedisServer server; \
-  if (server.port() == 0) GTEST_SKIP() << "redis-server not installed (scripts/setup.sh installs it)"
+  if (server.port() == 0) DEPCACHE_SKIP("redis-server not installed (scripts/setup.sh installs it)")
 
 // A random-weight model of a preset shape (std 0.2, so logits differ enough
 // for comparisons to mean something), written with the project's GGUF writer
@@ -65,7 +93,14 @@ std::shared_ptr<const Model> random_model(const std::string& preset, DType type,
 // n normal(0, scale) floats from a seeded generator.
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f);
 
-// Max absolute difference between two float arrays, printed with a label.
+// Max absolute difference between two arrays, printed with a label. A NaN
+// or Inf anywhere, or a length mismatch, is an infinite difference (see
+// util/numeric.h), so no comparison passes on non-finite output.
+double max_abs_diff(std::span<const float> a, std::span<const float> b, const std::string& label);
+double max_abs_diff(std::span<const float> a, std::span<const double> b, const std::string& label);
 double max_abs_diff(const float* a, const float* b, int64_t n, const std::string& label);
+// The same relative to the largest |ref| (at least 1e-30): for float64
+// references whose scale depends on the model.
+double max_rel_diff(std::span<const float> got, std::span<const double> ref, const std::string& label);
 
 }  // namespace depcache::test

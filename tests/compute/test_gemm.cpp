@@ -16,6 +16,7 @@
 #include "compute/packed_matrix.h"
 #include "compute/quant_reference.h"
 #include "random_rows.h"
+#include "test_support.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -79,7 +80,8 @@ class PanelTest : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
  protected:
   void SetUp() override {
     const Isa isa = std::get<0>(GetParam());
-    if (!isa_supported(isa)) GTEST_SKIP() << "this CPU does not support the " << isa_name(isa) << " kernels";
+    if (!isa_supported(isa))
+      DEPCACHE_SKIP("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
     set_isa(isa);
   }
   void TearDown() override { set_isa(saved_); }
@@ -195,11 +197,11 @@ TEST(Int8Activations, QuantizationIsWithinHalfAStep) {
 
 TEST(Int8Activations, KernelsMatchQuantizedReference) {
   const Isa saved = current_isa();
-  if (!isa_supported(Isa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!isa_supported(Isa::Avx512)) DEPCACHE_SKIP("no AVX-512 on this CPU");
   set_isa(Isa::Avx512);
   if (!has_int8_panels(DType::Q8_0)) {
     set_isa(saved);
-    GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+    DEPCACHE_SKIP("this CPU has no AVX-512 VNNI");
   }
   std::mt19937 rng(41);
   for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q4_0, DType::Q6_K})

@@ -55,17 +55,6 @@ std::vector<float> decode_each(const std::shared_ptr<const Model>& m, const std:
   return all;
 }
 
-double max_rel_to_ref(const std::vector<float>& got, const std::vector<double>& ref,
-                      const std::string& label) {
-  double max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(ref[i]));
-    max_diff = std::max(max_diff, std::fabs(got[i] - ref[i]));
-  }
-  std::printf("[check] %s: max |diff| = %.3g, max |ref| = %.3g\n", label.c_str(), max_diff, max_ref);
-  return max_diff / max_ref;
-}
-
 struct RefCase {
   std::string preset;
   DType type;
@@ -83,12 +72,12 @@ TEST_P(ReferenceForward, MatchesFloat64Reference) {
   auto m = tiny_model(rc.preset, rc.type, rc.tied);
   const auto toks = some_tokens(19, m->config().n_vocab);  // >= kGemmMinTokens: the GEMM path
   const auto ref = test::reference_logits(*m, toks);
-  EXPECT_LT(max_rel_to_ref(eval_all(m, toks, DType::F32), ref, "kv f32"), 1e-4);
+  EXPECT_LT(test::max_rel_diff(eval_all(m, toks, DType::F32), ref, "kv f32"), 1e-4);
   // f16 K/V carry a relative rounding of 2^-11 (4.9e-4) per element, amplified
   // through the layers of a random model with wide (std 0.2) weights.
-  EXPECT_LT(max_rel_to_ref(eval_all(m, toks, DType::F16), ref, "kv f16"), 5e-3);
+  EXPECT_LT(test::max_rel_diff(eval_all(m, toks, DType::F16), ref, "kv f16"), 5e-3);
   // Token by token: the decode path.
-  EXPECT_LT(max_rel_to_ref(decode_each(m, toks), ref, "decode path"), 1e-4);
+  EXPECT_LT(test::max_rel_diff(decode_each(m, toks), ref, "decode path"), 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -118,8 +107,8 @@ TEST(Forward, KQuantModelMatchesReference) {
     std::filesystem::remove(path);
     EXPECT_EQ(m->layers[0].wq.type, t);
     const auto toks = some_tokens(9, m->config().n_vocab);
-    EXPECT_LT(max_rel_to_ref(eval_all(m, toks, DType::F32), test::reference_logits(*m, toks),
-                             dtype_info(t).name.data()),
+    EXPECT_LT(test::max_rel_diff(eval_all(m, toks, DType::F32), test::reference_logits(*m, toks),
+                                 dtype_info(t).name.data()),
               1e-4);
   }
 }
@@ -132,9 +121,9 @@ TEST(Forward, KQuantModelMatchesReference) {
 class Int8Activations : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!isa_supported(Isa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+    if (!isa_supported(Isa::Avx512)) DEPCACHE_SKIP("no AVX-512 on this CPU");
     set_isa(Isa::Avx512);
-    if (!has_int8_panels(DType::Q8_0)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+    if (!has_int8_panels(DType::Q8_0)) DEPCACHE_SKIP("this CPU has no AVX-512 VNNI");
   }
   void TearDown() override {
     set_int8_activations(false);
@@ -170,14 +159,14 @@ TEST_F(Int8Activations, QualityOnTrainedModel) {
   const int n_vocab = m->config().n_vocab;
   const auto exact = logits(m, ids, false), approx = logits(m, ids, true);
   int agree = 0;
-  double max_diff = 0, max_abs = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const float* a = exact.data() + i * n_vocab;
     const float* b = approx.data() + i * n_vocab;
     agree += std::max_element(a, a + n_vocab) == a + (std::max_element(b, b + n_vocab) - b);
-    for (int v = 0; v < n_vocab; ++v) max_diff = std::max(max_diff, double(std::fabs(a[v] - b[v])));
-    for (int v = 0; v < n_vocab; ++v) max_abs = std::max(max_abs, double(std::fabs(a[v])));
   }
+  const double max_diff = test::max_abs_diff(exact, approx, "int8 vs fp32 activations");
+  double max_abs = 0;
+  for (float v : exact) max_abs = std::max(max_abs, double(std::fabs(v)));
   std::printf(
       "[check] stories260K Q8_0, int8 vs fp32 activations: top-1 %d/%zu, max |dlogit| %.3g (max |logit| "
       "%.3g)\n",
@@ -198,7 +187,7 @@ TEST_F(Int8Activations, DecodeMatchesPrefillOnKQuants) {
   const auto toks = some_tokens(19, m->config().n_vocab);
   const auto ref = test::reference_logits(*m, toks);
   const auto got = logits(m, toks, true);
-  EXPECT_LT(max_rel_to_ref(got, ref, "Q4_K int8 activations"), 5e-2);
+  EXPECT_LT(test::max_rel_diff(got, ref, "Q4_K int8 activations"), 5e-2);
   const auto all = decode_each(m, toks);
   EXPECT_LT(test::max_abs_diff(all.data(), got.data(), all.size(), "int8 decode vs prefill"), 1e-5);
 }

@@ -40,13 +40,6 @@ PrefillPlan chain_plan(const std::vector<int32_t>& tokens, int64_t row0, int32_t
   return p;
 }
 
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
-  return d;
-}
-
 std::vector<float> rows_of(const KvCache& kv, int il, int64_t row0, int64_t n, bool keys) {
   std::vector<float> out(n * kv.row_elems()), k(kv.row_elems()), v(kv.row_elems());
   for (int64_t r = 0; r < n; ++r) {
@@ -84,7 +77,8 @@ TEST_P(BothRopeStyles, SpanRotatedByDeltaEqualsRecomputation) {
         const auto want = rows_of(c, il, 0, 12, keys);
         double scale = 1;
         for (float x : want) scale = std::max(scale, std::fabs(double(x)));
-        EXPECT_LT(max_diff(rows_of(b, il, 20, 12, keys), want), rel * scale)
+        EXPECT_LT(test::max_abs_diff(rows_of(b, il, 20, 12, keys), want, "rotated span vs recomputed"),
+                  rel * scale)
             << (keys ? "K" : "V") << " layer " << il << " delta " << delta;
       }
     EXPECT_EQ(b.position(20), 10 + delta);
@@ -117,7 +111,7 @@ TEST(SparsePrefill, PlacedPrefixPlusComputedSuffixEqualsFullPrefill) {
   const std::vector<int32_t> rest(toks.begin() + 25, toks.end());
   const auto got = fwd.prefill(chain_plan(rest, 25, 25, true), sparse).logits;
   const std::vector<float> want_rest(want.begin() + 25 * m->config().n_vocab, want.end());
-  EXPECT_LT(max_diff(got, want_rest), 1e-4);
+  EXPECT_LT(test::max_abs_diff(got, want_rest, "got vs want_rest"), 1e-4);
 }
 
 // Active sets shrinking with depth over an exact cache change nothing: a
@@ -163,7 +157,8 @@ TEST(SparsePrefill, ActiveSetsOverAnExactCacheGiveTheSameLogits) {
     };
     const PrefillResult got = fwd.prefill(plan, kv);
     EXPECT_EQ(hook_calls, n_layer);
-    EXPECT_LT(max_diff(got.logits, want.logits), 1e-4) << "trial " << trial;
+    EXPECT_LT(test::max_abs_diff(got.logits, want.logits, "got.logits vs want.logits"), 1e-4)
+        << "trial " << trial;
     if (trial == 0) {
       EXPECT_EQ(got.attention_pairs, want.attention_pairs);
       EXPECT_EQ(got.active_per_layer, std::vector<int64_t>(n_layer, 30));

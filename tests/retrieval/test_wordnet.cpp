@@ -45,8 +45,8 @@ class Wordnet : public ::testing::Test {
   }
   void SetUp() override {
     if (!graph_)
-      GTEST_SKIP() << "WordNet not installed (" << (kDefaultWordnetDir / "data.noun").string()
-                   << " missing); apt-get install wordnet-base";
+      DEPCACHE_SKIP("WordNet not installed (" + (kDefaultWordnetDir / "data.noun").string() +
+                    " missing); apt-get install wordnet-base");
   }
   static KnowledgeGraph* graph_;
   static WordnetImportStats* stats_;

@@ -40,13 +40,6 @@ const RequestEntity kDog2 = entity(
     "dog", {"dog -hypernym-> canine -hypernym-> carnivore", "dog -hypernym-> canine -habitat-> houses"});
 const RequestEntity kOwl = entity("owl", {"owl -hypernym-> bird", "owl -eats-> mice"});
 
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
-  return d;
-}
-
 struct Rig {
   std::shared_ptr<const Model> model;
   Tokenizer tok{Vocab::builtin_bytes()};
@@ -77,7 +70,8 @@ TEST(Strategies, PrefixReuseEqualsFullPrefill) {
     EXPECT_GT(second.reused_tokens, 100);
     EXPECT_EQ(second.computed_tokens + second.reused_tokens, full.prompt_tokens);
     // Same KV bytes either way; only batch-shape-dependent float sums differ.
-    EXPECT_LT(max_diff(second.logits, full.logits), 1e-3) << dtype_info(kv_type).name;
+    EXPECT_LT(test::max_abs_diff(second.logits, full.logits, "second.logits vs full.logits"), 1e-3)
+        << dtype_info(kv_type).name;
     EXPECT_EQ(rig.run("prefix", b).computed_tokens, 1);  // all but the logits token
   }
 }
@@ -92,7 +86,7 @@ TEST(Strategies, DependencyAttentionOnAChainEqualsCausalAttention) {
     const PrefillReport dep = rig.run("depcache", r, {s, false});
     EXPECT_EQ(dep.prompt_tokens, full.prompt_tokens);
     EXPECT_EQ(dep.attention_pairs, full.attention_pairs);
-    EXPECT_LT(max_diff(dep.logits, full.logits), 1e-4);
+    EXPECT_LT(test::max_abs_diff(dep.logits, full.logits, "dep.logits vs full.logits"), 1e-4);
   }
 }
 
@@ -111,7 +105,8 @@ TEST(Strategies, DepCacheReuseEqualsNoReuseUnderTheDepthScheme) {
       EXPECT_EQ(with.prompt_tokens, without.prompt_tokens);
       EXPECT_LT(with.attention_pairs, without.attention_pairs);
       // f16 KV: the reused rows were rounded in the same way; only sums differ.
-      EXPECT_LT(max_diff(with.logits, without.logits), kv_type == DType::F32 ? 1e-4 : 2e-3)
+      EXPECT_LT(test::max_abs_diff(with.logits, without.logits, "with.logits vs without.logits"),
+                kv_type == DType::F32 ? 1e-4 : 2e-3)
           << preset << " " << dtype_info(kv_type).name;
     }
 }
@@ -129,7 +124,7 @@ TEST(Strategies, DepCacheReuseEqualsNoReuseForIdenticalSubtreesUnderTheSequentia
   const auto task = static_cast<int64_t>(make_prompt_parts(rig.tok, again).task.size());
   EXPECT_EQ(with.reused_tokens, with.prompt_tokens - task);
   EXPECT_EQ(with.computed_tokens, task);
-  EXPECT_LT(max_diff(with.logits, without.logits), 1e-4);
+  EXPECT_LT(test::max_abs_diff(with.logits, without.logits, "with.logits vs without.logits"), 1e-4);
   // Moved subtrees are re-encoded by rotation and reused whole (approximate:
   // their distance to the system segment changed).
   const RagRequest moved_request = graph_request({kOwl, kCat, kDog}, "Which?");
@@ -161,7 +156,9 @@ TEST(Strategies, DecodeAfterSparsePrefillEqualsDecodeAfterFullPrefill) {
     }
     EXPECT_EQ(kv.n_past(), rep.prompt_tokens + 6);
   }
-  for (int i = 0; i < 6; ++i) EXPECT_LT(max_diff(steps[0][i], steps[1][i]), 1e-4) << "step " << i;
+  for (int i = 0; i < 6; ++i)
+    EXPECT_LT(test::max_abs_diff(steps[0][i], steps[1][i], "steps[0][i] vs steps[1][i]"), 1e-4)
+        << "step " << i;
 }
 
 // Documents are one-path trees (reused wherever they sit); a plain-text
@@ -178,7 +175,7 @@ TEST(Strategies, DepCacheWithDocumentsAndPlainText) {
   const PrefillReport without = rig.run("depcache", docs, none);
   const auto task = static_cast<int64_t>(make_prompt_parts(rig.tok, docs).task.size());
   EXPECT_EQ(with.computed_tokens, task);  // system and both documents reused
-  EXPECT_LT(max_diff(with.logits, without.logits), 1e-4);
+  EXPECT_LT(test::max_abs_diff(with.logits, without.logits, "with.logits vs without.logits"), 1e-4);
 
   RagRequest text;
   text.question = "What happened?";
@@ -186,8 +183,11 @@ TEST(Strategies, DepCacheWithDocumentsAndPlainText) {
   rig.run("depcache", text, reuse);
   const PrefillReport again = rig.run("depcache", text, reuse);
   EXPECT_EQ(again.computed_tokens, 1);  // the whole causal prompt but the logits token
-  EXPECT_LT(max_diff(again.logits, rig.run("depcache", text, none).logits), 1e-4);
-  EXPECT_LT(max_diff(again.logits, rig.run("full", text).logits), 1e-4);  // no trees: plain causal
+  EXPECT_LT(test::max_abs_diff(again.logits, rig.run("depcache", text, none).logits,
+                               "plain text: reuse vs no reuse"),
+            1e-4);
+  EXPECT_LT(test::max_abs_diff(again.logits, rig.run("full", text).logits, "plain text: depcache vs full"),
+            1e-4);  // no trees: plain causal
 }
 
 // What a subtree's KV depends on is in its key: the system prompt and the KV

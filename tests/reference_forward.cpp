@@ -1,0 +1,130 @@
+#include "reference_forward.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "compute/quant_reference.h"
+
+namespace depcache::test {
+namespace {
+
+// A weight matrix dequantized once, row-major (n_out, n_in).
+struct Mat {
+  int64_t n_out = 0, n_in = 0;
+  std::vector<double> w;
+  explicit Mat(const WeightMatrix& m) : n_out(m.n_out), n_in(m.n_in), w(m.n_out * m.n_in) {
+    for (int64_t r = 0; r < n_out; ++r) dequantize_row_f64(m.type, m.row(r), w.data() + r * n_in, n_in);
+  }
+  std::vector<double> operator*(const std::vector<double>& x) const {
+    std::vector<double> y(n_out, 0.0);
+    for (int64_t r = 0; r < n_out; ++r)
+      for (int64_t i = 0; i < n_in; ++i) y[r] += w[r * n_in + i] * x[i];
+    return y;
+  }
+};
+
+std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / x.size() + eps);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+
+void rope(std::vector<double>& v, int n_heads, int head_dim, int n_rot, int pos, double base, bool neox) {
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < n_rot / 2; ++i) {
+      const double theta = pos * std::pow(base, -2.0 * i / n_rot);
+      const int a = h * head_dim + (neox ? i : 2 * i);
+      const int b = h * head_dim + (neox ? i + n_rot / 2 : 2 * i + 1);
+      const double x0 = v[a], x1 = v[b];
+      v[a] = x0 * std::cos(theta) - x1 * std::sin(theta);
+      v[b] = x0 * std::sin(theta) + x1 * std::cos(theta);
+    }
+}
+
+}  // namespace
+
+ReferencePass reference_forward(const Model& model, const std::vector<int32_t>& tokens,
+                                const std::vector<int32_t>& positions, const SeesRule& sees) {
+  const ModelConfig& c = model.config();
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (positions.size() != tokens.size())
+    throw std::invalid_argument("reference_forward: one position per token");
+  const int hd = c.head_dim;
+  const bool neox = c.rope_style == RopeStyle::Neox;
+  std::vector<std::vector<double>> x(n, std::vector<double>(c.n_embd));
+  for (int64_t t = 0; t < n; ++t)
+    dequantize_row_f64(model.tok_embd.type, model.tok_embd.row(tokens[t]), x[t].data(), c.n_embd);
+
+  ReferencePass out;
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerWeights& w = model.layers[il];
+    const Mat wq(w.wq), wk(w.wk), wv(w.wv), wo(w.wo), w_gate(w.w_gate), w_up(w.w_up), w_down(w.w_down);
+    std::vector<std::vector<double>> q(n), k(n), v(n);
+    for (int64_t t = 0; t < n; ++t) {
+      const auto xn = rmsnorm(x[t], w.attn_norm, c.rms_eps);
+      q[t] = wq * xn;
+      k[t] = wk * xn;
+      v[t] = wv * xn;
+      if (c.qkv_bias) {
+        for (size_t i = 0; i < q[t].size(); ++i) q[t][i] += w.bq[i];
+        for (size_t i = 0; i < k[t].size(); ++i) k[t][i] += w.bk[i], v[t][i] += w.bv[i];
+      }
+      rope(q[t], c.n_head, hd, c.n_rot, positions[t], c.rope_base, neox);
+      rope(k[t], c.n_head_kv, hd, c.n_rot, positions[t], c.rope_base, neox);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int64_t> seen;
+      for (int64_t j = 0; j < n; ++j)
+        if (sees(t, j)) seen.push_back(j);
+      if (seen.empty()) throw std::invalid_argument("reference_forward: a token that sees nothing");
+      std::vector<double> attn(c.n_head * hd, 0.0);
+      for (int h = 0; h < c.n_head; ++h) {
+        const int kvh = h / (c.n_head / c.n_head_kv);
+        std::vector<double> s(seen.size());
+        double m = -INFINITY;
+        for (size_t j = 0; j < seen.size(); ++j) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += q[t][h * hd + i] * k[seen[j]][kvh * hd + i];
+          s[j] = d / std::sqrt(double(hd));
+          m = std::max(m, s[j]);
+        }
+        double sum = 0;
+        for (double& e : s) sum += (e = std::exp(e - m));
+        for (size_t j = 0; j < seen.size(); ++j)
+          for (int i = 0; i < hd; ++i) attn[h * hd + i] += s[j] / sum * v[seen[j]][kvh * hd + i];
+      }
+      const auto o = wo * attn;
+      for (int i = 0; i < c.n_embd; ++i) x[t][i] += o[i];
+    }
+    // The FFN after every token's attention: attention reads only this
+    // layer's K/V, which are fixed above, so the order does not matter.
+    for (int64_t t = 0; t < n; ++t) {
+      const auto xn = rmsnorm(x[t], w.ffn_norm, c.rms_eps);
+      auto g = w_gate * xn;
+      const auto u = w_up * xn;
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const auto d = w_down * g;
+      for (int i = 0; i < c.n_embd; ++i) x[t][i] += d[i];
+    }
+    out.k.push_back(std::move(k));
+    out.v.push_back(std::move(v));
+  }
+  const Mat output(model.output);
+  out.logits.reserve(n * c.n_vocab);
+  for (int64_t t = 0; t < n; ++t) {
+    const auto l = output * rmsnorm(x[t], model.output_norm, c.rms_eps);
+    out.logits.insert(out.logits.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+std::vector<double> reference_logits(const Model& model, const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> positions(tokens.size());
+  for (size_t t = 0; t < tokens.size(); ++t) positions[t] = static_cast<int32_t>(t);
+  return reference_forward(model, tokens, positions, [](int64_t q, int64_t k) { return k <= q; }).logits;
+}
+
+}  // namespace depcache::test

@@ -1,0 +1,35 @@
+#pragma once
+// A float64 forward pass written for clarity, not speed: every weight is
+// dequantized with the float64 reference and every sum is in double. The
+// engine is checked against it.
+//
+// Besides plain causal prompts it takes what dependency attention changes:
+// each token's RoPE position and a rule for who sees whom, evaluated pair by
+// pair. It shares no code with the engine's visibility lists, position
+// schemes or attention kernels, so a test that builds the rule from a
+// request's own structure checks those independently.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/model.h"
+
+namespace depcache::test {
+
+// Whether token `query` attends to token `key` (indices into the prompt).
+using SeesRule = std::function<bool(int64_t query, int64_t key)>;
+
+struct ReferencePass {
+  std::vector<double> logits;  // (n_tokens, n_vocab)
+  // k[layer][token], v[layer][token]: the K (after RoPE) and V rows
+  // (n_head_kv * head_dim) each token writes in each layer.
+  std::vector<std::vector<std::vector<double>>> k, v;
+};
+
+ReferencePass reference_forward(const Model& model, const std::vector<int32_t>& tokens,
+                                const std::vector<int32_t>& positions, const SeesRule& sees);
+
+// Logits (n_tokens x n_vocab) for every position of `tokens`, causal.
+std::vector<double> reference_logits(const Model& model, const std::vector<int32_t>& tokens);
+
+}  // namespace depcache::test
