@@ -31,6 +31,7 @@
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
 #include "util/error.h"
+#include "util/numeric.h"
 #include "util/thread_pool.h"
 #include "util/timing.h"
 
@@ -57,8 +58,12 @@ struct RequestRow {
   double ttft_ms = 0, total_ms = 0;
   PrefillReport report;
   std::vector<int32_t> output;
-  double logit_diff = -1;  // --verify: max |logit - logit without reuse|
+  double logit_diff = -1;  // --verify: max |logit - logit without reuse| (+inf: not finite)
   bool top1_agrees = true;
+  bool finite = true;  // every logit of the request was finite
+  // What the index could not keep while serving this request.
+  int64_t oversized_spans = 0;      // spans larger than a tier's budget
+  int64_t disk_write_failures = 0;  // spans the disk tier failed to write
 };
 
 struct StrategyRun {
@@ -68,10 +73,13 @@ struct StrategyRun {
   int64_t evicted = 0;
   RadixIndex::Stats stats;
   bool tiered = false;
+  int64_t prefetched = 0;  // tokens the prefetcher brought to the hot tier
 };
 
 // Loads the spans of queued requests into the hot tier while the current
-// one computes: after request i starts, requests i+1 .. i+depth.
+// one computes: after request i starts, requests i+1 .. i+depth. A request
+// whose prefetch is still under way when its turn comes waits for it (the
+// load is already in flight; matching alongside would only duplicate it).
 class Prefetcher {
  public:
   Prefetcher(RadixIndex& index, const std::vector<std::vector<Lookup>>& lookups, size_t depth)
@@ -84,6 +92,7 @@ class Prefetcher {
       stop_ = true;
     }
     cv_.notify_one();
+    done_cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
   void started(size_t i) {
@@ -94,21 +103,28 @@ class Prefetcher {
     cv_.notify_one();
   }
   int64_t loaded() const { return loaded_; }
+  // Before request i runs: returns once its prefetch (if it has one) is done.
+  void wait_for(size_t i) {
+    if (depth_ == 0) return;
+    std::unique_lock lk(mu_);
+    done_cv_.wait(lk, [&] { return i == 0 || stop_ || done_upto_ > i || i > current_ + depth_; });
+  }
 
  private:
   void loop() {
-    size_t done_upto = 0;  // requests below this were prefetched
     std::unique_lock lk(mu_);
     for (;;) {
-      cv_.wait(lk, [&] { return stop_ || current_ + depth_ + 1 > done_upto; });
+      cv_.wait(lk, [&] { return stop_ || current_ + depth_ + 1 > done_upto_; });
       if (stop_) return;
-      const size_t from = std::max(done_upto, current_ + 1);
+      const size_t from = std::max(done_upto_, current_ + 1);
       const size_t to = std::min(lookups_.size(), current_ + depth_ + 1);
-      done_upto = std::max(to, current_ + depth_ + 1);
+      const size_t upto = std::max(to, current_ + depth_ + 1);
       lk.unlock();
       for (size_t j = from; j < to; ++j)
         for (const Lookup& l : lookups_[j]) loaded_ += index_.prefetch(l.ns, l.tokens);
       lk.lock();
+      done_upto_ = upto;
+      done_cv_.notify_all();
     }
   }
 
@@ -116,8 +132,9 @@ class Prefetcher {
   const std::vector<std::vector<Lookup>>& lookups_;
   size_t depth_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, done_cv_;
   size_t current_ = 0;
+  size_t done_upto_ = 0;  // requests below this were prefetched
   bool stop_ = false;
   std::atomic<int64_t> loaded_{0};
   std::thread thread_;
@@ -147,6 +164,11 @@ class Progress {
   size_t total_;
   bool tty_;
 };
+
+RadixIndex::Stats stats_of(const RadixIndex& index) {
+  const auto lk = index.lock();  // the prefetcher may be moving spans
+  return index.stats();
+}
 
 StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs, const Tokenizer& tok,
                          const std::shared_ptr<const Model>& model, Forward& fwd, const RunOptions& o,
@@ -210,33 +232,41 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
       const auto lk = index.lock();
       index.policy().set_lookahead(lookahead_weights(index, pending));
     }
+    const RadixIndex::Stats before = stats_of(index);
     const auto t0 = Clock::now();
+    prefetcher->wait_for(i);
     const PromptParts parts = make_prompt_parts(tok, reqs[i]);
     row.report = strategy->prefill(parts, kv, fwd);  // every request was checked to fit n_ctx
     row.output.push_back(argmax(row.report.logits));
     row.ttft_ms = ms_since(t0);
+    row.finite = all_finite(std::span<const float>(row.report.logits));
     prefetcher->started(i);  // the next requests' spans load while this one decodes
     for (int t = 1; t < o.max_tokens; ++t) {
       const std::vector<int32_t> one = {row.output.back()};
       fwd.eval(one, kv, Logits::Last, logits);
       row.output.push_back(argmax(logits));
+      row.finite = row.finite && all_finite(std::span<const float>(logits));
     }
     row.total_ms = ms_since(t0);
+    const RadixIndex::Stats after = stats_of(index);
+    for (int t = 0; t < RadixIndex::kTiers; ++t)
+      row.oversized_spans += after.oversized[t] - before.oversized[t];
+    row.disk_write_failures = after.disk_write_failures - before.disk_write_failures;
     if (o.verify) {
       const PrefillReport ref = reference->prefill(parts, *ref_kv, fwd);
-      row.logit_diff = 0;
-      for (size_t j = 0; j < ref.logits.size(); ++j)
-        row.logit_diff = std::max(row.logit_diff, std::abs(double(ref.logits[j]) - row.report.logits[j]));
-      row.top1_agrees = argmax(ref.logits) == row.output.front();
+      row.logit_diff =
+          max_abs_difference(std::span<const float>(ref.logits), std::span<const float>(row.report.logits));
+      row.top1_agrees = row.finite && argmax(ref.logits) == row.output.front();
     }
     run.rows.push_back(std::move(row));
     progress.step(i + 1);
   }
+  run.prefetched = prefetcher->loaded();
   prefetcher.reset();  // joined: nothing else touches the index now
   run.cached_bytes = index.bytes();
   run.evicted = index.n_evicted();
-  run.stats = index.stats();
   if (disk) index.persist();  // the next process starts from what this one computed
+  run.stats = index.stats();
   return run;
 }
 
@@ -257,8 +287,13 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
                         {"disk", r.report.reused_from[2]},
                         {"remote", r.report.reused_from[3]}}},
                       {"output", r.output}};
+  j["logits_finite"] = r.finite;
+  j["oversized_spans"] = r.oversized_spans;
+  j["disk_write_failures"] = r.disk_write_failures;
   if (r.logit_diff >= 0) {
-    j["max_logit_diff_vs_no_reuse"] = r.logit_diff;
+    // JSON has no infinity: a non-finite difference is null, never a number.
+    j["max_logit_diff_vs_no_reuse"] =
+        std::isfinite(r.logit_diff) ? nlohmann::json(r.logit_diff) : nlohmann::json();
     j["top1_agrees_with_no_reuse"] = r.top1_agrees;
   }
   return j;
@@ -295,14 +330,33 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify) {
   fmt::print(
       "hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) pairs per layer.\n");
   for (const StrategyRun& run : runs) {
-    if (!run.tiered) continue;
     const RadixIndex::Stats& s = run.stats;
+    const int64_t nonfinite =
+        std::count_if(run.rows.begin(), run.rows.end(), [](const RequestRow& r) { return !r.finite; });
+    if (nonfinite > 0)
+      fmt::print("{:<9} warning: {} of {} requests gave non-finite logits (NaN or Inf)\n", run.name,
+                 nonfinite, run.rows.size());
+    if (s.oversized[0] > 0)
+      fmt::print(
+          "{:<9} warning: {} spans were not cached: each alone is larger than the hot tier (--cache-mib)\n",
+          run.name, s.oversized[0]);
+    if (s.oversized[2] > 0)
+      fmt::print(
+          "{:<9} warning: {} spans were dropped instead of written: each alone is larger than the disk tier "
+          "(--disk-mib)\n",
+          run.name, s.oversized[2]);
+    if (s.disk_write_failures > 0)
+      fmt::print(
+          "{:<9} warning: {} spans could not be written to the disk tier (disk full or not writable)\n",
+          run.name, s.disk_write_failures);
+    if (!run.tiered) continue;
     fmt::print(
         "{:<9} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} ms; "
-        "demoted hot {} host {}; bad records dropped {}; blocks published {}\n",
+        "demoted hot {} host {}; bad records dropped {}; blocks published {}; prefetched {} tokens; disk "
+        "write failures {}; oversized spans hot {} disk {}\n",
         run.name, s.hit_tokens[0], s.hit_tokens[1], s.hit_tokens[2], s.hit_tokens[3],
         s.promoted_bytes / 1048576.0, s.load_ms, s.demoted[0], s.demoted[1], s.dropped_bad,
-        s.remote_published);
+        s.remote_published, run.prefetched, s.disk_write_failures, s.oversized[0], s.oversized[2]);
   }
 }
 
@@ -392,6 +446,12 @@ void add_run_command(CLI::App& app) {
       fail(ErrorKind::LimitExceeded,
            "request {} needs {} KV rows (prompt + {} generated tokens), more than the context size {}",
            largest, need, o.max_tokens, n_ctx);
+    if (const int n_train = model->config().n_ctx_train; n_train > 0 && need > n_train)
+      fmt::print(
+          stderr,
+          "warning: request {} needs {} positions, more than the {} the model was trained on; its answers "
+          "may degrade\n",
+          largest, need, n_train);
     if (o.scheme == "sequential" && !o.no_reuse)
       fmt::print(
           stderr,
@@ -425,6 +485,12 @@ void add_run_command(CLI::App& app) {
         for (const RequestRow& r : run.rows) json << row_json(run.name, r).dump() << '\n';
     }
     print_summary(runs, o.verify);
+    int64_t nonfinite = 0;
+    for (const StrategyRun& run : runs)
+      for (const RequestRow& r : run.rows) nonfinite += !r.finite;
+    if (nonfinite > 0)
+      fail(ErrorKind::InvalidInput,
+           "{} requests gave non-finite logits (NaN or Inf); the model's weights may be corrupt", nonfinite);
   });
 }
 

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include <stdexcept>
 
 #include "compute/dot.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "model/model_writer.h"
 #include "util/numeric.h"
@@ -55,6 +57,24 @@ std::shared_ptr<const Model> random_model(const std::string& preset, DType type,
     std::filesystem::remove(path);  // the mapping stays valid after unlink
   }
   return m;
+}
+
+void set_f32_weight(const std::filesystem::path& gguf, const std::string& tensor, int64_t index,
+                    float value) {
+  std::vector<uint8_t> bytes(std::filesystem::file_size(gguf));
+  {
+    std::ifstream in(gguf, std::ios::binary);
+    in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  const GgufFile file = GgufFile::parse(bytes);
+  const GgufTensor* t = file.find_tensor(tensor);
+  if (!t || t->type != DType::F32 || index < 0 || index >= t->n_elements())
+    throw std::runtime_error("set_f32_weight: no F32 tensor " + tensor + " with element " +
+                             std::to_string(index));
+  const size_t at = static_cast<size_t>(t->data - bytes.data()) + static_cast<size_t>(index) * sizeof(float);
+  std::memcpy(bytes.data() + at, &value, sizeof value);
+  std::ofstream(gguf, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::filesystem::path shared_dir() {

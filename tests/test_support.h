@@ -90,6 +90,10 @@ class RedisServer {
 // and loaded; made once per process per (preset, type, tied).
 std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied = false);
 
+// Sets element `index` of the F32 tensor `tensor` in a GGUF file to `value`
+// (NaN, say, or a changed weight), in place.
+void set_f32_weight(const std::filesystem::path& gguf, const std::string& tensor, int64_t index, float value);
+
 // n normal(0, scale) floats from a seeded generator.
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f);
 

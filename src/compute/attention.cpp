@@ -34,9 +34,9 @@ struct SimdAvx2 {
     return _mm256_blendv_ps(x, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(hidden));
   }
   static V zero_if_neg_inf(V x) { return _mm256_andnot_ps(_mm256_cmp_ps(x, set1(-INFINITY), _CMP_EQ_OQ), x); }
-  static V inv_or_one(V l) {
-    const __m256 pos = _mm256_cmp_ps(l, zero(), _CMP_GT_OQ);
-    return _mm256_blendv_ps(set1(1.0f), _mm256_div_ps(set1(1.0f), l), pos);
+  static V inv_or_one(V l) {  // 1 only where nothing was seen (l = 0); NaN stays NaN
+    const __m256 seen = _mm256_cmp_ps(l, zero(), _CMP_NEQ_UQ);
+    return _mm256_blendv_ps(set1(1.0f), _mm256_div_ps(set1(1.0f), l), seen);
   }
   static V exp_nonpositive(V x) { return vec::exp(x); }  // exactly 0 below -87.3 (and for -inf)
   static void widen(const float* src, float* dst, int d) { std::copy(src, src + d, dst); }
@@ -176,7 +176,7 @@ std::vector<double> attention_mass(const float* q_row, std::span<const RowRange>
         scores[i] = vec::dot(static_cast<const uint16_t*>(kv.k) + off, q, head_dim) * scale;
       else
         scores[i] = vec::dot(static_cast<const float*>(kv.k) + off, q, head_dim) * scale;
-      m = std::fmax(m, scores[i]);
+      if (!(scores[i] <= m)) m = scores[i];  // a NaN score makes every mass NaN
     }
     double total = 0;
     for (float& s : scores) total += (s = std::exp(s - m));

@@ -31,13 +31,14 @@ struct SimdAvx512 {
   static V zero_if_neg_inf(V x) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(-INFINITY), _CMP_NEQ_UQ), x);
   }
-  static V inv_or_one(V l) {
-    return _mm512_mask_div_ps(set1(1.0f), _mm512_cmp_ps_mask(l, zero(), _CMP_GT_OQ), set1(1.0f), l);
+  static V inv_or_one(V l) {  // 1 only where nothing was seen (l = 0); NaN stays NaN
+    return _mm512_mask_div_ps(set1(1.0f), _mm512_cmp_ps_mask(l, zero(), _CMP_NEQ_UQ), set1(1.0f), l);
   }
-  // The scheme of vec::exp (vec.h) on 16 lanes: e^x for x <= 0, 0 below -87.3.
+  // The scheme of vec::exp (vec.h) on 16 lanes: e^x for x <= 0, 0 below
+  // -87.3, NaN kept.
   static V exp_nonpositive(V x) {
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, set1(-87.3f), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, set1(-87.3f));
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, set1(-87.3f), _CMP_NLT_UQ);
+    x = _mm512_max_ps(set1(-87.3f), x);
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(1.44269504f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, set1(0.693145752f), x);

@@ -52,10 +52,12 @@ inline void axpy(float* y, float alpha, const T* x, int64_t n) {
 // e^x in every lane with a relative error of a few ulp: x = n ln2 + r with
 // ln2 split in two for an exact n ln2, then the Taylor series of e^r to r^7
 // (< 1e-8 relative on |r| <= 0.347). Below -87.3 (or -inf) the result is
-// exactly 0; above 88 it is e^88.
+// exactly 0; above 88 it is e^88; NaN stays NaN (min/max return their second
+// operand when one is NaN, and the unordered compare keeps the lane), so a
+// broken model is never silently turned into numbers.
 inline __m256 exp(__m256 x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_NLT_UQ);
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);

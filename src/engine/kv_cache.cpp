@@ -1,7 +1,10 @@
 #include "engine/kv_cache.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 
 #include "compute/ops.h"
 #include "compute/vec.h"
@@ -21,10 +24,25 @@ KvCache::KvCache(const ModelConfig& config, int64_t n_ctx, DType type)
   if (type != DType::F32 && type != DType::F16)
     fail(ErrorKind::InvalidInput, "KV cache type {} is not supported (f32, f16)", dtype_info(type).name);
   if (n_ctx <= 0) fail(ErrorKind::InvalidInput, "context size must be positive, got {}", n_ctx);
-  const size_t layer_bytes = static_cast<size_t>(n_ctx) * row_ * (type == DType::F16 ? 2 : 4);
-  k_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
-  v_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
-  positions_.assign(n_ctx, 0);
+  const size_t row_bytes = static_cast<size_t>(row_) * (type == DType::F16 ? 2 : 4);
+  const double total = 2.0 * config.n_layer * static_cast<double>(n_ctx) * static_cast<double>(row_bytes);
+  const auto too_large = [&] {
+    fail(ErrorKind::LimitExceeded,
+         "cannot allocate {:.1f} MiB for a KV assembly of {} rows ({} layers, {} KV): lower the context size",
+         total / 1048576.0, n_ctx, config.n_layer, dtype_info(type).name);
+  };
+  if (static_cast<size_t>(n_ctx) > (SIZE_MAX / 4) / std::max<size_t>(row_bytes, 1)) too_large();
+  try {
+    const size_t layer_bytes = static_cast<size_t>(n_ctx) * row_bytes;
+    k_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
+    v_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
+    positions_.assign(n_ctx, 0);
+  } catch (const std::bad_alloc&) {
+    k_.clear(), v_.clear(), positions_.clear();
+    too_large();
+  } catch (const std::length_error&) {
+    too_large();
+  }
 }
 
 void KvCache::set_n_past(int64_t n) {

@@ -383,7 +383,10 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
                added);
         bytes_per_token = span.bytes() / static_cast<size_t>(added);
       }
-      if (bytes_per_token * static_cast<size_t>(added) > budget_[kHot]) break;  // could never fit
+      if (bytes_per_token * static_cast<size_t>(added) > budget_[kHot]) {  // could never fit
+        ++stats_.oversized[kHot];
+        break;
+      }
       const NodeId leaf = new_node();
       Node& l = nodes_[leaf];
       l.tokens.assign(tokens.begin() + pos, tokens.end());
@@ -526,7 +529,7 @@ void RadixIndex::demote(NodeId id) {
   }
   const uint64_t key = span_content_key(n.ns, path);
   if (need > budget || !disk_->put(key, n.ns, path, n.start, n.span)) {
-    if (need <= budget) ++stats_.disk_write_failures;
+    ++(need <= budget ? stats_.disk_write_failures : stats_.oversized[kDisk]);
     drop_subtree(id);  // cannot go lower: out, with whatever hangs below
     return;
   }

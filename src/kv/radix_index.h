@@ -76,6 +76,9 @@ class RadixIndex {
     int64_t dropped_bad = 0;          // disk or remote records found corrupt and dropped
     int64_t remote_published = 0;     // blocks offered to the remote tier
     int64_t disk_write_failures = 0;  // spans that could not be written (disk full)
+    // Spans alone larger than a tier's budget: in the hot tier never cached,
+    // in the disk tier dropped instead of written.
+    int64_t oversized[kTiers] = {};
   };
 
   // byte_budget: the hot tier's. policy: null for LRU.

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -141,17 +142,98 @@ TEST_F(RunCli, RedisTierSharedBetweenProcesses) {
   EXPECT_NE(r.out.find("warning: cannot connect to Redis"), std::string::npos) << r.out;
 }
 
-// A hot tier too small for the working set, with a host tier, prefetching
-// and LACR's lookahead: answers stay those of full computation.
+// A hot tier that holds about one request, with a host tier: the first
+// request's subtrees are demoted to the host tier by the next two and come
+// back from there for the fourth; with prefetching (depth 2) they are loaded
+// while the second request runs, long before the fourth starts. Answers stay
+// those of full computation either way.
 TEST_F(RunCli, SmallHotTierWithHostTierAndPrefetch) {
-  const auto r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
-                         " -s depcache --kv-type f32 --verify --cache-mib 0.02 --host-mib 1 --prefetch 2 "
-                         "--policy lacr --json " +
-                         file("small.jsonl"));
+  std::ofstream(file("tiers.jsonl"))
+      << R"({"id": "a", "question": "What is a dog?", "entities": [)"
+         R"({"name": "dog", "paths": ["dog -hypernym-> canine", "dog -part-> tail"]},)"
+         R"({"name": "cat", "paths": ["cat -hypernym-> feline"]}]})"
+      << "\n"
+      << R"({"id": "b", "question": "What is an owl?", "entities": [)"
+         R"({"name": "owl", "paths": ["owl -hypernym-> bird of prey", "owl -eats-> mice and voles"]}]})"
+      << "\n"
+      << R"({"id": "c", "question": "What is a fish?", "entities": [)"
+         R"({"name": "fish", "paths": ["fish -hypernym-> aquatic vertebrate", "fish -has-> fins and gills"]}]})"
+      << "\n"
+      << R"({"id": "d", "question": "Dogs and cats?", "entities": [)"
+         R"({"name": "dog", "paths": ["dog -hypernym-> canine", "dog -part-> tail"]},)"
+         R"({"name": "cat", "paths": ["cat -hypernym-> feline"]}]})"
+      << "\n";
+  const std::string base = "run -m " + file("model.gguf") + " --requests " + file("tiers.jsonl") +
+                           " -s depcache --kv-type f32 --verify --cache-mib 0.05 --host-mib 1 -n 4 ";
+  auto r = run_cli(base + "--json " + file("host.jsonl"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("tiers: matched tokens"), std::string::npos) << r.out;
-  for (const auto& [id, row] : read_rows(file("small.jsonl")))
-    EXPECT_LT(row["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << id;
+  auto rows = read_rows(file("host.jsonl"));
+  EXPECT_GT(rows["d"]["found_in"]["host"].get<int64_t>(), 0)
+      << "d's subtrees were expected in the host tier\n"
+      << r.out;
+  for (const auto& [id, row] : rows) EXPECT_LT(row["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << id;
+
+  r = run_cli(base + "--prefetch 2 --policy lacr --json " + file("prefetch.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto at = r.out.find("prefetched ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_GT(std::stoll(r.out.substr(at + 11)), 0) << "the prefetcher promoted nothing\n" << r.out;
+  rows = read_rows(file("prefetch.jsonl"));
+  EXPECT_GT(rows["d"]["reused_tokens"].get<int64_t>(), 0) << r.out;
+  for (const auto& [id, row] : rows) EXPECT_LT(row["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << id;
+}
+
+// NaN weights: --verify reports an infinite difference (never 0), the JSON
+// rows say the logits were not finite, and the run ends with exit code 3.
+TEST_F(RunCli, NonFiniteLogitsAreReportedAndFail) {
+  const std::string nan_model = file("nan.gguf");
+  ASSERT_EQ(run_cli("model new --preset tiny --type f32 --seed 3 -o " + nan_model).code, 0);
+  test::set_f32_weight(nan_model, "blk.0.attn_q.weight", 100, std::numeric_limits<float>::quiet_NaN());
+  const auto r = run_cli("run -m " + nan_model + " --requests " + file("requests.jsonl") +
+                         " -s full,depcache --verify -n 2 --json " + file("nan.jsonl"));
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("non-finite logits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("inf"), std::string::npos) << "the summary's max |dlogit|\n" << r.out;
+  std::ifstream in(file("nan.jsonl"));
+  int rows = 0;
+  for (std::string line; std::getline(in, line); ++rows) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_FALSE(j["logits_finite"].get<bool>()) << line;
+    EXPECT_TRUE(j["max_logit_diff_vs_no_reuse"].is_null()) << line;
+    EXPECT_FALSE(j["top1_agrees_with_no_reuse"].get<bool>()) << line;
+  }
+  EXPECT_EQ(rows, 6);
+}
+
+// What the cache could not keep is said, not hidden: spans larger than the
+// hot tier, and prompts beyond the model's trained context.
+TEST_F(RunCli, WhatCouldNotBeCachedIsReported) {
+  auto r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                   " -s depcache --cache-mib 0.001 --json " + file("oversized.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("spans were not cached"), std::string::npos) << r.out;
+  int64_t oversized = 0;
+  for (const auto& [id, row] : read_rows(file("oversized.jsonl")))
+    oversized += row["oversized_spans"].get<int64_t>();
+  EXPECT_GT(oversized, 0);
+
+  const std::string short_model = file("short.gguf");
+  ASSERT_EQ(run_cli("model new --preset tiny --ctx 32 -o " + short_model).code, 0);
+  r = run_cli("run -m " + short_model + " --requests " + file("requests.jsonl") + " -q");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("more than the 32 the model was trained on"), std::string::npos) << r.out;
+}
+
+// A KV assembly larger than memory (or than size_t can count) is a clear
+// limit error with exit code 5, not an internal error.
+TEST_F(RunCli, KvAllocationFailureIsALimitError) {
+  for (const char* rows : {"4000000000", "9000000000000000000"}) {
+    const auto r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                           " -s full -c " + rows);
+    EXPECT_EQ(r.code, 5) << r.out;
+    EXPECT_NE(r.out.find("cannot allocate"), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(RunCli, Errors) {

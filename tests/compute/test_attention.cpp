@@ -120,6 +120,33 @@ TEST(Attention, QueryIdsSelectASubset) {
       EXPECT_EQ(out_sub[r * n_head * hd + i], out_all[ids[r] * n_head * hd + i]);
 }
 
+// A NaN anywhere a query looks makes its output NaN in both kernels (and
+// the attention mass NaN): never silently a number.
+TEST(Attention, NanPropagates) {
+  const int n_head = 2, n_head_kv = 1, hd = 16;
+  Kv kv(40, n_head_kv, hd, 7);
+  const Visibility vis({{0, 30, {}, 0, 10}});
+  auto q = randn(30 * n_head * hd, 9);
+  q[5 * n_head * hd + 3] = NAN;  // query 5, head 0
+  kv.k[20 * hd + 1] = NAN;       // key row 20: seen by queries from 20 on (row 10 + 10)
+  kv.k16[20 * hd + 1] = vec::f32_to_f16(NAN);
+  ThreadPool pool(2);
+  const Isa saved = current_isa();
+  for (Isa isa : {Isa::Avx2, Isa::Avx512})
+    for (bool f16 : {false, true}) {
+      if (!test::isa_available(isa)) continue;
+      set_isa(isa);
+      std::vector<float> out(q.size());
+      attention(q.data(), 30, {}, vis, kv.view(f16), n_head, n_head_kv, hd, out.data(), pool);
+      const std::string label = std::string(isa_name(isa)) + (f16 ? " f16" : " f32");
+      EXPECT_TRUE(std::isnan(out[5 * n_head * hd])) << label << ": the NaN query's head";
+      EXPECT_FALSE(std::isnan(out[5 * n_head * hd + hd])) << label << ": its other head";
+      EXPECT_FALSE(std::isnan(out[9 * n_head * hd])) << label << ": a query before the NaN key";
+      EXPECT_TRUE(std::isnan(out[12 * n_head * hd])) << label << ": a query that sees the NaN key";
+    }
+  set_isa(saved);
+}
+
 TEST(Attention, MassOverTargetsIsTheSoftmaxShare) {
   const int n_head = 2, n_head_kv = 1, hd = 8;
   const Kv kv(20, n_head_kv, hd, 11);

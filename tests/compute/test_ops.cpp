@@ -148,6 +148,9 @@ TEST(VecExp, FewUlpOverTheRange) {
   _mm256_storeu_ps(low,
                    vec::exp(_mm256_setr_ps(-87.4f, -100.f, -1e30f, -INFINITY, -88.f, -200.f, -90.f, -1e5f)));
   for (float v : low) EXPECT_EQ(v, 0.0f);
+  float nan[8];
+  _mm256_storeu_ps(nan, vec::exp(_mm256_set1_ps(NAN)));
+  for (float v : nan) EXPECT_TRUE(std::isnan(v)) << "exp(NaN) must stay NaN";
 }
 
 TEST(Swiglu, MatchesFloat64WithTails) {

@@ -120,6 +120,9 @@ TEST(RadixIndex, SpanLargerThanTheBudgetIsNotStored) {
   index.insert(1, Tokens{1, 2, 3, 4, 5}, offsets_maker());
   EXPECT_EQ(index.bytes(), 0u);
   EXPECT_EQ(index.match(1, Tokens{1, 2}).length, 0);
+  EXPECT_EQ(index.stats().oversized[static_cast<int>(Tier::Hot)], 1) << "the skip is counted, not silent";
+  index.insert(1, Tokens{1, 2}, offsets_maker());
+  EXPECT_EQ(index.stats().oversized[static_cast<int>(Tier::Hot)], 1);
 }
 
 // Random inserts, matches and pins over a small alphabet (lots of sharing
