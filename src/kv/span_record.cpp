@@ -8,7 +8,7 @@
 namespace depcache {
 namespace {
 
-constexpr char kMagic[8] = {'D', 'K', 'V', 'S', 'P', 'A', 'N', '2'};
+constexpr char kMagic[8] = {'D', 'K', 'V', 'S', 'P', 'A', 'N', '3'};
 constexpr size_t kChecksumFrom = 16;  // the checksum covers everything after itself
 
 template <typename T>
@@ -33,8 +33,8 @@ size_t record_bytes(uint64_t n_tokens, uint64_t prefix, size_t data) {
 }  // namespace
 
 uint64_t span_content_key(uint64_t ns, std::span<const int32_t> tokens) {
-  const uint64_t h = fnv1a64_bytes(&ns, sizeof ns);
-  return fnv1a64_bytes(tokens.data(), tokens.size_bytes(), h);
+  const uint64_t h = hash_bytes(&ns, sizeof ns);
+  return hash_bytes(tokens.data(), tokens.size_bytes(), h);
 }
 
 size_t span_record_bytes(int64_t n_tokens, const KvSpan& span) {
@@ -65,7 +65,7 @@ std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<con
   std::memcpy(buf.data() + at, span.positions().data(), 4 * span.positions().size());
   at += 4 * span.positions().size();
   if (!span.data().empty()) std::memcpy(buf.data() + at, span.data().data(), span.data().size());
-  put_at<uint64_t>(buf, 8, fnv1a64_bytes(buf.data() + kChecksumFrom, size - kChecksumFrom));
+  put_at<uint64_t>(buf, 8, hash_bytes(buf.data() + kChecksumFrom, size - kChecksumFrom));
   return buf;
 }
 
@@ -104,7 +104,7 @@ DecodedSpan decode_span_record(std::span<const uint8_t> record, uint64_t key, ui
   const std::optional<SpanRecordHeader> h = decode_span_record_header(record);
   if (!h || h->size != record.size()) return out;  // foreign, truncated or extended
   if (get_at<uint64_t>(record, 8) !=
-      fnv1a64_bytes(record.data() + kChecksumFrom, record.size() - kChecksumFrom))
+      hash_bytes(record.data() + kChecksumFrom, record.size() - kChecksumFrom))
     return out;
   out.status = RecordStatus::Other;
   if (h->key != key || h->ns != ns || h->prefix != prefix ||

@@ -4,10 +4,10 @@
 // key and namespace, carries the whole token sequence from its namespace's
 // root to the span's end (the first `prefix` tokens are context, the rest
 // are the span's own), the positions its keys were encoded at, the K/V bytes
-// and a checksum over everything after the checksum itself. A reader accepts
+// and a checksum (XXH3-64) over everything after the checksum itself. A reader accepts
 // a record only when all of these agree with what it asked for.
 //
-// Layout (little-endian): magic "DKVSPAN2" | checksum u64 | key u64 |
+// Layout (little-endian): magic "DKVSPAN3" | checksum u64 | key u64 |
 // size u64 | n_layer u32 | dtype u32 | row_elems u64 | n_tokens u64 |
 // prefix u64 | ns u64 | reserved u64 | tokens i32[n_tokens] |
 // positions i32[n_tokens - prefix] | K/V bytes.

@@ -5,6 +5,7 @@
 #include "compute/packed_matrix.h"
 #include "compute/quant.h"
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/thread_pool.h"
 
 namespace depcache {
@@ -50,6 +51,45 @@ class TensorLoader {
 
 }  // namespace
 
+uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPool& pool) {
+  constexpr size_t kChunk = size_t{8} << 20;
+  struct Chunk {
+    const uint8_t* data;
+    size_t n;
+  };
+  std::vector<Chunk> chunks;
+  for (const GgufTensor& t : file.tensors())
+    for (size_t at = 0; at < t.n_bytes || at == 0; at += kChunk)
+      chunks.push_back({t.data + at, std::min(kChunk, t.n_bytes - at)});
+  std::vector<uint64_t> sums(chunks.size());
+  pool.parallel_for(static_cast<int64_t>(chunks.size()),
+                    [&](int64_t i, int) { sums[i] = hash_bytes(chunks[i].data, chunks[i].n); });
+  const int32_t shape[] = {static_cast<int32_t>(c.arch),
+                           c.n_layer,
+                           c.n_embd,
+                           c.n_head,
+                           c.n_head_kv,
+                           c.head_dim,
+                           c.n_ff,
+                           c.n_vocab,
+                           c.n_rot,
+                           static_cast<int32_t>(c.rope_style),
+                           c.qkv_bias};
+  uint64_t h = hash_bytes(shape, sizeof shape);
+  h = hash_bytes(&c.rope_base, sizeof c.rope_base, h);
+  h = hash_bytes(&c.rms_eps, sizeof c.rms_eps, h);
+  size_t next = 0;
+  for (const GgufTensor& t : file.tensors()) {
+    h = hash_string(t.name, h);
+    const auto type = static_cast<int32_t>(t.type);
+    h = hash_bytes(&type, sizeof type, h);
+    h = hash_bytes(t.dims.data(), t.dims.size() * sizeof(int64_t), h);
+    for (size_t at = 0; at < t.n_bytes || at == 0; at += kChunk)
+      h = hash_bytes(&sums[next++], sizeof(uint64_t), h);
+  }
+  return h;
+}
+
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& path) {
   return from_file(GgufFile::open(path));
 }
@@ -93,7 +133,7 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
   m->output =
       m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
   // The matmul weights get their panel copy; the embedding table keeps rows
-  // (a lookup reads one row) and the file mapping stays for the fingerprint.
+  // (a lookup reads one row) in the file mapping.
   // Packing touches every weight once; one matrix per task over all cores.
   std::vector<WeightMatrix*> to_pack;
   for (LayerWeights& l : m->layers)
@@ -104,6 +144,7 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
   pool.parallel_for(static_cast<int64_t>(to_pack.size()), [&](int64_t i, int) {
     to_pack[i]->packed = std::make_shared<const PackedMatrix>(*to_pack[i]);
   });
+  m->fingerprint_ = model_fingerprint(m->file_, c, pool);
   return m;
 }
 

@@ -33,6 +33,10 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const GgufFile& file() const { return file_; }
+  // Identifies what the model computes, for cache keys: its configuration
+  // and every byte of every tensor (with its name, type and shape), hashed
+  // once at load. Two files that differ in one weight differ here.
+  uint64_t fingerprint() const { return fingerprint_; }
 
   WeightMatrix tok_embd;             // (n_vocab, n_embd)
   std::vector<LayerWeights> layers;  // n_layer
@@ -42,6 +46,14 @@ class Model {
  private:
   GgufFile file_;
   ModelConfig config_;
+  uint64_t fingerprint_ = 0;
 };
+
+class ThreadPool;
+
+// The fingerprint of Model::fingerprint(): the configuration and every
+// tensor's name, type, shape and bytes. The bytes are hashed in chunks over
+// the pool, then the chunk hashes are combined in file order.
+uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& config, ThreadPool& pool);
 
 }  // namespace depcache

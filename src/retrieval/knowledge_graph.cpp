@@ -169,7 +169,7 @@ std::span<const Triple> KnowledgeGraph::triples() const { return triples_; }
 // Layout, all integers little-endian:
 //   0  char[4] magic "DKG1"
 //   4  u32     version
-//   8  u64     checksum: FNV-1a 64 over bytes [16, file end)
+//   8  u64     checksum: XXH3-64 over bytes [16, file end) (version 1: FNV-1a)
 //   16 u64     file size in bytes (detects truncation before anything else)
 //   24 u64     n_entities, n_relations, n_triples, n_aliases
 //   56 entity names, then labels ("" = same as name), then relation names:
@@ -182,7 +182,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the KG file format is little-endian");
 
 constexpr char kMagic[4] = {'D', 'K', 'G', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeaderSize = 56;
 constexpr size_t kChecksumStart = 16;
 
@@ -288,7 +288,7 @@ void KnowledgeGraph::save(const std::filesystem::path& path) const {
   std::string& buf = w.buf();
   const uint64_t size = buf.size();
   std::memcpy(buf.data() + 16, &size, 8);
-  const uint64_t sum = fnv1a64_bytes(buf.data() + kChecksumStart, buf.size() - kChecksumStart);
+  const uint64_t sum = hash_bytes(buf.data() + kChecksumStart, buf.size() - kChecksumStart);
   std::memcpy(buf.data() + 8, &sum, 8);
 
   if (const auto failure = write_file_atomic(path, buf)) {
@@ -327,7 +327,7 @@ KnowledgeGraph KnowledgeGraph::load(const std::filesystem::path& path) {
     fail(ErrorKind::InvalidInput, "{}: corrupt KG file: header says {} bytes, file has {} (trailing data?)",
          file, declared_size, data.size());
   const uint64_t stored_sum = u64_at(8);
-  const uint64_t sum = fnv1a64_bytes(data.data() + kChecksumStart, data.size() - kChecksumStart);
+  const uint64_t sum = hash_bytes(data.data() + kChecksumStart, data.size() - kChecksumStart);
   if (sum != stored_sum)
     fail(ErrorKind::InvalidInput, "{}: corrupt KG file: checksum mismatch (stored {:016x}, computed {:016x})",
          file, stored_sum, sum);

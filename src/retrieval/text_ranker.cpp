@@ -96,8 +96,10 @@ std::vector<float> HashingEmbedder::embed(std::string_view text) const {
   if (dim_ == 0) return v;
   const std::vector<std::string> words = index_terms(text);
   const auto add = [&](std::string_view feature, float weight) {
-    const uint64_t h = fnv1a64(feature);
-    v[h % dim_] += (h >> 63) ? -weight : weight;
+    // Bucket and sign from independent hashes (the hashing trick), so a
+    // collision is as likely to cancel as to add.
+    const uint64_t h = hash_string(feature), sign = hash_string(feature, 1);
+    v[h % dim_] += (sign >> 63) ? -weight : weight;
   };
   for (size_t i = 0; i < words.size(); ++i) {
     add(words[i], 1.0f);

@@ -257,11 +257,11 @@ LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests
         continue;
       }
       std::unordered_set<uint64_t> mine;  // shared prefixes inside the item count once
-      const uint64_t root = fnv1a64(u.item);
+      const uint64_t root = hash_string(u.item);
       for (const auto& seq : u.sequences) {
         uint64_t h = root;
         for (int32_t t : seq) {
-          h = fnv1a64_bytes(&t, sizeof t, h);
+          h = hash_bytes(&t, sizeof t, h);
           if (!mine.insert(h).second) continue;
           if (seen_prefixes.count(h))
             ++prefix_cached;

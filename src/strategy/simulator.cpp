@@ -86,7 +86,7 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
       // other pending requests share (by tokens), so a group runs together.
       std::unordered_map<uint64_t, int64_t> shared;  // (ns, first tokens) -> pending requests holding it
       const auto key = [](const CacheRun& run) {
-        return fnv1a64_bytes(run.tokens.data(), std::min<size_t>(run.tokens.size(), 8) * sizeof(int32_t),
+        return hash_bytes(run.tokens.data(), std::min<size_t>(run.tokens.size(), 8) * sizeof(int32_t),
                              run.ns);
       };
       for (size_t q : queue)

@@ -12,14 +12,14 @@ namespace depcache {
 namespace {
 
 uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) {
-  return fnv1a64_bytes(v.data(), v.size_bytes(), h);
+  return hash_bytes(v.data(), v.size_bytes(), h);
 }
 
 uint64_t namespace_key(uint64_t fingerprint, DType kv_type, std::string_view kind) {
-  uint64_t h = fnv1a64_bytes(&fingerprint, sizeof fingerprint);
+  uint64_t h = hash_bytes(&fingerprint, sizeof fingerprint);
   const auto t = static_cast<int32_t>(kv_type);
-  h = fnv1a64_bytes(&t, sizeof t, h);
-  return fnv1a64(kind, h);
+  h = hash_bytes(&t, sizeof t, h);
+  return hash_string(kind, h);
 }
 
 void check_fits(int64_t n, const KvCache& kv) {
@@ -223,7 +223,7 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
     lead_end = seg.tokens.end;
   }
   if (lead_end > 0) {
-    CacheRun run{fnv1a64("lead", ns), {tokens.begin(), tokens.begin() + lead_end}, {}, -1};
+    CacheRun run{hash_string("lead", ns), {tokens.begin(), tokens.begin() + lead_end}, {}, -1};
     for (int64_t r = 0; r < lead_end; ++r) run.rows.push_back(r);
     runs.push_back(std::move(run));
   }
@@ -240,11 +240,11 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
   for (int32_t si = 0; si < static_cast<int32_t>(prompt.segments().size()); ++si) {
     const PromptSegment& seg = prompt.segments()[si];
     if (seg.kind != SegmentKind::Tree) continue;
-    uint64_t tree_ns = fnv1a64_bytes(&scheme_id, sizeof scheme_id, fnv1a64("tree", ns));
+    uint64_t tree_ns = hash_bytes(&scheme_id, sizeof scheme_id, hash_string("tree", ns));
     for (int32_t dep : seg.depends_on) {
       const TokenRange d = prompt.segments()[dep].tokens;
       const int32_t size = d.size();
-      tree_ns = fnv1a64_bytes(&size, sizeof size, tree_ns);  // keeps segment boundaries apart
+      tree_ns = hash_bytes(&size, sizeof size, tree_ns);  // keeps segment boundaries apart
       tree_ns = hash_ints(tree_ns, std::span<const int32_t>(tokens.data() + d.begin, d.size()));
     }
     for (int32_t node = seg.first_node; node < seg.first_node + seg.n_nodes; ++node) {
@@ -263,48 +263,11 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
   return runs;
 }
 
-uint64_t model_fingerprint(const Model& model) {
-  const ModelConfig& c = model.config();
-  const int32_t shape[] = {static_cast<int32_t>(c.arch),
-                           c.n_layer,
-                           c.n_embd,
-                           c.n_head,
-                           c.n_head_kv,
-                           c.head_dim,
-                           c.n_ff,
-                           c.n_vocab,
-                           c.n_rot,
-                           static_cast<int32_t>(c.rope_style),
-                           c.qkv_bias};
-  uint64_t h = fnv1a64_bytes(shape, sizeof shape);
-  h = fnv1a64_bytes(&c.rope_base, sizeof c.rope_base, h);
-  h = fnv1a64_bytes(&c.rms_eps, sizeof c.rms_eps, h);
-  const auto sample = [&h](const WeightMatrix& w) {
-    const auto t = static_cast<int32_t>(w.type);
-    h = fnv1a64_bytes(&t, sizeof t, h);
-    const size_t total = w.row_bytes * static_cast<size_t>(w.n_out);
-    const size_t n = std::min<size_t>(total, 4096);
-    h = fnv1a64_bytes(w.data, n, h);                // the start
-    h = fnv1a64_bytes(w.data + (total - n), n, h);  // and the end
-  };
-  const auto floats = [&h](const std::vector<float>& v) {
-    h = fnv1a64_bytes(v.data(), v.size() * sizeof(float), h);
-  };
-  sample(model.tok_embd);
-  for (const LayerWeights& l : model.layers) {
-    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) sample(*w);
-    for (const std::vector<float>* v : {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv}) floats(*v);
-  }
-  sample(model.output);
-  floats(model.output_norm);
-  return h;
-}
-
 std::vector<std::string> strategy_names() { return {"full", "prefix", "depcache"}; }
 
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
                                         DType kv_type, const StrategyOptions& options) {
-  const uint64_t fp = model_fingerprint(model);
+  const uint64_t fp = model.fingerprint();
   if (name == "full" || name == "prefix")
     return std::make_unique<FlatStrategy>(std::string(name), index, namespace_key(fp, kv_type, "prefix"),
                                           name == "prefix" && options.reuse);

@@ -63,10 +63,6 @@ struct CacheRun {
 };
 std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
 
-// Identifies the model's weights for cache keys: configuration plus samples
-// of the weight bytes (files with the same shape but other weights differ).
-uint64_t model_fingerprint(const Model& model);
-
 struct StrategyOptions {
   PositionScheme scheme = PositionScheme::Depth;  // depcache
   bool reuse = true;                              // prefix, depcache: look up and insert

@@ -184,6 +184,26 @@ TEST_F(RunCli, SmallHotTierWithHostTierAndPrefetch) {
   for (const auto& [id, row] : rows) EXPECT_LT(row["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << id;
 }
 
+// Model B is model A with one weight changed in the middle of a matrix: it
+// must not reuse A's spans from a shared cache directory.
+TEST_F(RunCli, ModelsThatDifferInOneWeightShareNoCachedKv) {
+  const std::string dir = file("kv-two-models"), a = file("model-a.gguf"), b = file("model-b.gguf");
+  ASSERT_EQ(run_cli("model new --preset tiny --type f32 --seed 5 -o " + a).code, 0);
+  std::filesystem::copy_file(a, b);
+  test::set_f32_weight(b, "blk.0.ffn_gate.weight", 5000, 0.5f);
+  const std::string rest =
+      " --requests " + file("requests.jsonl") + " -s depcache --kv-type f32 --cache-dir " + dir;
+  auto r = run_cli("run -m " + a + rest);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("run -m " + b + rest + " --json " + file("model-b.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const auto& [id, row] : read_rows(file("model-b.jsonl")))
+    EXPECT_EQ(row["found_in"]["disk"].get<int64_t>(), 0) << id << ": model A's K/V served to model B";
+  r = run_cli("run -m " + a + rest + " --json " + file("model-a.jsonl"));  // A still finds its own
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_GT(read_rows(file("model-a.jsonl"))["a"]["found_in"]["disk"].get<int64_t>(), 0) << r.out;
+}
+
 // NaN weights: --verify reports an infinite difference (never 0), the JSON
 // rows say the logits were not finite, and the run ends with exit code 3.
 TEST_F(RunCli, NonFiniteLogitsAreReportedAndFail) {

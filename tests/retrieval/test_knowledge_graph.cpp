@@ -1,5 +1,6 @@
 // KnowledgeGraph: interning, dedup, adjacency, the binary file and text loaders.
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cstring>
 #include <filesystem>
@@ -239,14 +240,10 @@ TEST_F(KgFile, EveryFlippedByteIsRejected) {
   std::filesystem::remove(bad);
 }
 
-// Recomputes the FNV-1a checksum (bytes 16.. stored at 8) after a deliberate
-// edit, so the structural checks behind the checksum are reached.
+// Recomputes the checksum (XXH3-64 of bytes 16.., stored at 8) after a
+// deliberate edit, so the structural checks behind the checksum are reached.
 void reseal(std::string& b) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 16; i < b.size(); ++i) {
-    h ^= static_cast<unsigned char>(b[i]);
-    h *= 0x100000001b3ull;
-  }
+  const uint64_t h = XXH3_64bits(b.data() + 16, b.size() - 16);
   std::memcpy(b.data() + 8, &h, 8);
 }
 

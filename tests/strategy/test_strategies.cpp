@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "engine/forward.h"
 #include "model/model.h"
+#include "model/model_writer.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "strategy/strategy.h"
@@ -204,8 +206,26 @@ TEST(Strategies, KeysSeparateSystemPromptsAndKvTypes) {
   const PrefillReport f16 = make_strategy("depcache", rig.index, *rig.model, DType::F16)
                                 ->prefill(make_prompt_parts(rig.tok, r), kv16, rig.fwd);
   EXPECT_EQ(f16.reused_tokens, 0);
-  const auto other_model = test::random_model("tiny", DType::F16);  // same shape, other weights' bytes
-  EXPECT_NE(model_fingerprint(*other_model), model_fingerprint(*rig.model));
+}
+
+// The model's identity covers every weight byte: a copy is the same model,
+// one changed weight in the middle of a matrix makes another (whose cached
+// K/V must never be served for this one).
+TEST(Strategies, FingerprintCoversEveryWeight) {
+  RandomModelOptions o;
+  o.shape = *model_preset("tiny");
+  o.type = DType::F32;
+  o.seed = 11;
+  const auto a = test::temp_path("fp-a") += ".gguf", b = test::temp_path("fp-b") += ".gguf";
+  write_random_model(a, o);
+  std::filesystem::copy_file(a, b);
+  const uint64_t fa = Model::load(a)->fingerprint();
+  EXPECT_EQ(Model::load(b)->fingerprint(), fa) << "a byte-identical copy";
+  // blk.1.ffn_up.weight is [64, 160]: element 5000 is far from both ends.
+  test::set_f32_weight(b, "blk.1.ffn_up.weight", 5000, 0.125f);
+  EXPECT_NE(Model::load(b)->fingerprint(), fa) << "one weight in the middle of a matrix";
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
 }
 
 TEST(Strategies, ErrorsAreClear) {
