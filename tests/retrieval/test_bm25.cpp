@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -266,29 +265,24 @@ TEST(Bm25, StagedStopsEarly) {
   expect_same(r, best_of_prefix(all_scores(idx, "w0 w3 w7"), 5, 100), "best of the first 100 docs");
 }
 
-TEST(Bm25, TenThousandDocsQueryWellUnderAMillisecond) {
+// A large corpus with Zipfian words (frequent words have long postings):
+// the top-10 of every query equals exhaustive scoring. Its speed is measured
+// by `bench_kernels --benchmark_filter=bm25`, not here.
+TEST(Bm25, TenThousandDocsTopTenEqualsExhaustiveScoring) {
   const RandomCorpus c = random_corpus(10000, 5000, 3);
   Bm25Index idx;
   for (const auto& d : c.docs) idx.add_terms(d);
   idx.finalize();
   std::mt19937 rng(5);
-  std::vector<std::string> queries;
-  for (int q = 0; q < 200; ++q) {
-    std::string query;
-    // Frequent words included: their long postings are the worst case.
-    for (int i = 0; i < 6; ++i) query += c.words[rng() % (i < 2 ? 10 : c.words.size())] + " ";
-    queries.push_back(query);
-  }
   size_t n_hits = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& q : queries) n_hits += idx.search(q, 10).size();
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-                    static_cast<double>(queries.size());
-  std::printf("[bench] 10k docs: %.4f ms per query (%zu hits)\n", ms, n_hits);
-  EXPECT_GT(n_hits, 0u);
-#if !defined(__SANITIZE_ADDRESS__) && defined(NDEBUG)
-  EXPECT_LT(ms, 0.5);
-#endif
+  for (int q = 0; q < 20; ++q) {
+    std::string query;
+    for (int i = 0; i < 6; ++i) query += c.words[rng() % (i < 2 ? 10 : c.words.size())] + " ";
+    const auto top = idx.search(query, 10);
+    n_hits += top.size();
+    expect_same(top, best_of_prefix(all_scores(idx, query), 10, c.docs.size()), "query '" + query + "'");
+  }
+  EXPECT_EQ(n_hits, 200u);
 }
 
 }  // namespace
