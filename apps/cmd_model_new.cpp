@@ -31,6 +31,10 @@ void add_model_new_command(CLI::App& model) {
   cmd->add_option("--vocab-size", vocab_size, "Pad the vocabulary with unused tokens up to this size");
   cmd->add_flag("--tied", tied, "Omit output.weight (logits use the token embedding)");
   cmd->add_option("-t,--threads", o.n_threads, "Threads (default: one per core)");
+  cmd->add_option("--position-scheme", o.position_scheme,
+                  "Record in the metadata that the model was trained for this position scheme "
+                  "(depcache.position_scheme): depth, sequential or stacked")
+      ->check(CLI::IsMember({"depth", "sequential", "stacked"}));
   cmd->callback([] {
     auto shape = model_preset(preset);
     if (!shape)

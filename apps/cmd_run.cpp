@@ -11,6 +11,7 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "commands.h"
 #include "compute/sampling.h"
 #include "engine/cost_profile.h"
+#include "engine/fidelity.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "kv/disk_store.h"
@@ -40,8 +42,7 @@ namespace {
 
 struct RunOptions {
   std::string policy = "lru";
-  std::string model_path, requests_path, strategies = "depcache", kv_type = "f16", scheme = "depth",
-                                         json_path;
+  std::string model_path, requests_path, strategies = "depcache", kv_type = "f16", scheme = "auto", json_path;
   int threads = 0;
   int64_t ctx = 0;
   double cache_mib = 1024, host_mib = 0, disk_mib = 4096;
@@ -50,7 +51,14 @@ struct RunOptions {
   size_t prefetch = 0, window = 32;
   size_t limit = 0;
   int max_tokens = 1;
-  bool quiet = false, verify = false, no_reuse = false;
+  bool quiet = false, verify = false, no_reuse = false, fidelity = false;
+};
+
+// Full attention's answer to a request (--fidelity): what every strategy is
+// compared with.
+struct FullAnswer {
+  std::vector<float> first_logits;
+  std::vector<int32_t> tokens;
 };
 
 struct RequestRow {
@@ -62,8 +70,9 @@ struct RequestRow {
   bool top1_agrees = true;
   bool finite = true;  // every logit of the request was finite
   // What the index could not keep while serving this request.
-  int64_t oversized_spans = 0;      // spans larger than a tier's budget
-  int64_t disk_write_failures = 0;  // spans the disk tier failed to write
+  int64_t oversized_spans = 0;       // spans larger than a tier's budget
+  int64_t disk_write_failures = 0;   // spans the disk tier failed to write
+  std::optional<Fidelity> fidelity;  // --fidelity: against full attention
 };
 
 struct StrategyRun {
@@ -140,12 +149,6 @@ class Prefetcher {
   std::thread thread_;
 };
 
-PositionScheme parse_scheme(const std::string& s) {
-  if (s == "depth") return PositionScheme::Depth;
-  if (s == "sequential") return PositionScheme::Sequential;
-  fail(ErrorKind::InvalidInput, "unknown position scheme '{}' (expected depth or sequential)", s);
-}
-
 class Progress {
  public:
   Progress(std::string label, size_t total)
@@ -165,6 +168,38 @@ class Progress {
   bool tty_;
 };
 
+// Greedy decoding after a prefill: appends n - 1 tokens to `tokens` (which
+// holds the first); false when any logits were not finite.
+bool decode_greedy(Forward& fwd, KvCache& kv, int n, std::vector<int32_t>& tokens) {
+  bool finite = true;
+  std::vector<float> logits;
+  for (int t = 1; t < n; ++t) {
+    const std::vector<int32_t> one = {tokens.back()};
+    fwd.eval(one, kv, Logits::Last, logits);
+    tokens.push_back(argmax(logits));
+    finite = finite && all_finite(std::span<const float>(logits));
+  }
+  return finite;
+}
+
+// Full attention over the flat prompt of every request, n greedy tokens each.
+std::vector<FullAnswer> full_answers(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
+                                     const Model& model, Forward& fwd, DType kv_type, int64_t n_ctx, int n) {
+  RadixIndex none(0);
+  const auto full = make_strategy("full", none, model, kv_type, {PositionScheme::Sequential, false});
+  KvCache kv(model.config(), n_ctx, kv_type);
+  Progress progress("full attention, for fidelity", reqs.size());
+  std::vector<FullAnswer> out;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const PrefillReport r = full->prefill(make_prompt_parts(tok, reqs[i]), kv, fwd);
+    FullAnswer a{r.logits, {argmax(r.logits)}};
+    decode_greedy(fwd, kv, n, a.tokens);
+    out.push_back(std::move(a));
+    progress.step(i + 1);
+  }
+  return out;
+}
+
 RadixIndex::Stats stats_of(const RadixIndex& index) {
   const auto lk = index.lock();  // the prefetcher may be moving spans
   return index.stats();
@@ -172,10 +207,10 @@ RadixIndex::Stats stats_of(const RadixIndex& index) {
 
 StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs, const Tokenizer& tok,
                          const std::shared_ptr<const Model>& model, Forward& fwd, const RunOptions& o,
-                         int64_t n_ctx) {
+                         int64_t n_ctx, PositionScheme scheme, const std::vector<FullAnswer>* full) {
   const DType kv_type = parse_kv_type(o.kv_type);
   StrategyOptions so;
-  so.scheme = parse_scheme(o.scheme);
+  so.scheme = scheme;
   so.reuse = !o.no_reuse;
   RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0), make_policy(o.policy));
   // Lower tiers: the stores outlive nothing but this run.
@@ -221,7 +256,6 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
 
   StrategyRun run{name, {}, 0, 0, {}, o.host_mib > 0 || disk || redis};
   Progress progress(name, reqs.size());
-  std::vector<float> logits;
   auto prefetcher = std::make_unique<Prefetcher>(index, lookups, o.no_reuse ? 0 : o.prefetch);
   for (size_t i = 0; i < reqs.size(); ++i) {
     RequestRow row;
@@ -241,13 +275,11 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     row.ttft_ms = ms_since(t0);
     row.finite = all_finite(std::span<const float>(row.report.logits));
     prefetcher->started(i);  // the next requests' spans load while this one decodes
-    for (int t = 1; t < o.max_tokens; ++t) {
-      const std::vector<int32_t> one = {row.output.back()};
-      fwd.eval(one, kv, Logits::Last, logits);
-      row.output.push_back(argmax(logits));
-      row.finite = row.finite && all_finite(std::span<const float>(logits));
-    }
+    row.finite = decode_greedy(fwd, kv, o.max_tokens, row.output) && row.finite;
     row.total_ms = ms_since(t0);
+    if (full)
+      row.fidelity =
+          compare_to_full((*full)[i].first_logits, (*full)[i].tokens, row.report.logits, row.output);
     const RadixIndex::Stats after = stats_of(index);
     for (int t = 0; t < RadixIndex::kTiers; ++t)
       row.oversized_spans += after.oversized[t] - before.oversized[t];
@@ -290,6 +322,14 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
   j["logits_finite"] = r.finite;
   j["oversized_spans"] = r.oversized_spans;
   j["disk_write_failures"] = r.disk_write_failures;
+  if (r.fidelity) {
+    const Fidelity& f = *r.fidelity;
+    j["fidelity"] = {{"first_token_agrees", f.first_token_agrees},
+                     {"kl_first_token",
+                      std::isfinite(f.kl_first_token) ? nlohmann::json(f.kl_first_token) : nlohmann::json()},
+                     {"identical_continuation", f.identical},
+                     {"rouge_l", f.rouge_l}};
+  }
   if (r.logit_diff >= 0) {
     // JSON has no infinity: a non-finite difference is null, never a number.
     j["max_logit_diff_vs_no_reuse"] =
@@ -299,10 +339,11 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
   return j;
 }
 
-void print_summary(const std::vector<StrategyRun>& runs, bool verify) {
-  fmt::print("\n{:<9} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}\n", "strategy",
+void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidelity) {
+  fmt::print("\n{:<9} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}{}\n", "strategy",
              "requests", "TTFT p50", "TTFT p99", "TTFT mean", "req/s", "prompt", "computed", "reused",
-             "hit rate", "attn pairs", verify ? "  max |dlogit|  top-1 agree" : "");
+             "hit rate", "attn pairs", verify ? "  max |dlogit|  top-1 agree" : "",
+             fidelity ? "  1st token   KL mean  identical  ROUGE-L" : "");
   for (const StrategyRun& run : runs) {
     std::vector<double> ttft;
     double total_ms = 0, hit = 0, max_diff = 0;
@@ -325,10 +366,27 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify) {
                run.name, run.rows.size(), percentile(ttft, 50), percentile(ttft, 99), mean,
                n * 1000.0 / total_ms, prompt, computed, reused, 100.0 * hit / n, pairs);
     if (verify) fmt::print("  {:>13.2e}  {:>5}/{}", max_diff, agree, run.rows.size());
+    if (fidelity) {
+      int64_t first = 0, identical = 0;
+      double kl = 0, rouge = 0;
+      for (const RequestRow& r : run.rows) {
+        first += r.fidelity->first_token_agrees;
+        identical += r.fidelity->identical;
+        kl += r.fidelity->kl_first_token / n;
+        rouge += r.fidelity->rouge_l / n;
+      }
+      fmt::print("  {:>6}/{:<3} {:>9.2e} {:>6}/{:<3} {:>8.3f}", first, run.rows.size(), kl, identical,
+                 run.rows.size(), rouge);
+    }
     fmt::print("\n");
   }
   fmt::print(
       "hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) pairs per layer.\n");
+  if (fidelity)
+    fmt::print(
+        "fidelity, against full attention on the flat prompt: same first token; KL(full || strategy) of the "
+        "first-token distributions (mean); identical greedy continuations; token ROUGE-L of the "
+        "continuations (mean).\n");
   for (const StrategyRun& run : runs) {
     const RadixIndex::Stats& s = run.stats;
     const int64_t nonfinite =
@@ -372,9 +430,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("-s,--strategy", o.strategies, "Strategies, comma-separated: full, prefix, depcache")
       ->capture_default_str();
   cmd->add_option("--scheme", o.scheme,
-                  "depcache positions: depth (exact reuse) or sequential (moved subtrees approximate)")
+                  "depcache positions: auto (the model's depcache.position_scheme, else sequential), "
+                  "sequential or stacked (closer to full attention; moved subtrees reused approximately), "
+                  "depth (exact reuse, further from full attention)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"depth", "sequential"}));
+      ->check(CLI::IsMember({"auto", "depth", "sequential", "stacked"}));
   cmd->add_option("--kv-type", o.kv_type, "KV storage: f16 or f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"f16", "f32"}));
@@ -416,6 +476,9 @@ void add_run_command(CLI::App& app) {
                 "Never look up or insert KV (depcache: dependency attention alone)");
   cmd->add_flag("--verify", o.verify,
                 "Also prefill every request without reuse and report the largest logit difference");
+  cmd->add_flag("--fidelity", o.fidelity,
+                "Also answer every request with full attention on the flat prompt and report, per strategy, "
+                "first-token agreement, first-token KL divergence, identical continuations and ROUGE-L");
   cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
   cmd->add_flag("-q,--quiet", o.quiet, "Print only the summary (no per-request lines)");
   cmd->callback([] {
@@ -452,14 +515,16 @@ void add_run_command(CLI::App& app) {
           "warning: request {} needs {} positions, more than the {} the model was trained on; its answers "
           "may degrade\n",
           largest, need, n_train);
-    if (o.scheme == "sequential" && !o.no_reuse)
-      fmt::print(
-          stderr,
-          "note: under the sequential scheme a reused subtree that moved is re-encoded by rotation only; "
-          "answers may change (use --verify to measure)\n");
     const ModelConfig& c = model->config();
-    fmt::print("model: {} ({} layers, {} embd, {}/{} heads); {} requests; KV {} ; assembly {} rows\n",
-               o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, reqs.size(), o.kv_type, n_ctx);
+    const PositionScheme scheme =
+        o.scheme == "auto" ? default_position_scheme(c) : *parse_position_scheme(o.scheme);
+    const std::string scheme_source =
+        o.scheme != "auto" ? "--scheme" : (c.position_scheme.empty() ? "default" : "the model's metadata");
+    fmt::print(
+        "model: {} ({} layers, {} embd, {}/{} heads); {} requests; KV {} ; assembly {} rows; positions {} "
+        "({})\n",
+        o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, reqs.size(), o.kv_type, n_ctx,
+        position_scheme_name(scheme), scheme_source);
     ThreadPool pool(o.threads);
     Forward fwd(model, pool);
     std::vector<StrategyRun> runs;
@@ -468,8 +533,12 @@ void add_run_command(CLI::App& app) {
       json.open(o.json_path, std::ios::binary | std::ios::trunc);
       if (!json) fail(ErrorKind::NotFound, "cannot write {}", o.json_path);
     }
+    std::vector<FullAnswer> full;
+    if (o.fidelity)
+      full = full_answers(reqs, tok, *model, fwd, parse_kv_type(o.kv_type), n_ctx, o.max_tokens);
     for (const std::string& name : names) {
-      runs.push_back(run_strategy(name, reqs, tok, model, fwd, o, n_ctx));
+      runs.push_back(
+          run_strategy(name, reqs, tok, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr));
       const StrategyRun& run = runs.back();
       if (!o.quiet) {
         fmt::print("\n{:<9} {:<12} {:>9} {:>7} {:>8} {:>7} {:>12}\n", "strategy", "request", "TTFT ms",
@@ -484,7 +553,7 @@ void add_run_command(CLI::App& app) {
       if (json)
         for (const RequestRow& r : run.rows) json << row_json(run.name, r).dump() << '\n';
     }
-    print_summary(runs, o.verify);
+    print_summary(runs, o.verify, o.fidelity);
     int64_t nonfinite = 0;
     for (const StrategyRun& run : runs)
       for (const RequestRow& r : run.rows) nonfinite += !r.finite;

@@ -209,9 +209,9 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--alpha", o.alpha, "LACR's α (history weight)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--scheme", o.scheme, "Position scheme of the keys: depth or sequential")
+  cmd->add_option("--scheme", o.scheme, "Position scheme of the keys: depth, sequential or stacked")
       ->capture_default_str()
-      ->check(CLI::IsMember({"depth", "sequential"}));
+      ->check(CLI::IsMember({"depth", "sequential", "stacked"}));
   cmd->add_flag("--grid", o.grid,
                 "Run policies {lru, lfu, pgdsf, lacr, lpm, lsp, lacr+lpm, lacr+lsp} × workloads × capacities "
                 "{10, 20, 40}% (needs --kg)");
@@ -220,7 +220,7 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_flag("--json", o.json, "Print one JSON object per policy");
   cmd->callback([] {
     const Tokenizer tok = tokenizer_from(o.vocab_path);
-    const PositionScheme scheme = o.scheme == "depth" ? PositionScheme::Depth : PositionScheme::Sequential;
+    const PositionScheme scheme = *parse_position_scheme(o.scheme);
     if (o.grid) return run_grid(o, tok, scheme);
     if (o.requests_path.empty() && o.kg_path.empty()) throw CLI::ValidationError("give --requests or --kg");
     std::vector<RagRequest> reqs;

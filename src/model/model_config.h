@@ -11,6 +11,9 @@ enum class Arch { Llama, Qwen2 };
 // Normal rotates adjacent pairs (x0,x1),(x2,x3)...; Neox rotates (x_i, x_{i+n_rot/2}).
 enum class RopeStyle { Normal, Neox };
 
+// GGUF metadata key naming the position scheme a model was trained for.
+inline constexpr const char* kPositionSchemeKey = "depcache.position_scheme";
+
 struct ModelConfig {
   Arch arch = Arch::Llama;
   std::string arch_name;
@@ -27,6 +30,9 @@ struct ModelConfig {
   float rope_base = 10000.0f;
   RopeStyle rope_style = RopeStyle::Normal;
   bool qkv_bias = false;
+  // depcache.position_scheme: the position scheme a model was fine-tuned for
+  // under dependency attention (written by the trainer); empty when absent.
+  std::string position_scheme;
 
   int n_embd_kv() const { return n_head_kv * head_dim; }
 

@@ -173,6 +173,7 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   w.set(arch + ".rope.freq_base", GgufValue::f32(s.rope_base));
   w.set(arch + ".rope.dimension_count", GgufValue::u32(s.n_embd / s.n_head));
   w.set(arch + ".vocab_size", GgufValue::u32(n_vocab));
+  if (!o.position_scheme.empty()) w.set(kPositionSchemeKey, GgufValue::string(o.position_scheme));
   for (auto& [k, v] : md) w.set(k, std::move(v));
 
   auto pool = std::make_shared<ThreadPool>(o.n_threads);

@@ -37,6 +37,7 @@ struct RandomModelOptions {
   uint64_t seed = 42;
   float stddev = 0.02f;
   std::optional<std::filesystem::path> vocab_from;  // GGUF whose tokenizer.* keys are copied
+  std::string position_scheme;                      // written as depcache.position_scheme when set
   int n_threads = 0;
 };
 

@@ -145,12 +145,19 @@ std::vector<int32_t> DepPrompt::positions(PositionScheme scheme) const {
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
     return pos;
   }
+  int32_t next = 0;  // one past the largest position so far
   for (const PromptSegment& seg : segments_) {
     if (seg.kind == SegmentKind::Tree) {
       // Parents precede children in pre-order, and a root's parent (the
       // anchor) lies in an earlier segment.
-      for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i)
-        pos[i] = parents_[i] < 0 ? 0 : pos[parents_[i]] + 1;
+      for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) {
+        const bool root = parents_[i] < seg.tokens.begin;
+        if (scheme == PositionScheme::Stacked && root)
+          pos[i] = next;
+        else
+          pos[i] = parents_[i] < 0 ? 0 : pos[parents_[i]] + 1;
+      }
+      for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) next = std::max(next, pos[i] + 1);
       continue;
     }
     int32_t start = 0;
@@ -158,8 +165,27 @@ std::vector<int32_t> DepPrompt::positions(PositionScheme scheme) const {
       for (int32_t i = segments_[dep].tokens.begin; i < segments_[dep].tokens.end; ++i)
         start = std::max(start, pos[i] + 1);
     for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) pos[i] = start + (i - seg.tokens.begin);
+    next = std::max(next, start + seg.tokens.size());
   }
   return pos;
+}
+
+std::string_view position_scheme_name(PositionScheme scheme) {
+  switch (scheme) {
+    case PositionScheme::Sequential:
+      return "sequential";
+    case PositionScheme::Depth:
+      return "depth";
+    case PositionScheme::Stacked:
+      return "stacked";
+  }
+  return "?";
+}
+
+std::optional<PositionScheme> parse_position_scheme(std::string_view name) {
+  for (PositionScheme s : {PositionScheme::Sequential, PositionScheme::Depth, PositionScheme::Stacked})
+    if (position_scheme_name(s) == name) return s;
+  return std::nullopt;
 }
 
 std::vector<TokenRange> DepPrompt::visible_ranges(int32_t token) const {

@@ -6,8 +6,10 @@
 // depends on. The structure knows nothing about models: it holds token ids,
 // parents, positions and visibility, which the executor turns into KV ranges.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace depcache {
@@ -19,7 +21,14 @@ enum class SegmentKind { Linear, Tree };
 //  Depth: position = parent's position + 1, so every path sees exactly the
 //         positions it would have alone (siblings share positions); a linear
 //         segment starts after the largest position it depends on.
-enum class PositionScheme { Sequential, Depth };
+//  Stacked: depth inside a tree, trees one after another: a tree's root
+//         comes one past the largest position before it (siblings share
+//         positions, trees do not overlap).
+enum class PositionScheme { Sequential, Depth, Stacked };
+
+// "sequential", "depth", "stacked"; parse returns nullopt for other names.
+std::string_view position_scheme_name(PositionScheme scheme);
+std::optional<PositionScheme> parse_position_scheme(std::string_view name);
 
 // Half-open range of token indices in the pre-order sequence.
 struct TokenRange {

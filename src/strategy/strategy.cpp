@@ -11,9 +11,7 @@
 namespace depcache {
 namespace {
 
-uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) {
-  return hash_bytes(v.data(), v.size_bytes(), h);
-}
+uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) { return hash_bytes(v.data(), v.size_bytes(), h); }
 
 uint64_t namespace_key(uint64_t fingerprint, DType kv_type, std::string_view kind) {
   uint64_t h = hash_bytes(&fingerprint, sizeof fingerprint);
@@ -261,6 +259,16 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
     }
   }
   return runs;
+}
+
+PositionScheme default_position_scheme(const ModelConfig& config) {
+  if (config.position_scheme.empty()) return kDefaultPositionScheme;
+  const auto s = parse_position_scheme(config.position_scheme);
+  if (!s)
+    fail(ErrorKind::InvalidInput,
+         "the model's {} is '{}', not a position scheme (depth, sequential, stacked)", kPositionSchemeKey,
+         config.position_scheme);
+  return *s;
 }
 
 std::vector<std::string> strategy_names() { return {"full", "prefix", "depcache"}; }

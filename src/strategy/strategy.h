@@ -63,9 +63,16 @@ struct CacheRun {
 };
 std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
 
+// The position scheme dependency attention uses when none is asked for: the
+// one the model says it was trained for (depcache.position_scheme), else
+// kDefaultPositionScheme, the scheme measured closest to full attention on
+// a model not trained for dependency attention (README, "Fidelity").
+inline constexpr PositionScheme kDefaultPositionScheme = PositionScheme::Sequential;
+PositionScheme default_position_scheme(const ModelConfig& config);
+
 struct StrategyOptions {
-  PositionScheme scheme = PositionScheme::Depth;  // depcache
-  bool reuse = true;                              // prefix, depcache: look up and insert
+  PositionScheme scheme = kDefaultPositionScheme;  // depcache
+  bool reuse = true;                               // prefix, depcache: look up and insert
 };
 
 // name: full, prefix or depcache. The index may be shared by several

@@ -48,7 +48,8 @@ std::filesystem::path* RunCli::dir_ = nullptr;
 
 TEST_F(RunCli, ThreeStrategiesSideBySide) {
   const auto r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
-                         " -s full,prefix,depcache --kv-type f32 --verify -n 3 --json " + file("rows.jsonl"));
+                         " -s full,prefix,depcache --scheme depth --kv-type f32 --verify -n 3 --json " +
+                         file("rows.jsonl"));
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s : {"full ", "prefix ", "depcache ", "TTFT p50", "hit rate", "[depcache] 3/3 requests"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
@@ -88,7 +89,7 @@ std::map<std::string, nlohmann::json> read_rows(const std::string& path) {
 TEST_F(RunCli, DiskTierCarriesSpansAcrossRuns) {
   const std::string dir = file("kv-cache");
   const std::string base = "run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
-                           " -s depcache --kv-type f32 --verify --cache-dir " + dir;
+                           " -s depcache --scheme depth --kv-type f32 --verify --cache-dir " + dir;
   auto r = run_cli(base + " --json " + file("disk1.jsonl"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(read_rows(file("disk1.jsonl"))["a"]["reused_tokens"], 0);
@@ -121,9 +122,9 @@ TEST_F(RunCli, DiskTierCarriesSpansAcrossRuns) {
 // there costs a warning, not a request.
 TEST_F(RunCli, RedisTierSharedBetweenProcesses) {
   DEPCACHE_REQUIRE_REDIS(redis);
-  const std::string base =
-      "run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
-      " -s depcache,prefix --kv-type f32 --verify --redis 127.0.0.1:" + std::to_string(redis.port());
+  const std::string base = "run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                           " -s depcache,prefix --scheme depth --kv-type f32 --verify --redis 127.0.0.1:" +
+                           std::to_string(redis.port());
   auto r = run_cli(base + " --json " + file("redis1.jsonl"));
   ASSERT_EQ(r.code, 0) << r.out;
   r = run_cli(base + " --json " + file("redis2.jsonl"));
@@ -163,8 +164,9 @@ TEST_F(RunCli, SmallHotTierWithHostTierAndPrefetch) {
          R"({"name": "dog", "paths": ["dog -hypernym-> canine", "dog -part-> tail"]},)"
          R"({"name": "cat", "paths": ["cat -hypernym-> feline"]}]})"
       << "\n";
-  const std::string base = "run -m " + file("model.gguf") + " --requests " + file("tiers.jsonl") +
-                           " -s depcache --kv-type f32 --verify --cache-mib 0.05 --host-mib 1 -n 4 ";
+  const std::string base =
+      "run -m " + file("model.gguf") + " --requests " + file("tiers.jsonl") +
+      " -s depcache --scheme depth --kv-type f32 --verify --cache-mib 0.05 --host-mib 1 -n 4 ";
   auto r = run_cli(base + "--json " + file("host.jsonl"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("tiers: matched tokens"), std::string::npos) << r.out;
@@ -182,6 +184,55 @@ TEST_F(RunCli, SmallHotTierWithHostTierAndPrefetch) {
   rows = read_rows(file("prefetch.jsonl"));
   EXPECT_GT(rows["d"]["reused_tokens"].get<int64_t>(), 0) << r.out;
   for (const auto& [id, row] : rows) EXPECT_LT(row["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << id;
+}
+
+// Fidelity to full attention: `full` against itself is perfect; depcache
+// under the depth scheme (paths of a tree share positions, the flat prompt
+// does not) is measurably not, on the same requests.
+TEST_F(RunCli, FidelityAgainstFullAttention) {
+  const auto r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                         " -s full,depcache --scheme depth --fidelity -n 6 --json " + file("fidelity.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"1st token", "KL mean", "identical", "ROUGE-L", "fidelity, against full attention"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  std::ifstream in(file("fidelity.jsonl"));
+  int full_rows = 0;
+  double depcache_kl = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    const auto& f = j["fidelity"];
+    if (j["strategy"] == "full") {
+      ++full_rows;
+      EXPECT_TRUE(f["first_token_agrees"].get<bool>()) << line;
+      EXPECT_TRUE(f["identical_continuation"].get<bool>()) << line;
+      EXPECT_EQ(f["kl_first_token"].get<double>(), 0.0) << line;
+      EXPECT_EQ(f["rouge_l"].get<double>(), 1.0) << line;
+    } else if (j["id"] != "c") {  // requests with multi-path trees
+      depcache_kl += f["kl_first_token"].get<double>();
+    }
+  }
+  EXPECT_EQ(full_rows, 3);
+  EXPECT_GT(depcache_kl, 1e-7) << "dependency attention under the depth scheme changed nothing?\n" << r.out;
+}
+
+// A model that says which position scheme it was trained for gets that
+// scheme by default; without the key the default applies; --scheme wins.
+TEST_F(RunCli, PositionSchemeFromTheModelsMetadata) {
+  const std::string marked = file("marked.gguf");
+  ASSERT_EQ(run_cli("model new --preset tiny --position-scheme depth -o " + marked).code, 0);
+  auto r = run_cli("model info " + marked);
+  EXPECT_NE(r.out.find("depcache.position_scheme"), std::string::npos) << r.out;
+  const std::string rest = " --requests " + file("requests.jsonl") + " -s depcache -q";
+  r = run_cli("run -m " + marked + rest);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("positions depth (the model's metadata)"), std::string::npos) << r.out;
+  r = run_cli("run -m " + file("model.gguf") + rest);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("positions sequential (default)"), std::string::npos) << r.out;
+  r = run_cli("run -m " + marked + rest + " --scheme stacked");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("positions stacked (--scheme)"), std::string::npos) << r.out;
+  EXPECT_NE(run_cli("model new --preset tiny --position-scheme diagonal -o " + marked).code, 0);
 }
 
 // Model B is model A with one weight changed in the middle of a matrix: it

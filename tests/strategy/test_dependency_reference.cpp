@@ -94,15 +94,22 @@ ExpectedLayout expected_layout(const PromptParts& parts) {
 
 std::vector<int32_t> ExpectedLayout::positions(PositionScheme scheme) const {
   std::vector<int32_t> pos(tokens.size());
-  int32_t next_linear = 0;  // after the trees: one past every earlier position
+  int32_t next = 0;        // one past every earlier position
+  int32_t tree_start = 0;  // stacked: where the current tree's root sits
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (scheme == PositionScheme::Sequential)
+    if (scheme == PositionScheme::Sequential) {
       pos[i] = static_cast<int32_t>(i);
-    else if (tree[i] >= 0)
-      pos[i] = static_cast<int32_t>(n_system) + depth[i];
-    else
-      pos[i] = static_cast<int64_t>(i) < n_system ? static_cast<int32_t>(i) : next_linear;
-    next_linear = std::max(next_linear, pos[i] + 1);
+    } else if (tree[i] >= 0) {
+      if (scheme == PositionScheme::Depth) {
+        pos[i] = static_cast<int32_t>(n_system) + depth[i];
+      } else {
+        if (i == 0 || tree[i - 1] != tree[i]) tree_start = next;  // a new tree starts after everything before
+        pos[i] = tree_start + depth[i];
+      }
+    } else {
+      pos[i] = static_cast<int64_t>(i) < n_system ? static_cast<int32_t>(i) : next;
+    }
+    next = std::max(next, pos[i] + 1);
   }
   return pos;
 }
@@ -154,8 +161,8 @@ struct Case {
 };
 
 std::string case_name(const Case& c) {
-  std::string n = c.preset + "_" + std::string(dtype_info(c.kv_type).name) +
-                  (c.scheme == PositionScheme::Depth ? "_depth" : "_sequential");
+  std::string n = c.preset + "_" + std::string(dtype_info(c.kv_type).name) + "_" +
+                  std::string(position_scheme_name(c.scheme));
   for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
   return n;
 }
@@ -303,7 +310,7 @@ TEST_P(DependencyReference, ReuseAcrossRequests) {
   expect_exact(again, "plain text again");
 }
 
-// Under the sequential scheme a reused subtree that moved is re-encoded by
+// Under the sequential and stacked schemes a reused subtree that moved is re-encoded by
 // rotation only: approximate by design. What must stay exact: the first
 // layer's keys and values (they depend on the token and its position alone,
 // so rotation is all there is), and every row of a subtree that did not move.
@@ -313,9 +320,9 @@ TEST_P(DependencyReference, ReuseAcrossRequests) {
 // change that makes the approximation worse fails. Random models with wide
 // weights amplify any change; the figure on a trained model is in the
 // fidelity measurement of `depcache run`.
-class SequentialScheme : public DependencyReference {};
+class OffsetSchemes : public DependencyReference {};
 
-TEST_P(SequentialScheme, MovedSubtreesDeviateOnlyWhereTheyMoved) {
+TEST_P(OffsetSchemes, MovedSubtreesDeviateOnlyWhereTheyMoved) {
   run(graph_request({kDog, kCat}, "Which animals?"));
   // dog stays first; the owl is new; the cat moves behind it.
   const Outcome moved = run(graph_request({kDog, kOwl, kCat}, "Which animals?"));
@@ -336,19 +343,24 @@ TEST_P(SequentialScheme, MovedSubtreesDeviateOnlyWhereTheyMoved) {
   EXPECT_LT(moved.logits_rel, 0.3);  // measured: 0.080 (tiny), 0.142 (tiny-qwen2)
 }
 
-const auto kSequentialCases = ::testing::Values(Case{"tiny", DType::F32, PositionScheme::Sequential},
-                                                Case{"tiny", DType::F16, PositionScheme::Sequential},
-                                                Case{"tiny-qwen2", DType::F32, PositionScheme::Sequential},
-                                                Case{"tiny-qwen2", DType::F16, PositionScheme::Sequential});
+// The schemes whose positions depend on where a tree sits.
+const auto kOffsetCases = ::testing::Values(Case{"tiny", DType::F32, PositionScheme::Sequential},
+                                            Case{"tiny", DType::F16, PositionScheme::Sequential},
+                                            Case{"tiny-qwen2", DType::F32, PositionScheme::Sequential},
+                                            Case{"tiny-qwen2", DType::F16, PositionScheme::Sequential},
+                                            Case{"tiny", DType::F32, PositionScheme::Stacked},
+                                            Case{"tiny", DType::F16, PositionScheme::Stacked},
+                                            Case{"tiny-qwen2", DType::F32, PositionScheme::Stacked},
+                                            Case{"tiny-qwen2", DType::F16, PositionScheme::Stacked});
 INSTANTIATE_TEST_SUITE_P(Depth, DependencyReference,
                          ::testing::Values(Case{"tiny", DType::F32, PositionScheme::Depth},
                                            Case{"tiny", DType::F16, PositionScheme::Depth},
                                            Case{"tiny-qwen2", DType::F32, PositionScheme::Depth},
                                            Case{"tiny-qwen2", DType::F16, PositionScheme::Depth}),
                          [](const auto& info) { return case_name(info.param); });
-INSTANTIATE_TEST_SUITE_P(Sequential, DependencyReference, kSequentialCases,
+INSTANTIATE_TEST_SUITE_P(Offset, DependencyReference, kOffsetCases,
                          [](const auto& info) { return case_name(info.param); });
-INSTANTIATE_TEST_SUITE_P(Sequential, SequentialScheme, kSequentialCases,
+INSTANTIATE_TEST_SUITE_P(Offset, OffsetSchemes, kOffsetCases,
                          [](const auto& info) { return case_name(info.param); });
 
 }  // namespace

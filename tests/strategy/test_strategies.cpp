@@ -228,6 +228,34 @@ TEST(Strategies, FingerprintCoversEveryWeight) {
   std::filesystem::remove(b);
 }
 
+// depcache.position_scheme round-trips through the GGUF writer and reader
+// and sets the default scheme; an unknown value is a clear error.
+TEST(Strategies, PositionSchemeMetadataSetsTheDefault) {
+  RandomModelOptions o;
+  o.shape = *model_preset("tiny");
+  const auto path = test::temp_path("scheme") += ".gguf";
+  write_random_model(path, o);
+  EXPECT_EQ(Model::load(path)->config().position_scheme, "");
+  EXPECT_EQ(default_position_scheme(Model::load(path)->config()), kDefaultPositionScheme);
+  for (PositionScheme s : {PositionScheme::Depth, PositionScheme::Sequential, PositionScheme::Stacked}) {
+    o.position_scheme = std::string(position_scheme_name(s));
+    write_random_model(path, o);
+    const auto m = Model::load(path);
+    EXPECT_EQ(m->config().position_scheme, position_scheme_name(s));
+    EXPECT_EQ(default_position_scheme(m->config()), s);
+  }
+  o.position_scheme = "diagonal";
+  write_random_model(path, o);
+  try {
+    default_position_scheme(Model::load(path)->config());
+    ADD_FAILURE() << "an unknown scheme was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
+    EXPECT_NE(std::string(e.what()).find("diagonal"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(Strategies, ErrorsAreClear) {
   Rig rig("tiny");
   EXPECT_THROW(make_strategy("nope", rig.index, *rig.model, DType::F32), Error);

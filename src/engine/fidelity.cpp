@@ -1,0 +1,67 @@
+#include "engine/fidelity.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace depcache {
+namespace {
+
+// log-sum-exp of the logits in double; NaN when a value is not finite.
+double log_sum_exp(std::span<const float> x) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (float v : x) {
+    if (!std::isfinite(v)) return std::numeric_limits<double>::quiet_NaN();
+    m = std::max(m, static_cast<double>(v));
+  }
+  double s = 0;
+  for (float v : x) s += std::exp(static_cast<double>(v) - m);
+  return m + std::log(s);
+}
+
+}  // namespace
+
+double kl_divergence_of_logits(std::span<const float> p, std::span<const float> q) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (p.size() != q.size() || p.empty()) return kInf;
+  const double lp = log_sum_exp(p), lq = log_sum_exp(q);
+  if (!std::isfinite(lp) || !std::isfinite(lq)) return kInf;
+  double kl = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double log_p = p[i] - lp, log_q = q[i] - lq;
+    kl += std::exp(log_p) * (log_p - log_q);
+  }
+  return std::max(kl, 0.0);  // rounding can leave a tiny negative for equal distributions
+}
+
+double rouge_l(std::span<const int32_t> reference, std::span<const int32_t> candidate) {
+  if (reference.empty() && candidate.empty()) return 1.0;
+  if (reference.empty() || candidate.empty()) return 0.0;
+  // LCS by dynamic programming over one row.
+  std::vector<int32_t> row(candidate.size() + 1, 0);
+  for (int32_t r : reference) {
+    int32_t diag = 0;
+    for (size_t j = 1; j <= candidate.size(); ++j) {
+      const int32_t up = row[j];
+      row[j] = r == candidate[j - 1] ? diag + 1 : std::max(row[j], row[j - 1]);
+      diag = up;
+    }
+  }
+  const double lcs = row.back();
+  if (lcs == 0) return 0.0;
+  const double precision = lcs / static_cast<double>(candidate.size());
+  const double recall = lcs / static_cast<double>(reference.size());
+  return 2 * precision * recall / (precision + recall);
+}
+
+Fidelity compare_to_full(std::span<const float> full_first_logits, std::span<const int32_t> full_tokens,
+                         std::span<const float> first_logits, std::span<const int32_t> tokens) {
+  Fidelity f;
+  f.first_token_agrees = !full_tokens.empty() && !tokens.empty() && full_tokens[0] == tokens[0];
+  f.kl_first_token = kl_divergence_of_logits(full_first_logits, first_logits);
+  f.identical = std::equal(full_tokens.begin(), full_tokens.end(), tokens.begin(), tokens.end());
+  f.rouge_l = rouge_l(full_tokens, tokens);
+  return f;
+}
+
+}  // namespace depcache
