@@ -54,8 +54,12 @@ void ThreadPool::worker_loop(int thread) {
       wake_.wait(lock, [&] { return current() != seen; });
       n_sleeping_.fetch_sub(1);
     }
-    if (stop_) return;
+    // The generation first, then stop_: the destructor sets stop_ before it
+    // bumps the generation, so a worker that sees the bump sees stop_ too.
+    // (Checked the other way round, a worker could take the destructor's
+    // bump for a new loop and then sleep forever waiting for the next one.)
     seen = current();
+    if (stop_) return;
     run_tasks(seen, thread);
   }
 }

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "util/thread_pool.h"
@@ -47,6 +49,30 @@ TEST(ThreadPool, TaskExceptionsReachTheCaller) {
       pool.parallel_for(16, [&](int64_t, int) { after.fetch_add(1); });
       EXPECT_EQ(after.load(), 16);
     }
+}
+
+// Pools created, used once and destroyed many times: the destructor must
+// always wake and join its workers (a worker once could take the shutdown
+// for a new loop and sleep forever). A hang fails after 120 s, not at the
+// suite's timeout.
+TEST(ThreadPool, ShutdownNeverHangs) {
+  std::atomic<bool> done{false};
+  std::thread runner([&done] {
+    for (int i = 0; i < 3000; ++i) {
+      ThreadPool pool(3);
+      pool.parallel_for(i % 4, [](int64_t, int) {});
+    }
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!done && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!done) {
+    ADD_FAILURE() << "a ThreadPool destructor did not return";
+    runner.detach();
+    std::_Exit(1);  // a hung worker cannot be joined
+  }
+  runner.join();
 }
 
 TEST(ThreadPool, DefaultsToOnePerCore) { EXPECT_EQ(ThreadPool(0).size(), ThreadPool::default_threads()); }
