@@ -23,7 +23,7 @@ run() {  # label, extra options -> one table row
   shift 2
   rm -rf "$D/cache-dir"
   local out
-  out=$($BIN run -m "$D/model.gguf" --requests "$REQ" -s depcache -q --cache-mib "${RUN_HOT:-$HOT}" --policy "$policy" "$@" 2>/dev/null)
+  out=$($BIN run -m "$D/model.gguf" --requests "$REQ" -s depcache --scheme depth -q --cache-mib "${RUN_HOT:-$HOT}" --policy "$policy" "$@" 2>/dev/null)
   local summary tiers
   summary=$(grep -E '^depcache +[0-9]' <<<"$out")
   tiers=$(grep -E '^depcache +tiers:' <<<"$out" || true)

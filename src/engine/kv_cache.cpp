@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <new>
-#include <stdexcept>
 
 #include "compute/ops.h"
 #include "compute/vec.h"
@@ -32,17 +30,16 @@ KvCache::KvCache(const ModelConfig& config, int64_t n_ctx, DType type)
          total / 1048576.0, n_ctx, config.n_layer, dtype_info(type).name);
   };
   if (static_cast<size_t>(n_ctx) > (SIZE_MAX / 4) / std::max<size_t>(row_bytes, 1)) too_large();
-  try {
-    const size_t layer_bytes = static_cast<size_t>(n_ctx) * row_bytes;
-    k_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
-    v_.assign(config.n_layer, std::vector<uint8_t>(layer_bytes));
-    positions_.assign(n_ctx, 0);
-  } catch (const std::bad_alloc&) {
-    k_.clear(), v_.clear(), positions_.clear();
-    too_large();
-  } catch (const std::length_error&) {
-    too_large();
-  }
+  const size_t layer_bytes = static_cast<size_t>(n_ctx) * row_bytes;
+  for (int il = 0; il < config.n_layer; ++il)
+    for (auto* side : {&k_, &v_}) {
+      auto a = ZeroedArray<uint8_t>::allocate(layer_bytes);
+      if (!a) too_large();
+      side->push_back(std::move(*a));
+    }
+  auto positions = ZeroedArray<int32_t>::allocate(static_cast<size_t>(n_ctx));
+  if (!positions) too_large();
+  positions_ = std::move(*positions);
 }
 
 void KvCache::set_n_past(int64_t n) {

@@ -12,6 +12,7 @@
 #include "compute/dtype.h"
 #include "kv/kv_span.h"
 #include "model/model_config.h"
+#include "util/zeroed_array.h"
 
 namespace depcache {
 
@@ -55,8 +56,8 @@ class KvCache {
   float rope_base_;
   bool neox_;
   int64_t n_past_ = 0;
-  std::vector<std::vector<uint8_t>> k_, v_;  // per layer
-  std::vector<int32_t> positions_;
+  std::vector<ZeroedArray<uint8_t>> k_, v_;  // per layer
+  ZeroedArray<int32_t> positions_;
 };
 
 }  // namespace depcache

@@ -2,6 +2,8 @@
 // and that every policy keeps the index's invariants and budget.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <memory>
 #include <random>
 
 #include "kv/policy.h"
@@ -107,6 +109,40 @@ TEST(Policy, CacheCraftFavoursChunksThatNeedLittleFixing) {
   index.insert_virtual(1, Tokens{3, 3}, kTokenBytes);
   EXPECT_TRUE(cached(index, {1, 1}));
   EXPECT_FALSE(cached(index, {2, 2}));
+}
+
+// With a cost model set (PGDSF's profiled table in `run`), the index charges
+// a new node T(tokens before it, its tokens) / its tokens per token, in
+// place of what the caller passes; every node created is charged.
+TEST(Policy, TheIndexChargesTheCostModelPerNewNode) {
+  struct Recording final : ReplacementPolicy {
+    std::map<int32_t, double>* costs;
+    explicit Recording(std::map<int32_t, double>* c) : costs(c) {}
+    std::string_view name() const override { return "recording"; }
+    void on_insert(int32_t node, double cost_per_token) override { (*costs)[node] = cost_per_token; }
+    double priority(const NodeView& n) const override { return static_cast<double>(n.last_used); }
+  };
+  std::map<int32_t, double> costs;
+  RadixIndex index(1000 * kTokenBytes, std::make_unique<Recording>(&costs));
+  std::vector<std::pair<int64_t, int64_t>> asked;
+  index.set_cost_model([&asked](int64_t cached, int64_t n) {
+    asked.emplace_back(cached, n);
+    return 10.0 * static_cast<double>(cached) + 3.0 * static_cast<double>(n);
+  });
+  index.insert_virtual(1, Tokens{1, 2, 3, 4}, kTokenBytes, /*cost_per_token=*/99.0);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_EQ(costs.begin()->second, (10.0 * 0 + 3.0 * 4) / 4);  // not the caller's 99
+  costs.clear();
+  index.insert_virtual(1, Tokens{1, 2, 3, 4, 5, 6}, kTokenBytes, 99.0);  // 2 new after 4 cached
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_EQ(costs.begin()->second, (10.0 * 4 + 3.0 * 2) / 2);
+  EXPECT_EQ(asked, (std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 2}}));
+  // Without a cost model the caller's figure is charged.
+  costs.clear();
+  RadixIndex plain(1000 * kTokenBytes, std::make_unique<Recording>(&costs));
+  plain.insert_virtual(1, Tokens{7, 8}, kTokenBytes, 2.5);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_EQ(costs.begin()->second, 2.5);
 }
 
 TEST(Policy, UnknownNamesAndBadAlphaAreErrors) {
