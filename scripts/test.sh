@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: installs/builds (idempotent), then runs ctest on
-# a Release build and on an AddressSanitizer + UndefinedBehaviorSanitizer build.
+# a Release build, on an AddressSanitizer + UndefinedBehaviorSanitizer build,
+# and the threaded tests on a ThreadSanitizer build.
 # After each run it prints how many tests were skipped and why. With
 # DEPCACHE_STRICT=1 (as .ci/run sets it) a test that cannot find what it needs
 # (../shared, Redis, WordNet, a CPU feature) fails instead of skipping, and a
@@ -14,10 +15,12 @@ JOBS=${JOBS:-$(nproc)}
 STRICT=${DEPCACHE_STRICT:-0}
 export DEPCACHE_STRICT=$STRICT
 
-# ctest in build dir $1, labelled $2; then the skip report.
+# ctest in build dir $1, labelled $2 (further arguments go to ctest); then
+# the skip report.
 run_ctest() {
   local dir=$1 label=$2 status=0
-  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --output-junit junit.xml || status=$?
+  shift 2
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --output-junit junit.xml "$@" || status=$?
   local skipped
   skipped=$(grep -o 'skipped="[0-9]*"' "$dir/junit.xml" | head -1 | grep -o '[0-9]*' || echo 0)
   echo "== $label: $skipped tests skipped"
@@ -43,3 +46,11 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan "ASan+UBSan"
+
+# Threaded code (the thread pool, the tiers with their prefetching and
+# remote store, run with --prefetch through the CLI) under ThreadSanitizer.
+echo "== ThreadSanitizer build: threaded tests"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEPCACHE_TSAN=ON -DDEPCACHE_BENCH=OFF
+cmake --build build-tsan --target depcache test_util test_kv test_cli
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1 \
+  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|RunCli)\.'

@@ -1,5 +1,6 @@
 // The measured prefill cost table on a real (random-weight) model: a full
-// grid of positive times, and the index charging nodes by it.
+// grid of positive times. (The index charging nodes by a cost model is
+// tested in tests/kv/test_policy.cpp.)
 #include <gtest/gtest.h>
 
 #include "engine/cost_profile.h"
