@@ -264,7 +264,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
       std::vector<const std::vector<Lookup>*> pending;
       for (size_t j = i + 1; j < reqs.size() && j <= i + o.window; ++j) pending.push_back(&lookups[j]);
       const auto lk = index.lock();
-      index.policy().set_lookahead(lookahead_weights(index, pending));
+      index.set_lookahead(lookahead_weights(index, pending));
     }
     const RadixIndex::Stats before = stats_of(index);
     const auto t0 = Clock::now();

@@ -27,11 +27,6 @@ class PerNode {
   std::vector<T> v_;
 };
 
-// Recency inside an integer score: the tie-break never outweighs one unit.
-double recency(const NodeView& n) {
-  return static_cast<double>(n.last_used) / static_cast<double>(n.now + 1);
-}
-
 class Lru final : public ReplacementPolicy {
  public:
   std::string_view name() const override { return "lru"; }
@@ -41,7 +36,7 @@ class Lru final : public ReplacementPolicy {
 class Lfu final : public ReplacementPolicy {
  public:
   std::string_view name() const override { return "lfu"; }
-  double priority(const NodeView& n) const override { return static_cast<double>(n.hits) + recency(n); }
+  double priority(const NodeView& n) const override { return static_cast<double>(n.hits); }
 };
 
 // GDSF and PGDSF differ only in the per-token cost. A node's clock term is
@@ -91,7 +86,7 @@ class Lacr final : public ReplacementPolicy {
   double priority(const NodeView& n) const override {
     const auto it = lookahead_.find(n.id);
     const double future = it == lookahead_.end() ? 0.0 : it->second;
-    return alpha_ * static_cast<double>(n.hits) + (1 - alpha_) * future + 1e-3 * recency(n);
+    return alpha_ * static_cast<double>(n.hits) + (1 - alpha_) * future;
   }
 
  private:
@@ -111,7 +106,7 @@ class CacheCraft final : public ReplacementPolicy {
   }
   double priority(const NodeView& n) const override {
     const State* s = state_.find(n.id);
-    return (s ? s->score : 0.0) + recency(n);
+    return s ? s->score : 0.0;
   }
 
  private:

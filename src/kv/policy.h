@@ -4,7 +4,7 @@
 // its nodes; at eviction time it asks for each evictable leaf's priority and
 // evicts the lowest.
 //   lru       last access
-//   lfu       hit count (ties: last access)
+//   lfu       hit count
 //   gdsf      Clock + Frequency / Size (cost 1 per node)
 //   pgdsf     Clock + Frequency × Cost / Size, with Cost / Size the node's
 //             recompute time per token (RAGCache); one Clock per tier,
@@ -32,7 +32,6 @@ struct NodeView {
   int64_t tokens = 0;
   uint64_t hits = 0;       // accesses since insertion (the insertion counts as one)
   uint64_t last_used = 0;  // index clock at the last access
-  uint64_t now = 0;        // index clock now
   Tier tier = Tier::Hot;
 };
 
@@ -51,7 +50,9 @@ class ReplacementPolicy {
   virtual void on_evict(int32_t /*node*/, double /*priority*/, Tier /*from*/) {}
   // The node now lives in tier `to` (promoted or demoted).
   virtual void on_tier_change(int32_t /*node*/, Tier /*to*/) {}
-  // Lower is evicted first.
+  // Lower is evicted first; equal priorities go least recently used first.
+  // A priority may change only through the events above (or the setters
+  // below): the index keeps its candidates ordered by it between events.
   virtual double priority(const NodeView& node) const = 0;
 
   // Lookahead over the pending queue (LACR): weight per node of the requests

@@ -78,6 +78,8 @@ void RadixIndex::attach_disk(DiskSpanStore& store) {
           bytes_[kDisk] += node.disk_bytes;
           policy_->on_insert(id, 1.0);
           policy_->on_tier_change(id, Tier::Disk);
+          touch(id);
+          touch(parent);
           adopted = true;
         }
       }
@@ -109,6 +111,42 @@ RadixIndex::NodeId RadixIndex::root(uint64_t ns) {
   nodes_[id].ns = ns;
   roots_.emplace(ns, id);
   return id;
+}
+
+void RadixIndex::untouch(NodeId id) {
+  Node& n = nodes_[id];
+  if (n.keyed) candidates_[static_cast<int>(n.tier)].erase(n.key);
+  n.keyed = false;
+}
+
+void RadixIndex::touch(NodeId id) {
+  untouch(id);
+  Node& n = nodes_[id];
+  if (!n.live || n.parent < 0 || n.pins > 0) return;
+  for (const auto& [tok, child] : n.children)
+    if (nodes_[child].tier == n.tier) return;
+  n.key = {policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.tier}),
+           n.last_used, id};
+  n.keyed = candidates_[static_cast<int>(n.tier)].insert(n.key).second;
+}
+
+void RadixIndex::set_lookahead(std::unordered_map<int32_t, double> weights) {
+  auto lk = lock();
+  std::vector<NodeId> nodes;
+  for (const auto& [id, w] : weights) nodes.push_back(id);
+  policy_->set_lookahead(std::move(weights));
+  for (NodeId id : lookahead_nodes_)
+    if (id < static_cast<NodeId>(nodes_.size())) touch(id);
+  for (NodeId id : nodes)
+    if (id < static_cast<NodeId>(nodes_.size())) touch(id);
+  lookahead_nodes_ = std::move(nodes);
+}
+
+void RadixIndex::rekey_all() {
+  for (auto& c : candidates_) c.clear();
+  for (Node& n : nodes_) n.keyed = false;
+  for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) touch(id);
+  keys_dirty_ = false;
 }
 
 size_t RadixIndex::n_nodes(Tier t) const {
@@ -156,12 +194,15 @@ RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> 
 }
 
 void RadixIndex::set_tier(NodeId id, Tier t, const std::function<void(Node&)>& change) {
+  untouch(id);
   Node& n = nodes_[id];
   bytes_[static_cast<int>(n.tier)] -= tier_bytes(n);
   n.tier = t;
   if (change) change(n);
   bytes_[static_cast<int>(t)] += tier_bytes(n);
   policy_->on_tier_change(id, t);
+  touch(id);
+  touch(nodes_[id].parent);  // it may have lost or gained a child in its tier
 }
 
 bool RadixIndex::promote(NodeId id) {
@@ -202,6 +243,7 @@ void RadixIndex::promote_match(Match& m) {
     for (size_t j = i; j < m.pieces.size(); ++j) {
       const Piece& p = m.pieces[j];
       --nodes_[p.node].pins;
+      touch(p.node);
       m.tokens_from[static_cast<int>(nodes_[p.node].tier)] -= p.length;
       m.length -= p.length;
     }
@@ -247,6 +289,7 @@ RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens
     n.last_used = clock_;
     ++n.hits;
     policy_->on_access(p.node);
+    touch(p.node);
   }
   for (int t = 0; t < kTiers; ++t) stats_.hit_tokens[t] += m.tokens_from[t];
   m.load_ms = ms_since(t0);
@@ -318,6 +361,8 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   n.parent = head;
   h.children.emplace(n.tokens.front(), node);
   policy_->on_split(head, node);
+  touch(node);  // fewer tokens
+  touch(head);  // a child in its tier: not a candidate
   return head;  // bytes are unchanged: the tokens moved, none were added
 }
 
@@ -401,11 +446,15 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
       nodes_[at].children.emplace(tokens[pos], leaf);
       const double cost = cost_model_ ? cost_model_(pos, added) / static_cast<double>(added) : cost_per_token;
       policy_->on_insert(leaf, cost);
+      touch(leaf);
+      touch(at);  // no longer a leaf of its tier
       *new_from = pos;
       // Keep the new leaf through this eviction: it is what the caller wants cached.
       ++nodes_[leaf].pins;
+      untouch(leaf);
       make_room(kHot);
       --nodes_[leaf].pins;
+      touch(leaf);
       return added;
     }
     NodeId child = c->second;
@@ -414,6 +463,7 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
     while (k < edge && pos + k < n && nodes_[child].tokens[k] == tokens[pos + k]) ++k;
     if (k < edge) child = split(child, k);
     nodes_[child].last_used = clock_;
+    touch(child);
     pos += k;
     at = child;
   }
@@ -423,7 +473,10 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
 
 void RadixIndex::pin(const Match& m) {
   auto lk = lock();
-  for (const Piece& p : m.pieces) ++nodes_[p.node].pins;
+  for (const Piece& p : m.pieces) {
+    ++nodes_[p.node].pins;
+    untouch(p.node);
+  }
 }
 
 void RadixIndex::unpin(const Match& m) {
@@ -434,20 +487,23 @@ void RadixIndex::unpin(const Match& m) {
 void RadixIndex::unpin_locked(const Match& m, bool evict) {
   for (const Piece& p : m.pieces) {
     if (nodes_[p.node].pins <= 0) fail(ErrorKind::Internal, "radix index: unpin of an unpinned node");
-    --nodes_[p.node].pins;
+    if (--nodes_[p.node].pins == 0) touch(p.node);
   }
   if (evict) make_room(kHot);  // what pins held above the budget can go now
 }
 
 void RadixIndex::remove_leaf(NodeId id) {
+  untouch(id);
   Node& n = nodes_[id];
-  nodes_[n.parent].children.erase(n.tokens.front());
+  const NodeId parent = n.parent;
+  nodes_[parent].children.erase(n.tokens.front());
   bytes_[static_cast<int>(n.tier)] -= tier_bytes(n);
   if (n.tier == Tier::Disk && disk_ && n.disk_bytes > 0) disk_->remove(n.disk_key);
   n = Node{};
   free_.push_back(id);
   --n_live_;
   ++n_evicted_;
+  touch(parent);  // it may be a leaf of its tier now
 }
 
 void RadixIndex::drop_subtree(NodeId id) {
@@ -472,27 +528,13 @@ void RadixIndex::evict_to(size_t target) {
 }
 
 void RadixIndex::make_room(int t) {
+  if (keys_dirty_) rekey_all();
   while (bytes_[t] > budget_[t]) {
-    // The node of this tier the policy ranks lowest among those with no
-    // child in the same tier. A linear scan keeps this simple and lets
-    // priorities depend on anything (clocks, lookahead).
-    NodeId victim = -1;
-    double lowest = 0;
-    for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
-      const Node& n = nodes_[id];
-      if (!n.live || n.parent < 0 || n.pins > 0 || static_cast<int>(n.tier) != t) continue;
-      const bool tier_leaf = std::none_of(n.children.begin(), n.children.end(), [&](const auto& c) {
-        return static_cast<int>(nodes_[c.second].tier) == t;
-      });
-      if (!tier_leaf) continue;
-      const double p =
-          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, clock_, n.tier});
-      if (victim < 0 || p < lowest) victim = id, lowest = p;
-    }
-    if (victim < 0) return;  // everything left is pinned
-    policy_->on_evict(victim, lowest, static_cast<Tier>(t));
+    if (candidates_[t].empty()) return;  // everything left is pinned
+    const EvictKey lowest = *candidates_[t].begin();
+    policy_->on_evict(lowest.id, lowest.priority, static_cast<Tier>(t));
     ++stats_.demoted[t];
-    demote(victim);
+    demote(lowest.id);
   }
 }
 
@@ -523,8 +565,10 @@ void RadixIndex::demote(NodeId id) {
   if (need <= budget) {
     budget_[kDisk] = budget - need;
     ++nodes_[id].pins;
+    untouch(id);
     make_room(kDisk);
     --nodes_[id].pins;
+    touch(id);
     budget_[kDisk] = budget;
   }
   const uint64_t key = span_content_key(n.ns, path);
@@ -599,6 +643,29 @@ void RadixIndex::check_invariants() const {
     for (const auto& [tok, child] : n.children)
       if (!nodes_[child].live || nodes_[child].parent != id || nodes_[child].tokens.front() != tok)
         fail(ErrorKind::Internal, "radix node {}: broken child link", id);
+  }
+  // The eviction candidates are exactly the live, unpinned non-roots with no
+  // child in their tier, each under its current key.
+  if (!keys_dirty_) {
+    size_t keyed = 0;
+    for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
+      const Node& n = nodes_[id];
+      bool candidate = n.live && n.parent >= 0 && n.pins == 0;
+      for (const auto& [tok, child] : n.children) candidate = candidate && nodes_[child].tier != n.tier;
+      if (candidate != n.keyed)
+        fail(ErrorKind::Internal, "radix node {} is {}an eviction candidate but {}listed", id,
+             candidate ? "" : "not ", n.keyed ? "" : "not ");
+      if (!candidate) continue;
+      ++keyed;
+      const EvictKey key{
+          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.tier}),
+          n.last_used, id};
+      if (!(key == n.key) || !candidates_[static_cast<int>(n.tier)].count(n.key))
+        fail(ErrorKind::Internal, "radix node {} is listed under a stale eviction key", id);
+    }
+    size_t listed = 0;
+    for (const auto& c : candidates_) listed += c.size();
+    if (listed != keyed) fail(ErrorKind::Internal, "{} eviction candidates listed, {} exist", listed, keyed);
   }
   for (int t = 0; t < kRemote; ++t)
     if (bytes[t] != bytes_[t])

@@ -13,6 +13,9 @@
 // tier the replacement policy ranks lowest and that has no child in the same
 // tier moves one tier down, and from the last tier it leaves the index
 // (which makes eviction leaf-only: a parent goes once its children are gone).
+// Those candidates are kept per tier in priority order, updated at every
+// event that can change a node's priority or eligibility, so finding a
+// victim is a lookup, not a scan.
 // A parent is therefore always in the same or a faster tier than its
 // children. A match brings every node it uses back to the hot tier; the time
 // this takes is part of the request's time to first token. A disk file that
@@ -35,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -132,7 +136,16 @@ class RadixIndex {
 
   // The span of a matched (hence hot) node.
   const KvSpan& span(NodeId node) const { return nodes_[node].span; }
-  ReplacementPolicy& policy() { return *policy_; }
+  // LACR's lookahead weights (node -> weight of the pending requests that
+  // will use it): re-ranks only the nodes whose weight changed.
+  void set_lookahead(std::unordered_map<int32_t, double> weights);
+  // The policy, to feed it (lookahead weights, fix overheads): what the
+  // caller sets may change any priority, so the candidates are re-ranked
+  // before the next eviction.
+  ReplacementPolicy& policy() {
+    keys_dirty_ = true;
+    return *policy_;
+  }
   std::unique_lock<std::recursive_mutex> lock() const { return std::unique_lock(mu_); }
   // Bytes and budget of the hot tier; of any tier.
   size_t bytes() const { return bytes_[0]; }
@@ -151,6 +164,15 @@ class RadixIndex {
   void check_invariants() const;
 
  private:
+  // Where a node ranks among its tier's eviction candidates: the policy's
+  // priority, then least recently used, then id.
+  struct EvictKey {
+    double priority = 0;
+    uint64_t last_used = 0;
+    NodeId id = -1;
+    auto operator<=>(const EvictKey&) const = default;
+  };
+
   struct Node {
     std::vector<int32_t> tokens;  // edge label; empty only for roots
     KvSpan span;                  // empty for a virtual node and on disk
@@ -166,9 +188,16 @@ class RadixIndex {
     int32_t pins = 0;
     uint64_t last_used = 0;
     bool live = false;
+    bool keyed = false;  // in candidates_[tier] under `key`
+    EvictKey key;
   };
 
   NodeId root(uint64_t ns);
+  // Re-ranks a node after anything that may change its priority or whether
+  // it is a candidate (live, not a root, unpinned, no child in its tier).
+  void touch(NodeId id);
+  void untouch(NodeId id);  // out of the candidates (before it is removed)
+  void rekey_all();         // after the policy was fed from outside
   NodeId new_node();
   Match peek_locked(uint64_t ns, std::span<const int32_t> tokens) const;
   std::vector<int32_t> path_tokens(NodeId node) const;  // the sequence up to the node's end
@@ -221,6 +250,9 @@ class RadixIndex {
   std::vector<Node> nodes_;
   std::vector<NodeId> free_;
   std::unordered_map<uint64_t, NodeId> roots_;
+  std::set<EvictKey> candidates_[kTiers];
+  bool keys_dirty_ = false;
+  std::vector<NodeId> lookahead_nodes_;  // weighted by the last set_lookahead
 };
 
 }  // namespace depcache

@@ -109,7 +109,7 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
       if (!lookahead) return;
       std::vector<const std::vector<Lookup>*> pending;
       for (size_t q : queue) pending.push_back(&reqs[q].lookups);
-      index.policy().set_lookahead(lookahead_weights(index, pending));
+      index.set_lookahead(lookahead_weights(index, pending));
     };
     refresh_lookahead();
 
