@@ -83,6 +83,11 @@ class Lacr final : public ReplacementPolicy {
   void set_lookahead(std::unordered_map<int32_t, double> weights) override {
     lookahead_ = std::move(weights);
   }
+  // The head of a split is used by every request that uses the tail.
+  void on_split(int32_t head, int32_t from) override {
+    const auto it = lookahead_.find(from);
+    if (it != lookahead_.end()) lookahead_[head] = it->second;
+  }
   double priority(const NodeView& n) const override {
     const auto it = lookahead_.find(n.id);
     const double future = it == lookahead_.end() ? 0.0 : it->second;

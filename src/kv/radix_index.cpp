@@ -279,14 +279,20 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens)
   return m;
 }
 
-RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens) {
+uint64_t RadixIndex::begin_request() {
+  auto lk = lock();
+  return ++clock_;
+}
+
+RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick) {
   auto lk = lock();
   const auto t0 = Clock::now();
   Match m = load(ns, tokens);
-  ++clock_;
+  const uint64_t tick = request_tick > 0 ? request_tick : ++clock_;
   for (const Piece& p : m.pieces) {
     Node& n = nodes_[p.node];
-    n.last_used = clock_;
+    if (n.last_used == tick && request_tick > 0) continue;  // this request counted it already
+    n.last_used = tick;
     ++n.hits;
     policy_->on_access(p.node);
     touch(p.node);
@@ -361,9 +367,10 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   n.parent = head;
   h.children.emplace(n.tokens.front(), node);
   policy_->on_split(head, node);
-  touch(node);  // fewer tokens
-  touch(head);  // a child in its tier: not a candidate
-  return head;  // bytes are unchanged: the tokens moved, none were added
+  lookahead_nodes_.push_back(head);  // it may have inherited a lookahead weight
+  touch(node);                       // fewer tokens
+  touch(head);                       // a child in its tier: not a candidate
+  return head;                       // bytes are unchanged: the tokens moved, none were added
 }
 
 int64_t RadixIndex::insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span,

@@ -107,8 +107,11 @@ class RadixIndex {
 
   // Longest cached prefix of `tokens` in namespace ns; counts an access of
   // every node used. Pieces stay valid until the next insert (which may
-  // split nodes).
-  Match match(uint64_t ns, std::span<const int32_t> tokens);
+  // split nodes). A request that matches several sequences (the root-to-
+  // leaf paths of its trees) passes the tick of begin_request() to each, so
+  // a node shared by its paths counts one access, not one per path.
+  Match match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick = 0);
+  uint64_t begin_request();
   // The same without counting an access and without moving anything (for
   // schedulers looking ahead).
   Match peek(uint64_t ns, std::span<const int32_t> tokens) const;

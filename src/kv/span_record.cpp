@@ -103,8 +103,7 @@ DecodedSpan decode_span_record(std::span<const uint8_t> record, uint64_t key, ui
   DecodedSpan out;
   const std::optional<SpanRecordHeader> h = decode_span_record_header(record);
   if (!h || h->size != record.size()) return out;  // foreign, truncated or extended
-  if (get_at<uint64_t>(record, 8) !=
-      hash_bytes(record.data() + kChecksumFrom, record.size() - kChecksumFrom))
+  if (get_at<uint64_t>(record, 8) != hash_bytes(record.data() + kChecksumFrom, record.size() - kChecksumFrom))
     return out;
   out.status = RecordStatus::Other;
   if (h->key != key || h->ns != ns || h->prefix != prefix ||

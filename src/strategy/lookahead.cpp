@@ -1,5 +1,7 @@
 #include "strategy/lookahead.h"
 
+#include <unordered_set>
+
 namespace depcache {
 
 std::unordered_map<int32_t, double> lookahead_weights(const RadixIndex& index,
@@ -8,8 +10,11 @@ std::unordered_map<int32_t, double> lookahead_weights(const RadixIndex& index,
   const auto n = static_cast<double>(queue.size());
   for (size_t q = 0; q < queue.size(); ++q) {
     const double w = (n - static_cast<double>(q)) / n;
+    // Once per request per node: a trunk shared by a request's paths is one use.
+    std::unordered_set<int32_t> used;
     for (const Lookup& l : *queue[q])
-      for (const RadixIndex::Piece& p : index.peek(l.ns, l.tokens).pieces) weights[p.node] += w;
+      for (const RadixIndex::Piece& p : index.peek(l.ns, l.tokens).pieces) used.insert(p.node);
+    for (int32_t node : used) weights[node] += w;
   }
   return weights;
 }

@@ -87,7 +87,7 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
       std::unordered_map<uint64_t, int64_t> shared;  // (ns, first tokens) -> pending requests holding it
       const auto key = [](const CacheRun& run) {
         return hash_bytes(run.tokens.data(), std::min<size_t>(run.tokens.size(), 8) * sizeof(int32_t),
-                             run.ns);
+                          run.ns);
       };
       for (size_t q : queue)
         for (const CacheRun& run : reqs[q].runs) ++shared[key(run)];
@@ -117,8 +117,9 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
     const Prepared& req = reqs[id];
     std::vector<RadixIndex::Match> pins;
     std::vector<bool> cached_row(static_cast<size_t>(req.tokens), false);
+    const uint64_t tick = index.begin_request();  // a node shared by the request's paths counts once
     for (const CacheRun& run : req.runs) {
-      RadixIndex::Match m = index.match(run.ns, run.tokens);
+      RadixIndex::Match m = index.match(run.ns, run.tokens, tick);
       for (int64_t t = 0; t < m.length; ++t) cached_row[run.rows[t]] = true;
       index.pin(m);
       pins.push_back(std::move(m));

@@ -144,8 +144,9 @@ class DepCacheStrategy final : public Strategy {
     PrefillReport report;
     if (reuse_) {
       const auto lk = index_.lock();  // match, place and pin before anything else moves
+      const uint64_t tick = index_.begin_request();
       for (const CacheRun& run : runs) {
-        RadixIndex::Match match = index_.match(run.ns, run.tokens);
+        RadixIndex::Match match = index_.match(run.ns, run.tokens, tick);
         add_load(report, match);
         place_pieces(index_, match, match.length, run.rows, positions, kv, placed);
         index_.pin(match);

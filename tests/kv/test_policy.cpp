@@ -153,6 +153,50 @@ TEST(Policy, UnknownNamesAndBadAlphaAreErrors) {
   EXPECT_EQ(policy_names().size(), 6u);
 }
 
+// A request that matches several paths sharing a trunk counts one access of
+// the trunk (DepCache counts a node once per request), not one per path.
+TEST(Policy, ARequestCountsEachNodeOnce) {
+  struct Counting final : ReplacementPolicy {
+    std::map<int32_t, int>* accesses;
+    explicit Counting(std::map<int32_t, int>* a) : accesses(a) {}
+    std::string_view name() const override { return "counting"; }
+    void on_access(int32_t node) override { ++(*accesses)[node]; }
+    double priority(const NodeView& n) const override { return static_cast<double>(n.hits); }
+  };
+  std::map<int32_t, int> accesses;
+  RadixIndex index(1000 * kTokenBytes, std::make_unique<Counting>(&accesses));
+  const Tokens a = {1, 2, 3, 4}, b = {1, 2, 5, 6};  // trunk {1, 2}
+  index.insert_virtual(1, a, kTokenBytes);
+  index.insert_virtual(1, b, kTokenBytes);
+  const int32_t trunk = index.peek(1, a).pieces.front().node;
+  const uint64_t tick = index.begin_request();
+  index.match(1, a, tick);
+  index.match(1, b, tick);
+  EXPECT_EQ(accesses[trunk], 1);
+  EXPECT_EQ(accesses[index.peek(1, a).pieces.back().node], 1);
+  EXPECT_EQ(accesses[index.peek(1, b).pieces.back().node], 1);
+  index.match(1, a);  // separate requests count separately
+  index.match(1, b);
+  EXPECT_EQ(accesses[trunk], 3);
+}
+
+// LACR: the head split off a weighted node inherits its lookahead weight
+// (every request that will use the tail uses the head).
+TEST(Policy, LacrSplitHeadInheritsTheLookahead) {
+  RadixIndex index = index_with("lacr", 1000);
+  index.insert_virtual(1, Tokens{1, 2, 3, 4}, kTokenBytes);
+  const int32_t node = index.peek(1, Tokens{1, 2, 3, 4}).pieces.front().node;
+  index.set_lookahead({{node, 4.0}});
+  index.insert_virtual(1, Tokens{1, 2, 9}, kTokenBytes);  // splits {1 2 | 3 4}
+  const auto m = index.peek(1, Tokens{1, 2, 3, 4});
+  ASSERT_EQ(m.pieces.size(), 2u);
+  const int32_t head = m.pieces.front().node;
+  ASSERT_NE(head, node);
+  // alpha 0.2: 0.2 * hits + 0.8 * lookahead; the head has 1 hit (as the node had).
+  EXPECT_DOUBLE_EQ(index.policy().priority({head, 2, 1, 0, Tier::Hot}), 0.2 * 1 + 0.8 * 4.0);
+  index.check_invariants();
+}
+
 // Every policy: random inserts/matches/pins and lookahead updates over shared
 // prefixes never break the index, never exceed the budget once nothing is
 // pinned, and never evict a pinned node.
