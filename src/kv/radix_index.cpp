@@ -149,6 +149,13 @@ void RadixIndex::rekey_all() {
   keys_dirty_ = false;
 }
 
+size_t RadixIndex::n_pinned() const {
+  auto lk = lock();
+  size_t n = 0;
+  for (const Node& node : nodes_) n += node.live && node.pins > 0;
+  return n;
+}
+
 size_t RadixIndex::n_nodes(Tier t) const {
   auto lk = lock();
   size_t n = 0;

@@ -156,6 +156,7 @@ class RadixIndex {
   size_t bytes(Tier t) const { return bytes_[static_cast<int>(t)]; }
   size_t budget(Tier t) const { return budget_[static_cast<int>(t)]; }
   size_t n_nodes() const { return n_live_; }
+  size_t n_pinned() const;  // nodes with at least one pin
   size_t n_nodes(Tier t) const;
   int64_t n_evicted() const { return n_evicted_; }  // nodes that left the index
   const Stats& stats() const { return stats_; }

@@ -4,6 +4,7 @@
 #include <limits>
 #include <unordered_map>
 
+#include "kv/pin_lease.h"
 #include "kv/radix_index.h"
 #include "strategy/lookahead.h"
 #include "strategy/strategy.h"
@@ -115,14 +116,13 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
 
     // Serve it: match every run (what is cached), then insert what was not.
     const Prepared& req = reqs[id];
-    std::vector<RadixIndex::Match> pins;
+    PinLease lease(index);
     std::vector<bool> cached_row(static_cast<size_t>(req.tokens), false);
     const uint64_t tick = index.begin_request();  // a node shared by the request's paths counts once
     for (const CacheRun& run : req.runs) {
       RadixIndex::Match m = index.match(run.ns, run.tokens, tick);
       for (int64_t t = 0; t < m.length; ++t) cached_row[run.rows[t]] = true;
-      index.pin(m);
-      pins.push_back(std::move(m));
+      lease.hold(m);
     }
     int64_t cached = 0;
     for (bool c : cached_row) cached += c;
@@ -141,11 +141,10 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
     for (const CacheRun& run : req.runs) {
       RadixIndex::Match path;
       index.insert_virtual(run.ns, run.tokens, kBytesPerToken, cost, &path);
-      index.pin(path);
-      pins.push_back(std::move(path));
+      lease.hold(path);
     }
     refresh_lookahead();
-    for (const RadixIndex::Match& m : pins) index.unpin(m);
+    lease.release();
 
     r.prompt_tokens += req.tokens;
     r.cached_tokens += cached;

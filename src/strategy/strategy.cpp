@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "engine/visibility.h"
+#include "kv/pin_lease.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/timing.h"
@@ -67,146 +69,50 @@ RadixIndex::SpanMaker rows_span(const KvCache& kv, std::span<const int64_t> rows
 class FlatStrategy final : public Strategy {
  public:
   FlatStrategy(std::string name, RadixIndex& index, uint64_t ns, bool reuse)
-      : name_(std::move(name)), index_(index), ns_(ns), reuse_(reuse) {}
+      : Strategy(index, reuse), name_(std::move(name)), ns_(ns) {}
   std::string_view name() const override { return name_; }
-  PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) override {
-    const std::vector<int32_t> tokens = parts.flat();
-    const auto n = static_cast<int64_t>(tokens.size());
-    check_fits(n, kv);
-    kv.clear();
-    std::vector<int64_t> rows(n);
-    std::vector<int32_t> positions(n);
-    for (int64_t t = 0; t < n; ++t) rows[t] = positions[t] = static_cast<int32_t>(t);
-    RadixIndex::Match match;
-    int64_t m = 0;
-    PrefillReport report;
-    if (reuse_) {
-      const auto lk = index_.lock();  // match, place and pin before anything else moves
-      match = index_.match(ns_, tokens);
-      m = std::min(match.length, n - 1);  // the last token is computed for its logits
-      std::vector<bool> placed(n, false);
-      place_pieces(index_, match, m, rows, positions, kv, placed);
-      index_.pin(match);
-      add_load(report, match);
+  RequestPlan plan(const PromptParts& parts) const override {
+    RequestPlan p;
+    p.tokens = parts.flat();
+    const auto n = static_cast<int64_t>(p.tokens.size());
+    p.flat_tokens = n;
+    CacheRun run{ns_, p.tokens, {}, -1};
+    for (int64_t t = 0; t < n; ++t) {
+      p.positions.push_back(static_cast<int32_t>(t));
+      run.rows.push_back(t);
     }
-    PrefillPlan plan;
-    plan.tokens.assign(tokens.begin() + m, tokens.end());
-    plan.positions.assign(positions.begin() + m, positions.end());
-    plan.rows.assign(rows.begin() + m, rows.end());
-    plan.visibility = causal_chain(n - m, m);
-    plan.logits_for = {n - m - 1};
-    const auto t0 = Clock::now();
-    PrefillResult r = fwd.prefill(plan, kv);
-    const double ms_per_token = ms_since(t0) / static_cast<double>(n - m);  // cost-aware policies
-    kv.set_n_past(n);
-    if (reuse_) {
-      const auto lk = index_.lock();
-      index_.insert(ns_, tokens, rows_span(kv, rows), ms_per_token);
-      index_.unpin(match);
-    }
-    const int n_layer = fwd.model().config().n_layer;
-    report.prompt_tokens = report.flat_tokens = n;
-    report.computed_tokens = n - m;
-    report.reused_tokens = m;
-    report.attention_pairs = r.attention_pairs / n_layer;
-    report.logits = std::move(r.logits);
-    return report;
-  }
-  std::vector<Lookup> lookups(const PromptParts& parts) const override {
-    if (!reuse_) return {};
-    return {{ns_, parts.flat()}};
+    if (reuse()) p.runs.push_back(std::move(run));
+    // What is placed is a prefix: the rest is a causal chain after it.
+    p.visibility = [](std::span<const int64_t> computed) {
+      return causal_chain(static_cast<int64_t>(computed.size()), computed.front());
+    };
+    return p;
   }
 
  private:
   std::string name_;
-  RadixIndex& index_;
   uint64_t ns_;
-  bool reuse_;
 };
 
 class DepCacheStrategy final : public Strategy {
  public:
   DepCacheStrategy(RadixIndex& index, uint64_t ns, PositionScheme scheme, bool reuse)
-      : index_(index), ns_(ns), scheme_(scheme), reuse_(reuse) {}
+      : Strategy(index, reuse), ns_(ns), scheme_(scheme) {}
   std::string_view name() const override { return "depcache"; }
-
-  PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) override {
-    const DepPrompt prompt = parts.dep_prompt();
-    const auto n = static_cast<int64_t>(prompt.size());
-    check_fits(n, kv);
-    kv.clear();
-    const std::vector<int32_t> positions = prompt.positions(scheme_);
-    std::vector<bool> placed(n, false);
-    std::vector<RadixIndex::Match> pinned;
-    const std::vector<CacheRun> runs = dependency_runs(prompt, ns_, scheme_);
-    const auto& tokens = prompt.tokens();
-
-    PrefillReport report;
-    if (reuse_) {
-      const auto lk = index_.lock();  // match, place and pin before anything else moves
-      const uint64_t tick = index_.begin_request();
-      for (const CacheRun& run : runs) {
-        RadixIndex::Match match = index_.match(run.ns, run.tokens, tick);
-        add_load(report, match);
-        place_pieces(index_, match, match.length, run.rows, positions, kv, placed);
-        index_.pin(match);
-        pinned.push_back(std::move(match));
-      }
-    }
-    // The last token always runs: its logits start the answer.
-    placed[n - 1] = false;
-    std::vector<int64_t> computed;
-    for (int64_t r = 0; r < n; ++r)
-      if (!placed[r]) computed.push_back(r);
-
-    PrefillPlan plan;
-    for (int64_t r : computed) {
-      plan.tokens.push_back(tokens[r]);
-      plan.positions.push_back(positions[r]);
-      plan.rows.push_back(r);
-    }
-    plan.visibility = dependency_dag(prompt, computed);
-    plan.logits_for = {static_cast<int64_t>(computed.size()) - 1};
-    const auto t0 = Clock::now();
-    PrefillResult result = fwd.prefill(plan, kv);
-    const double ms_per_token = ms_since(t0) / static_cast<double>(computed.size());  // cost-aware policies
-    kv.set_n_past(n);
-
-    if (reuse_) {
-      const auto lk = index_.lock();
-      // Each inserted run stays pinned until all are in, so one run's insert
-      // cannot evict another this request just computed.
-      for (const CacheRun& run : runs) {
-        RadixIndex::Match path;
-        index_.insert(run.ns, run.tokens, rows_span(kv, run.rows), ms_per_token, &path);
-        index_.pin(path);
-        pinned.push_back(std::move(path));
-      }
-      for (const RadixIndex::Match& m : pinned) index_.unpin(m);
-    }
-    const int n_layer = fwd.model().config().n_layer;
-    const auto n_computed = static_cast<int64_t>(computed.size());
-    report.prompt_tokens = n;
-    report.computed_tokens = n_computed;
-    report.reused_tokens = n - n_computed;
-    report.attention_pairs = result.attention_pairs / n_layer;
-    report.flat_tokens = parts.n_flat_tokens();
-    report.logits = std::move(result.logits);
-    return report;
-  }
-  std::vector<Lookup> lookups(const PromptParts& parts) const override {
-    std::vector<Lookup> out;
-    if (!reuse_) return out;
-    for (CacheRun& run : dependency_runs(parts.dep_prompt(), ns_, scheme_))
-      out.push_back({run.ns, std::move(run.tokens)});
-    return out;
+  RequestPlan plan(const PromptParts& parts) const override {
+    auto prompt = std::make_shared<const DepPrompt>(parts.dep_prompt());
+    RequestPlan p;
+    p.tokens = prompt->tokens();
+    p.positions = prompt->positions(scheme_);
+    p.flat_tokens = parts.n_flat_tokens();
+    if (reuse()) p.runs = dependency_runs(*prompt, ns_, scheme_);
+    p.visibility = [prompt](std::span<const int64_t> computed) { return dependency_dag(*prompt, computed); };
+    return p;
   }
 
  private:
-  RadixIndex& index_;
   uint64_t ns_;
   PositionScheme scheme_;
-  bool reuse_;
 };
 
 }  // namespace
@@ -270,6 +176,73 @@ PositionScheme default_position_scheme(const ModelConfig& config) {
          "the model's {} is '{}', not a position scheme (depth, sequential, stacked)", kPositionSchemeKey,
          config.position_scheme);
   return *s;
+}
+
+PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
+  const auto n = static_cast<int64_t>(plan.tokens.size());
+  if (n == 0) fail(ErrorKind::InvalidInput, "an empty prompt");
+  check_fits(n, kv);
+  kv.clear();
+  PrefillReport report;
+  PinLease lease(index);  // released on every way out, exceptions included
+  std::vector<bool> placed(n, false);
+  if (!plan.runs.empty()) {
+    const auto lk = index.lock();  // match, place and pin before anything else moves
+    const uint64_t tick = index.begin_request();
+    for (const CacheRun& run : plan.runs) {
+      const RadixIndex::Match match = index.match(run.ns, run.tokens, tick);
+      add_load(report, match);
+      place_pieces(index, match, match.length, run.rows, plan.positions, kv, placed);
+      lease.hold(match);
+    }
+  }
+  placed[n - 1] = false;  // the last token always runs: its logits start the answer
+  std::vector<int64_t> computed;
+  for (int64_t r = 0; r < n; ++r)
+    if (!placed[r]) computed.push_back(r);
+
+  PrefillPlan pp;
+  for (int64_t r : computed) {
+    pp.tokens.push_back(plan.tokens[r]);
+    pp.positions.push_back(plan.positions[r]);
+    pp.rows.push_back(r);
+  }
+  pp.visibility = plan.visibility(computed);
+  pp.logits_for = {static_cast<int64_t>(computed.size()) - 1};
+  const auto t0 = Clock::now();
+  PrefillResult result = fwd.prefill(pp, kv);
+  const double ms_per_token = ms_since(t0) / static_cast<double>(computed.size());  // cost-aware policies
+  kv.set_n_past(n);
+
+  if (!plan.runs.empty()) {
+    const auto lk = index.lock();
+    // Each inserted run stays held until all are in, so one run's insert
+    // cannot evict another this request just computed.
+    for (const CacheRun& run : plan.runs) {
+      RadixIndex::Match path;
+      index.insert(run.ns, run.tokens, rows_span(kv, run.rows), ms_per_token, &path);
+      lease.hold(path);
+    }
+    lease.release();
+  }
+  const auto n_computed = static_cast<int64_t>(computed.size());
+  report.prompt_tokens = n;
+  report.computed_tokens = n_computed;
+  report.reused_tokens = n - n_computed;
+  report.attention_pairs = result.attention_pairs / fwd.model().config().n_layer;
+  report.flat_tokens = plan.flat_tokens;
+  report.logits = std::move(result.logits);
+  return report;
+}
+
+PrefillReport Strategy::prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) {
+  return apply_plan(plan(parts), index_, kv, fwd);
+}
+
+std::vector<Lookup> Strategy::lookups(const PromptParts& parts) const {
+  std::vector<Lookup> out;
+  for (CacheRun& run : plan(parts).runs) out.push_back({run.ns, std::move(run.tokens)});
+  return out;
 }
 
 std::vector<std::string> strategy_names() { return {"full", "prefix", "depcache"}; }

@@ -1,13 +1,17 @@
 #pragma once
-// Strategies (planners): each turns a request's prompt parts into a KV
-// assembly — spans placed from the index, the rest computed by one sparse
-// prefill — and afterwards offers the new KV to the index. They differ only
-// in the prompt they build, what they look up and the visibility they give.
+// Strategies are planners: each turns a request's prompt parts into a
+// RequestPlan — the assembly's tokens and positions, the runs to look up and
+// insert, the visibility of what is computed — and one apply step
+// (apply_plan) carries out every plan: spans placed from the index, the rest
+// computed by one sparse prefill, the new KV offered to the index. They
+// differ only in the prompt they build, what they look up and the visibility
+// they give.
 //   full:     the flat prompt, causal, no reuse (the baseline)
 //   prefix:   the flat prompt, longest cached prefix reused
 //   depcache: the DepPrompt under dependency attention, each subtree's KV
 //             matched from its root and reused at its new positions
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -39,18 +43,6 @@ struct Lookup {
   std::vector<int32_t> tokens;
 };
 
-class Strategy {
- public:
-  virtual ~Strategy() = default;
-  virtual std::string_view name() const = 0;
-  // Clears `kv`, builds the assembly of the prompt, runs the prefill, leaves
-  // kv.n_past() at the prompt's end (ready to decode) and stores new KV in
-  // the index (when the strategy reuses).
-  virtual PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) = 0;
-  // The sequences prefill will look up (none without reuse).
-  virtual std::vector<Lookup> lookups(const PromptParts& parts) const = 0;
-};
-
 // A cacheable run of a DepPrompt under depcache: tokens matched from the
 // root of namespace `ns` (which holds everything their KV depends on besides
 // themselves) and the prompt rows they fill. segment: the tree segment, or
@@ -62,6 +54,44 @@ struct CacheRun {
   int32_t segment = -1;
 };
 std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
+
+// What a strategy decides for a request before anything is looked up: the
+// assembly's tokens and RoPE positions by row, the cacheable runs to match
+// (and to insert once computed; none without reuse), and the visibility of
+// whichever rows end up computed. Planning reads nothing and changes
+// nothing; apply_plan does both.
+struct RequestPlan {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<CacheRun> runs;
+  std::function<Visibility(std::span<const int64_t> computed)> visibility;
+  int64_t flat_tokens = 0;  // of the flat serialization, for reference
+};
+
+// The one place a plan takes effect: clears `kv`; matches every run (one
+// access per node for the request), places what is cached at the plan's
+// positions and pins it; computes the rest in one sparse prefill; leaves
+// kv.n_past() at the prompt's end (ready to decode); inserts the runs; and
+// releases the pins on every way out (a PinLease), exceptions included.
+PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd);
+
+class Strategy {
+ public:
+  Strategy(RadixIndex& index, bool reuse) : index_(index), reuse_(reuse) {}
+  virtual ~Strategy() = default;
+  virtual std::string_view name() const = 0;
+  virtual RequestPlan plan(const PromptParts& parts) const = 0;
+  // plan + apply_plan.
+  PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd);
+  // The sequences prefill will look up (none without reuse): what schedulers
+  // and prefetchers peek at before it runs.
+  std::vector<Lookup> lookups(const PromptParts& parts) const;
+  bool reuse() const { return reuse_; }
+
+ private:
+  RadixIndex& index_;
+  bool reuse_;
+};
 
 // The position scheme dependency attention uses when none is asked for: the
 // one the model says it was trained for (depcache.position_scheme), else

@@ -256,6 +256,47 @@ TEST(Strategies, PositionSchemeMetadataSetsTheDefault) {
   std::filesystem::remove(path);
 }
 
+// A prefill that fails after the cached spans were matched and pinned (here:
+// a token the model does not have, found by the forward pass) leaves no pin
+// behind: the request's lease releases them, and the index can evict again.
+TEST(Strategies, AFailedPrefillLeavesNoPin) {
+  for (const char* name : {"prefix", "depcache"}) {
+    Rig rig("tiny");
+    const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
+    rig.run(name, r);  // cached now
+    PromptParts bad = make_prompt_parts(rig.tok, r);
+    bad.task.push_back(rig.model->config().n_vocab + 3);
+    KvCache kv(rig.model->config(), 2048, DType::F32);
+    const auto strategy =
+        make_strategy(name, rig.index, *rig.model, DType::F32, {PositionScheme::Depth, true});
+    EXPECT_THROW(strategy->prefill(bad, kv, rig.fwd), Error) << name;
+    EXPECT_EQ(rig.index.n_pinned(), 0u) << name;
+    EXPECT_GT(rig.run(name, r).reused_tokens, 0) << name << ": the cache still serves";
+    rig.index.evict_to(0);
+    EXPECT_EQ(rig.index.bytes(), 0u) << name << ": everything is evictable again";
+  }
+}
+
+// Planning reads nothing and changes nothing: a plan made before and after
+// other requests is the same, and the index is untouched by it.
+TEST(Strategies, PlanningHasNoSideEffects) {
+  Rig rig("tiny");
+  const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
+  const auto strategy =
+      make_strategy("depcache", rig.index, *rig.model, DType::F32, {PositionScheme::Depth, true});
+  const PromptParts parts = make_prompt_parts(rig.tok, r);
+  const RequestPlan before = strategy->plan(parts);
+  EXPECT_EQ(rig.index.n_nodes(), 0u);
+  rig.run("depcache", r);
+  const size_t nodes = rig.index.n_nodes();
+  const RequestPlan after = strategy->plan(parts);
+  EXPECT_EQ(rig.index.n_nodes(), nodes);
+  EXPECT_EQ(before.tokens, after.tokens);
+  EXPECT_EQ(before.positions, after.positions);
+  ASSERT_EQ(before.runs.size(), after.runs.size());
+  for (size_t i = 0; i < before.runs.size(); ++i) EXPECT_EQ(before.runs[i].tokens, after.runs[i].tokens);
+}
+
 TEST(Strategies, ErrorsAreClear) {
   Rig rig("tiny");
   EXPECT_THROW(make_strategy("nope", rig.index, *rig.model, DType::F32), Error);
