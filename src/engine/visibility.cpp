@@ -6,6 +6,16 @@ namespace depcache {
 
 Visibility causal_chain(int64_t n, int64_t row0) { return Visibility({{0, n, {}, 0, row0}}); }
 
+void append_shifted(std::vector<QueryGroup>& out, const Visibility& v, int64_t query0, int64_t row0) {
+  for (QueryGroup g : v.groups()) {
+    g.first += query0;
+    for (RowRange& r : g.context) r.begin += row0, r.end += row0;
+    g.causal_begin += row0;
+    g.self_row += row0;
+    out.push_back(std::move(g));
+  }
+}
+
 Visibility causal_by_position(std::span<const int64_t> rows) {
   std::vector<QueryGroup> groups;
   for (size_t i = 0; i < rows.size();) {

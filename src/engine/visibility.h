@@ -20,6 +20,12 @@ Visibility causal_by_position(std::span<const int64_t> rows);
 // causally its own block only: chunks prefilled independently (full reuse).
 Visibility block_diagonal(std::span<const RowRange> shared, std::span<const RowRange> blocks);
 
+// Appends the groups of `v` to `out` for a batch that holds several
+// sequences: its queries start at batch index query0 and its rows at KV row
+// row0 (every range and row moves by row0). Sequences batched this way see
+// only their own rows.
+void append_shifted(std::vector<QueryGroup>& out, const Visibility& v, int64_t query0, int64_t row0);
+
 // Dependency attention over a DepPrompt laid out in pre-order (row = token
 // index): `rows` (ascending) are the computed tokens; the others must be in
 // the assembly. A node's computed tokens must be a suffix of the node.

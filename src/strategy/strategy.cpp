@@ -22,18 +22,13 @@ uint64_t namespace_key(uint64_t fingerprint, DType kv_type, std::string_view kin
   return hash_string(kind, h);
 }
 
-void check_fits(int64_t n, const KvCache& kv) {
-  if (n > kv.n_ctx())
-    fail(ErrorKind::LimitExceeded, "the prompt holds {} tokens, more than the context size {}", n,
-         kv.n_ctx());
-}
-
 // Places index pieces covering sequence tokens [0, m) at the rows of those
-// tokens (rows[i] for token i), each at its prompt position (indexed by row);
-// rows of a piece may be split in runs.
+// tokens (rows[i] of the plan for token i, kv_rows[i] in the assembly), each
+// at its prompt position (indexed by plan row); rows of a piece may be split
+// in runs.
 void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64_t m,
-                  std::span<const int64_t> rows, std::span<const int32_t> positions, KvCache& kv,
-                  std::vector<bool>& placed) {
+                  std::span<const int64_t> rows, std::span<const int64_t> kv_rows,
+                  std::span<const int32_t> positions, KvCache& kv, std::vector<bool>& placed) {
   int64_t at = 0;
   for (const RadixIndex::Piece& p : match.pieces) {
     const int64_t len = std::min(p.length, m - at);
@@ -44,7 +39,8 @@ void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64
       }
       int64_t j = i + 1;
       while (j < len && rows[at + j] == rows[at + j - 1] + 1 && !placed[rows[at + j]]) ++j;
-      kv.place(index.span(p.node), p.offset + i, j - i, rows[at + i], positions.subspan(rows[at + i], j - i));
+      kv.place(index.span(p.node), p.offset + i, j - i, kv_rows[at + i],
+               positions.subspan(rows[at + i], j - i));
       for (int64_t r = i; r < j; ++r) placed[rows[at + r]] = true;
       i = j;
     }
@@ -178,61 +174,78 @@ PositionScheme default_position_scheme(const ModelConfig& config) {
   return *s;
 }
 
-PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
+PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0)
+    : plan_(plan), index_(index), row0_(row0), lease_(index) {
   const auto n = static_cast<int64_t>(plan.tokens.size());
   if (n == 0) fail(ErrorKind::InvalidInput, "an empty prompt");
-  check_fits(n, kv);
-  kv.clear();
-  PrefillReport report;
-  PinLease lease(index);  // released on every way out, exceptions included
+  if (row0 < 0 || row0 + n > kv.n_ctx())
+    fail(ErrorKind::LimitExceeded, "the prompt holds {} tokens, more than the context size {}", n,
+         kv.n_ctx() - std::max<int64_t>(row0, 0));
+  // The plan's rows, where they sit in this assembly.
+  std::vector<int64_t> kv_rows;
   std::vector<bool> placed(n, false);
   if (!plan.runs.empty()) {
     const auto lk = index.lock();  // match, place and pin before anything else moves
     const uint64_t tick = index.begin_request();
     for (const CacheRun& run : plan.runs) {
       const RadixIndex::Match match = index.match(run.ns, run.tokens, tick);
-      add_load(report, match);
-      place_pieces(index, match, match.length, run.rows, plan.positions, kv, placed);
-      lease.hold(match);
+      add_load(report_, match);
+      kv_rows.assign(run.rows.begin(), run.rows.end());
+      for (int64_t& r : kv_rows) r += row0;
+      place_pieces(index, match, match.length, run.rows, kv_rows, plan.positions, kv, placed);
+      lease_.hold(match);
     }
   }
   placed[n - 1] = false;  // the last token always runs: its logits start the answer
-  std::vector<int64_t> computed;
   for (int64_t r = 0; r < n; ++r)
-    if (!placed[r]) computed.push_back(r);
-
-  PrefillPlan pp;
-  for (int64_t r : computed) {
-    pp.tokens.push_back(plan.tokens[r]);
-    pp.positions.push_back(plan.positions[r]);
-    pp.rows.push_back(r);
+    if (!placed[r]) computed_.push_back(r);
+  for (int64_t r : computed_) {
+    prefill_.tokens.push_back(plan.tokens[r]);
+    prefill_.positions.push_back(plan.positions[r]);
+    prefill_.rows.push_back(row0 + r);
   }
-  pp.visibility = plan.visibility(computed);
-  pp.logits_for = {static_cast<int64_t>(computed.size()) - 1};
-  const auto t0 = Clock::now();
-  PrefillResult result = fwd.prefill(pp, kv);
-  const double ms_per_token = ms_since(t0) / static_cast<double>(computed.size());  // cost-aware policies
-  kv.set_n_past(n);
+  std::vector<QueryGroup> groups;
+  append_shifted(groups, plan.visibility(computed_), 0, row0);
+  prefill_.visibility = Visibility(std::move(groups));
+  prefill_.logits_for = {static_cast<int64_t>(computed_.size()) - 1};
+}
 
-  if (!plan.runs.empty()) {
-    const auto lk = index.lock();
+PrefillReport PlanExecution::finish(const KvCache& kv, std::vector<float> logits, int64_t attention_pairs,
+                                    double ms_per_token) {
+  if (!plan_.runs.empty()) {
+    const auto lk = index_.lock();
     // Each inserted run stays held until all are in, so one run's insert
     // cannot evict another this request just computed.
-    for (const CacheRun& run : plan.runs) {
+    std::vector<int64_t> kv_rows;
+    for (const CacheRun& run : plan_.runs) {
+      kv_rows.assign(run.rows.begin(), run.rows.end());
+      for (int64_t& r : kv_rows) r += row0_;
       RadixIndex::Match path;
-      index.insert(run.ns, run.tokens, rows_span(kv, run.rows), ms_per_token, &path);
-      lease.hold(path);
+      index_.insert(run.ns, run.tokens, rows_span(kv, kv_rows), ms_per_token, &path);
+      lease_.hold(path);
     }
-    lease.release();
   }
-  const auto n_computed = static_cast<int64_t>(computed.size());
-  report.prompt_tokens = n;
-  report.computed_tokens = n_computed;
-  report.reused_tokens = n - n_computed;
-  report.attention_pairs = result.attention_pairs / fwd.model().config().n_layer;
-  report.flat_tokens = plan.flat_tokens;
-  report.logits = std::move(result.logits);
-  return report;
+  lease_.release();
+  const auto n = static_cast<int64_t>(plan_.tokens.size());
+  const auto n_computed = static_cast<int64_t>(computed_.size());
+  report_.prompt_tokens = n;
+  report_.computed_tokens = n_computed;
+  report_.reused_tokens = n - n_computed;
+  report_.attention_pairs = attention_pairs;
+  report_.flat_tokens = plan_.flat_tokens;
+  report_.logits = std::move(logits);
+  return std::move(report_);
+}
+
+PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
+  kv.clear();
+  PlanExecution ex(plan, index, kv, 0);
+  const auto t0 = Clock::now();
+  PrefillResult result = fwd.prefill(ex.prefill(), kv);
+  const double ms_per_token = ms_since(t0) / static_cast<double>(ex.prefill().tokens.size());
+  kv.set_n_past(static_cast<int64_t>(plan.tokens.size()));
+  return ex.finish(kv, std::move(result.logits), result.attention_pairs / fwd.model().config().n_layer,
+                   ms_per_token);
 }
 
 PrefillReport Strategy::prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) {

@@ -19,6 +19,7 @@
 
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
+#include "kv/pin_lease.h"
 #include "kv/radix_index.h"
 #include "prompt/dep_prompt.h"
 #include "strategy/prompt_parts.h"
@@ -68,11 +69,34 @@ struct RequestPlan {
   int64_t flat_tokens = 0;  // of the flat serialization, for reference
 };
 
-// The one place a plan takes effect: clears `kv`; matches every run (one
-// access per node for the request), places what is cached at the plan's
-// positions and pins it; computes the rest in one sparse prefill; leaves
-// kv.n_past() at the prompt's end (ready to decode); inserts the runs; and
-// releases the pins on every way out (a PinLease), exceptions included.
+// The one place a plan takes effect, in two halves around the forward pass
+// (which the engine batches with other requests). The constructor matches
+// every run (one access per node for the request), places what is cached in
+// `kv` at rows row0 + plan row, at the plan's positions, and pins it;
+// prefill() is the rest to compute, its rows and visibility in `kv`'s rows.
+// finish() inserts the runs from `kv` and releases the pins; the lease
+// releases them on every other way out too (an exception, a cancel). The
+// plan must outlive the execution.
+class PlanExecution {
+ public:
+  PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0);
+  const PrefillPlan& prefill() const { return prefill_; }
+  // logits: of the last prompt token; attention_pairs: per layer.
+  PrefillReport finish(const KvCache& kv, std::vector<float> logits, int64_t attention_pairs,
+                       double ms_per_token);
+
+ private:
+  const RequestPlan& plan_;
+  RadixIndex& index_;
+  int64_t row0_;
+  PinLease lease_;
+  std::vector<int64_t> computed_;  // plan rows computed
+  PrefillPlan prefill_;
+  PrefillReport report_;
+};
+
+// A whole plan on its own assembly: clears `kv`, runs PlanExecution with one
+// forward pass, and leaves kv.n_past() at the prompt's end (ready to decode).
 PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd);
 
 class Strategy {
