@@ -1,0 +1,112 @@
+#pragma once
+// The engine: many requests in flight over one model. It owns the forward
+// pass, a KV pool shared by every running sequence, the radix index (with
+// whatever tiers the caller attaches) and the strategies. Front ends submit
+// requests and read their tokens as they come; step() runs one batched
+// forward pass that mixes the prefill of newly admitted requests (each
+// planned by its strategy and applied in its own block of pool rows) with
+// one decode token of every running sequence, each sequence seeing only its
+// own rows.
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compute/sampling.h"
+#include "engine/forward.h"
+#include "engine/kv_pool.h"
+#include "kv/radix_index.h"
+#include "strategy/prompt_parts.h"
+#include "strategy/strategy.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+
+struct SamplingParams {
+  SamplerParams sampler;    // temperature <= 0: greedy
+  int max_tokens = 16;      // tokens generated, the first included
+  bool stop_at_eog = true;  // end at EngineOptions::eog_ids
+};
+
+struct EngineOptions {
+  int64_t pool_rows = 4096;  // rows of the shared KV pool
+  DType kv_type = DType::F16;
+  size_t cache_bytes = size_t{1} << 30;  // the index's hot tier
+  std::string policy = "lru";
+  StrategyOptions strategy;  // position scheme, reuse
+  // Prompt tokens admitted per step (at least one request is admitted
+  // whatever its length, when its rows fit the pool).
+  int64_t batch_tokens = 2048;
+  int threads = 0;
+  std::vector<int32_t> eog_ids;  // end-of-generation tokens (from the front end's tokenizer)
+};
+
+using RequestId = int64_t;
+
+enum class RequestState { Waiting, Running, Finished, Cancelled, Failed };
+
+struct TokenEvent {
+  RequestId id = 0;
+  int32_t token = 0;
+  int index = 0;      // 0 for the first generated token
+  bool last = false;  // the request is done after this one
+};
+
+struct RequestResult {
+  RequestState state = RequestState::Waiting;
+  std::string error;            // Failed: why
+  PrefillReport report;         // its prefill (logits: of the first generated token)
+  std::vector<int32_t> tokens;  // generated
+  bool finite = true;           // every logits row it produced was finite
+  std::chrono::steady_clock::time_point submitted, first_token, done;
+};
+
+// Not thread-safe: one thread submits, cancels and steps (a server serializes
+// its calls).
+class Engine {
+ public:
+  Engine(std::shared_ptr<const Model> model, const EngineOptions& options);
+  ~Engine();
+
+  // strategy: full, prefix or depcache. on_token is called from step().
+  RequestId submit(std::string_view strategy, PromptParts parts, const SamplingParams& sampling,
+                   std::function<void(const TokenEvent&)> on_token = {});
+  // A waiting request never runs; a running one stops and frees its rows.
+  void cancel(RequestId id);
+  // One batched forward pass; false when nothing was waiting or running.
+  bool step();
+  void run_until_idle();
+
+  const RequestResult& result(RequestId id) const;
+  size_t n_waiting() const { return waiting_.size(); }
+  size_t n_running() const { return running_.size(); }
+  RadixIndex& index() { return index_; }
+  KvPool& pool() { return pool_; }
+  Forward& forward() { return fwd_; }
+
+ private:
+  struct Sequence;
+  Strategy& strategy(std::string_view name);
+  void emit(Sequence& s, int32_t token);
+  void retire(RequestId id, RequestState state, const std::string& error = {});
+
+  std::shared_ptr<const Model> model_;
+  EngineOptions options_;
+  ThreadPool threads_;
+  Forward fwd_;
+  KvPool pool_;
+  RadixIndex index_;
+  std::map<std::string, std::unique_ptr<Strategy>, std::less<>> strategies_;
+  RequestId next_id_ = 1;
+  std::deque<RequestId> waiting_;
+  std::vector<RequestId> running_;
+  std::map<RequestId, std::unique_ptr<Sequence>> live_;
+  std::map<RequestId, RequestResult> results_;
+};
+
+}  // namespace depcache
