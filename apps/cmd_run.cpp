@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "compute/sampling.h"
 #include "engine/cost_profile.h"
+#include "engine/engine.h"
 #include "engine/fidelity.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
@@ -29,6 +30,7 @@
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "retrieval/rag_request.h"
+#include "retrieval/workload.h"
 #include "strategy/lookahead.h"
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
@@ -51,7 +53,10 @@ struct RunOptions {
   size_t prefetch = 0, window = 32;
   size_t limit = 0;
   int max_tokens = 1;
-  bool quiet = false, verify = false, no_reuse = false, fidelity = false;
+  int64_t batch_tokens = 2048;
+  double rate = 0, rate_scale = 1;
+  uint64_t seed = 1;
+  bool quiet = false, verify = false, no_reuse = false, fidelity = false, serial = false;
 };
 
 // Full attention's answer to a request (--fidelity): what every strategy is
@@ -83,70 +88,7 @@ struct StrategyRun {
   RadixIndex::Stats stats;
   bool tiered = false;
   int64_t prefetched = 0;  // tokens the prefetcher brought to the hot tier
-};
-
-// Loads the spans of queued requests into the hot tier while the current
-// one computes: after request i starts, requests i+1 .. i+depth. A request
-// whose prefetch is still under way when its turn comes waits for it (the
-// load is already in flight; matching alongside would only duplicate it).
-class Prefetcher {
- public:
-  Prefetcher(RadixIndex& index, const std::vector<std::vector<Lookup>>& lookups, size_t depth)
-      : index_(index), lookups_(lookups), depth_(depth) {
-    if (depth_ > 0) thread_ = std::thread([this] { loop(); });
-  }
-  ~Prefetcher() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    done_cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  void started(size_t i) {
-    {
-      std::lock_guard lk(mu_);
-      current_ = i;
-    }
-    cv_.notify_one();
-  }
-  int64_t loaded() const { return loaded_; }
-  // Before request i runs: returns once its prefetch (if it has one) is done.
-  void wait_for(size_t i) {
-    if (depth_ == 0) return;
-    std::unique_lock lk(mu_);
-    done_cv_.wait(lk, [&] { return i == 0 || stop_ || done_upto_ > i || i > current_ + depth_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock lk(mu_);
-    for (;;) {
-      cv_.wait(lk, [&] { return stop_ || current_ + depth_ + 1 > done_upto_; });
-      if (stop_) return;
-      const size_t from = std::max(done_upto_, current_ + 1);
-      const size_t to = std::min(lookups_.size(), current_ + depth_ + 1);
-      const size_t upto = std::max(to, current_ + depth_ + 1);
-      lk.unlock();
-      for (size_t j = from; j < to; ++j)
-        for (const Lookup& l : lookups_[j]) loaded_ += index_.prefetch(l.ns, l.tokens);
-      lk.lock();
-      done_upto_ = upto;
-      done_cv_.notify_all();
-    }
-  }
-
-  RadixIndex& index_;
-  const std::vector<std::vector<Lookup>>& lookups_;
-  size_t depth_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  size_t current_ = 0;
-  size_t done_upto_ = 0;  // requests below this were prefetched
-  bool stop_ = false;
-  std::atomic<int64_t> loaded_{0};
-  std::thread thread_;
+  double wall_s = 0;       // from the start of the replay to the last token
 };
 
 class Progress {
@@ -205,14 +147,23 @@ RadixIndex::Stats stats_of(const RadixIndex& index) {
   return index.stats();
 }
 
-StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs, const Tokenizer& tok,
-                         const std::shared_ptr<const Model>& model, Forward& fwd, const RunOptions& o,
-                         int64_t n_ctx, PositionScheme scheme, const std::vector<FullAnswer>* full) {
+StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs,
+                         const std::vector<PromptParts>& parts, const std::shared_ptr<const Model>& model,
+                         Forward& fwd, const RunOptions& o, int64_t pool_rows, PositionScheme scheme,
+                         const std::vector<FullAnswer>* full) {
   const DType kv_type = parse_kv_type(o.kv_type);
-  StrategyOptions so;
-  so.scheme = scheme;
-  so.reuse = !o.no_reuse;
-  RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0), make_policy(o.policy));
+  EngineOptions eo;
+  eo.pool_rows = pool_rows;
+  eo.kv_type = kv_type;
+  eo.cache_bytes = static_cast<size_t>(o.cache_mib * 1048576.0);
+  eo.policy = o.policy;
+  eo.strategy = {scheme, !o.no_reuse};
+  eo.batch_tokens = o.batch_tokens;
+  eo.threads = o.threads;
+  eo.window = o.window;
+  eo.prefetch = o.no_reuse ? 0 : o.prefetch;
+  Engine engine(model, eo);
+  RadixIndex& index = engine.index();
   // Lower tiers: the stores outlive nothing but this run.
   std::unique_ptr<DiskSpanStore> disk;
   std::unique_ptr<RedisStore> redis;
@@ -228,73 +179,95 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     redis = std::make_unique<RedisStore>(parse_redis_address(o.redis));
     index.attach_remote(*redis, o.redis_block);
   }
-  const auto strategy = make_strategy(name, index, *model, kv_type, so);
-  if (o.policy == "pgdsf" && so.reuse && name != "full") {
+  if (o.policy == "pgdsf" && !o.no_reuse && name != "full") {
     // PGDSF's cost of a node: the measured time to recompute its tokens after its context.
+    const int64_t n_ctx = std::min<int64_t>(pool_rows, 4096);
     KvCache scratch(model->config(), n_ctx, kv_type);
     const auto t0 = Clock::now();
-    const PrefillCostTable table = profile_prefill_cost(fwd, scratch, n_ctx);
+    const PrefillCostTable table = profile_prefill_cost(engine.forward(), scratch, n_ctx);
     fmt::print(stderr, "[{}] PGDSF prefill cost table ({:.1f} s to measure):\n{}", name, seconds_since(t0),
                table.to_string());
     index.set_cost_model(table);
   }
-  // What each request will look up, for the prefetcher and LACR's lookahead.
-  std::vector<std::vector<Lookup>> lookups;
-  for (const RagRequest& r : reqs) lookups.push_back(strategy->lookups(make_prompt_parts(tok, r)));
-  const bool lookahead = o.policy == "lacr";
-  KvCache kv(model->config(), n_ctx, kv_type);
+
+  SamplingParams sampling;
+  sampling.max_tokens = o.max_tokens;
+  sampling.stop_at_eog = false;  // exactly -n tokens, for comparable figures
+  StrategyRun run{name, {}, 0, 0, {}, o.host_mib > 0 || disk || redis};
+  run.rows.resize(reqs.size());
+  std::vector<RequestId> ids(reqs.size(), 0);
+  std::vector<Clock::time_point> arrived(reqs.size());
+  Progress progress(name, reqs.size());
+  size_t done = 0;
+  // What the index could not keep, charged to the requests whose prefill
+  // finished when it happened.
+  RadixIndex::Stats last = stats_of(index);
+  const auto on_token = [&](size_t i) {
+    return [&, i](const TokenEvent& e) {
+      if (e.index == 0) {
+        const RadixIndex::Stats now = stats_of(index);
+        for (int t = 0; t < RadixIndex::kTiers; ++t)
+          run.rows[i].oversized_spans += now.oversized[t] - last.oversized[t];
+        run.rows[i].disk_write_failures = now.disk_write_failures - last.disk_write_failures;
+        last = now;
+      }
+      if (e.last) progress.step(++done);
+    };
+  };
+  // Open-loop replay: a request enters at its arrival time (or, --serial,
+  // when the one before it is done), and its latencies count from then.
+  const auto start = Clock::now();
+  size_t next = 0;
+  const auto submit = [&](size_t i) {
+    arrived[i] = o.serial ? Clock::now()
+                          : start + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(reqs[i].arrival_s));
+    ids[i] = engine.submit(name, parts[i], sampling, on_token(i));
+  };
+  while (next < reqs.size() || engine.n_waiting() + engine.n_running() > 0) {
+    if (o.serial) {
+      if (engine.n_waiting() + engine.n_running() == 0) submit(next++);
+    } else {
+      const double now_s = seconds_since(start);
+      while (next < reqs.size() && reqs[next].arrival_s <= now_s) submit(next++);
+    }
+    if (!engine.step() && next < reqs.size() && !o.serial) {
+      const double wait_s = reqs[next].arrival_s - seconds_since(start);
+      if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.05)));
+    }
+  }
+  run.wall_s = seconds_since(start);
+
   // --verify: the same strategy without reuse, on its own assembly.
   RadixIndex no_index(0);
   std::unique_ptr<Strategy> reference;
   std::unique_ptr<KvCache> ref_kv;
   if (o.verify) {
-    StrategyOptions plain = so;
-    plain.reuse = false;
-    reference = make_strategy(name, no_index, *model, kv_type, plain);
-    ref_kv = std::make_unique<KvCache>(model->config(), n_ctx, kv_type);
+    reference = make_strategy(name, no_index, *model, kv_type, {scheme, false});
+    ref_kv = std::make_unique<KvCache>(model->config(), pool_rows, kv_type);
   }
-
-  StrategyRun run{name, {}, 0, 0, {}, o.host_mib > 0 || disk || redis};
-  Progress progress(name, reqs.size());
-  auto prefetcher = std::make_unique<Prefetcher>(index, lookups, o.no_reuse ? 0 : o.prefetch);
   for (size_t i = 0; i < reqs.size(); ++i) {
-    RequestRow row;
+    const RequestResult& r = engine.result(ids[i]);
+    if (r.state != RequestState::Finished)
+      fail(ErrorKind::Internal, "request {} did not finish: {}", reqs[i].id, r.error);
+    RequestRow& row = run.rows[i];
     row.id = reqs[i].id;
-    if (lookahead) {
-      std::vector<const std::vector<Lookup>*> pending;
-      for (size_t j = i + 1; j < reqs.size() && j <= i + o.window; ++j) pending.push_back(&lookups[j]);
-      const auto lk = index.lock();
-      index.set_lookahead(lookahead_weights(index, pending));
-    }
-    const RadixIndex::Stats before = stats_of(index);
-    const auto t0 = Clock::now();
-    prefetcher->wait_for(i);
-    const PromptParts parts = make_prompt_parts(tok, reqs[i]);
-    row.report = strategy->prefill(parts, kv, fwd);  // every request was checked to fit n_ctx
-    row.output.push_back(argmax(row.report.logits));
-    row.ttft_ms = ms_since(t0);
-    row.finite = all_finite(std::span<const float>(row.report.logits));
-    prefetcher->started(i);  // the next requests' spans load while this one decodes
-    row.finite = decode_greedy(fwd, kv, o.max_tokens, row.output) && row.finite;
-    row.total_ms = ms_since(t0);
+    row.report = r.report;
+    row.output = r.tokens;
+    row.finite = r.finite;
+    row.ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - arrived[i]).count();
+    row.total_ms = std::chrono::duration<double, std::milli>(r.done - arrived[i]).count();
     if (full)
       row.fidelity =
           compare_to_full((*full)[i].first_logits, (*full)[i].tokens, row.report.logits, row.output);
-    const RadixIndex::Stats after = stats_of(index);
-    for (int t = 0; t < RadixIndex::kTiers; ++t)
-      row.oversized_spans += after.oversized[t] - before.oversized[t];
-    row.disk_write_failures = after.disk_write_failures - before.disk_write_failures;
     if (o.verify) {
-      const PrefillReport ref = reference->prefill(parts, *ref_kv, fwd);
+      const PrefillReport ref = reference->prefill(parts[i], *ref_kv, fwd);
       row.logit_diff =
           max_abs_difference(std::span<const float>(ref.logits), std::span<const float>(row.report.logits));
       row.top1_agrees = row.finite && argmax(ref.logits) == row.output.front();
     }
-    run.rows.push_back(std::move(row));
-    progress.step(i + 1);
   }
-  run.prefetched = prefetcher->loaded();
-  prefetcher.reset();  // joined: nothing else touches the index now
+  run.prefetched = engine.prefetched_tokens();
   run.cached_bytes = index.bytes();
   run.evicted = index.n_evicted();
   if (disk) index.persist();  // the next process starts from what this one computed
@@ -340,17 +313,19 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
 }
 
 void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidelity) {
-  fmt::print("\n{:<9} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}{}\n", "strategy",
-             "requests", "TTFT p50", "TTFT p99", "TTFT mean", "req/s", "prompt", "computed", "reused",
-             "hit rate", "attn pairs", verify ? "  max |dlogit|  top-1 agree" : "",
+  fmt::print("\n{:<9} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}{}\n",
+             "strategy", "requests", "TTFT p50", "TTFT p99", "TTFT mean", "e2e p50", "req/s", "tok/s",
+             "prompt", "computed", "reused", "hit rate", "attn pairs",
+             verify ? "  max |dlogit|  top-1 agree" : "",
              fidelity ? "  1st token   KL mean  identical  ROUGE-L" : "");
   for (const StrategyRun& run : runs) {
-    std::vector<double> ttft;
-    double total_ms = 0, hit = 0, max_diff = 0;
-    int64_t prompt = 0, computed = 0, reused = 0, pairs = 0, agree = 0;
+    std::vector<double> ttft, e2e;
+    double hit = 0, max_diff = 0;
+    int64_t prompt = 0, computed = 0, reused = 0, pairs = 0, agree = 0, generated = 0;
     for (const RequestRow& r : run.rows) {
       ttft.push_back(r.ttft_ms);
-      total_ms += r.total_ms;
+      e2e.push_back(r.total_ms);
+      generated += static_cast<int64_t>(r.output.size());
       prompt += r.report.prompt_tokens;
       computed += r.report.computed_tokens;
       reused += r.report.reused_tokens;
@@ -362,9 +337,13 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
     const auto n = static_cast<double>(run.rows.size());
     double mean = 0;
     for (double t : ttft) mean += t / n;
-    fmt::print("{:<9} {:>8} {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.2f} {:>9} {:>10} {:>10} {:>8.1f}% {:>13}",
-               run.name, run.rows.size(), percentile(ttft, 50), percentile(ttft, 99), mean,
-               n * 1000.0 / total_ms, prompt, computed, reused, 100.0 * hit / n, pairs);
+    fmt::print(
+        "{:<9} {:>8} {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.2f} {:>8.1f} {:>9} {:>10} {:>10} "
+        "{:>8.1f}% "
+        "{:>13}",
+        run.name, run.rows.size(), percentile(ttft, 50), percentile(ttft, 99), mean, percentile(e2e, 50),
+        n / run.wall_s, static_cast<double>(generated) / run.wall_s, prompt, computed, reused,
+        100.0 * hit / n, pairs);
     if (verify) fmt::print("  {:>13.2e}  {:>5}/{}", max_diff, agree, run.rows.size());
     if (fidelity) {
       int64_t first = 0, identical = 0;
@@ -381,7 +360,9 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
     fmt::print("\n");
   }
   fmt::print(
-      "hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) pairs per layer.\n");
+      "TTFT and e2e (end-to-end latency) from each request's arrival; req/s and tok/s (generated) over the "
+      "replay's wall time. hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) "
+      "pairs per layer.\n");
   if (fidelity)
     fmt::print(
         "fidelity, against full attention on the flat prompt: same first token; KL(full || strategy) of the "
@@ -456,16 +437,32 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--prefetch", o.prefetch,
-                  "Queued requests whose spans are loaded into the hot tier while the current one runs")
-      ->capture_default_str();
+                  "Waiting requests whose spans are loaded into the hot tier while a step computes")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--window", o.window, "Queued requests LACR's lookahead sees")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--policy", o.policy,
                   "Replacement policy of the index: lru, lfu, gdsf, pgdsf, lacr, cachecraft")
       ->capture_default_str();
-  cmd->add_option("-c,--ctx-size", o.ctx, "KV assembly rows (default: the largest prompt + generated tokens)")
+  cmd->add_option("-c,--ctx-size", o.ctx,
+                  "Rows of the KV pool shared by running requests (default: every request's rows, at most 8x "
+                  "the largest request's; at least the largest)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch-tokens", o.batch_tokens, "Prompt tokens admitted into one forward pass")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_flag(
+      "--serial", o.serial,
+      "One request at a time, each entering when the previous one is done (no queueing, no batching)");
+  cmd->add_option("--rate", o.rate,
+                  "Poisson arrivals at this many requests/s instead of the file's arrival times")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rate-scale", o.rate_scale, "Divide the file's arrival times by this (2: twice the load)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", o.seed, "Seed of --rate's arrivals")->capture_default_str();
   cmd->add_option("-n,--max-tokens", o.max_tokens,
                   "Tokens to generate per request (greedy; the first is TTFT)")
       ->capture_default_str()
@@ -492,19 +489,31 @@ void add_run_command(CLI::App& app) {
     if (!o.redis.empty()) parse_redis_address(o.redis);
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
+    // Arrival times: the file's (scaled), or Poisson at --rate; in order.
+    if (o.rate > 0) {
+      const std::vector<double> at = poisson_arrivals(reqs.size(), o.rate, o.seed);
+      for (size_t i = 0; i < reqs.size(); ++i) reqs[i].arrival_s = at[i];
+    } else {
+      for (RagRequest& r : reqs) r.arrival_s /= o.rate_scale;
+    }
+    std::stable_sort(reqs.begin(), reqs.end(),
+                     [](const RagRequest& a, const RagRequest& b) { return a.arrival_s < b.arrival_s; });
     const auto model = Model::load(o.model_path);
     const Tokenizer tok(Vocab::from_gguf(model->file()));
     // Every request must fit the assembly before any runs: prompt (flat or
     // merged, whichever the strategies build) plus the generated tokens.
-    int64_t need = 0;
+    int64_t need = 0, all = 0;
     std::string largest;
+    std::vector<PromptParts> parts;
     for (const RagRequest& r : reqs) {
-      const PromptParts parts = make_prompt_parts(tok, r);
+      parts.push_back(make_prompt_parts(tok, r));
       const int64_t n =
-          std::max(parts.n_flat_tokens(), static_cast<int64_t>(parts.dep_prompt().size())) + o.max_tokens - 1;
+          std::max(parts.back().n_flat_tokens(), static_cast<int64_t>(parts.back().dep_prompt().size())) +
+          o.max_tokens - 1;
       if (n > need) need = n, largest = r.id;
+      all += n;
     }
-    const int64_t n_ctx = o.ctx > 0 ? o.ctx : need;
+    const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::max(need, std::min(all, 8 * need));
     if (need > n_ctx)
       fail(ErrorKind::LimitExceeded,
            "request {} needs {} KV rows (prompt + {} generated tokens), more than the context size {}",
@@ -516,12 +525,15 @@ void add_run_command(CLI::App& app) {
           "may degrade\n",
           largest, need, n_train);
     const ModelConfig& c = model->config();
-    const PositionScheme scheme =
-        o.scheme == "auto" ? default_position_scheme(c) : *parse_position_scheme(o.scheme);
+    // The model's scheme is read (and checked) only when dependency attention runs.
+    const bool dependency = std::find(names.begin(), names.end(), "depcache") != names.end();
+    const PositionScheme scheme = o.scheme != "auto" ? *parse_position_scheme(o.scheme)
+                                  : dependency       ? default_position_scheme(c)
+                                                     : kDefaultPositionScheme;
     const std::string scheme_source =
         o.scheme != "auto" ? "--scheme" : (c.position_scheme.empty() ? "default" : "the model's metadata");
     fmt::print(
-        "model: {} ({} layers, {} embd, {}/{} heads); {} requests; KV {} ; assembly {} rows; positions {} "
+        "model: {} ({} layers, {} embd, {}/{} heads); {} requests; KV {} ; pool {} rows; positions {} "
         "({})\n",
         o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, reqs.size(), o.kv_type, n_ctx,
         position_scheme_name(scheme), scheme_source);
@@ -534,11 +546,10 @@ void add_run_command(CLI::App& app) {
       if (!json) fail(ErrorKind::NotFound, "cannot write {}", o.json_path);
     }
     std::vector<FullAnswer> full;
-    if (o.fidelity)
-      full = full_answers(reqs, tok, *model, fwd, parse_kv_type(o.kv_type), n_ctx, o.max_tokens);
+    if (o.fidelity) full = full_answers(reqs, tok, *model, fwd, parse_kv_type(o.kv_type), need, o.max_tokens);
     for (const std::string& name : names) {
       runs.push_back(
-          run_strategy(name, reqs, tok, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr));
+          run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr));
       const StrategyRun& run = runs.back();
       if (!o.quiet) {
         fmt::print("\n{:<9} {:<12} {:>9} {:>7} {:>8} {:>7} {:>12}\n", "strategy", "request", "TTFT ms",

@@ -61,11 +61,11 @@ row() {  # workload label, request file, strategy, scheme, reuse (yes/no) -> one
   local label=$1 requests=$2 strategy=$3 scheme=$4 reuse=$5 extra=()
   [ "$reuse" = no ] && extra=(--no-reuse)
   local summary
-  summary=$($BIN run -m "$M" --requests "$requests" -s "$strategy" --scheme "${scheme/-/sequential}" --kv-type f32 \
+  summary=$($BIN run --serial -m "$M" --requests "$requests" -s "$strategy" --scheme "${scheme/-/sequential}" --kv-type f32 \
     -n "$TOKENS" --fidelity -q "${extra[@]}" 2>/dev/null | grep -E "^$strategy +[0-9]")
-  # Columns from the end: 1st token, KL mean, identical, ROUGE-L; the hit rate is column 10.
+  # Columns from the end: 1st token, KL mean, identical, ROUGE-L; the hit rate is column 12.
   awk -v label="$label" -v strategy="$strategy" -v scheme="$scheme" -v reuse="$reuse" '{
-    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label, strategy, scheme, reuse, $10, $(NF-3), $(NF-1), $(NF-2), $NF
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label, strategy, scheme, reuse, $12, $(NF-3), $(NF-1), $(NF-2), $NF
   }' <<<"$summary"
 }
 

@@ -23,14 +23,14 @@ run() {  # label, extra options -> one table row
   shift 2
   rm -rf "$D/cache-dir"
   local out
-  out=$($BIN run -m "$D/model.gguf" --requests "$REQ" -s depcache --scheme depth -q --cache-mib "${RUN_HOT:-$HOT}" --policy "$policy" "$@" 2>/dev/null)
+  out=$($BIN run --serial -m "$D/model.gguf" --requests "$REQ" -s depcache --scheme depth -q --cache-mib "${RUN_HOT:-$HOT}" --policy "$policy" "$@" 2>/dev/null)
   local summary tiers
   summary=$(grep -E '^depcache +[0-9]' <<<"$out")
   tiers=$(grep -E '^depcache +tiers:' <<<"$out" || true)
   awk -v label="$label" -v policy="$policy" -v tiers="$tiers" '{
     n = split(tiers, t, /[ ;]+/); host = disk = "-"
     for (i = 1; i <= n; ++i) { if (t[i] == "host" && host == "-") host = t[i + 1]; if (t[i] == "disk" && disk == "-") disk = t[i + 1] }
-    printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, policy, $3, $4, $5, $10, host, disk
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, policy, $3, $4, $5, $12, host, disk
   }' <<<"$summary"
 }
 

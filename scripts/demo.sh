@@ -17,7 +17,7 @@ BIN=./build/depcache
 [ -f "$D/requests.jsonl" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests 30 \
   --qa-items 100 --paths-per-entity 10 --seed 1 --out "$D/requests.jsonl"
 $BIN workload stats --requests "$D/requests.jsonl"
-$BIN run -m "$D/model.gguf" --requests "$D/requests.jsonl" --strategy full,prefix,depcache --quiet
+$BIN run -m "$D/model.gguf" --requests "$D/requests.jsonl" --strategy full,prefix,depcache --serial --quiet
 # With the reference material beside the clone, also show a real trained model.
 STORIES=../shared/models/stories260K-f32.v1.gguf
 if [ -f "$STORIES" ]; then

@@ -1,9 +1,11 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <future>
 
 #include "engine/visibility.h"
 #include "kv/policy.h"
+#include "strategy/lookahead.h"
 #include "util/error.h"
 #include "util/numeric.h"
 #include "util/timing.h"
@@ -17,6 +19,7 @@ struct Engine::Sequence {
   SamplingParams sampling;
   std::function<void(const TokenEvent&)> on_token;
   Sampler sampler;
+  std::vector<Lookup> lookups;               // what it will look up (LACR, prefetch)
   RequestPlan plan;                          // made at admission
   std::unique_ptr<PlanExecution> execution;  // from admission to the end of its prefill
   RowBlock rows;                             // its block of pool rows
@@ -54,6 +57,7 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
   s->strategy = &strategy(strategy_name);
   s->parts = std::move(parts);
   s->on_token = std::move(on_token);
+  s->lookups = s->strategy->lookups(s->parts);
   s->id = next_id_++;
   RequestResult& r = results_[s->id];
   r.submitted = Clock::now();
@@ -92,6 +96,12 @@ void Engine::emit(Sequence& s, int32_t token) {
 
 bool Engine::step() {
   if (waiting_.empty() && running_.empty()) return false;
+  if (options_.policy == "lacr") {
+    std::vector<const std::vector<Lookup>*> pending;
+    for (size_t i = 0; i < waiting_.size() && i < options_.window; ++i)
+      pending.push_back(&live_.at(waiting_[i])->lookups);
+    index_.set_lookahead(lookahead_weights(index_, pending));
+  }
   // Admission, first come first served: plan, take a block of rows, apply
   // the plan's first half (match, place, pin) in it.
   std::vector<Sequence*> admitted;
@@ -158,10 +168,29 @@ bool Engine::step() {
   if (batch.tokens.empty()) return !waiting_.empty() || !running_.empty();
   batch.visibility = Visibility(std::move(groups));
 
+  // Prefetching overlaps the forward pass, which does not touch the index.
+  std::vector<const std::vector<Lookup>*> ahead;
+  for (size_t i = 0; i < waiting_.size() && i < options_.prefetch; ++i)
+    ahead.push_back(&live_.at(waiting_[i])->lookups);
+  std::future<int64_t> prefetch;
+  if (!ahead.empty())
+    prefetch = std::async(std::launch::async, [this, ahead] {
+      int64_t loaded = 0;
+      for (const auto* lookups : ahead)
+        for (const Lookup& l : *lookups) loaded += index_.prefetch(l.ns, l.tokens);
+      return loaded;
+    });
   const auto t0 = Clock::now();
   PrefillResult out;
+  std::exception_ptr failure;
   try {
     out = fwd_.prefill(batch, pool_.kv());
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (prefetch.valid()) prefetched_ += prefetch.get();
+  try {
+    if (failure) std::rethrow_exception(failure);
   } catch (const Error& e) {
     // Nothing of this batch can be trusted: every request in it fails (their
     // leases and rows are released as they retire).

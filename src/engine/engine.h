@@ -43,6 +43,12 @@ struct EngineOptions {
   // whatever its length, when its rows fit the pool).
   int64_t batch_tokens = 2048;
   int threads = 0;
+  // LACR (policy "lacr"): before each step, the lookahead weights are taken
+  // from the first `window` waiting requests.
+  size_t window = 32;
+  // While a step computes, the spans of the next `prefetch` waiting requests
+  // are brought to the hot tier on another thread.
+  size_t prefetch = 0;
   std::vector<int32_t> eog_ids;  // end-of-generation tokens (from the front end's tokenizer)
 };
 
@@ -85,6 +91,7 @@ class Engine {
   const RequestResult& result(RequestId id) const;
   size_t n_waiting() const { return waiting_.size(); }
   size_t n_running() const { return running_.size(); }
+  int64_t prefetched_tokens() const { return prefetched_; }
   RadixIndex& index() { return index_; }
   KvPool& pool() { return pool_; }
   Forward& forward() { return fwd_; }
@@ -107,6 +114,7 @@ class Engine {
   std::vector<RequestId> running_;
   std::map<RequestId, std::unique_ptr<Sequence>> live_;
   std::map<RequestId, RequestResult> results_;
+  int64_t prefetched_ = 0;
 };
 
 }  // namespace depcache
