@@ -64,6 +64,7 @@ struct RunOptions {
 struct FullAnswer {
   std::vector<float> first_logits;
   std::vector<int32_t> tokens;
+  bool finite = true;  // every logits row of it
 };
 
 struct RequestRow {
@@ -134,8 +135,8 @@ std::vector<FullAnswer> full_answers(const std::vector<RagRequest>& reqs, const 
   std::vector<FullAnswer> out;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const PrefillReport r = full->prefill(make_prompt_parts(tok, reqs[i]), kv, fwd);
-    FullAnswer a{r.logits, {argmax(r.logits)}};
-    decode_greedy(fwd, kv, n, a.tokens);
+    FullAnswer a{r.logits, {argmax(r.logits)}, all_finite(std::span<const float>(r.logits))};
+    a.finite = decode_greedy(fwd, kv, n, a.tokens) && a.finite;
     out.push_back(std::move(a));
     progress.step(i + 1);
   }
@@ -257,9 +258,11 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     row.finite = r.finite;
     row.ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - arrived[i]).count();
     row.total_ms = std::chrono::duration<double, std::milli>(r.done - arrived[i]).count();
-    if (full)
+    if (full) {
       row.fidelity =
           compare_to_full((*full)[i].first_logits, (*full)[i].tokens, row.report.logits, row.output);
+      if (!row.finite || !(*full)[i].finite) *row.fidelity = Fidelity{false, INFINITY, false, 0.0};
+    }
     if (o.verify) {
       const PrefillReport ref = reference->prefill(parts[i], *ref_kv, fwd);
       row.logit_diff =
@@ -567,7 +570,9 @@ void add_run_command(CLI::App& app) {
     print_summary(runs, o.verify, o.fidelity);
     int64_t nonfinite = 0;
     for (const StrategyRun& run : runs)
-      for (const RequestRow& r : run.rows) nonfinite += !r.finite;
+      for (const RequestRow& r : run.rows)
+        nonfinite += !r.finite || (r.logit_diff >= 0 && !std::isfinite(r.logit_diff));
+    for (const FullAnswer& a : full) nonfinite += !a.finite;
     if (nonfinite > 0)
       fail(ErrorKind::InvalidInput,
            "{} requests gave non-finite logits (NaN or Inf); the model's weights may be corrupt", nonfinite);

@@ -52,7 +52,7 @@ fi
 DOCS="$D/documents-$N.jsonl"
 [ -f "$DOCS" ] || $BIN workload generate --corpus "$D/stories.jsonl" --questions "$D/questions.json" \
   --pattern dataset --requests "$N" --top-k 3 --chunk-tokens 128 --overlap 0 --vocab "$M" --out "$DOCS" >/dev/null
-[ -f "$D/wordnet.dkg" ] || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
+$BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
 PATHS="$D/paths-$N.jsonl"
 [ -f "$PATHS" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests "$N" --qa-items 12 \
   --entities-per-request 3 --paths-per-entity 4 --seed 2 --out "$PATHS" >/dev/null

@@ -13,7 +13,7 @@ D=build/bench-tiers
 mkdir -p "$D"
 [ -f "$D/model.gguf" ] || $BIN model new --preset tiny --layers 4 --embd 256 --heads 4 --heads-kv 2 --ff 768 \
   --ctx 32768 --type f16 --seed 1 -o "$D/model.gguf" >/dev/null
-[ -f "$D/wordnet.dkg" ] || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
+$BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
 REQ="$D/requests-$N.jsonl"
 [ -f "$REQ" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests "$N" --qa-items 100 \
   --paths-per-entity 10 --seed 1 --out "$REQ" >/dev/null

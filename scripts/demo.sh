@@ -12,7 +12,7 @@ BIN=./build/depcache
 # A small Llama shape: 4 layers, 256 embd, 4 heads of 64 with 2 KV heads, f16.
 [ -f "$D/model.gguf" ] || $BIN model new --preset tiny --layers 4 --embd 256 --heads 4 --heads-kv 2 --ff 768 \
   --ctx 32768 --type f16 --seed 1 -o "$D/model.gguf"
-[ -f "$D/wordnet.dkg" ] || $BIN kg import --wordnet --out "$D/wordnet.dkg"
+$BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet --out "$D/wordnet.dkg"
 # 30 requests, each: one question + 10 entities x up to 10 two-hop relation paths.
 [ -f "$D/requests.jsonl" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests 30 \
   --qa-items 100 --paths-per-entity 10 --seed 1 --out "$D/requests.jsonl"

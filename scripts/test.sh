@@ -22,7 +22,11 @@ run_ctest() {
   shift 2
   ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --output-junit junit.xml "$@" || status=$?
   local skipped
-  skipped=$(grep -o 'skipped="[0-9]*"' "$dir/junit.xml" | head -1 | grep -o '[0-9]*' || echo 0)
+  if [ ! -f "$dir/junit.xml" ]; then
+    echo "$label: ctest wrote no junit.xml; cannot tell what ran" >&2
+    return 1
+  fi
+  skipped=$(grep -o 'skipped="[0-9]*"' "$dir/junit.xml" | head -1 | grep -o '[0-9]*')
   echo "== $label: $skipped tests skipped"
   grep -h '^\[skip-reason\]' "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u | sed 's/^/   /' || true
   if [ "$status" -ne 0 ]; then return "$status"; fi

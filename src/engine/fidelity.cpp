@@ -57,8 +57,9 @@ double rouge_l(std::span<const int32_t> reference, std::span<const int32_t> cand
 Fidelity compare_to_full(std::span<const float> full_first_logits, std::span<const int32_t> full_tokens,
                          std::span<const float> first_logits, std::span<const int32_t> tokens) {
   Fidelity f;
-  f.first_token_agrees = !full_tokens.empty() && !tokens.empty() && full_tokens[0] == tokens[0];
   f.kl_first_token = kl_divergence_of_logits(full_first_logits, first_logits);
+  if (!std::isfinite(f.kl_first_token)) return f;  // NaN or Inf on either side: nothing agrees
+  f.first_token_agrees = !full_tokens.empty() && !tokens.empty() && full_tokens[0] == tokens[0];
   f.identical = std::equal(full_tokens.begin(), full_tokens.end(), tokens.begin(), tokens.end());
   f.rouge_l = rouge_l(full_tokens, tokens);
   return f;

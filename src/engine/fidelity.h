@@ -27,7 +27,8 @@ double kl_divergence_of_logits(std::span<const float> p, std::span<const float> 
 double rouge_l(std::span<const int32_t> reference, std::span<const int32_t> candidate);
 
 // first_logits: each side's logits of the first answer token; tokens: each
-// side's greedy continuation (first token included).
+// side's greedy continuation (first token included). Non-finite logits on
+// either side agree with nothing (KL +inf, ROUGE-L 0).
 Fidelity compare_to_full(std::span<const float> full_first_logits, std::span<const int32_t> full_tokens,
                          std::span<const float> first_logits, std::span<const int32_t> tokens);
 

@@ -317,8 +317,10 @@ KnowledgeGraph KnowledgeGraph::load(const std::filesystem::path& path) {
   uint32_t version;
   std::memcpy(&version, data.data() + 4, 4);
   if (version != kVersion)
-    fail(ErrorKind::InvalidInput, "{}: unsupported KG file version {} (this build reads version {})", file,
-         version, kVersion);
+    fail(ErrorKind::InvalidInput,
+         "{}: unsupported KG file version {} (this build reads version {}; import the graph again with `kg "
+         "import`)",
+         file, version, kVersion);
   const uint64_t declared_size = u64_at(16);
   if (declared_size > data.size())
     fail(ErrorKind::InvalidInput, "{}: truncated KG file: header says {} bytes, file has {}", file,

@@ -131,9 +131,10 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
   // Each root-to-leaf path of each tree, matched from the tree's root under
   // the segments the tree depends on and the scheme. Under the depth scheme
   // the root's position follows from those segments, so a match is exact
-  // (up to float rounding); under the sequential scheme a subtree is reused
-  // wherever it moves, its keys rotated to the new positions — approximate
-  // by design unless the tree and its offset are unchanged.
+  // (up to float rounding); under the sequential and stacked schemes a
+  // subtree is reused wherever it moves, its keys rotated to the new
+  // positions — approximate by design unless the tree and its offset are
+  // unchanged.
   std::vector<bool> has_child(prompt.nodes().size(), false);
   for (const PromptNode& node : prompt.nodes())
     if (node.parent >= 0) has_child[node.parent] = true;

@@ -17,6 +17,13 @@ class ZeroedArray {
 
  public:
   ZeroedArray() = default;
+  ZeroedArray(ZeroedArray&& o) noexcept : data_(std::move(o.data_)), size_(o.size_) { o.size_ = 0; }
+  ZeroedArray& operator=(ZeroedArray&& o) noexcept {
+    data_ = std::move(o.data_);
+    size_ = o.size_;
+    o.size_ = 0;
+    return *this;
+  }
   // nullopt when the memory cannot be had.
   static std::optional<ZeroedArray> allocate(size_t n) {
     ZeroedArray a;

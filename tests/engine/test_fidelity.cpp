@@ -50,6 +50,13 @@ TEST(Fidelity, AgainstFullAttention) {
   EXPECT_GT(off.kl_first_token, 0.1);
   EXPECT_NEAR(off.rouge_l, 0.75, 1e-12);
   EXPECT_FALSE(compare_to_full(logits, tokens, other, std::vector<int32_t>{0, 4, 4, 2}).first_token_agrees);
+  // NaN logits with the same argmax-of-garbage tokens: never agreement.
+  const std::vector<float> nan = {0.5f, std::nanf(""), -1.0f};
+  const Fidelity broken = compare_to_full(logits, tokens, nan, tokens);
+  EXPECT_FALSE(broken.first_token_agrees);
+  EXPECT_FALSE(broken.identical);
+  EXPECT_EQ(broken.rouge_l, 0.0);
+  EXPECT_EQ(broken.kl_first_token, INFINITY);
 }
 
 }  // namespace

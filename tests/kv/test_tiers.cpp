@@ -249,7 +249,16 @@ TEST_F(Tiers, KilledWriterLeavesNothingWrongBehind) {
         index.insert(4, s, maker(s));
       }
     }
-    usleep(static_cast<useconds_t>(20000 + 15000 * round));
+    // Kill it once it has written a few files (at most 10 s: a slow build
+    // under a sanitizer), a little later each round.
+    const auto n_span_files = [&] {
+      size_t n = 0;
+      for (const auto& e : std::filesystem::directory_iterator(dir_)) n += e.path().extension() != ".partial";
+      return n;
+    };
+    for (int wait = 0; wait < 2000 && (!std::filesystem::exists(dir_) || n_span_files() < 3); ++wait)
+      usleep(5000);
+    usleep(static_cast<useconds_t>(3000 * round));
     kill(pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);

@@ -335,9 +335,8 @@ TEST_P(OffsetSchemes, MovedSubtreesDeviateOnlyWhereTheyMoved) {
     if (moved.tree[r] != 2 && r + 1 < moved.row_rel.size() && moved.tree[r] >= 0)
       unmoved = std::max(unmoved, moved.row_rel[r]);
   }
-  std::printf(
-      "[measure] sequential scheme, moved subtree: its rows %.3g, unmoved subtrees %.3g, answer %.3g\n", cat,
-      unmoved, moved.logits_rel);
+  std::printf("[measure] %s scheme, moved subtree: its rows %.3g, unmoved subtrees %.3g, answer %.3g\n",
+              std::string(position_scheme_name(GetParam().scheme)).c_str(), cat, unmoved, moved.logits_rel);
   EXPECT_LT(unmoved, tolerance()) << "rows of subtrees that stayed in place";
   EXPECT_GT(cat, tolerance()) << "the moved subtree was expected to deviate (is it still reused?)";
   EXPECT_LT(moved.logits_rel, 0.3);  // measured: 0.080 (tiny), 0.142 (tiny-qwen2)
