@@ -52,9 +52,10 @@ UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan "ASan+UBSan"
 
 # Threaded code (the thread pool, the tiers with their prefetching and
-# remote store, run with --prefetch through the CLI) under ThreadSanitizer.
+# remote store, the engine and its prefetch thread, run through the CLI)
+# under ThreadSanitizer.
 echo "== ThreadSanitizer build: threaded tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEPCACHE_TSAN=ON -DDEPCACHE_BENCH=OFF
-cmake --build build-tsan --target depcache test_util test_kv test_cli
+cmake --build build-tsan --target depcache test_util test_kv test_engine test_cli
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1 \
-  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|RunCli)\.'
+  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|KvPool|RunCli)\.'
