@@ -54,6 +54,8 @@ struct RunOptions {
   size_t limit = 0;
   int max_tokens = 1;
   int64_t batch_tokens = 2048;
+  std::string scheduler = "fifo";
+  int starvation_bound = 32;
   double rate = 0, rate_scale = 1;
   uint64_t seed = 1;
   bool quiet = false, verify = false, no_reuse = false, fidelity = false, serial = false;
@@ -163,6 +165,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   eo.threads = o.threads;
   eo.window = o.window;
   eo.prefetch = o.no_reuse ? 0 : o.prefetch;
+  eo.scheduler = {o.scheduler, o.starvation_bound};
   Engine engine(model, eo);
   RadixIndex& index = engine.index();
   // Lower tiers: the stores outlive nothing but this run.
@@ -459,6 +462,14 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag(
       "--serial", o.serial,
       "One request at a time, each entering when the previous one is done (no queueing, no batching)");
+  cmd->add_option("--scheduler", o.scheduler,
+                  "Order of admission among the first --window waiting requests: fifo, lpm, lsp, ragcache")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fifo", "lpm", "lsp", "ragcache"}));
+  cmd->add_option("--starvation-bound", o.starvation_bound,
+                  "A waiting request passed over this many times goes next (all orders but fifo)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--rate", o.rate,
                   "Poisson arrivals at this many requests/s instead of the file's arrival times")
       ->check(CLI::NonNegativeNumber);

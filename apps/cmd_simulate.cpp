@@ -19,6 +19,7 @@
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
 #include "strategy/prompt_parts.h"
+#include "strategy/scheduler.h"
 #include "strategy/simulator.h"
 #include "util/error.h"
 #include "util/timing.h"

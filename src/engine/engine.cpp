@@ -6,6 +6,7 @@
 #include "engine/visibility.h"
 #include "kv/policy.h"
 #include "strategy/lookahead.h"
+#include "strategy/scheduler.h"
 #include "util/error.h"
 #include "util/numeric.h"
 #include "util/timing.h"
@@ -20,11 +21,12 @@ struct Engine::Sequence {
   std::function<void(const TokenEvent&)> on_token;
   Sampler sampler;
   std::vector<Lookup> lookups;               // what it will look up (LACR, prefetch)
-  RequestPlan plan;                          // made at admission
+  RequestPlan plan;                          // made at submission
   std::unique_ptr<PlanExecution> execution;  // from admission to the end of its prefill
   RowBlock rows;                             // its block of pool rows
   int64_t n_rows_used = 0;                   // rows written so far
   int32_t next_position = 0;                 // RoPE position of the next token
+  int passed_over = 0;                       // times the scheduler picked another
   Sequence(const SamplingParams& s) : sampling(s), sampler(s.sampler) {}
 };
 
@@ -36,6 +38,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
       pool_(model_->config(), options.pool_rows, options.kv_type),
       index_(options.cache_bytes, make_policy(options.policy)) {
   if (options.batch_tokens < 1) fail(ErrorKind::InvalidInput, "batch tokens must be at least 1");
+  check_scheduler(options.scheduler.order);
   for (const std::string& name : strategy_names())
     strategies_.emplace(name, make_strategy(name, index_, *model_, options.kv_type, options.strategy));
 }
@@ -57,7 +60,8 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
   s->strategy = &strategy(strategy_name);
   s->parts = std::move(parts);
   s->on_token = std::move(on_token);
-  s->lookups = s->strategy->lookups(s->parts);
+  s->plan = s->strategy->plan(s->parts);  // planning changes nothing: done once, up front
+  for (const CacheRun& run : s->plan.runs) s->lookups.push_back({run.ns, run.tokens});
   s->id = next_id_++;
   RequestResult& r = results_[s->id];
   r.submitted = Clock::now();
@@ -107,8 +111,14 @@ bool Engine::step() {
   std::vector<Sequence*> admitted;
   int64_t admitted_tokens = 0;
   while (!waiting_.empty()) {
-    Sequence& s = *live_.at(waiting_.front());
-    if (s.plan.tokens.empty()) s.plan = s.strategy->plan(s.parts);
+    // The scheduler's pick among the first `window` waiting requests.
+    std::vector<WaitingRequest> window;
+    for (size_t i = 0; i < waiting_.size() && i < std::max<size_t>(options_.window, 1); ++i) {
+      const Sequence& w = *live_.at(waiting_[i]);
+      window.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), w.passed_over});
+    }
+    const size_t pick = pick_next(options_.scheduler, window, index_);
+    Sequence& s = *live_.at(waiting_[pick]);
     const auto n = static_cast<int64_t>(s.plan.tokens.size());
     const int64_t need = n + s.sampling.max_tokens - 1;
     if (need > pool_.n_rows()) {
@@ -127,7 +137,9 @@ bool Engine::step() {
     if (!admitted.empty() && admitted_tokens + n > options_.batch_tokens) break;
     std::optional<RowBlock> block = pool_.allocate(need);
     if (!block) break;  // waits for rows (first come first served)
-    waiting_.pop_front();
+    for (size_t i = 0; i < window.size(); ++i)
+      if (i != pick) ++live_.at(waiting_[i])->passed_over;
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
     s.rows = std::move(*block);
     try {
       s.execution = std::make_unique<PlanExecution>(s.plan, index_, pool_.kv(), s.rows.row0());

@@ -22,6 +22,7 @@
 #include "engine/kv_pool.h"
 #include "kv/radix_index.h"
 #include "strategy/prompt_parts.h"
+#include "strategy/scheduler.h"
 #include "strategy/strategy.h"
 #include "util/thread_pool.h"
 
@@ -49,6 +50,8 @@ struct EngineOptions {
   // While a step computes, the spans of the next `prefetch` waiting requests
   // are brought to the hot tier on another thread.
   size_t prefetch = 0;
+  // Which waiting request is admitted next (among the first `window`).
+  SchedulerOptions scheduler;
   std::vector<int32_t> eog_ids;  // end-of-generation tokens (from the front end's tokenizer)
 };
 

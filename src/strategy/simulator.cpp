@@ -7,6 +7,7 @@
 #include "kv/pin_lease.h"
 #include "kv/radix_index.h"
 #include "strategy/lookahead.h"
+#include "strategy/scheduler.h"
 #include "strategy/strategy.h"
 #include "util/error.h"
 #include "util/hash.h"
@@ -24,21 +25,10 @@ struct Prepared {
   std::vector<int32_t> items;  // tree segments (context items)
 };
 
-int64_t matched_tokens(const RadixIndex& index, const Prepared& p) {
-  int64_t n = 0;
-  for (const CacheRun& run : p.runs) n += index.peek(run.ns, run.tokens).length;
-  return n;
-}
-
 }  // namespace
 
-std::vector<std::string> scheduler_names() { return {"fifo", "lpm", "lsp", "ragcache"}; }
-
 SimulationResult simulate(const std::vector<DepPrompt>& prompts, const SimulationOptions& o) {
-  const auto known = scheduler_names();
-  if (std::find(known.begin(), known.end(), o.scheduler) == known.end())
-    fail(ErrorKind::InvalidInput, "unknown scheduler '{}' (expected fifo, lpm, lsp or ragcache)",
-         o.scheduler);
+  check_scheduler(o.scheduler);
   if (o.capacity_tokens < 0) fail(ErrorKind::InvalidInput, "capacity must not be negative");
   PolicyOptions po;
   po.lacr_alpha = o.lacr_alpha;
@@ -59,47 +49,17 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
   double hit_sum = 0;
   int64_t items = 0, items_hit = 0;
   std::vector<size_t> queue;  // pending requests, in arrival order
+  std::vector<int> passed_over(prompts.size(), 0);
   size_t next_arrival = 0;
   while (r.order.size() < prompts.size()) {
     while (queue.size() < std::max<size_t>(o.window, 1) && next_arrival < prompts.size())
       queue.push_back(next_arrival++);
-    // Pick the next request.
-    size_t pick = 0;
-    if (o.scheduler == "lpm") {
-      int64_t best = -1;
-      for (size_t q = 0; q < queue.size(); ++q) {
-        const int64_t m = matched_tokens(index, reqs[queue[q]]);
-        if (m > best) best = m, pick = q;
-      }
-    } else if (o.scheduler == "ragcache") {
-      // RAGCache's order: the highest cached / to-compute ratio first; the
-      // window bounds how long a request with little cached can wait.
-      double best = -1;
-      for (size_t q = 0; q < queue.size(); ++q) {
-        const Prepared& p = reqs[queue[q]];
-        const int64_t cached = std::min(matched_tokens(index, p), p.tokens - 1);
-        const double ratio =
-            static_cast<double>(cached) / static_cast<double>(std::max<int64_t>(p.tokens - cached, 1));
-        if (ratio > best) best = ratio, pick = q;
-      }
-    } else if (o.scheduler == "lsp") {
-      // Longest shared prefix groups: serve the request whose runs the most
-      // other pending requests share (by tokens), so a group runs together.
-      std::unordered_map<uint64_t, int64_t> shared;  // (ns, first tokens) -> pending requests holding it
-      const auto key = [](const CacheRun& run) {
-        return hash_bytes(run.tokens.data(), std::min<size_t>(run.tokens.size(), 8) * sizeof(int32_t),
-                          run.ns);
-      };
-      for (size_t q : queue)
-        for (const CacheRun& run : reqs[q].runs) ++shared[key(run)];
-      int64_t best = -1;
-      for (size_t q = 0; q < queue.size(); ++q) {
-        int64_t score = 0;
-        for (const CacheRun& run : reqs[queue[q]].runs)
-          score += (shared[key(run)] - 1) * static_cast<int64_t>(run.tokens.size());
-        if (score > best) best = score, pick = q;
-      }
-    }
+    // Pick the next request: the engine's scheduler over the window.
+    std::vector<WaitingRequest> waiting;
+    for (size_t q : queue) waiting.push_back({&reqs[q].lookups, reqs[q].tokens, passed_over[q]});
+    const size_t pick = pick_next({o.scheduler, o.starvation_bound}, waiting, index);
+    for (size_t q = 0; q < queue.size(); ++q)
+      if (q != pick) ++passed_over[queue[q]];
     const size_t id = queue[pick];
     queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
 

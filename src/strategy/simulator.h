@@ -20,6 +20,7 @@ struct SimulationOptions {
   size_t window = 32;              // pending requests the scheduler and LACR's lookahead see
   double lacr_alpha = 0.2;
   PositionScheme scheme = PositionScheme::Depth;
+  int starvation_bound = 32;  // a request passed over this often goes next
 };
 
 struct SimulationResult {
@@ -41,7 +42,5 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
 // Tokens of KV a cache must hold to keep every distinct run of the stream
 // (the merged tries of all requests): the base for relative capacities.
 int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme scheme);
-
-std::vector<std::string> scheduler_names();
 
 }  // namespace depcache
