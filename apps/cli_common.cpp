@@ -1,7 +1,10 @@
 #include "cli_common.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <vector>
 
@@ -17,6 +20,32 @@ Tokenizer tokenizer_from(const std::string& gguf_path) {
 
 std::string tokenizer_name(const std::string& gguf_path) {
   return gguf_path.empty() ? "built-in bytes" : gguf_path;
+}
+
+std::ofstream open_output(const std::filesystem::path& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) fail(ErrorKind::NotFound, "cannot write {} (does its directory exist?)", path.string());
+  return out;
+}
+
+void plot_beside(const std::filesystem::path& report, const std::string& data, const std::string& commands) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    fmt::print(stderr, "note: gnuplot not found; no plot written\n");
+    return;
+  }
+  const std::filesystem::path png = std::filesystem::path(report).replace_extension(".png");
+  const std::filesystem::path dat = std::filesystem::path(report).replace_extension(".dat");
+  const std::filesystem::path gp = std::filesystem::path(report).replace_extension(".gp");
+  open_output(dat) << data;
+  std::string script = commands;
+  const std::string quoted = fmt::format("'{}'", dat.string());
+  for (size_t at = script.find("$DATA"); at != std::string::npos;
+       at = script.find("$DATA", at + quoted.size()))
+    script.replace(at, 5, quoted);
+  open_output(gp) << fmt::format("set terminal pngcairo size 1400,600; set output '{}'; ", png.string())
+                  << script << "\n";
+  if (std::system(fmt::format("gnuplot '{}'", gp.string()).c_str()) == 0)
+    fmt::print("wrote {}\n", png.string());
 }
 
 std::vector<std::string> split_list(const std::string& s) {

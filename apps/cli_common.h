@@ -2,6 +2,8 @@
 // Small pieces several subcommands share.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -30,5 +32,14 @@ T percentile_sorted(const std::vector<T>& sorted, double p) {
 }
 // The same over unsorted values.
 double percentile(std::vector<double> values, double p);
+
+// Opens a file for writing or fails with a message naming it.
+std::ofstream open_output(const std::filesystem::path& path);
+
+// Beside a Markdown report: writes the plot's data (.dat) and gnuplot script
+// (.gp), and runs gnuplot to draw the PNG. `commands` are gnuplot commands
+// after the output settings; '$DATA' in them stands for the data file.
+// Without gnuplot installed, says so and draws nothing.
+void plot_beside(const std::filesystem::path& report, const std::string& data, const std::string& commands);
 
 }  // namespace depcache::cli

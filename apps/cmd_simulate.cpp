@@ -82,13 +82,6 @@ struct Cell {
   double token_hit = 0, item_hit = 0;
 };
 
-// Opens a file for writing or fails with a message naming it.
-std::ofstream open_output(const std::filesystem::path& path) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail(ErrorKind::NotFound, "cannot write {} (does its directory exist?)", path.string());
-  return out;
-}
-
 void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme scheme) {
   if (o.kg_path.empty()) throw CLI::ValidationError("--grid", "needs --kg to generate the three workloads");
   std::ofstream report;
@@ -156,25 +149,13 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
   if (!report) fail(ErrorKind::InvalidInput, "writing {} failed", o.report_path);
   fmt::print("wrote {}\n", o.report_path);
   // A bar chart with gnuplot, when it is installed.
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    fmt::print(stderr, "note: gnuplot not found; no plot written\n");
-    return;
-  }
-  const std::filesystem::path png = std::filesystem::path(o.report_path).replace_extension(".png");
-  const std::filesystem::path data = std::filesystem::path(o.report_path).replace_extension(".dat");
-  open_output(data) << dat;
-  std::string script = fmt::format(
-      "set terminal pngcairo size 1400,600; set output '{}'; set style data histograms; set style histogram "
-      "clustered gap 1; set style fill solid 0.8 border -1; set ylabel 'token hit rate (%)'; set yrange "
-      "[0:100]; "
-      "set xtics rotate by -30; set key outside right; plot '{}' using 2:xtic(1) title 'lru'",
-      png.string(), data.string());
-  for (size_t i = 1; i < specs.size(); ++i)
-    script += fmt::format(", '' using {} title '{}'", i + 2, specs[i]);
-  const std::filesystem::path gp = std::filesystem::path(o.report_path).replace_extension(".gp");
-  open_output(gp) << script << "\n";
-  if (std::system(fmt::format("gnuplot '{}'", gp.string()).c_str()) == 0)
-    fmt::print("wrote {}\n", png.string());
+  std::string plot =
+      "set style data histograms; set style histogram clustered gap 1; set style fill solid 0.8 border -1; "
+      "set "
+      "ylabel 'token hit rate (%)'; set yrange [0:100]; set xtics rotate by -30; set key outside right; plot "
+      "$DATA using 2:xtic(1) title 'lru'";
+  for (size_t i = 1; i < specs.size(); ++i) plot += fmt::format(", '' using {} title '{}'", i + 2, specs[i]);
+  plot_beside(o.report_path, dat, plot);
 }
 
 }  // namespace
