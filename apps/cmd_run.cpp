@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -58,7 +59,9 @@ struct RunOptions {
   int starvation_bound = 32;
   double rate = 0, rate_scale = 1;
   uint64_t seed = 1;
-  bool quiet = false, verify = false, no_reuse = false, fidelity = false, serial = false;
+  bool quiet = false, verify = false, no_reuse = false, fidelity = false, serial = false, sweep = false;
+  double slo_ms = 0;
+  std::string report_path;
 };
 
 // Full attention's answer to a request (--fidelity): what every strategy is
@@ -318,6 +321,85 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
   return j;
 }
 
+std::vector<double> ttfts(const StrategyRun& run) {
+  std::vector<double> t;
+  for (const RequestRow& r : run.rows) t.push_back(r.ttft_ms);
+  return t;
+}
+
+// --sweep-rate: per strategy, the unloaded TTFT (one request at a time),
+// the SLO (--slo-ms, default 5x that p50, as RAGCache defines throughput),
+// then Poisson replays at rising rates — doubling from the unloaded
+// throughput until p99 TTFT breaks the SLO, then bisecting — and the
+// highest rate that kept it. Prints the curve; --report writes it as
+// Markdown and a PNG.
+void sweep_rates(const std::vector<std::string>& names, const std::vector<RagRequest>& reqs,
+                 const std::vector<PromptParts>& parts, const std::shared_ptr<const Model>& model,
+                 Forward& fwd, const RunOptions& o, int64_t pool_rows, PositionScheme scheme) {
+  RunOptions quiet = o;
+  quiet.verify = quiet.fidelity = false;
+  std::string md =
+      "| strategy | unloaded TTFT p50 | SLO (p99 TTFT) | highest rate within it | served there "
+      "|\n|---|---|---|---|---|\n";
+  std::string curve =
+      "| strategy | offered req/s | TTFT p50 | TTFT p99 | served req/s | within SLO "
+      "|\n|---|---|---|---|---|---|\n";
+  std::string data;  // gnuplot: one block per strategy, "rate p99"
+  for (const std::string& name : names) {
+    quiet.serial = true;
+    const StrategyRun unloaded =
+        run_strategy(name, reqs, parts, model, fwd, quiet, pool_rows, scheme, nullptr);
+    const double p50 = percentile(ttfts(unloaded), 50);
+    const double slo = o.slo_ms > 0 ? o.slo_ms : 5 * p50;
+    const double serial_rate = static_cast<double>(reqs.size()) / unloaded.wall_s;
+    quiet.serial = false;
+    std::map<double, std::pair<double, double>> points;  // rate -> (p99, served req/s)
+    const auto replay = [&](double rate) {
+      std::vector<RagRequest> at = reqs;
+      const std::vector<double> arrivals = poisson_arrivals(at.size(), rate, o.seed);
+      for (size_t i = 0; i < at.size(); ++i) at[i].arrival_s = arrivals[i];
+      const StrategyRun run = run_strategy(name, at, parts, model, fwd, quiet, pool_rows, scheme, nullptr);
+      const std::vector<double> t = ttfts(run);
+      points[rate] = {percentile(t, 99), static_cast<double>(at.size()) / run.wall_s};
+      curve +=
+          fmt::format("| {} | {:.2f} | {:.1f}ms | {:.1f}ms | {:.2f} | {} |\n", name, rate, percentile(t, 50),
+                      percentile(t, 99), points[rate].second, percentile(t, 99) <= slo ? "yes" : "no");
+      return percentile(t, 99) <= slo;
+    };
+    double good = 0, bad = 0, rate = serial_rate;
+    for (int i = 0; i < 10 && bad == 0; ++i, rate *= 2) (replay(rate) ? good : bad) = rate;
+    if (good == 0) {  // even the unloaded rate breaks it: search below
+      for (int i = 0; i < 10 && good == 0; ++i) {
+        rate = bad / 2;
+        (replay(rate) ? good : bad) = rate;
+      }
+    }
+    for (int i = 0; i < 3 && good > 0 && bad > 0; ++i) {
+      const double mid = (good + bad) / 2;
+      (replay(mid) ? good : bad) = mid;
+    }
+    md += fmt::format("| {} | {:.1f}ms | {:.1f}ms | {} | {} |\n", name, p50, slo,
+                      good > 0 ? fmt::format("{:.2f} req/s", good) : "none",
+                      good > 0 ? fmt::format("{:.2f} req/s", points[good].second) : "-");
+    data += fmt::format("# {}\n", name);
+    for (const auto& [r, pt] : points) data += fmt::format("{} {}\n", r, pt.first);
+    data += "\n\n";
+  }
+  const std::string report = fmt::format(
+      "Rate sweep: {} requests, Poisson arrivals (seed {}); SLO: p99 TTFT within {} \n\n{}\n{}", reqs.size(),
+      o.seed, o.slo_ms > 0 ? fmt::format("{} ms", o.slo_ms) : std::string("5x the unloaded p50"), md, curve);
+  fmt::print("\n{}", report);
+  if (o.report_path.empty()) return;
+  open_output(o.report_path) << report;
+  fmt::print("wrote {}\n", o.report_path);
+  std::string plot =
+      "set logscale xy; set xlabel 'offered load (req/s)'; set ylabel 'TTFT p99 (ms)'; set key outside "
+      "right; plot ";
+  for (size_t i = 0; i < names.size(); ++i)
+    plot += fmt::format("{}$DATA index {} using 1:2 with linespoints title '{}'", i ? ", " : "", i, names[i]);
+  plot_beside(o.report_path, data, plot);
+}
+
 void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidelity) {
   fmt::print("\n{:<9} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}{}\n",
              "strategy", "requests", "TTFT p50", "TTFT p99", "TTFT mean", "e2e p50", "req/s", "tok/s",
@@ -477,6 +559,15 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o.seed, "Seed of --rate's arrivals")->capture_default_str();
+  cmd->add_flag(
+      "--sweep-rate", o.sweep,
+      "Find, per strategy, the highest Poisson rate whose p99 TTFT stays within the SLO, and print the "
+      "curve");
+  cmd->add_option("--slo-ms", o.slo_ms,
+                  "The SLO of --sweep-rate: p99 TTFT in ms (default: 5x the unloaded p50)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--report", o.report_path,
+                  "With --sweep-rate: write the curve here (Markdown) and a PNG beside it");
   cmd->add_option("-n,--max-tokens", o.max_tokens,
                   "Tokens to generate per request (greedy; the first is TTFT)")
       ->capture_default_str()
@@ -561,6 +652,7 @@ void add_run_command(CLI::App& app) {
     }
     std::vector<FullAnswer> full;
     if (o.fidelity) full = full_answers(reqs, tok, *model, fwd, parse_kv_type(o.kv_type), need, o.max_tokens);
+    if (o.sweep) return sweep_rates(names, reqs, parts, model, fwd, o, n_ctx, scheme);
     for (const std::string& name : names) {
       runs.push_back(
           run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr));

@@ -225,6 +225,24 @@ TEST_F(RunCli, OpenLoopReplay) {
   EXPECT_EQ(run_cli(base + "--batch-tokens 0").code, 2);
 }
 
+// --sweep-rate: per strategy the unloaded TTFT, the SLO, the curve and the
+// highest rate within it, as Markdown and a PNG (gnuplot is installed by
+// the setup script).
+TEST_F(RunCli, SweepRate) {
+  const std::string report = file("sweep.md");
+  const auto r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                         " -s full,depcache -n 2 -q --sweep-rate --slo-ms 50 --report " + report);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"highest rate within it", "| full |", "| depcache |", "within SLO"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_TRUE(std::filesystem::exists(report));
+  EXPECT_TRUE(std::filesystem::exists(file("sweep.png"))) << r.out;
+  EXPECT_EQ(run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                    " --sweep-rate --slo-ms -1")
+                .code,
+            2);
+}
+
 // Fidelity to full attention: `full` against itself is perfect; depcache
 // under the depth scheme (paths of a tree share positions, the flat prompt
 // does not) is measurably not, on the same requests.
