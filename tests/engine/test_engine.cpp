@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "graph_requests.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -17,17 +18,14 @@
 namespace depcache {
 namespace {
 
-RagRequest graph_request(std::vector<RequestEntity> entities, const std::string& question) {
-  RagRequest r;
-  r.question = question;
-  r.entities = std::move(entities);
-  return r;
-}
+using test::entity;
+using test::graph_request;
 
-const RequestEntity kDog{
-    "dog", "dog", {"dog -hypernym-> canine -hypernym-> carnivore", "dog -member of-> pack"}};
-const RequestEntity kCat{"cat", "cat", {"cat -hypernym-> feline", "cat -likes-> milk"}};
-const RequestEntity kOwl{"owl", "owl", {"owl -eats-> mice", "owl -hypernym-> bird of prey"}};
+// Shorter than the strategy tests' entities: many requests fit a small pool.
+const RequestEntity kDog =
+    entity("dog", {"dog -hypernym-> canine -hypernym-> carnivore", "dog -member of-> pack"});
+const RequestEntity kCat = entity("cat", {"cat -hypernym-> feline", "cat -likes-> milk"});
+const RequestEntity kOwl = entity("owl", {"owl -eats-> mice", "owl -hypernym-> bird of prey"});
 
 struct Job {
   std::string strategy;

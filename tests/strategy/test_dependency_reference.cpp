@@ -15,6 +15,7 @@
 
 #include "engine/forward.h"
 #include "engine/visibility.h"
+#include "graph_requests.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -134,25 +135,11 @@ struct RelDiff {
   double rel() const { return diff / scale; }
 };
 
-RequestEntity entity(const std::string& name, std::vector<std::string> paths) {
-  return {name, name, std::move(paths)};
-}
-
-RagRequest graph_request(std::vector<RequestEntity> entities, const std::string& question) {
-  RagRequest r;
-  r.question = question;
-  r.entities = std::move(entities);
-  return r;
-}
-
-const RequestEntity kDog =
-    entity("dog", {"dog -hypernym-> canine -hypernym-> carnivore",
-                   "dog -hypernym-> canine -member of-> Canidae", "dog -member of-> pack -part of-> wolves"});
-const RequestEntity kCat =
-    entity("cat", {"cat -hypernym-> feline -hypernym-> carnivore", "cat -likes-> milk"});
-const RequestEntity kDog2 = entity(  // dog, one path changed
-    "dog", {"dog -hypernym-> canine -hypernym-> carnivore", "dog -hypernym-> canine -habitat-> houses"});
-const RequestEntity kOwl = entity("owl", {"owl -hypernym-> bird", "owl -eats-> mice"});
+using test::graph_request;
+using test::kCat;
+using test::kDog;
+using test::kDog2;
+using test::kOwl;
 
 struct Case {
   std::string preset;  // tiny: normal rotary; tiny-qwen2: NeoX rotary and q/k/v biases

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "engine/forward.h"
+#include "graph_requests.h"
 #include "model/model.h"
 #include "model/model_writer.h"
 #include "model/tokenizer.h"
@@ -21,26 +22,12 @@
 namespace depcache {
 namespace {
 
-RequestEntity entity(const std::string& name, std::vector<std::string> paths) {
-  return {name, name, std::move(paths)};
-}
-
-RagRequest graph_request(std::vector<RequestEntity> entities, const std::string& question) {
-  RagRequest r;
-  r.question = question;
-  r.entities = std::move(entities);
-  return r;
-}
-
-const RequestEntity kDog =
-    entity("dog", {"dog -hypernym-> canine -hypernym-> carnivore",
-                   "dog -hypernym-> canine -member of-> Canidae", "dog -member of-> pack -part of-> wolves"});
-const RequestEntity kCat =
-    entity("cat", {"cat -hypernym-> feline -hypernym-> carnivore", "cat -likes-> milk"});
-// dog again, one path changed: the shared prefix "dog -hypernym-> canine -" is reused.
-const RequestEntity kDog2 = entity(
-    "dog", {"dog -hypernym-> canine -hypernym-> carnivore", "dog -hypernym-> canine -habitat-> houses"});
-const RequestEntity kOwl = entity("owl", {"owl -hypernym-> bird", "owl -eats-> mice"});
+using test::entity;
+using test::graph_request;
+using test::kCat;
+using test::kDog;
+using test::kDog2;
+using test::kOwl;
 
 struct Rig {
   std::shared_ptr<const Model> model;
