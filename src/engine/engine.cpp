@@ -61,7 +61,7 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
   s->parts = std::move(parts);
   s->on_token = std::move(on_token);
   s->plan = s->strategy->plan(s->parts);  // planning changes nothing: done once, up front
-  for (const CacheRun& run : s->plan.runs) s->lookups.push_back({run.ns, run.tokens});
+  s->lookups = s->plan.lookups();
   s->id = next_id_++;
   RequestResult& r = results_[s->id];
   r.submitted = Clock::now();

@@ -253,9 +253,9 @@ PrefillReport Strategy::prefill(const PromptParts& parts, KvCache& kv, Forward& 
   return apply_plan(plan(parts), index_, kv, fwd);
 }
 
-std::vector<Lookup> Strategy::lookups(const PromptParts& parts) const {
+std::vector<Lookup> RequestPlan::lookups() const {
   std::vector<Lookup> out;
-  for (CacheRun& run : plan(parts).runs) out.push_back({run.ns, std::move(run.tokens)});
+  for (const CacheRun& run : runs) out.push_back({run.ns, run.tokens});
   return out;
 }
 

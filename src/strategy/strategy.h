@@ -67,6 +67,10 @@ struct RequestPlan {
   std::vector<CacheRun> runs;
   std::function<Visibility(std::span<const int64_t> computed)> visibility;
   int64_t flat_tokens = 0;  // of the flat serialization, for reference
+
+  // The sequences it will look up (none without reuse): what schedulers,
+  // LACR's lookahead and prefetchers peek at before it runs.
+  std::vector<Lookup> lookups() const;
 };
 
 // The one place a plan takes effect, in two halves around the forward pass
@@ -107,9 +111,6 @@ class Strategy {
   virtual RequestPlan plan(const PromptParts& parts) const = 0;
   // plan + apply_plan.
   PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd);
-  // The sequences prefill will look up (none without reuse): what schedulers
-  // and prefetchers peek at before it runs.
-  std::vector<Lookup> lookups(const PromptParts& parts) const;
   bool reuse() const { return reuse_; }
 
  private:
