@@ -53,14 +53,16 @@ class TensorLoader {
 
 uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPool& pool) {
   constexpr size_t kChunk = size_t{8} << 20;
+  const std::vector<GgufTensor>& tensors = file.tensors();
   struct Chunk {
+    size_t tensor;
     const uint8_t* data;
     size_t n;
   };
-  std::vector<Chunk> chunks;
-  for (const GgufTensor& t : file.tensors())
-    for (size_t at = 0; at < t.n_bytes || at == 0; at += kChunk)
-      chunks.push_back({t.data + at, std::min(kChunk, t.n_bytes - at)});
+  std::vector<Chunk> chunks;  // in file order; an empty tensor is one empty chunk
+  for (size_t ti = 0; ti < tensors.size(); ++ti)
+    for (size_t at = 0; at < tensors[ti].n_bytes || at == 0; at += kChunk)
+      chunks.push_back({ti, tensors[ti].data + at, std::min(kChunk, tensors[ti].n_bytes - at)});
   std::vector<uint64_t> sums(chunks.size());
   pool.parallel_for(static_cast<int64_t>(chunks.size()),
                     [&](int64_t i, int) { sums[i] = hash_bytes(chunks[i].data, chunks[i].n); });
@@ -79,13 +81,14 @@ uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPoo
   h = hash_bytes(&c.rope_base, sizeof c.rope_base, h);
   h = hash_bytes(&c.rms_eps, sizeof c.rms_eps, h);
   size_t next = 0;
-  for (const GgufTensor& t : file.tensors()) {
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const GgufTensor& t = tensors[ti];
     h = hash_string(t.name, h);
     const auto type = static_cast<int32_t>(t.type);
     h = hash_bytes(&type, sizeof type, h);
     h = hash_bytes(t.dims.data(), t.dims.size() * sizeof(int64_t), h);
-    for (size_t at = 0; at < t.n_bytes || at == 0; at += kChunk)
-      h = hash_bytes(&sums[next++], sizeof(uint64_t), h);
+    for (; next < chunks.size() && chunks[next].tensor == ti; ++next)
+      h = hash_bytes(&sums[next], sizeof(uint64_t), h);
   }
   return h;
 }
