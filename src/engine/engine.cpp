@@ -106,8 +106,9 @@ bool Engine::step() {
       pending.push_back(&live_.at(waiting_[i])->lookups);
     index_.set_lookahead(lookahead_weights(index_, pending));
   }
-  // Admission, first come first served: plan, take a block of rows, apply
-  // the plan's first half (match, place, pin) in it.
+  // Admission in the scheduler's order: take a block of rows for the
+  // request's plan (made at submission) and apply its first half (match,
+  // place, pin) in it.
   std::vector<Sequence*> admitted;
   int64_t admitted_tokens = 0;
   while (!waiting_.empty()) {
@@ -136,7 +137,7 @@ bool Engine::step() {
     }
     if (!admitted.empty() && admitted_tokens + n > options_.batch_tokens) break;
     std::optional<RowBlock> block = pool_.allocate(need);
-    if (!block) break;  // waits for rows (first come first served)
+    if (!block) break;  // the scheduler's pick waits for rows; nothing overtakes it
     for (size_t i = 0; i < window.size(); ++i)
       if (i != pick) ++live_.at(waiting_[i])->passed_over;
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
