@@ -94,7 +94,8 @@ struct StrategyRun {
   RadixIndex::Stats stats;
   bool tiered = false;
   int64_t prefetched = 0;  // tokens the prefetcher brought to the hot tier
-  double wall_s = 0;       // from the start of the replay to the last token
+  int64_t pool_rows = 0, preemptions = 0;
+  double wall_s = 0;  // from the start of the replay to the last token
 };
 
 class Progress {
@@ -277,6 +278,8 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     }
   }
   run.prefetched = engine.prefetched_tokens();
+  run.pool_rows = engine.pool().n_rows();
+  run.preemptions = engine.preemptions();
   run.cached_bytes = index.bytes();
   run.evicted = index.n_evicted();
   if (disk) index.persist();  // the next process starts from what this one computed
@@ -476,6 +479,11 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
       fmt::print(
           "{:<9} warning: {} spans could not be written to the disk tier (disk full or not writable)\n",
           run.name, s.disk_write_failures);
+    if (run.preemptions > 0)
+      fmt::print(
+          "{:<9} note: the KV pool ({} rows) ran out {} times; the latest admitted requests gave their rows "
+          "back and were prefilled again (-c/--ctx-size raises it)\n",
+          run.name, run.pool_rows, run.preemptions);
     if (!run.tiered) continue;
     fmt::print(
         "{:<9} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} ms; "
@@ -538,7 +546,9 @@ void add_run_command(CLI::App& app) {
                   "Rows of the KV pool shared by running requests (default: every request's rows, at most 8x "
                   "the largest request's; at least the largest)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch-tokens", o.batch_tokens, "Prompt tokens admitted into one forward pass")
+  cmd->add_option("--batch-tokens", o.batch_tokens,
+                  "Tokens computed in one forward pass: a decode token of every running request, the rest "
+                  "prefill (longer prompts are split over several passes)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_flag(

@@ -20,14 +20,21 @@ struct Engine::Sequence {
   SamplingParams sampling;
   std::function<void(const TokenEvent&)> on_token;
   Sampler sampler;
-  std::vector<Lookup> lookups;               // what it will look up (LACR, prefetch)
-  RequestPlan plan;                          // made at submission
+  std::vector<Lookup> lookups;  // what it will look up (LACR, prefetch)
+  RequestPlan plan;             // made at submission
+  RequestPlan resumed;          // after a preemption: the plan and what it generated
+  bool is_resumed = false;
+  bool requeued = false;                     // preempted and waiting: admitted before the scheduler's picks
   std::unique_ptr<PlanExecution> execution;  // from admission to the end of its prefill
+  int64_t prefilled = 0;                     // queries of execution->prefill() computed
   RowBlock rows;                             // its block of pool rows
+  int64_t rows_needed = 0;                   // prompt + tokens it may still generate
   int64_t n_rows_used = 0;                   // rows written so far
   int32_t next_position = 0;                 // RoPE position of the next token
   int passed_over = 0;                       // times the scheduler picked another
+  uint64_t admitted = 0;                     // admission order (the latest is preempted first)
   Sequence(const SamplingParams& s) : sampling(s), sampler(s.sampler) {}
+  const RequestPlan& active_plan() const { return is_resumed ? resumed : plan; }
 };
 
 Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
@@ -62,6 +69,7 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
   s->on_token = std::move(on_token);
   s->plan = s->strategy->plan(s->parts);  // planning changes nothing: done once, up front
   s->lookups = s->plan.lookups();
+  s->rows_needed = static_cast<int64_t>(s->plan.tokens.size()) + sampling.max_tokens - 1;
   s->id = next_id_++;
   RequestResult& r = results_[s->id];
   r.submitted = Clock::now();
@@ -82,7 +90,8 @@ void Engine::retire(RequestId id, RequestState state, const std::string& error) 
   r.error = error;
   r.done = Clock::now();
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
-  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  std::erase(prefilling_, id);
+  std::erase(decoding_, id);
   live_.erase(id);  // its rows go back to the pool, its pins (if any) to the index
 }
 
@@ -98,77 +107,138 @@ void Engine::emit(Sequence& s, int32_t token) {
   if (last) retire(s.id, RequestState::Finished);
 }
 
-bool Engine::step() {
-  if (waiting_.empty() && running_.empty()) return false;
-  if (options_.policy == "lacr") {
-    std::vector<const std::vector<Lookup>*> pending;
-    for (size_t i = 0; i < waiting_.size() && i < options_.window; ++i)
-      pending.push_back(&live_.at(waiting_[i])->lookups);
-    index_.set_lookahead(lookahead_weights(index_, pending));
+void Engine::preempt(Sequence& s) {
+  s.execution.reset();  // its pins go back to the index
+  s.rows.reset();
+  s.prefilled = 0;
+  std::erase(prefilling_, s.id);
+  std::erase(decoding_, s.id);
+  const std::vector<int32_t>& generated = results_.at(s.id).tokens;
+  if (!generated.empty()) {
+    s.resumed = with_generated(s.plan, generated);
+    s.is_resumed = true;
   }
-  // Admission in the scheduler's order: take a block of rows for the
-  // request's plan (made at submission) and apply its first half (match,
-  // place, pin) in it.
-  std::vector<Sequence*> admitted;
-  int64_t admitted_tokens = 0;
-  while (!waiting_.empty()) {
-    // The scheduler's pick among the first `window` waiting requests.
-    std::vector<WaitingRequest> window;
-    for (size_t i = 0; i < waiting_.size() && i < std::max<size_t>(options_.window, 1); ++i) {
-      const Sequence& w = *live_.at(waiting_[i]);
-      window.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), w.passed_over});
+  s.requeued = true;
+  waiting_.push_front(s.id);
+  ++results_.at(s.id).preemptions;
+  ++preemptions_;
+}
+
+void Engine::make_room_to_decode() {
+  for (size_t i = 0; i < decoding_.size();) {
+    Sequence& s = live(decoding_[i]);
+    if (s.n_rows_used < s.rows.n_rows()) {
+      ++i;
+      continue;
     }
-    const size_t pick = pick_next(options_.scheduler, window, index_);
-    Sequence& s = *live_.at(waiting_[pick]);
-    const auto n = static_cast<int64_t>(s.plan.tokens.size());
-    const int64_t need = n + s.sampling.max_tokens - 1;
-    if (need > pool_.n_rows()) {
+    const int64_t want =
+        std::min(s.rows_needed, s.n_rows_used + std::max<int64_t>(options_.decode_rows_ahead, 1));
+    if (pool_.grow(s.rows, want)) {
+      ++i;
+      continue;
+    }
+    // The latest admitted gives its rows back (possibly s itself); a
+    // sequence alone in the pool always fits, as admission checked.
+    Sequence* victim = &s;
+    for (const auto* list : {&prefilling_, &decoding_})
+      for (RequestId id : *list)
+        if (live(id).admitted > victim->admitted) victim = &live(id);
+    preempt(*victim);
+    i = 0;
+  }
+}
+
+bool Engine::admit_next() {
+  while (!waiting_.empty()) {
+    // Preempted requests first; otherwise the scheduler's pick among the
+    // first `window` waiting requests.
+    size_t pick = 0;
+    std::vector<WaitingRequest> window;
+    if (!live(waiting_.front()).requeued) {
+      for (size_t i = 0; i < waiting_.size() && i < std::max<size_t>(options_.window, 1); ++i) {
+        const Sequence& w = live(waiting_[i]);
+        window.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), w.passed_over});
+      }
+      pick = pick_next(options_.scheduler, window, index_);
+    }
+    Sequence& s = live(waiting_[pick]);
+    const RequestPlan& plan = s.active_plan();
+    const auto n = static_cast<int64_t>(plan.tokens.size());
+    if (s.rows_needed > pool_.n_rows()) {
       retire(s.id, RequestState::Failed,
              fmt::format("the request needs {} KV rows (prompt {} + {} generated), more than the pool's {}",
-                         need, n, s.sampling.max_tokens - 1, pool_.n_rows()));
+                         s.rows_needed, s.plan.tokens.size(), s.sampling.max_tokens - 1, pool_.n_rows()));
       continue;
     }
     const int n_vocab = model_->config().n_vocab;
-    if (std::any_of(s.plan.tokens.begin(), s.plan.tokens.end(),
+    if (std::any_of(plan.tokens.begin(), plan.tokens.end(),
                     [&](int32_t t) { return t < 0 || t >= n_vocab; })) {
       retire(s.id, RequestState::Failed,
              fmt::format("the prompt holds a token outside the vocabulary of {}", n_vocab));
       continue;
     }
-    if (!admitted.empty() && admitted_tokens + n > options_.batch_tokens) break;
-    std::optional<RowBlock> block = pool_.allocate(need);
-    if (!block) break;  // the scheduler's pick waits for rows; nothing overtakes it
+    std::optional<RowBlock> block =
+        pool_.allocate(std::min(s.rows_needed, n + std::max<int64_t>(options_.decode_rows_ahead, 1)));
+    if (!block) return false;  // the pick waits for rows; nothing overtakes it
     for (size_t i = 0; i < window.size(); ++i)
-      if (i != pick) ++live_.at(waiting_[i])->passed_over;
+      if (i != pick) ++live(waiting_[i]).passed_over;
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
     s.rows = std::move(*block);
+    s.requeued = false;
     try {
-      s.execution = std::make_unique<PlanExecution>(s.plan, index_, pool_.kv(), s.rows.row0());
+      s.execution = std::make_unique<PlanExecution>(plan, index_, pool_.kv(), s.rows.row0());
     } catch (const Error& e) {
       retire(s.id, RequestState::Failed, e.what());
       continue;
     }
+    const auto& rows = s.execution->prefill().rows;
+    if (!std::is_sorted(rows.begin(), rows.end()))  // pieces rely on it (slice_queries)
+      fail(ErrorKind::Internal, "a prefill plan with rows out of order");
+    s.prefilled = 0;
     s.n_rows_used = n;
-    s.next_position = *std::max_element(s.plan.positions.begin(), s.plan.positions.end()) + 1;
-    admitted.push_back(&s);
-    admitted_tokens += n;
+    s.next_position = *std::max_element(plan.positions.begin(), plan.positions.end()) + 1;
+    s.admitted = ++admissions_;
+    prefilling_.push_back(s.id);
+    return true;
   }
-  // One plan for everything: the admitted requests' prefills, then one
-  // decode token of every running sequence; each sees only its own rows.
+  return false;
+}
+
+bool Engine::step() {
+  if (waiting_.empty() && prefilling_.empty() && decoding_.empty()) return false;
+  if (options_.policy == "lacr") {
+    std::vector<const std::vector<Lookup>*> pending;
+    for (size_t i = 0; i < waiting_.size() && i < options_.window; ++i)
+      pending.push_back(&live(waiting_[i]).lookups);
+    index_.set_lookahead(lookahead_weights(index_, pending));
+  }
+  make_room_to_decode();
+
+  // What this step computes: a decode token of every running sequence, then
+  // pieces of prefills (those under way first, then new admissions in the
+  // scheduler's order) while the budget lasts.
+  struct Piece {
+    Sequence* s;
+    int64_t end;  // queries [s->prefilled, end) of its prefill
+    bool last;
+  };
+  std::vector<Piece> pieces;
+  int64_t budget = options_.batch_tokens - static_cast<int64_t>(decoding_.size());
+  for (size_t i = 0; budget > 0; ++i) {
+    if (i == prefilling_.size() && !admit_next()) break;
+    Sequence& s = live(prefilling_[i]);
+    const auto n_q = static_cast<int64_t>(s.execution->prefill().tokens.size());
+    const int64_t end = std::min(n_q, s.prefilled + budget);
+    pieces.push_back({&s, end, end == n_q});
+    budget -= end - s.prefilled;
+  }
+  // One plan for all of it, each sequence its own visibility group. Rows are
+  // read from the pool only now: admissions may have moved blocks.
   PrefillPlan batch;
   std::vector<QueryGroup> groups;
-  for (Sequence* s : admitted) {
-    const PrefillPlan& p = s->execution->prefill();
-    const auto q0 = static_cast<int64_t>(batch.tokens.size());
-    append_shifted(groups, p.visibility, q0, 0);
-    batch.tokens.insert(batch.tokens.end(), p.tokens.begin(), p.tokens.end());
-    batch.positions.insert(batch.positions.end(), p.positions.begin(), p.positions.end());
-    batch.rows.insert(batch.rows.end(), p.rows.begin(), p.rows.end());
-    batch.logits_for.push_back(q0 + p.logits_for.front());
-  }
   std::vector<Sequence*> decoding;
-  for (RequestId id : running_) {
-    Sequence& s = *live_.at(id);
+  for (RequestId id : decoding_) {
+    Sequence& s = live(id);
     const auto q = static_cast<int64_t>(batch.tokens.size());
     const int64_t row = s.rows.row0() + s.n_rows_used;
     batch.tokens.push_back(results_.at(id).tokens.back());
@@ -178,13 +248,25 @@ bool Engine::step() {
     batch.logits_for.push_back(q);
     decoding.push_back(&s);
   }
-  if (batch.tokens.empty()) return !waiting_.empty() || !running_.empty();
+  for (const Piece& piece : pieces) {
+    const PrefillPlan& p = piece.s->execution->prefill();
+    const int64_t begin = piece.s->prefilled, row0 = piece.s->rows.row0();
+    const auto q0 = static_cast<int64_t>(batch.tokens.size());
+    append_shifted(groups, slice_queries(p.visibility, begin, piece.end), q0, row0);
+    for (int64_t q = begin; q < piece.end; ++q) {
+      batch.tokens.push_back(p.tokens[q]);
+      batch.positions.push_back(p.positions[q]);
+      batch.rows.push_back(row0 + p.rows[q]);
+    }
+    if (piece.last) batch.logits_for.push_back(q0 + (piece.end - begin) - 1);
+  }
+  if (batch.tokens.empty()) return !waiting_.empty() || n_running() > 0;
   batch.visibility = Visibility(std::move(groups));
 
   // Prefetching overlaps the forward pass, which does not touch the index.
   std::vector<const std::vector<Lookup>*> ahead;
   for (size_t i = 0; i < waiting_.size() && i < options_.prefetch; ++i)
-    ahead.push_back(&live_.at(waiting_[i])->lookups);
+    ahead.push_back(&live(waiting_[i]).lookups);
   std::future<int64_t> prefetch;
   if (!ahead.empty())
     prefetch = std::async(std::launch::async, [this, ahead] {
@@ -207,24 +289,13 @@ bool Engine::step() {
   } catch (const Error& e) {
     // Nothing of this batch can be trusted: every request in it fails (their
     // leases and rows are released as they retire).
-    for (Sequence* s : admitted) retire(s->id, RequestState::Failed, e.what());
+    for (const Piece& p : pieces) retire(p.s->id, RequestState::Failed, e.what());
     for (Sequence* s : decoding) retire(s->id, RequestState::Failed, e.what());
     return true;
   }
   const double ms_per_token = ms_since(t0) / static_cast<double>(batch.tokens.size());
   const int n_vocab = model_->config().n_vocab;
   size_t at = 0;
-  for (Sequence* s : admitted) {
-    const std::span<const float> logits(out.logits.data() + at * n_vocab, n_vocab);
-    ++at;
-    RequestResult& r = results_.at(s->id);
-    r.report = s->execution->finish(pool_.kv(), std::vector<float>(logits.begin(), logits.end()),
-                                    s->execution->prefill().visibility.n_pairs(), ms_per_token);
-    s->execution.reset();
-    r.finite = all_finite(logits);
-    running_.push_back(s->id);
-    emit(*s, s->sampler.sample(logits));
-  }
   for (Sequence* s : decoding) {
     const std::span<const float> logits(out.logits.data() + at * n_vocab, n_vocab);
     ++at;
@@ -233,6 +304,23 @@ bool Engine::step() {
     RequestResult& r = results_.at(s->id);
     r.finite = r.finite && all_finite(logits);
     emit(*s, s->sampler.sample(logits));
+  }
+  for (const Piece& piece : pieces) {
+    Sequence& s = *piece.s;
+    s.prefilled = piece.end;
+    if (!piece.last) continue;
+    const std::span<const float> logits(out.logits.data() + at * n_vocab, n_vocab);
+    ++at;
+    RequestResult& r = results_.at(s.id);
+    PrefillReport report =
+        s.execution->finish(pool_.kv(), s.rows.row0(), std::vector<float>(logits.begin(), logits.end()),
+                            s.execution->prefill().visibility.n_pairs(), ms_per_token);
+    if (!s.is_resumed) r.report = std::move(report);  // the first prefill is the request's
+    s.execution.reset();
+    r.finite = r.finite && all_finite(logits);
+    std::erase(prefilling_, s.id);
+    decoding_.push_back(s.id);
+    emit(s, s.sampler.sample(logits));
   }
   return true;
 }

@@ -3,10 +3,14 @@
 // pass, a KV pool shared by every running sequence, the radix index (with
 // whatever tiers the caller attaches) and the strategies. Front ends submit
 // requests and read their tokens as they come; step() runs one batched
-// forward pass that mixes the prefill of newly admitted requests (each
-// planned by its strategy and applied in its own block of pool rows) with
-// one decode token of every running sequence, each sequence seeing only its
-// own rows.
+// forward pass that mixes one decode token of every running sequence with
+// pieces of the prefills of admitted requests (each planned by its strategy
+// and applied in its own block of pool rows) up to a token budget, each
+// sequence seeing only its own rows. When a decoding sequence needs a row
+// and none is free, the most recently admitted sequence is preempted: its
+// rows go back to the pool and it waits at the head of the queue, to be
+// prefilled again with the tokens it generated (mostly from the index, which
+// kept its prompt's spans).
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -40,9 +44,12 @@ struct EngineOptions {
   size_t cache_bytes = size_t{1} << 30;  // the index's hot tier
   std::string policy = "lru";
   StrategyOptions strategy;  // position scheme, reuse
-  // Prompt tokens admitted per step (at least one request is admitted
-  // whatever its length, when its rows fit the pool).
+  // Tokens computed per step: one per decoding sequence, the rest prefill
+  // (long prompts are split over several steps).
   int64_t batch_tokens = 2048;
+  // Rows a sequence gets beyond its prompt when admitted, and adds each time
+  // it runs out while decoding (never more than it can still generate).
+  int64_t decode_rows_ahead = 32;
   int threads = 0;
   // LACR (policy "lacr"): before each step, the lookahead weights are taken
   // from the first `window` waiting requests.
@@ -72,6 +79,7 @@ struct RequestResult {
   PrefillReport report;         // its prefill (logits: of the first generated token)
   std::vector<int32_t> tokens;  // generated
   bool finite = true;           // every logits row it produced was finite
+  int preemptions = 0;          // times its rows were taken back and it was prefilled again
   std::chrono::steady_clock::time_point submitted, first_token, done;
 };
 
@@ -93,7 +101,8 @@ class Engine {
 
   const RequestResult& result(RequestId id) const;
   size_t n_waiting() const { return waiting_.size(); }
-  size_t n_running() const { return running_.size(); }
+  size_t n_running() const { return prefilling_.size() + decoding_.size(); }
+  int64_t preemptions() const { return preemptions_; }
   int64_t prefetched_tokens() const { return prefetched_; }
   RadixIndex& index() { return index_; }
   KvPool& pool() { return pool_; }
@@ -102,8 +111,13 @@ class Engine {
  private:
   struct Sequence;
   Strategy& strategy(std::string_view name);
+  Sequence& live(RequestId id) { return *live_.at(id); }
   void emit(Sequence& s, int32_t token);
   void retire(RequestId id, RequestState state, const std::string& error = {});
+  void preempt(Sequence& s);
+  void make_room_to_decode();
+  // The scheduler's next waiting request admitted into the pool, or false.
+  bool admit_next();
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
@@ -113,11 +127,14 @@ class Engine {
   RadixIndex index_;
   std::map<std::string, std::unique_ptr<Strategy>, std::less<>> strategies_;
   RequestId next_id_ = 1;
-  std::deque<RequestId> waiting_;
-  std::vector<RequestId> running_;
+  std::deque<RequestId> waiting_;      // preempted ones first
+  std::vector<RequestId> prefilling_;  // admitted, prefill not done; in admission order
+  std::vector<RequestId> decoding_;    // in admission order
   std::map<RequestId, std::unique_ptr<Sequence>> live_;
   std::map<RequestId, RequestResult> results_;
   int64_t prefetched_ = 0;
+  int64_t preemptions_ = 0;
+  uint64_t admissions_ = 0;
 };
 
 }  // namespace depcache

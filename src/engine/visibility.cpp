@@ -1,5 +1,7 @@
 #include "engine/visibility.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace depcache {
@@ -14,6 +16,22 @@ void append_shifted(std::vector<QueryGroup>& out, const Visibility& v, int64_t q
     g.self_row += row0;
     out.push_back(std::move(g));
   }
+}
+
+Visibility slice_queries(const Visibility& v, int64_t begin, int64_t end) {
+  if (begin < 0 || end > v.n_queries() || begin >= end)
+    fail(ErrorKind::Internal, "slice_queries: [{}, {}) of {} queries", begin, end, v.n_queries());
+  std::vector<QueryGroup> groups;
+  for (const QueryGroup& g : v.groups()) {
+    const int64_t lo = std::max(g.first, begin), hi = std::min(g.first + g.count, end);
+    if (lo >= hi) continue;
+    QueryGroup piece = g;
+    piece.self_row += lo - g.first;  // the causal run keeps its start
+    piece.first = lo - begin;
+    piece.count = hi - lo;
+    groups.push_back(std::move(piece));
+  }
+  return Visibility(std::move(groups));
 }
 
 Visibility causal_by_position(std::span<const int64_t> rows) {

@@ -26,6 +26,11 @@ Visibility block_diagonal(std::span<const RowRange> shared, std::span<const RowR
 // only their own rows.
 void append_shifted(std::vector<QueryGroup>& out, const Visibility& v, int64_t query0, int64_t row0);
 
+// Queries [begin, end) of `v`, numbered from 0: one piece of a prefill split
+// over several forward passes. A query sees no row after its own, so with
+// ascending rows every piece needs only rows its predecessors wrote.
+Visibility slice_queries(const Visibility& v, int64_t begin, int64_t end);
+
 // Dependency attention over a DepPrompt laid out in pre-order (row = token
 // index): `rows` (ascending) are the computed tokens; the others must be in
 // the assembly. A node's computed tokens must be a suffix of the node.

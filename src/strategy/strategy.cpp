@@ -176,7 +176,7 @@ PositionScheme default_position_scheme(const ModelConfig& config) {
 }
 
 PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0)
-    : plan_(plan), index_(index), row0_(row0), lease_(index) {
+    : plan_(plan), index_(index), lease_(index) {
   const auto n = static_cast<int64_t>(plan.tokens.size());
   if (n == 0) fail(ErrorKind::InvalidInput, "an empty prompt");
   if (row0 < 0 || row0 + n > kv.n_ctx())
@@ -203,16 +203,14 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
   for (int64_t r : computed_) {
     prefill_.tokens.push_back(plan.tokens[r]);
     prefill_.positions.push_back(plan.positions[r]);
-    prefill_.rows.push_back(row0 + r);
+    prefill_.rows.push_back(r);
   }
-  std::vector<QueryGroup> groups;
-  append_shifted(groups, plan.visibility(computed_), 0, row0);
-  prefill_.visibility = Visibility(std::move(groups));
+  prefill_.visibility = plan.visibility(computed_);
   prefill_.logits_for = {static_cast<int64_t>(computed_.size()) - 1};
 }
 
-PrefillReport PlanExecution::finish(const KvCache& kv, std::vector<float> logits, int64_t attention_pairs,
-                                    double ms_per_token) {
+PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector<float> logits,
+                                    int64_t attention_pairs, double ms_per_token) {
   if (!plan_.runs.empty()) {
     const auto lk = index_.lock();
     // Each inserted run stays held until all are in, so one run's insert
@@ -220,7 +218,7 @@ PrefillReport PlanExecution::finish(const KvCache& kv, std::vector<float> logits
     std::vector<int64_t> kv_rows;
     for (const CacheRun& run : plan_.runs) {
       kv_rows.assign(run.rows.begin(), run.rows.end());
-      for (int64_t& r : kv_rows) r += row0_;
+      for (int64_t& r : kv_rows) r += row0;
       RadixIndex::Match path;
       index_.insert(run.ns, run.tokens, rows_span(kv, kv_rows), ms_per_token, &path);
       lease_.hold(path);
@@ -245,12 +243,33 @@ PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv
   PrefillResult result = fwd.prefill(ex.prefill(), kv);
   const double ms_per_token = ms_since(t0) / static_cast<double>(ex.prefill().tokens.size());
   kv.set_n_past(static_cast<int64_t>(plan.tokens.size()));
-  return ex.finish(kv, std::move(result.logits), result.attention_pairs / fwd.model().config().n_layer,
+  return ex.finish(kv, 0, std::move(result.logits), result.attention_pairs / fwd.model().config().n_layer,
                    ms_per_token);
 }
 
 PrefillReport Strategy::prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) {
   return apply_plan(plan(parts), index_, kv, fwd);
+}
+
+RequestPlan with_generated(const RequestPlan& plan, std::span<const int32_t> generated) {
+  if (generated.empty()) return plan;
+  RequestPlan out = plan;
+  const auto n = static_cast<int64_t>(plan.tokens.size());
+  const int32_t p0 = *std::max_element(plan.positions.begin(), plan.positions.end()) + 1;
+  for (size_t i = 0; i < generated.size(); ++i) {
+    out.tokens.push_back(generated[i]);
+    out.positions.push_back(p0 + static_cast<int32_t>(i));
+  }
+  // The generated rows are never looked up, so they are always computed.
+  out.visibility = [prompt = plan.visibility, n](std::span<const int64_t> computed) {
+    const auto tail = std::lower_bound(computed.begin(), computed.end(), n);
+    const auto n_head = static_cast<int64_t>(tail - computed.begin());
+    std::vector<QueryGroup> groups;
+    if (n_head > 0) groups = prompt(computed.first(static_cast<size_t>(n_head))).groups();
+    groups.push_back({n_head, static_cast<int64_t>(computed.end() - tail), {}, 0, n});
+    return Visibility(std::move(groups));
+  };
+  return out;
 }
 
 std::vector<Lookup> RequestPlan::lookups() const {

@@ -74,30 +74,37 @@ struct RequestPlan {
 };
 
 // The one place a plan takes effect, in two halves around the forward pass
-// (which the engine batches with other requests). The constructor matches
-// every run (one access per node for the request), places what is cached in
-// `kv` at rows row0 + plan row, at the plan's positions, and pins it;
-// prefill() is the rest to compute, its rows and visibility in `kv`'s rows.
-// finish() inserts the runs from `kv` and releases the pins; the lease
-// releases them on every other way out too (an exception, a cancel). The
-// plan must outlive the execution.
+// (which the engine batches with other requests, possibly over several
+// steps). The constructor matches every run (one access per node for the
+// request), places what is cached in `kv` at rows row0 + plan row, at the
+// plan's positions, and pins it; prefill() is the rest to compute, in plan
+// rows (the caller shifts them to where the assembly sits when it runs).
+// finish() inserts the runs from `kv`, the assembly now at row0 (it may have
+// moved in between), and releases the pins; the lease releases them on
+// every other way out too (an exception, a cancel). The plan must outlive
+// the execution.
 class PlanExecution {
  public:
   PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0);
   const PrefillPlan& prefill() const { return prefill_; }
   // logits: of the last prompt token; attention_pairs: per layer.
-  PrefillReport finish(const KvCache& kv, std::vector<float> logits, int64_t attention_pairs,
+  PrefillReport finish(const KvCache& kv, int64_t row0, std::vector<float> logits, int64_t attention_pairs,
                        double ms_per_token);
 
  private:
   const RequestPlan& plan_;
   RadixIndex& index_;
-  int64_t row0_;
   PinLease lease_;
   std::vector<int64_t> computed_;  // plan rows computed
   PrefillPlan prefill_;
   PrefillReport report_;
 };
+
+// The plan of a sequence resumed after preemption: its prompt, then the
+// tokens it generated, which see what they saw when they were decoded
+// (every earlier row of the sequence) at the positions they had. The last
+// one's logits give the next token.
+RequestPlan with_generated(const RequestPlan& plan, std::span<const int32_t> generated);
 
 // A whole plan on its own assembly: clears `kv`, runs PlanExecution with one
 // forward pass, and leaves kv.n_past() at the prompt's end (ready to decode).

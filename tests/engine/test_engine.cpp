@@ -166,6 +166,80 @@ TEST(Engine, EqualsTheSingleRequestPath) {
   }
 }
 
+// Prompts cut into pieces over several steps (a budget far below their
+// length, decode tokens taking part of it) give the logits and tokens of the
+// whole prefill.
+TEST(Engine, ChunkedPrefillEqualsWholePrefill) {
+  const auto model = test::random_model("tiny-qwen2", DType::F32);
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const auto js = jobs();
+  for (int64_t budget : {int64_t{5}, int64_t{23}}) {
+    Engine whole(model, options());
+    EngineOptions o = options();
+    o.batch_tokens = budget;
+    Engine cut(model, o);
+    std::vector<RequestId> a, b;
+    for (const Job& j : js) {
+      a.push_back(whole.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(5)));
+      b.push_back(cut.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(5)));
+    }
+    whole.run_until_idle();
+    int steps = 0;
+    while (cut.step()) ++steps;
+    for (size_t i = 0; i < js.size(); ++i) {
+      const RequestResult &x = whole.result(a[i]), &y = cut.result(b[i]);
+      ASSERT_EQ(y.state, RequestState::Finished) << y.error;
+      EXPECT_LT(test::max_abs_diff(y.report.logits, x.report.logits, "chunked"), 1e-4) << budget << " #" << i;
+      EXPECT_EQ(y.tokens, x.tokens) << budget << " #" << i;
+      // Pieces spread admissions over steps, so later requests may reuse more.
+      EXPECT_GE(y.report.reused_tokens, x.report.reused_tokens);
+    }
+    int64_t computed = 0;
+    for (RequestId id : b) computed += cut.result(id).report.computed_tokens;
+    EXPECT_GE(steps, computed / budget) << "no step computed more than the budget";
+    EXPECT_EQ(cut.pool().n_free(), cut.pool().n_rows());
+    EXPECT_EQ(cut.index().n_pinned(), 0u);
+  }
+}
+
+// A pool that cannot hold every sequence's generated rows: the latest
+// admitted give theirs back and are prefilled again later with what they
+// generated, and each request still answers what it answers alone.
+TEST(Engine, PreemptedRequestsResumeWithTheSameTokens) {
+  for (const char* strategy : {"full", "depcache"}) {
+    const auto model = test::random_model("tiny", DType::F32);
+    const Tokenizer tok(Vocab::builtin_bytes());
+    const auto js = jobs();
+    std::vector<std::vector<int32_t>> alone;
+    for (const Job& j : js) {
+      Engine e(model, options());
+      const RequestId id = e.submit(strategy, make_prompt_parts(tok, j.request), greedy(40));
+      e.run_until_idle();
+      alone.push_back(e.result(id).tokens);
+    }
+    EngineOptions o = options();
+    o.pool_rows = 400;  // every prompt fits; their 40 generated rows each do not, all at once
+    o.decode_rows_ahead = 3;
+    Engine e(model, o);
+    std::vector<RequestId> ids;
+    for (const Job& j : js) ids.push_back(e.submit(strategy, make_prompt_parts(tok, j.request), greedy(40)));
+    while (e.step()) {
+      e.pool().check_invariants();
+      ASSERT_NO_THROW(e.index().check_invariants());
+    }
+    for (size_t i = 0; i < js.size(); ++i) {
+      const RequestResult& r = e.result(ids[i]);
+      ASSERT_EQ(r.state, RequestState::Finished) << r.error;
+      EXPECT_EQ(r.tokens, alone[i]) << strategy << " #" << i << " preempted " << r.preemptions << " times";
+      EXPECT_TRUE(r.finite);
+    }
+    EXPECT_GT(e.preemptions(), 0) << strategy;
+    EXPECT_GT(e.pool().moved_rows(), 0) << "blocks grew by moving";
+    EXPECT_EQ(e.pool().n_free(), e.pool().n_rows());
+    EXPECT_EQ(e.index().n_pinned(), 0u);
+  }
+}
+
 // A pool too small for everything at once: requests wait for rows and all
 // finish; one too large for the pool fails clearly; random cancellations and
 // a request with a bad token leave no rows and no pins behind.
@@ -175,12 +249,13 @@ TEST(Engine, PoolAdmissionCancellationAndFailures) {
   EngineOptions o = options();
   o.pool_rows = 300;  // about two requests at a time
   o.batch_tokens = 64;
+  o.decode_rows_ahead = 2;  // blocks grow, move, and get preempted
   Engine e(model, o);
   const auto js = jobs();
   std::mt19937 rng(3);
   std::vector<RequestId> ids;
   int cancelled = 0;
-  for (int round = 0; round < 40; ++round) {
+  for (int round = 0; round < 1000; ++round) {
     const Job& j = js[rng() % js.size()];
     ids.push_back(e.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(1 + rng() % 8)));
     if (rng() % 5 == 0) {
@@ -195,7 +270,7 @@ TEST(Engine, PoolAdmissionCancellationAndFailures) {
   bad.task.push_back(model->config().n_vocab + 1);
   const RequestId bad_id = e.submit("depcache", bad, greedy(3));
   const RequestId huge = e.submit("full", make_prompt_parts(tok, js[2].request), greedy(400));
-  e.run_until_idle();
+  while (e.step()) e.pool().check_invariants();
   EXPECT_EQ(e.result(bad_id).state, RequestState::Failed);
   EXPECT_NE(e.result(bad_id).error.find("vocabulary"), std::string::npos) << e.result(bad_id).error;
   EXPECT_EQ(e.result(huge).state, RequestState::Failed);
@@ -206,8 +281,9 @@ TEST(Engine, PoolAdmissionCancellationAndFailures) {
     EXPECT_TRUE(r.state == RequestState::Finished || r.state == RequestState::Cancelled) << r.error;
     finished += r.state == RequestState::Finished;
   }
-  EXPECT_GT(finished, 20);
-  EXPECT_GT(cancelled, 0);
+  EXPECT_GT(finished, 500);
+  EXPECT_GT(cancelled, 100);
+  EXPECT_GT(e.preemptions(), 0);
   EXPECT_EQ(e.n_waiting() + e.n_running(), 0u);
   EXPECT_EQ(e.pool().n_free(), e.pool().n_rows());
   e.pool().check_invariants();
@@ -215,28 +291,82 @@ TEST(Engine, PoolAdmissionCancellationAndFailures) {
   EXPECT_THROW(e.submit("fastest", make_prompt_parts(tok, js[0].request), greedy(1)), Error);
 }
 
-TEST(KvPool, RandomAllocationsKeepTheFreeListSound) {
+// Allocations, growth (in place, by moving, by compacting) and releases in
+// random order: the free list stays sound and every block keeps its rows'
+// contents (each row is stamped with its block and index).
+TEST(KvPool, RandomAllocationsGrowthAndReleasesKeepRows) {
   const auto model = test::random_model("tiny", DType::F32);
-  KvPool pool(model->config(), 1000, DType::F16);
+  KvPool pool(model->config(), 1000, DType::F32);
+  KvCache& kv = pool.kv();
+  const int64_t elems = kv.row_elems();
+  struct Held {
+    RowBlock block;
+    int stamp;
+  };
+  auto stamp_rows = [&](const Held& h, int64_t from) {
+    std::vector<float> row(elems);
+    for (int64_t i = from; i < h.block.n_rows(); ++i) {
+      std::fill(row.begin(), row.end(), static_cast<float>(h.stamp * 10000 + i));
+      for (int il = 0; il < kv.n_layer(); ++il) kv.write(il, h.block.row0() + i, row.data(), row.data(), 1);
+      const int32_t pos = h.stamp + static_cast<int32_t>(i);
+      kv.set_positions(h.block.row0() + i, {&pos, 1});
+    }
+  };
+  auto rows_intact = [&](const Held& h) {
+    std::vector<float> k(elems), v(elems);
+    for (int64_t i = 0; i < h.block.n_rows(); ++i)
+      for (int il = 0; il < kv.n_layer(); ++il) {
+        kv.read(il, h.block.row0() + i, k.data(), v.data());
+        if (k[0] != static_cast<float>(h.stamp * 10000 + i) || v[elems - 1] != k[0] ||
+            kv.position(h.block.row0() + i) != h.stamp + i)
+          return false;
+      }
+    return true;
+  };
   std::mt19937 rng(7);
-  std::vector<RowBlock> held;
+  std::vector<Held> held;
+  int grown = 0, next_stamp = 1;
   for (int op = 0; op < 1000; ++op) {
-    if (rng() % 3 != 0 || held.empty()) {
-      if (auto b = pool.allocate(1 + static_cast<int64_t>(rng() % 60))) held.push_back(std::move(*b));
+    const unsigned what = rng() % 6;
+    if (what < 3 || held.empty()) {
+      if (auto b = pool.allocate(1 + static_cast<int64_t>(rng() % 60))) {
+        held.push_back({std::move(*b), next_stamp++});
+        stamp_rows(held.back(), 0);
+      }
+    } else if (what < 5) {
+      Held& h = held[rng() % held.size()];
+      const int64_t before = h.block.n_rows(), want = before + 1 + static_cast<int64_t>(rng() % 40);
+      const int64_t free_before = pool.n_free();
+      if (pool.grow(h.block, want)) {
+        ASSERT_EQ(h.block.n_rows(), want);
+        stamp_rows(h, before);
+        ++grown;
+      } else {
+        ASSERT_LT(free_before, want - before) << "grow refused with enough free rows";
+        ASSERT_EQ(h.block.n_rows(), before);
+      }
     } else {
       held.erase(held.begin() + static_cast<std::ptrdiff_t>(rng() % held.size()));
     }
     ASSERT_NO_THROW(pool.check_invariants()) << "op " << op;
     int64_t in_use = 0;
-    for (const RowBlock& b : held) in_use += b.n_rows();
+    for (const Held& h : held) {
+      in_use += h.block.n_rows();
+      ASSERT_TRUE(rows_intact(h)) << "op " << op << ": block " << h.stamp << " lost its rows";
+    }
     ASSERT_EQ(pool.n_free() + in_use, pool.n_rows());
   }
+  EXPECT_GT(grown, 100);
+  EXPECT_GT(pool.moved_rows(), 0);
+  std::vector<RowBlock> blocks;
+  for (Held& h : held) blocks.push_back(std::move(h.block));
+  held.clear();
   // Blocks never overlap.
   std::vector<std::pair<int64_t, int64_t>> spans;
-  for (const RowBlock& b : held) spans.emplace_back(b.row0(), b.row0() + b.n_rows());
+  for (const RowBlock& b : blocks) spans.emplace_back(b.row0(), b.row0() + b.n_rows());
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first);
-  held.clear();
+  blocks.clear();
   EXPECT_EQ(pool.n_free(), pool.n_rows());
   EXPECT_EQ(pool.largest_free(), pool.n_rows()) << "freed blocks merge back into one";
   EXPECT_FALSE(pool.allocate(1001));

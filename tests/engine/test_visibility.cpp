@@ -31,6 +31,20 @@ TEST(Visibility, CausalChainAndCausalByPosition) {
   for (int64_t q = 0; q < 5; ++q) EXPECT_EQ(rows_seen(scattered, q), iota_rows(0, rows[q] + 1));
 }
 
+// Cutting a batch's queries into pieces keeps what each query sees.
+TEST(Visibility, SlicesKeepEveryQuerysRows) {
+  const std::vector<RowRange> shared = {{0, 3}}, blocks = {{3, 6}, {6, 10}};
+  const Visibility v = block_diagonal(shared, blocks);
+  for (int64_t cut = 1; cut < v.n_queries(); ++cut)
+    for (const auto& [begin, end] : {std::pair{int64_t{0}, cut}, std::pair{cut, v.n_queries()}}) {
+      const Visibility piece = slice_queries(v, begin, end);
+      ASSERT_EQ(piece.n_queries(), end - begin);
+      for (int64_t q = begin; q < end; ++q) EXPECT_EQ(rows_seen(piece, q - begin), rows_seen(v, q)) << cut;
+    }
+  EXPECT_THROW(slice_queries(v, 2, 2), Error);
+  EXPECT_THROW(slice_queries(v, 0, v.n_queries() + 1), Error);
+}
+
 TEST(Visibility, BlockDiagonalChunks) {
   const std::vector<RowRange> shared = {{0, 3}}, blocks = {{3, 6}, {6, 10}};
   const Visibility v = block_diagonal(shared, blocks);
