@@ -55,6 +55,7 @@ struct RunOptions {
   size_t limit = 0;
   int max_tokens = 1;
   int64_t batch_tokens = 2048;
+  size_t max_running = 0;
   std::string scheduler = "fifo";
   int starvation_bound = 32;
   double rate = 0, rate_scale = 1;
@@ -166,6 +167,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   eo.policy = o.policy;
   eo.strategy = {scheme, !o.no_reuse};
   eo.batch_tokens = o.batch_tokens;
+  eo.max_running = o.max_running;
   eo.threads = o.threads;
   eo.window = o.window;
   eo.prefetch = o.no_reuse ? 0 : o.prefetch;
@@ -551,6 +553,11 @@ void add_run_command(CLI::App& app) {
                   "prefill (longer prompts are split over several passes)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--max-running", o.max_running,
+                  "Requests in flight at most, the others queueing (default 0: as many as the pool holds; 1: "
+                  "one at a time)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag(
       "--serial", o.serial,
       "One request at a time, each entering when the previous one is done (no queueing, no batching)");

@@ -149,6 +149,7 @@ void Engine::make_room_to_decode() {
 }
 
 bool Engine::admit_next() {
+  if (options_.max_running > 0 && n_running() >= options_.max_running) return false;
   while (!waiting_.empty()) {
     // Preempted requests first; otherwise the scheduler's pick among the
     // first `window` waiting requests.

@@ -50,6 +50,9 @@ struct EngineOptions {
   // Rows a sequence gets beyond its prompt when admitted, and adds each time
   // it runs out while decoding (never more than it can still generate).
   int64_t decode_rows_ahead = 32;
+  // Sequences in flight at most (0: as many as the pool and budget allow;
+  // 1: one request at a time, the others queueing).
+  size_t max_running = 0;
   int threads = 0;
   // LACR (policy "lacr"): before each step, the lookahead weights are taken
   // from the first `window` waiting requests.

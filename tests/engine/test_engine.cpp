@@ -131,6 +131,14 @@ TEST(Engine, EverySchedulerGivesTheSameAnswers) {
     e.run_until_idle();
     for (size_t i = 0; i < js.size(); ++i) EXPECT_EQ(e.result(ids[i]).tokens, alone[i]) << order << " #" << i;
   }
+  // One request in flight at a time: the same answers, never two running.
+  EngineOptions one = options();
+  one.max_running = 1;
+  Engine e(model, one);
+  std::vector<RequestId> ids;
+  for (const Job& j : js) ids.push_back(e.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(4)));
+  while (e.step()) ASSERT_LE(e.n_running(), 1u);
+  for (size_t i = 0; i < js.size(); ++i) EXPECT_EQ(e.result(ids[i]).tokens, alone[i]) << "one at a time #" << i;
   EngineOptions bad = options();
   bad.scheduler = {"nope", 2};
   EXPECT_THROW(Engine(model, bad), Error);
