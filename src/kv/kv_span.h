@@ -4,6 +4,7 @@
 // were encoded at. Spans are what the index stores and what a request's KV
 // assembly is built from.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "compute/dtype.h"
@@ -47,5 +48,9 @@ class KvSpan {
   std::vector<int32_t> positions_;
   std::vector<uint8_t> data_;  // per layer: K rows, then V rows
 };
+
+// Makes the span of sequence tokens [begin, end): how the index asks a
+// caller for the K/V of what it inserts.
+using SpanMaker = std::function<KvSpan(int64_t begin, int64_t end)>;
 
 }  // namespace depcache

@@ -9,29 +9,22 @@
 namespace depcache {
 namespace {
 constexpr int kHot = static_cast<int>(Tier::Hot);
-constexpr int kHost = static_cast<int>(Tier::Host);
-constexpr int kDisk = static_cast<int>(Tier::Disk);
 constexpr int kRemote = static_cast<int>(Tier::Remote);
 }  // namespace
 
 RadixIndex::RadixIndex(size_t byte_budget, std::unique_ptr<ReplacementPolicy> policy)
-    : policy_(policy ? std::move(policy) : make_policy("lru")) {
-  budget_[kHot] = byte_budget;
-}
+    : tiers_(byte_budget), policy_(policy ? std::move(policy) : make_policy("lru")) {}
 
 RadixIndex::~RadixIndex() = default;
 
 void RadixIndex::attach_host(size_t byte_budget) {
   auto lk = lock();
-  host_ = byte_budget > 0;
-  budget_[kHost] = byte_budget;
+  tiers_.attach_host(byte_budget);
 }
 
 void RadixIndex::attach_remote(RemoteStore& store, int64_t block_tokens) {
   auto lk = lock();
-  if (block_tokens < 1) fail(ErrorKind::InvalidInput, "remote block size must be at least 1 token");
-  remote_ = &store;
-  block_tokens_ = block_tokens;
+  remote_ = std::make_unique<RemoteBlocks>(store, block_tokens);
 }
 
 void RadixIndex::set_cost_model(std::function<double(int64_t, int64_t)> cost) {
@@ -41,8 +34,7 @@ void RadixIndex::set_cost_model(std::function<double(int64_t, int64_t)> cost) {
 
 void RadixIndex::attach_disk(DiskSpanStore& store) {
   auto lk = lock();
-  disk_ = &store;
-  budget_[kDisk] = store.budget();
+  tiers_.attach_disk(store);
   // Adopt what an earlier process left: shortest sequences first, so every
   // span's context is in place before it. A span whose context is missing,
   // or whose key does not match its contents, is deleted.
@@ -69,13 +61,14 @@ void RadixIndex::attach_disk(DiskSpanStore& store) {
           node.ns = f.ns;
           node.start = f.prefix;
           node.parent = parent;
-          node.tier = Tier::Disk;
-          node.disk_key = f.key;
-          node.disk_bytes = store.file_bytes_of(f.key);
+          node.slot.n_tokens = static_cast<int64_t>(node.tokens.size());
+          node.slot.tier = Tier::Disk;
+          node.slot.disk_key = f.key;
+          node.slot.disk_bytes = store.file_bytes_of(f.key);
           node.hits = 1;
           node.last_used = clock_;
           nodes_[parent].children.emplace(node.tokens.front(), id);
-          bytes_[kDisk] += node.disk_bytes;
+          tiers_.add(node.slot);
           policy_->on_insert(id, 1.0);
           policy_->on_tier_change(id, Tier::Disk);
           touch(id);
@@ -86,7 +79,7 @@ void RadixIndex::attach_disk(DiskSpanStore& store) {
     }
     if (!adopted) store.remove(f.key);
   }
-  make_room(kDisk);
+  make_room(Tier::Disk);
 }
 
 RadixIndex::NodeId RadixIndex::new_node() {
@@ -115,7 +108,7 @@ RadixIndex::NodeId RadixIndex::root(uint64_t ns) {
 
 void RadixIndex::untouch(NodeId id) {
   Node& n = nodes_[id];
-  if (n.keyed) candidates_[static_cast<int>(n.tier)].erase(n.key);
+  if (n.keyed) candidates_[static_cast<int>(n.slot.tier)].erase(n.key);
   n.keyed = false;
 }
 
@@ -124,10 +117,10 @@ void RadixIndex::touch(NodeId id) {
   Node& n = nodes_[id];
   if (!n.live || n.parent < 0 || n.pins > 0) return;
   for (const auto& [tok, child] : n.children)
-    if (nodes_[child].tier == n.tier) return;
-  n.key = {policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.tier}),
+    if (tier(child) == n.slot.tier) return;
+  n.key = {policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.slot.tier}),
            n.last_used, id};
-  n.keyed = candidates_[static_cast<int>(n.tier)].insert(n.key).second;
+  n.keyed = candidates_[static_cast<int>(n.slot.tier)].insert(n.key).second;
 }
 
 void RadixIndex::set_lookahead(std::unordered_map<int32_t, double> weights) {
@@ -159,7 +152,7 @@ size_t RadixIndex::n_pinned() const {
 size_t RadixIndex::n_nodes(Tier t) const {
   auto lk = lock();
   size_t n = 0;
-  for (const Node& node : nodes_) n += node.live && node.parent >= 0 && node.tier == t;
+  for (const Node& node : nodes_) n += node.live && node.parent >= 0 && node.slot.tier == t;
   return n;
 }
 
@@ -192,7 +185,7 @@ RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> 
     const auto edge = static_cast<int64_t>(child.tokens.size());
     while (k < edge && k < rest && child.tokens[k] == tokens[m.length + k]) ++k;
     m.pieces.push_back({c->second, 0, k});
-    m.tokens_from[static_cast<int>(child.tier)] += k;
+    m.tokens_from[static_cast<int>(child.slot.tier)] += k;
     m.length += k;
     if (k < edge) break;
     at = c->second;
@@ -200,58 +193,37 @@ RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> 
   return m;
 }
 
-void RadixIndex::set_tier(NodeId id, Tier t, const std::function<void(Node&)>& change) {
+void RadixIndex::set_tier(NodeId id, Tier t, const std::function<void(SpanSlot&)>& change) {
   untouch(id);
-  Node& n = nodes_[id];
-  bytes_[static_cast<int>(n.tier)] -= tier_bytes(n);
-  n.tier = t;
-  if (change) change(n);
-  bytes_[static_cast<int>(t)] += tier_bytes(n);
+  tiers_.set_tier(nodes_[id].slot, t, change);
   policy_->on_tier_change(id, t);
   touch(id);
   touch(nodes_[id].parent);  // it may have lost or gained a child in its tier
 }
 
 bool RadixIndex::promote(NodeId id) {
-  Node& n = nodes_[id];
-  if (n.tier == Tier::Hot) return true;
-  if (n.tier == Tier::Host) {
-    // Host to hot is a copy in the papers' setting (host to GPU memory);
-    // it is done for real, so its cost shows in the time to first token.
-    if (n.span.n_tokens() > 0) n.span = KvSpan(n.span);
-    stats_.promoted_bytes += static_cast<int64_t>(node_bytes(n));
-    set_tier(id, Tier::Hot);
-    return true;
-  }
-  // Disk.
-  if (n.span.n_tokens() == 0 && n.bytes_per_token == 0 && disk_) {
-    const std::vector<int32_t> path = path_tokens(id);
-    std::optional<KvSpan> span = disk_->get(n.disk_key, n.ns, path, n.start);
-    if (!span || span->n_tokens() != static_cast<int64_t>(n.tokens.size())) return false;
-    disk_->remove(n.disk_key);  // the hot copy is the node's span now
-    set_tier(id, Tier::Hot, [&](Node& node) {
-      node.disk_bytes = 0;
-      node.span = std::move(*span);
-      node.bytes_per_token = node.span.bytes() / node.tokens.size();
-    });
-    stats_.promoted_bytes += static_cast<int64_t>(node_bytes(nodes_[id]));
-    return true;
-  }
-  set_tier(id, Tier::Hot);  // a virtual node
-  return true;
+  const Tier from = tier(id);
+  if (from == Tier::Hot) return true;
+  untouch(id);
+  const bool ok = tiers_.promote(nodes_[id].slot, nodes_[id].ns, path_tokens(id), nodes_[id].start,
+                                 &stats_.promoted_bytes);
+  if (ok) policy_->on_tier_change(id, Tier::Hot);
+  touch(id);
+  touch(nodes_[id].parent);
+  return ok;
 }
 
 void RadixIndex::promote_match(Match& m) {
   for (size_t i = 0; i < m.pieces.size(); ++i) {
     const NodeId id = m.pieces[i].node;
-    if (nodes_[id].tier == Tier::Hot || promote(id)) continue;
+    if (tier(id) == Tier::Hot || promote(id)) continue;
     ++stats_.dropped_bad;
     // The rest of the match hangs below it: unpinned, uncounted, dropped.
     for (size_t j = i; j < m.pieces.size(); ++j) {
       const Piece& p = m.pieces[j];
       --nodes_[p.node].pins;
       touch(p.node);
-      m.tokens_from[static_cast<int>(nodes_[p.node].tier)] -= p.length;
+      m.tokens_from[static_cast<int>(tier(p.node))] -= p.length;
       m.length -= p.length;
     }
     drop_subtree(id);
@@ -281,7 +253,7 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens)
   // Back to the budget, keeping what this match brought in.
   pin(m);
   unpin_locked(held, false);  // splits keep pins on the same node ids
-  make_room(kHot);
+  make_room(Tier::Hot);
   unpin_locked(m, false);
   return m;
 }
@@ -319,33 +291,19 @@ int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens) {
 }
 
 int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length) {
-  const auto n = static_cast<int64_t>(tokens.size());
   std::vector<Match> held;  // each block stays pinned until all are in
-  for (int64_t b0 = (length / block_tokens_) * block_tokens_; b0 < n; b0 += block_tokens_) {
-    const int64_t b1 = std::min(n, b0 + block_tokens_);
-    const std::span<const int32_t> seq = tokens.first(static_cast<size_t>(b1));
-    const uint64_t key = span_content_key(ns, seq);
-    const std::optional<std::vector<uint8_t>> record = remote_->get(key);
-    if (!record) break;
-    DecodedSpan d = decode_span_record(*record, key, ns, seq, b0);
-    if (d.status != RecordStatus::Ok) {
-      if (d.status == RecordStatus::Corrupt) {
-        ++stats_.dropped_bad;
-        remote_->remove(key);
-      }
-      break;
-    }
-    const KvSpan block = std::move(d.span);
+  const auto take = [&](int64_t b0, int64_t b1, const KvSpan& block) {
     const SpanMaker from_block = [&](int64_t begin, int64_t end) {
       return block.slice(begin - b0, end - b0);
     };
     Match path;
-    insert_impl(ns, seq, &from_block, 0, 1.0, &path, /*publish=*/false);
-    if (path.length < b1) break;  // larger than the hot tier
+    insert_impl(ns, tokens.first(static_cast<size_t>(b1)), &from_block, 0, 1.0, &path, /*publish=*/false);
+    if (path.length < b1) return false;  // larger than the hot tier
     pin(path);
     held.push_back(std::move(path));
-    length = b1;
-  }
+    return true;
+  };
+  length = remote_->fetch(ns, tokens, length, take, &stats_.dropped_bad);
   for (const Match& m : held) unpin_locked(m, false);
   return length;
 }
@@ -355,14 +313,9 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   Node& n = nodes_[node];
   Node& h = nodes_[head];
   h.tokens.assign(n.tokens.begin(), n.tokens.begin() + at);
-  if (n.span.n_tokens() > 0) {
-    h.span = n.span.slice(0, at);
-    n.span = n.span.slice(at, n.span.n_tokens());
-  }
-  h.bytes_per_token = n.bytes_per_token;
+  h.slot = n.slot.take_front(at);
   h.ns = n.ns;
   h.start = n.start;
-  h.tier = n.tier;
   h.parent = n.parent;
   h.last_used = n.last_used;
   h.hits = n.hits;
@@ -397,21 +350,10 @@ int64_t RadixIndex::insert_impl(uint64_t ns, std::span<const int32_t> tokens, co
                                 bool publish) {
   int64_t from = 0;
   const int64_t added = insert_path(ns, tokens, make_span, virtual_bytes_per_token, cost_per_token, &from);
-  if (publish && remote_ && make_span && added > 0) publish_remote(ns, tokens, from, *make_span);
+  if (publish && remote_ && make_span && added > 0)
+    stats_.remote_published += remote_->publish(ns, tokens, from, *make_span);
   if (path) *path = peek_locked(ns, tokens);
   return added;
-}
-
-void RadixIndex::publish_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t from,
-                                const SpanMaker& make_span) {
-  const auto n = static_cast<int64_t>(tokens.size());
-  for (int64_t b0 = (from / block_tokens_) * block_tokens_; b0 < n; b0 += block_tokens_) {
-    const int64_t b1 = std::min(n, b0 + block_tokens_);
-    const std::span<const int32_t> seq = tokens.first(static_cast<size_t>(b1));
-    const uint64_t key = span_content_key(ns, seq);
-    remote_->put(key, encode_span_record(key, ns, seq, b0, make_span(b0, b1)));
-    ++stats_.remote_published;
-  }
 }
 
 int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
@@ -426,7 +368,7 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
     auto c = nodes_[at].children.find(tokens[pos]);
     // A new leaf hangs below hot nodes only; a walked node whose disk file
     // is bad goes (with what hangs below it) and the tokens count as new.
-    if (c != nodes_[at].children.end() && nodes_[c->second].tier != Tier::Hot && !promote(c->second)) {
+    if (c != nodes_[at].children.end() && tier(c->second) != Tier::Hot && !promote(c->second)) {
       ++stats_.dropped_bad;
       drop_subtree(c->second);
       c = nodes_[at].children.end();
@@ -442,21 +384,22 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
                added);
         bytes_per_token = span.bytes() / static_cast<size_t>(added);
       }
-      if (bytes_per_token * static_cast<size_t>(added) > budget_[kHot]) {  // could never fit
+      if (bytes_per_token * static_cast<size_t>(added) > tiers_.budget(Tier::Hot)) {  // could never fit
         ++stats_.oversized[kHot];
         break;
       }
       const NodeId leaf = new_node();
       Node& l = nodes_[leaf];
       l.tokens.assign(tokens.begin() + pos, tokens.end());
-      l.span = std::move(span);
-      l.bytes_per_token = bytes_per_token;
+      l.slot.span = std::move(span);
+      l.slot.n_tokens = added;
+      l.slot.bytes_per_token = bytes_per_token;
       l.ns = ns;
       l.start = pos;
       l.parent = at;
       l.last_used = clock_;
       l.hits = 1;
-      bytes_[kHot] += node_bytes(l);
+      tiers_.add(l.slot);
       nodes_[at].children.emplace(tokens[pos], leaf);
       const double cost = cost_model_ ? cost_model_(pos, added) / static_cast<double>(added) : cost_per_token;
       policy_->on_insert(leaf, cost);
@@ -466,7 +409,7 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
       // Keep the new leaf through this eviction: it is what the caller wants cached.
       ++nodes_[leaf].pins;
       untouch(leaf);
-      make_room(kHot);
+      make_room(Tier::Hot);
       --nodes_[leaf].pins;
       touch(leaf);
       return added;
@@ -481,7 +424,7 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
     pos += k;
     at = child;
   }
-  make_room(kHot);
+  make_room(Tier::Hot);
   return 0;
 }
 
@@ -503,7 +446,7 @@ void RadixIndex::unpin_locked(const Match& m, bool evict) {
     if (nodes_[p.node].pins <= 0) fail(ErrorKind::Internal, "radix index: unpin of an unpinned node");
     if (--nodes_[p.node].pins == 0) touch(p.node);
   }
-  if (evict) make_room(kHot);  // what pins held above the budget can go now
+  if (evict) make_room(Tier::Hot);  // what pins held above the budget can go now
 }
 
 void RadixIndex::remove_leaf(NodeId id) {
@@ -511,8 +454,7 @@ void RadixIndex::remove_leaf(NodeId id) {
   Node& n = nodes_[id];
   const NodeId parent = n.parent;
   nodes_[parent].children.erase(n.tokens.front());
-  bytes_[static_cast<int>(n.tier)] -= tier_bytes(n);
-  if (n.tier == Tier::Disk && disk_ && n.disk_bytes > 0) disk_->remove(n.disk_key);
+  tiers_.remove(n.slot);
   n = Node{};
   free_.push_back(id);
   --n_live_;
@@ -527,93 +469,81 @@ void RadixIndex::drop_subtree(NodeId id) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) remove_leaf(*it);  // children first
 }
 
-int RadixIndex::next_tier(int t) const {
-  if (t == kHot && host_) return kHost;
-  if (t <= kHost && disk_) return kDisk;
-  return -1;
-}
-
 void RadixIndex::evict_to(size_t target) {
   auto lk = lock();
-  const size_t budget = budget_[kHot];
-  budget_[kHot] = std::min(budget, target);
-  make_room(kHot);
-  budget_[kHot] = budget;
+  const size_t budget = tiers_.budget(Tier::Hot);
+  tiers_.set_budget(Tier::Hot, std::min(budget, target));
+  make_room(Tier::Hot);
+  tiers_.set_budget(Tier::Hot, budget);
 }
 
-void RadixIndex::make_room(int t) {
+void RadixIndex::make_room(Tier t) {
   if (keys_dirty_) rekey_all();
-  while (bytes_[t] > budget_[t]) {
-    if (candidates_[t].empty()) return;  // everything left is pinned
-    const EvictKey lowest = *candidates_[t].begin();
-    policy_->on_evict(lowest.id, lowest.priority, static_cast<Tier>(t));
-    ++stats_.demoted[t];
+  auto& candidates = candidates_[static_cast<int>(t)];
+  while (tiers_.over_budget(t)) {
+    if (candidates.empty()) return;  // everything left is pinned
+    const EvictKey lowest = *candidates.begin();
+    policy_->on_evict(lowest.id, lowest.priority, t);
+    ++stats_.demoted[static_cast<int>(t)];
     demote(lowest.id);
   }
 }
 
 void RadixIndex::demote(NodeId id) {
-  const int t = static_cast<int>(nodes_[id].tier);
-  const int to = next_tier(t);
-  if (to < 0) {
+  const std::optional<Tier> to = tiers_.below(tier(id));
+  if (!to) {
     drop_subtree(id);  // the last tier: a leaf (its children were in this tier or gone)
     return;
   }
-  if (to == kHost) {
-    set_tier(id, Tier::Host);
-    make_room(kHost);
+  if (*to == Tier::Host || nodes_[id].slot.span.n_tokens() == 0) {  // virtual nodes only change tier
+    set_tier(id, *to);
+    make_room(*to);
     return;
   }
-  // To disk. Virtual nodes only change their tier.
-  Node& n = nodes_[id];
-  if (n.span.n_tokens() == 0) {
-    set_tier(id, Tier::Disk);
-    make_room(kDisk);
-    return;
-  }
+  // To disk.
   const std::vector<int32_t> path = path_tokens(id);
-  const size_t need = DiskSpanStore::file_bytes(static_cast<int64_t>(path.size()), n.span);
+  const size_t need = SpanTiers::disk_file_bytes(nodes_[id].slot, static_cast<int64_t>(path.size()));
   // Room on disk first, by the policy (the store's own order would not know
   // which files the index still needs).
-  const size_t budget = budget_[kDisk];
+  const size_t budget = tiers_.budget(Tier::Disk);
   if (need <= budget) {
-    budget_[kDisk] = budget - need;
+    tiers_.set_budget(Tier::Disk, budget - need);
     ++nodes_[id].pins;
     untouch(id);
-    make_room(kDisk);
+    make_room(Tier::Disk);
     --nodes_[id].pins;
     touch(id);
-    budget_[kDisk] = budget;
+    tiers_.set_budget(Tier::Disk, budget);
   }
-  const uint64_t key = span_content_key(n.ns, path);
-  if (need > budget || !disk_->put(key, n.ns, path, n.start, n.span)) {
-    ++(need <= budget ? stats_.disk_write_failures : stats_.oversized[kDisk]);
+  untouch(id);
+  const bool written =
+      need <= budget && tiers_.write_to_disk(nodes_[id].slot, nodes_[id].ns, path, nodes_[id].start);
+  if (!written) {
+    touch(id);
+    ++(need <= budget ? stats_.disk_write_failures : stats_.oversized[static_cast<int>(Tier::Disk)]);
     drop_subtree(id);  // cannot go lower: out, with whatever hangs below
     return;
   }
-  set_tier(id, Tier::Disk, [&](Node& node) {
-    node.disk_key = key;
-    node.disk_bytes = need;
-    node.span = KvSpan();
-    node.bytes_per_token = 0;
-  });
+  policy_->on_tier_change(id, Tier::Disk);
+  touch(id);
+  touch(nodes_[id].parent);
 }
 
 void RadixIndex::persist() {
   auto lk = lock();
-  if (!disk_) return;
+  if (!tiers_.disk()) return;
   // Deepest first, so children are on disk before their parents move.
   std::vector<std::pair<int64_t, NodeId>> order;
   for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
     const Node& n = nodes_[id];
-    if (n.live && n.parent >= 0 && n.tier != Tier::Disk && n.span.n_tokens() > 0)
+    if (n.live && n.parent >= 0 && n.slot.tier != Tier::Disk && n.slot.span.n_tokens() > 0)
       order.emplace_back(n.start, id);
   }
   std::sort(order.begin(), order.end(), std::greater<>());
   for (const auto& [start, id] : order) {
-    if (!nodes_[id].live || nodes_[id].tier == Tier::Disk) continue;
+    if (!nodes_[id].live || tier(id) == Tier::Disk) continue;
     nodes_[id].pins = 0;  // shutting down: nothing is in use
-    if (nodes_[id].tier == Tier::Hot && host_) set_tier(id, Tier::Host);
+    if (tier(id) == Tier::Hot && tiers_.below(Tier::Hot) == Tier::Host) set_tier(id, Tier::Host);
     demote(id);
   }
 }
@@ -625,29 +555,33 @@ void RadixIndex::check_invariants() const {
     const Node& n = nodes_[id];
     if (!n.live) continue;
     ++live;
-    bytes[static_cast<int>(n.tier)] += tier_bytes(n);
+    bytes[static_cast<int>(n.slot.tier)] += n.slot.tier_bytes();
     if (n.parent < 0) {
       if (!n.tokens.empty()) fail(ErrorKind::Internal, "radix root {} has tokens", id);
     } else {
       if (n.tokens.empty()) fail(ErrorKind::Internal, "radix node {} has no tokens", id);
       const Node& parent = nodes_[n.parent];
-      if (parent.parent >= 0 && static_cast<int>(parent.tier) > static_cast<int>(n.tier))
-        fail(ErrorKind::Internal, "radix node {} in tier {} under a parent in tier {}", id, tier_name(n.tier),
-             tier_name(parent.tier));
+      if (parent.parent >= 0 && static_cast<int>(parent.slot.tier) > static_cast<int>(n.slot.tier))
+        fail(ErrorKind::Internal, "radix node {} in tier {} under a parent in tier {}", id,
+             tier_name(n.slot.tier), tier_name(parent.slot.tier));
       if (n.start != parent.start + static_cast<int64_t>(parent.tokens.size()))
         fail(ErrorKind::Internal, "radix node {} starts at {}, its parent ends at {}", id, n.start,
              parent.start + static_cast<int64_t>(parent.tokens.size()));
-      if (n.span.n_tokens() != 0 && n.span.n_tokens() != static_cast<int64_t>(n.tokens.size()))
+      const SpanSlot& slot = n.slot;
+      if (slot.n_tokens != static_cast<int64_t>(n.tokens.size()))
+        fail(ErrorKind::Internal, "radix node {}: {} tokens but a slot of {}", id, n.tokens.size(),
+             slot.n_tokens);
+      if (slot.span.n_tokens() != 0 && slot.span.n_tokens() != slot.n_tokens)
         fail(ErrorKind::Internal, "radix node {}: {} tokens but a span of {}", id, n.tokens.size(),
-             n.span.n_tokens());
-      if (n.span.n_tokens() != 0 && n.span.bytes() != node_bytes(n))
-        fail(ErrorKind::Internal, "radix node {}: span of {} bytes counted as {}", id, n.span.bytes(),
-             node_bytes(n));
-      if (n.tier == Tier::Disk && n.disk_bytes > 0) {
+             slot.span.n_tokens());
+      if (slot.span.n_tokens() != 0 && slot.span.bytes() != slot.memory_bytes())
+        fail(ErrorKind::Internal, "radix node {}: span of {} bytes counted as {}", id, slot.span.bytes(),
+             slot.memory_bytes());
+      if (slot.tier == Tier::Disk && slot.disk_bytes > 0) {
         ++on_disk;
-        if (n.span.n_tokens() != 0)
+        if (slot.span.n_tokens() != 0)
           fail(ErrorKind::Internal, "radix node {} on disk still holds its span", id);
-        if (!disk_ || !disk_->contains(n.disk_key))
+        if (!tiers_.disk() || !tiers_.disk()->contains(slot.disk_key))
           fail(ErrorKind::Internal, "radix node {} is on disk, but its file is not", id);
       }
       const auto it = parent.children.find(n.tokens.front());
@@ -665,16 +599,16 @@ void RadixIndex::check_invariants() const {
     for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
       const Node& n = nodes_[id];
       bool candidate = n.live && n.parent >= 0 && n.pins == 0;
-      for (const auto& [tok, child] : n.children) candidate = candidate && nodes_[child].tier != n.tier;
+      for (const auto& [tok, child] : n.children) candidate = candidate && tier(child) != n.slot.tier;
       if (candidate != n.keyed)
         fail(ErrorKind::Internal, "radix node {} is {}an eviction candidate but {}listed", id,
              candidate ? "" : "not ", n.keyed ? "" : "not ");
       if (!candidate) continue;
       ++keyed;
       const EvictKey key{
-          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.tier}),
+          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.slot.tier}),
           n.last_used, id};
-      if (!(key == n.key) || !candidates_[static_cast<int>(n.tier)].count(n.key))
+      if (!(key == n.key) || !candidates_[static_cast<int>(n.slot.tier)].count(n.key))
         fail(ErrorKind::Internal, "radix node {} is listed under a stale eviction key", id);
     }
     size_t listed = 0;
@@ -682,12 +616,12 @@ void RadixIndex::check_invariants() const {
     if (listed != keyed) fail(ErrorKind::Internal, "{} eviction candidates listed, {} exist", listed, keyed);
   }
   for (int t = 0; t < kRemote; ++t)
-    if (bytes[t] != bytes_[t])
-      fail(ErrorKind::Internal, "radix index counts {} bytes in the {} tier, nodes hold {}", bytes_[t],
-           tier_name(static_cast<Tier>(t)), bytes[t]);
-  if (disk_ && disk_->n_files() != on_disk)
-    fail(ErrorKind::Internal, "the disk tier holds {} files, the index {} nodes on disk", disk_->n_files(),
-         on_disk);
+    if (bytes[t] != tiers_.bytes(static_cast<Tier>(t)))
+      fail(ErrorKind::Internal, "radix index counts {} bytes in the {} tier, nodes hold {}",
+           tiers_.bytes(static_cast<Tier>(t)), tier_name(static_cast<Tier>(t)), bytes[t]);
+  if (tiers_.disk() && tiers_.disk()->n_files() != on_disk)
+    fail(ErrorKind::Internal, "the disk tier holds {} files, the index {} nodes on disk",
+         tiers_.disk()->n_files(), on_disk);
   if (live != n_live_) fail(ErrorKind::Internal, "radix index counts {} nodes, {} are live", n_live_, live);
 }
 

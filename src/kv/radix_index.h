@@ -6,28 +6,28 @@
 // model fingerprint, the KV dtype, and for dependency attention the context a
 // subtree hangs under — so a match is always exact.
 //
-// Tiers. Every node records where its span lives: the hot tier (the memory
-// the engine computes from, the role GPU memory plays in the papers), the
-// host tier, or the disk tier (a DiskSpanStore, surviving restarts). Each
-// tier has a byte budget; when one is exceeded, the unpinned node of that
-// tier the replacement policy ranks lowest and that has no child in the same
-// tier moves one tier down, and from the last tier it leaves the index
-// (which makes eviction leaf-only: a parent goes once its children are gone).
-// Those candidates are kept per tier in priority order, updated at every
-// event that can change a node's priority or eligibility, so finding a
-// victim is a lookup, not a scan.
-// A parent is therefore always in the same or a faster tier than its
-// children. A match brings every node it uses back to the hot tier; the time
-// this takes is part of the request's time to first token. A disk file that
-// turns out corrupt is dropped with the subtree below it, and the match
-// stops there: the tokens are recomputed, never served from a bad file.
+// The index is three parts, one concern each:
+//  - the tree (this class): tokens to nodes, pins, access counts, and per
+//    tier the eviction candidates in the replacement policy's order;
+//  - the tiers (SpanTiers, kv/span_tiers.h): where each node's span lives
+//    (hot, host, disk), bytes against each tier's budget, and the moves
+//    between tiers with their I/O;
+//  - the remote tier (RemoteBlocks, kv/remote_blocks.h), layered on match
+//    (a match that ends early reads the following blocks) and insert (new
+//    KV is published block by block).
 //
-// The remote tier (a RemoteStore such as Redis) is shared between
-// processes and content-addressed: sequences are cut into blocks of
-// block_tokens, each filed under the hash of its namespace and every token
-// up to the block's end. New KV is published block by block as it is
-// inserted; a match that ends early looks for the following blocks there.
-// A remote store that fails only makes the match shorter.
+// Eviction. When a tier exceeds its budget, the unpinned node of that tier
+// the policy ranks lowest and that has no child in the same tier moves one
+// tier down, and from the last tier it leaves the index (which makes
+// eviction leaf-only: a parent goes once its children are gone). The
+// candidates are kept per tier in priority order, updated at every event
+// that can change a node's priority or eligibility, so finding a victim is a
+// lookup, not a scan. A parent is therefore always in the same or a faster
+// tier than its children. A match brings every node it uses back to the hot
+// tier; the time this takes is part of the request's time to first token. A
+// disk file that turns out corrupt is dropped with the subtree below it, and
+// the match stops there: the tokens are recomputed, never served from a bad
+// file.
 //
 // Nodes may also be virtual (a size, no K/V): the simulator replays
 // workloads through the same index and policies without running a model.
@@ -46,7 +46,9 @@
 #include "kv/disk_store.h"
 #include "kv/kv_span.h"
 #include "kv/policy.h"
+#include "kv/remote_blocks.h"
 #include "kv/remote_store.h"
+#include "kv/span_tiers.h"
 
 namespace depcache {
 
@@ -67,10 +69,9 @@ class RadixIndex {
     int64_t tokens_from[kTiers] = {};  // matched tokens by the tier they were found in
     double load_ms = 0;                // time spent bringing them to the hot tier
   };
-  // Makes the span of sequence tokens [begin, end). Insert asks for the new
-  // tokens; with a remote tier it also asks for whole blocks, which may start
-  // before them.
-  using SpanMaker = std::function<KvSpan(int64_t begin, int64_t end)>;
+  // Insert asks for the span of the new tokens; with a remote tier it also
+  // asks for whole blocks, which may start before them.
+  using SpanMaker = depcache::SpanMaker;
 
   struct Stats {
     int64_t hit_tokens[kTiers] = {};  // matched tokens by tier found in
@@ -138,7 +139,7 @@ class RadixIndex {
   void unpin(const Match& m);
 
   // The span of a matched (hence hot) node.
-  const KvSpan& span(NodeId node) const { return nodes_[node].span; }
+  const KvSpan& span(NodeId node) const { return nodes_[node].slot.span; }
   // LACR's lookahead weights (node -> weight of the pending requests that
   // will use it): re-ranks only the nodes whose weight changed.
   void set_lookahead(std::unordered_map<int32_t, double> weights);
@@ -151,10 +152,10 @@ class RadixIndex {
   }
   std::unique_lock<std::recursive_mutex> lock() const { return std::unique_lock(mu_); }
   // Bytes and budget of the hot tier; of any tier.
-  size_t bytes() const { return bytes_[0]; }
-  size_t budget() const { return budget_[0]; }
-  size_t bytes(Tier t) const { return bytes_[static_cast<int>(t)]; }
-  size_t budget(Tier t) const { return budget_[static_cast<int>(t)]; }
+  size_t bytes() const { return tiers_.bytes(Tier::Hot); }
+  size_t budget() const { return tiers_.budget(Tier::Hot); }
+  size_t bytes(Tier t) const { return tiers_.bytes(t); }
+  size_t budget(Tier t) const { return tiers_.budget(t); }
   size_t n_nodes() const { return n_live_; }
   size_t n_pinned() const;  // nodes with at least one pin
   size_t n_nodes(Tier t) const;
@@ -179,13 +180,9 @@ class RadixIndex {
 
   struct Node {
     std::vector<int32_t> tokens;  // edge label; empty only for roots
-    KvSpan span;                  // empty for a virtual node and on disk
-    size_t bytes_per_token = 0;
+    SpanSlot slot;                // its span and the tier it is in
     uint64_t ns = 0;
     int64_t start = 0;  // tokens of the sequence before this node's
-    Tier tier = Tier::Hot;
-    uint64_t disk_key = 0;  // on disk: the file's key
-    size_t disk_bytes = 0;  // on disk: the file's size
     uint64_t hits = 0;
     NodeId parent = -1;
     std::unordered_map<int32_t, NodeId> children;  // by first token
@@ -205,12 +202,9 @@ class RadixIndex {
   NodeId new_node();
   Match peek_locked(uint64_t ns, std::span<const int32_t> tokens) const;
   std::vector<int32_t> path_tokens(NodeId node) const;  // the sequence up to the node's end
-  // Bytes a node counts in its tier: its file on disk (real spans), its
-  // memory otherwise (virtual nodes are sizes in every tier).
-  size_t tier_bytes(const Node& n) const { return n.disk_bytes + node_bytes(n); }
-  // Moves a node to tier t, applying `change` to it in between, so its
-  // bytes leave the old tier as they were and enter the new one as they are.
-  void set_tier(NodeId node, Tier t, const std::function<void(Node&)>& change = {});
+  Tier tier(NodeId node) const { return nodes_[node].slot.tier; }
+  // Moves a node to tier t (SpanTiers::set_tier) and re-ranks it and its parent.
+  void set_tier(NodeId node, Tier t, const std::function<void(SpanSlot&)>& change = {});
   bool promote(NodeId node);  // to the hot tier; false when its disk file is bad
   // Promotes the pieces of a pinned match in order; where a promotion
   // fails, unpins and drops the rest and truncates m and its tier counts.
@@ -222,29 +216,20 @@ class RadixIndex {
   // inserting what is found; returns the new length.
   int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length);
   void unpin_locked(const Match& m, bool evict);
-  void publish_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t from, const SpanMaker& make_span);
-  int next_tier(int t) const;  // -1: out of the index
-  void make_room(int t);
+  void make_room(Tier t);
   void demote(NodeId node);
   void drop_subtree(NodeId node);
-  NodeId split(NodeId node, int64_t at);
+  NodeId split(NodeId node, int64_t at);  // node keeps [at, end); returns the new parent with [0, at)
   int64_t insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
                       size_t virtual_bytes_per_token, double cost_per_token, Match* path, bool publish);
   // Returns the tokens added; *new_from: where they start.
   int64_t insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
                       size_t virtual_bytes_per_token, double cost_per_token, int64_t* new_from);
-  size_t node_bytes(const Node& n) const {
-    return n.tokens.size() * n.bytes_per_token;
-  }  // node keeps [at, end); returns the new parent with [0, at)
   void remove_leaf(NodeId node);
 
   mutable std::recursive_mutex mu_;
-  size_t budget_[kTiers] = {};
-  size_t bytes_[kTiers] = {};
-  bool host_ = false;
-  DiskSpanStore* disk_ = nullptr;
-  RemoteStore* remote_ = nullptr;
-  int64_t block_tokens_ = 32;
+  SpanTiers tiers_;
+  std::unique_ptr<RemoteBlocks> remote_;
   std::function<double(int64_t, int64_t)> cost_model_;
   Stats stats_;
   std::unique_ptr<ReplacementPolicy> policy_;

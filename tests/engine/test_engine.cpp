@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
+#include "strategy/simulator.h"
 #include "test_support.h"
 #include "util/error.h"
 #include "util/numeric.h"
@@ -138,7 +139,8 @@ TEST(Engine, EverySchedulerGivesTheSameAnswers) {
   std::vector<RequestId> ids;
   for (const Job& j : js) ids.push_back(e.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(4)));
   while (e.step()) ASSERT_LE(e.n_running(), 1u);
-  for (size_t i = 0; i < js.size(); ++i) EXPECT_EQ(e.result(ids[i]).tokens, alone[i]) << "one at a time #" << i;
+  for (size_t i = 0; i < js.size(); ++i)
+    EXPECT_EQ(e.result(ids[i]).tokens, alone[i]) << "one at a time #" << i;
   EngineOptions bad = options();
   bad.scheduler = {"nope", 2};
   EXPECT_THROW(Engine(model, bad), Error);
@@ -246,6 +248,67 @@ TEST(Engine, PreemptedRequestsResumeWithTheSameTokens) {
     EXPECT_EQ(e.pool().n_free(), e.pool().n_rows());
     EXPECT_EQ(e.index().n_pinned(), 0u);
   }
+}
+
+// The simulator replays a stream through the same index, policies and
+// scheduler with virtual nodes; served one at a time, the engine must find
+// exactly the hits the simulator predicts, request by request, under
+// eviction. (Cost-aware policies differ by design: the engine feeds them
+// measured times, the simulator a formula.)
+TEST(Engine, HitRateEqualsTheSimulators) {
+  const auto model = test::random_model("tiny", DType::F32);
+  const Tokenizer tok(Vocab::builtin_bytes());
+  std::vector<RequestEntity> pool = {kDog, kCat, kOwl, test::kDog, test::kCat, test::kDog2, test::kOwl};
+  pool.push_back(entity("fox", {"fox -hypernym-> canine", "fox -eats-> mice", "fox -lives in-> den"}));
+  pool.push_back(entity("bee", {"bee -makes-> honey", "bee -lives in-> hive -part of-> garden"}));
+  std::mt19937 rng(11);
+  std::vector<RagRequest> reqs;
+  std::vector<DepPrompt> prompts;
+  for (int i = 0; i < 40; ++i) {
+    std::vector<RequestEntity> picked;
+    const size_t k = 1 + rng() % 3;
+    for (size_t j = 0; j < k; ++j) {
+      // Skewed: low indices come back often.
+      const size_t at = std::min<size_t>(rng() % pool.size(), rng() % pool.size());
+      picked.push_back(pool[at]);
+    }
+    reqs.push_back(graph_request(picked, i % 2 ? "Which animals?" : "What do they eat?"));
+    prompts.push_back(make_prompt_parts(tok, reqs.back()).dep_prompt());
+  }
+  const int64_t distinct = distinct_kv_tokens(prompts, PositionScheme::Depth);
+  KvCache one(model->config(), 1, DType::F32);
+  const int64_t row = 0;
+  const size_t bytes_per_token = one.extract({&row, 1}).bytes();
+  for (const char* policy : {"lru", "lfu"})
+    for (const char* order : {"fifo", "lpm"}) {
+      SimulationOptions so;
+      so.policy = policy;
+      so.scheduler = order;
+      so.capacity_tokens = distinct * 2 / 5;
+      so.window = 8;
+      so.scheme = PositionScheme::Depth;
+      const SimulationResult sim = simulate(prompts, so);
+      EngineOptions eo = options();
+      eo.policy = policy;
+      eo.scheduler = {order, so.starvation_bound};
+      eo.window = so.window;
+      eo.max_running = 1;
+      eo.cache_bytes = static_cast<size_t>(so.capacity_tokens) * bytes_per_token;
+      Engine e(model, eo);
+      std::vector<RequestId> ids;
+      for (const RagRequest& r : reqs)
+        ids.push_back(e.submit("depcache", make_prompt_parts(tok, r), greedy(1)));
+      e.run_until_idle();
+      double hit = 0;
+      for (RequestId id : ids) {
+        const PrefillReport& rep = e.result(id).report;
+        hit += static_cast<double>(rep.reused_tokens) / static_cast<double>(rep.prompt_tokens);
+      }
+      hit /= static_cast<double>(ids.size());
+      EXPECT_NEAR(hit, sim.token_hit_rate, 1e-12) << policy << " " << order;
+      EXPECT_GT(sim.evicted_nodes, 0) << "the capacity must force evictions";
+      EXPECT_GT(sim.token_hit_rate, 0.1);
+    }
 }
 
 // A pool too small for everything at once: requests wait for rows and all
