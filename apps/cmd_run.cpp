@@ -56,6 +56,7 @@ struct RunOptions {
   int max_tokens = 1;
   int64_t batch_tokens = 2048;
   size_t max_running = 0;
+  bool no_wait_for_shared = false;
   std::string scheduler = "fifo";
   int starvation_bound = 32;
   double rate = 0, rate_scale = 1;
@@ -168,6 +169,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   eo.strategy = {scheme, !o.no_reuse};
   eo.batch_tokens = o.batch_tokens;
   eo.max_running = o.max_running;
+  eo.wait_for_shared = !o.no_wait_for_shared;
   eo.threads = o.threads;
   eo.window = o.window;
   eo.prefetch = o.no_reuse ? 0 : o.prefetch;
@@ -558,6 +560,9 @@ void add_run_command(CLI::App& app) {
                   "one at a time)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--no-wait-for-shared", o.no_wait_for_shared,
+                "Admit a request beside a prefill under way that computes some of its tokens (by default it "
+                "waits for that prefill and reuses them)");
   cmd->add_flag(
       "--serial", o.serial,
       "One request at a time, each entering when the previous one is done (no queueing, no batching)");

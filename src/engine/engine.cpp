@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <set>
 
 #include "engine/visibility.h"
 #include "kv/policy.h"
@@ -148,19 +149,41 @@ void Engine::make_room_to_decode() {
   }
 }
 
+int64_t Engine::computed_in_flight(const std::vector<Lookup>& lookups) {
+  int64_t shared = 0;
+  for (const Lookup& l : lookups) {
+    if (l.tokens.empty()) continue;
+    int64_t longest = 0;
+    for (RequestId id : prefilling_)
+      for (const CacheRun& run : live(id).active_plan().runs) {
+        if (run.ns != l.ns || run.tokens.empty() || run.tokens.front() != l.tokens.front()) continue;
+        const auto common =
+            std::mismatch(run.tokens.begin(), run.tokens.end(), l.tokens.begin(), l.tokens.end());
+        longest = std::max<int64_t>(longest, common.first - run.tokens.begin());
+      }
+    if (longest > 0) shared += std::max<int64_t>(0, longest - index_.peek(l.ns, l.tokens).length);
+  }
+  return shared;
+}
+
 bool Engine::admit_next() {
   if (options_.max_running > 0 && n_running() >= options_.max_running) return false;
+  std::set<RequestId> deferred;  // they share tokens a prefill under way is computing
   while (!waiting_.empty()) {
     // Preempted requests first; otherwise the scheduler's pick among the
     // first `window` waiting requests.
     size_t pick = 0;
     std::vector<WaitingRequest> window;
+    std::vector<size_t> at;  // window entry -> position in waiting_
     if (!live(waiting_.front()).requeued) {
-      for (size_t i = 0; i < waiting_.size() && i < std::max<size_t>(options_.window, 1); ++i) {
+      for (size_t i = 0; i < waiting_.size() && at.size() < std::max<size_t>(options_.window, 1); ++i) {
         const Sequence& w = live(waiting_[i]);
+        if (deferred.count(w.id)) continue;
         window.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), w.passed_over});
+        at.push_back(i);
       }
-      pick = pick_next(options_.scheduler, window, index_);
+      if (window.empty()) return false;  // every candidate waits for a prefill under way
+      pick = at[pick_next(options_.scheduler, window, index_)];
     }
     Sequence& s = live(waiting_[pick]);
     const RequestPlan& plan = s.active_plan();
@@ -178,11 +201,17 @@ bool Engine::admit_next() {
              fmt::format("the prompt holds a token outside the vocabulary of {}", n_vocab));
       continue;
     }
+    if (options_.wait_for_shared && !s.requeued && s.passed_over < options_.scheduler.starvation_bound &&
+        computed_in_flight(s.lookups) > 0) {
+      deferred.insert(s.id);
+      continue;
+    }
     std::optional<RowBlock> block =
         pool_.allocate(std::min(s.rows_needed, n + std::max<int64_t>(options_.decode_rows_ahead, 1)));
     if (!block) return false;  // the pick waits for rows; nothing overtakes it
-    for (size_t i = 0; i < window.size(); ++i)
+    for (size_t i : at)
       if (i != pick) ++live(waiting_[i]).passed_over;
+    for (RequestId d : deferred) ++live(d).passed_over;
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
     s.rows = std::move(*block);
     s.requeued = false;

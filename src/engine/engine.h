@@ -62,6 +62,11 @@ struct EngineOptions {
   size_t prefetch = 0;
   // Which waiting request is admitted next (among the first `window`).
   SchedulerOptions scheduler;
+  // A waiting request that shares uncached tokens with a prefill under way
+  // (the same run in the same context) waits for it to finish and reuses
+  // its KV, instead of computing the same tokens beside it; unless it was
+  // passed over scheduler.starvation_bound times.
+  bool wait_for_shared = true;
   std::vector<int32_t> eog_ids;  // end-of-generation tokens (from the front end's tokenizer)
 };
 
@@ -119,6 +124,9 @@ class Engine {
   void retire(RequestId id, RequestState state, const std::string& error = {});
   void preempt(Sequence& s);
   void make_room_to_decode();
+  // Tokens of `lookups` that the prefills under way will insert and the
+  // index does not hold yet.
+  int64_t computed_in_flight(const std::vector<Lookup>& lookups);
   // The scheduler's next waiting request admitted into the pool, or false.
   bool admit_next();
 

@@ -250,6 +250,42 @@ TEST(Engine, PreemptedRequestsResumeWithTheSameTokens) {
   }
 }
 
+// Two requests that share subtrees arrive together: the second waits for
+// the first's prefill (split over steps) and reuses what it computed,
+// instead of computing the same tokens beside it; both answer as alone.
+TEST(Engine, WaitsForAPrefillUnderWayThatComputesItsTokens) {
+  const auto model = test::random_model("tiny", DType::F32);
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const RagRequest a = graph_request({kDog, kCat}, "Which animals?");
+  const RagRequest b = graph_request({kCat, kDog, kOwl}, "Which eat mice?");
+  std::vector<int32_t> alone_b;
+  {
+    Engine e(model, options());
+    const RequestId id = e.submit("depcache", make_prompt_parts(tok, b), greedy(4));
+    e.run_until_idle();
+    alone_b = e.result(id).tokens;
+  }
+  int64_t computed[2] = {};
+  for (bool wait : {false, true}) {
+    EngineOptions o = options();
+    o.batch_tokens = 16;  // the first prefill takes several steps
+    o.wait_for_shared = wait;
+    Engine e(model, o);
+    const RequestId ia = e.submit("depcache", make_prompt_parts(tok, a), greedy(4));
+    const RequestId ib = e.submit("depcache", make_prompt_parts(tok, b), greedy(4));
+    e.run_until_idle();
+    const RequestResult &ra = e.result(ia), &rb = e.result(ib);
+    ASSERT_EQ(rb.state, RequestState::Finished) << rb.error;
+    EXPECT_EQ(rb.tokens, alone_b) << "wait " << wait;
+    computed[wait] = ra.report.computed_tokens + rb.report.computed_tokens;
+    if (wait)
+      EXPECT_GT(rb.report.reused_tokens, 0) << "the dog and cat subtrees come from the first request";
+    else
+      EXPECT_EQ(rb.report.reused_tokens, 0) << "admitted beside it, nothing was in the index yet";
+  }
+  EXPECT_LT(computed[1], computed[0]);
+}
+
 // The simulator replays a stream through the same index, policies and
 // scheduler with virtual nodes; served one at a time, the engine must find
 // exactly the hits the simulator predicts, request by request, under
