@@ -54,7 +54,7 @@ struct RunOptions {
   size_t prefetch = 0, window = 32;
   size_t limit = 0;
   int max_tokens = 1;
-  int64_t batch_tokens = 2048;
+  int64_t batch_tokens = 512;
   size_t max_running = 0;
   bool no_wait_for_shared = false;
   std::string scheduler = "fifo";

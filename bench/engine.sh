@@ -8,6 +8,7 @@
 #           Poisson arrivals at several rates, TTFT p50/p99 from arrival and
 #           the rate served, per strategy (full and prefix at the lowest
 #           loaded rate only: they saturate far below depcache);
+#  shared   depcache at 1 and 2 req/s with and without --no-wait-for-shared;
 #  budget   depcache at the highest rate with --batch-tokens 256..4096;
 #  slo      depcache's highest Poisson rate within the SLO (p99 TTFT <= 5x the
 #           unloaded p50), batched and one request at a time (--max-running 1).
@@ -19,7 +20,7 @@ BIN=${BIN:-./build/depcache}
 MODEL=${1:-build/bench-models/qwen2-0.5b-f16.gguf}
 N=${2:-20}
 shift $(($# < 2 ? $# : 2))
-SECTIONS=${*:-decode stream budget slo}
+SECTIONS=${*:-decode stream shared budget slo}
 D=build/bench-engine
 mkdir -p "$D" "$(dirname "$MODEL")"
 [ -f "$MODEL" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$MODEL" >/dev/null
@@ -65,6 +66,15 @@ if has stream; then
   row "one at a time" full,prefix,depcache --serial
   row "Poisson 0.25/s" full,prefix,depcache --rate 0.25 --seed 1
   for r in 0.5 1 2; do row "Poisson $r/s" depcache --rate "$r" --seed 1; done
+fi
+if has shared; then
+  echo
+  echo "depcache: requests sharing runs with a prefill under way wait for it (default) or run beside it"
+  table
+  for r in 1 2; do
+    row "Poisson $r/s, wait for shared" depcache --rate "$r" --seed 1
+    row "Poisson $r/s, beside" depcache --rate "$r" --seed 1 --no-wait-for-shared
+  done
 fi
 if has budget; then
   echo
