@@ -21,9 +21,10 @@ struct Engine::Sequence {
   SamplingParams sampling;
   std::function<void(const TokenEvent&)> on_token;
   Sampler sampler;
-  std::vector<Lookup> lookups;  // what it will look up (LACR, prefetch)
-  RequestPlan plan;             // made at submission
-  RequestPlan resumed;          // after a preemption: the plan and what it generated
+  std::optional<TextOutput> text;  // with a tokenizer
+  std::vector<Lookup> lookups;     // what it will look up (LACR, prefetch)
+  RequestPlan plan;                // made at submission
+  RequestPlan resumed;             // after a preemption: the plan and what it generated
   bool is_resumed = false;
   bool requeued = false;                     // preempted and waiting: admitted before the scheduler's picks
   std::unique_ptr<PlanExecution> execution;  // from admission to the end of its prefill
@@ -64,7 +65,10 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
                          std::function<void(const TokenEvent&)> on_token) {
   if (sampling.max_tokens < 1) fail(ErrorKind::InvalidInput, "max_tokens must be at least 1");
   sampling.sampler.validate();
+  if (!sampling.stop.empty() && !options_.tokenizer)
+    fail(ErrorKind::InvalidInput, "stop strings need an engine with a tokenizer");
   auto s = std::make_unique<Sequence>(sampling);
+  if (options_.tokenizer) s->text.emplace(*options_.tokenizer, sampling.stop);
   s->strategy = &strategy(strategy_name);
   s->parts = std::move(parts);
   s->on_token = std::move(on_token);
@@ -103,9 +107,19 @@ void Engine::emit(Sequence& s, int32_t token) {
   if (index == 0) r.first_token = Clock::now();
   const bool eog = s.sampling.stop_at_eog && std::find(options_.eog_ids.begin(), options_.eog_ids.end(),
                                                        token) != options_.eog_ids.end();
-  const bool last = eog || static_cast<int>(r.tokens.size()) >= s.sampling.max_tokens;
-  if (s.on_token) s.on_token({s.id, token, index, last});
-  if (last) retire(s.id, RequestState::Finished);
+  TokenEvent event{s.id, token, index, false, {}};
+  if (s.text && !eog) event.text = s.text->push(token);
+  const bool stopped = s.text && s.text->stopped();
+  const bool length = static_cast<int>(r.tokens.size()) >= s.sampling.max_tokens;
+  event.last = eog || stopped || length;
+  if (event.last && s.text && !stopped) event.text += s.text->finish();
+  if (s.text) r.text = s.text->text();
+  if (event.last)
+    r.finish_reason = stopped ? FinishReason::Stop
+                      : eog   ? FinishReason::EndOfGeneration
+                              : FinishReason::Length;
+  if (s.on_token) s.on_token(event);
+  if (event.last) retire(s.id, RequestState::Finished);
 }
 
 void Engine::preempt(Sequence& s) {

@@ -24,6 +24,7 @@
 #include "compute/sampling.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
+#include "engine/text_output.h"
 #include "kv/radix_index.h"
 #include "strategy/prompt_parts.h"
 #include "strategy/scheduler.h"
@@ -36,6 +37,8 @@ struct SamplingParams {
   SamplerParams sampler;    // temperature <= 0: greedy
   int max_tokens = 16;      // tokens generated, the first included
   bool stop_at_eog = true;  // end at EngineOptions::eog_ids
+  // The text ends before the first of these (needs EngineOptions::tokenizer).
+  std::vector<std::string> stop;
 };
 
 struct EngineOptions {
@@ -71,17 +74,24 @@ struct EngineOptions {
   // passed over scheduler.starvation_bound times.
   bool wait_for_shared = true;
   std::vector<int32_t> eog_ids;  // end-of-generation tokens (from the front end's tokenizer)
+  // When set, requests also stream text (TokenEvent::text, RequestResult::
+  // text) and may end at stop strings.
+  std::shared_ptr<const Tokenizer> tokenizer;
 };
 
 using RequestId = int64_t;
 
 enum class RequestState { Waiting, Running, Finished, Cancelled, Failed };
+// Why a finished request ended: max_tokens, an end-of-generation token, a
+// stop string.
+enum class FinishReason { None, Length, EndOfGeneration, Stop };
 
 struct TokenEvent {
   RequestId id = 0;
   int32_t token = 0;
   int index = 0;      // 0 for the first generated token
   bool last = false;  // the request is done after this one
+  std::string text;   // with a tokenizer: the text that became final with this token
 };
 
 struct RequestResult {
@@ -89,8 +99,10 @@ struct RequestResult {
   std::string error;            // Failed: why
   PrefillReport report;         // its prefill (logits: of the first generated token)
   std::vector<int32_t> tokens;  // generated
-  bool finite = true;           // every logits row it produced was finite
-  int preemptions = 0;          // times its rows were taken back and it was prefilled again
+  std::string text;             // with a tokenizer: their text, up to any stop string
+  FinishReason finish_reason = FinishReason::None;
+  bool finite = true;   // every logits row it produced was finite
+  int preemptions = 0;  // times its rows were taken back and it was prefilled again
   std::chrono::steady_clock::time_point submitted, first_token, done;
 };
 

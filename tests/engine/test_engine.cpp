@@ -4,9 +4,11 @@
 // leave no rows and no pins behind.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "engine/engine.h"
+#include "engine/text_output.h"
 #include "graph_requests.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -284,6 +286,72 @@ TEST(Engine, WaitsForAPrefillUnderWayThatComputesItsTokens) {
       EXPECT_EQ(rb.report.reused_tokens, 0) << "admitted beside it, nothing was in the index yet";
   }
   EXPECT_LT(computed[1], computed[0]);
+}
+
+// Streaming text ends before the earliest stop string, and nothing that
+// could begin one is streamed before it is known not to.
+TEST(TextOutput, StopsBeforeTheFirstStopStringAndHoldsBackItsStart) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  // One token per byte (encode would prefix a space).
+  std::map<char, int32_t> byte_token;
+  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+    if (const std::string piece = tok.token_to_piece(id); piece.size() == 1) byte_token.emplace(piece[0], id);
+  const auto stream = [&](const std::string& text, std::vector<std::string> stop,
+                          std::vector<std::string>* pieces) {
+    TextOutput out(tok, std::move(stop));
+    std::string all;
+    for (char c : text) {
+      pieces->push_back(out.push(byte_token.at(c)));
+      all += pieces->back();
+    }
+    all += out.finish();
+    EXPECT_EQ(all, out.text());
+    return std::make_pair(all, out.stopped());
+  };
+  std::vector<std::string> pieces;
+  EXPECT_EQ(stream("Hello world, stop here", {"stop", "here"}, &pieces),
+            std::make_pair(std::string("Hello world, "), true));
+  // After "Hello world, s" nothing of the "s" has been streamed.
+  std::string so_far;
+  for (size_t i = 0; i < 14; ++i) so_far += pieces[i];
+  EXPECT_EQ(so_far, "Hello world, ");
+  pieces.clear();
+  EXPECT_EQ(stream("no end in sight, sto", {"stop"}, &pieces),
+            std::make_pair(std::string("no end in sight, sto"), false));
+  pieces.clear();
+  EXPECT_EQ(stream("abcabd", {"abd", ""}, &pieces), std::make_pair(std::string("abc"), true));
+  pieces.clear();
+  EXPECT_EQ(stream("plain", {}, &pieces), std::make_pair(std::string("plain"), false));
+}
+
+// With a tokenizer the engine streams text; a stop string taken from the
+// middle of a request's greedy text ends it there, with fewer tokens.
+TEST(Engine, StopStringsEndTheText) {
+  const auto model = test::random_model("tiny", DType::F32);
+  const auto tok = std::make_shared<const Tokenizer>(Vocab::builtin_bytes());
+  EngineOptions o = options();
+  o.tokenizer = tok;
+  const PromptParts parts = make_prompt_parts(*tok, jobs()[2].request);
+  Engine e(model, o);
+  const RequestId free = e.submit("full", parts, greedy(24));
+  e.run_until_idle();
+  const RequestResult& all = e.result(free);
+  ASSERT_EQ(all.finish_reason, FinishReason::Length);
+  ASSERT_GT(all.text.size(), 8u);
+  const std::string stop = all.text.substr(all.text.size() / 2, 2);
+  const size_t cut = all.text.find(stop);
+  std::string streamed;
+  SamplingParams sp = greedy(24);
+  sp.stop = {stop};
+  const RequestId id = e.submit("full", parts, sp, [&](const TokenEvent& ev) { streamed += ev.text; });
+  e.run_until_idle();
+  const RequestResult& r = e.result(id);
+  EXPECT_EQ(r.finish_reason, FinishReason::Stop);
+  EXPECT_EQ(r.text, all.text.substr(0, cut));
+  EXPECT_EQ(streamed, r.text);
+  EXPECT_LT(r.tokens.size(), all.tokens.size());
+  Engine no_tokenizer(model, options());
+  EXPECT_THROW(no_tokenizer.submit("full", parts, sp), Error);
 }
 
 // The simulator replays a stream through the same index, policies and
