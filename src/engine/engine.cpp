@@ -89,10 +89,11 @@ void Engine::cancel(RequestId id) {
   retire(id, RequestState::Cancelled);
 }
 
-void Engine::retire(RequestId id, RequestState state, const std::string& error) {
+void Engine::retire(RequestId id, RequestState state, const std::string& error, ErrorKind kind) {
   RequestResult& r = results_[id];
   r.state = state;
   r.error = error;
+  r.error_kind = kind;
   r.done = Clock::now();
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   std::erase(prefilling_, id);
@@ -205,14 +206,16 @@ bool Engine::admit_next() {
     if (s.rows_needed > pool_.n_rows()) {
       retire(s.id, RequestState::Failed,
              fmt::format("the request needs {} KV rows (prompt {} + {} generated), more than the pool's {}",
-                         s.rows_needed, s.plan.tokens.size(), s.sampling.max_tokens - 1, pool_.n_rows()));
+                         s.rows_needed, s.plan.tokens.size(), s.sampling.max_tokens - 1, pool_.n_rows()),
+             ErrorKind::LimitExceeded);
       continue;
     }
     const int n_vocab = model_->config().n_vocab;
     if (std::any_of(plan.tokens.begin(), plan.tokens.end(),
                     [&](int32_t t) { return t < 0 || t >= n_vocab; })) {
       retire(s.id, RequestState::Failed,
-             fmt::format("the prompt holds a token outside the vocabulary of {}", n_vocab));
+             fmt::format("the prompt holds a token outside the vocabulary of {}", n_vocab),
+             ErrorKind::InvalidInput);
       continue;
     }
     if (options_.wait_for_shared && !s.requeued && s.passed_over < options_.scheduler.starvation_bound &&
@@ -232,7 +235,7 @@ bool Engine::admit_next() {
     try {
       s.execution = std::make_unique<PlanExecution>(plan, index_, pool_.kv(), s.rows.row0());
     } catch (const Error& e) {
-      retire(s.id, RequestState::Failed, e.what());
+      retire(s.id, RequestState::Failed, e.what(), e.kind());
       continue;
     }
     const auto& rows = s.execution->prefill().rows;
@@ -333,8 +336,8 @@ bool Engine::step() {
   } catch (const Error& e) {
     // Nothing of this batch can be trusted: every request in it fails (their
     // leases and rows are released as they retire).
-    for (const Piece& p : pieces) retire(p.s->id, RequestState::Failed, e.what());
-    for (Sequence* s : decoding) retire(s->id, RequestState::Failed, e.what());
+    for (const Piece& p : pieces) retire(p.s->id, RequestState::Failed, e.what(), e.kind());
+    for (Sequence* s : decoding) retire(s->id, RequestState::Failed, e.what(), e.kind());
     return true;
   }
   const double ms_per_token = ms_since(t0) / static_cast<double>(batch.tokens.size());
@@ -372,6 +375,10 @@ bool Engine::step() {
 void Engine::run_until_idle() {
   while (step()) {
   }
+}
+
+void Engine::forget(RequestId id) {
+  if (!live_.count(id)) results_.erase(id);
 }
 
 const RequestResult& Engine::result(RequestId id) const {

@@ -29,6 +29,7 @@
 #include "strategy/prompt_parts.h"
 #include "strategy/scheduler.h"
 #include "strategy/strategy.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace depcache {
@@ -96,10 +97,11 @@ struct TokenEvent {
 
 struct RequestResult {
   RequestState state = RequestState::Waiting;
-  std::string error;            // Failed: why
-  PrefillReport report;         // its prefill (logits: of the first generated token)
-  std::vector<int32_t> tokens;  // generated
-  std::string text;             // with a tokenizer: their text, up to any stop string
+  std::string error;                           // Failed: why
+  ErrorKind error_kind = ErrorKind::Internal;  // Failed: what kind of failure
+  PrefillReport report;                        // its prefill (logits: of the first generated token)
+  std::vector<int32_t> tokens;                 // generated
+  std::string text;                            // with a tokenizer: their text, up to any stop string
   FinishReason finish_reason = FinishReason::None;
   bool finite = true;   // every logits row it produced was finite
   int preemptions = 0;  // times its rows were taken back and it was prefilled again
@@ -123,6 +125,9 @@ class Engine {
   void run_until_idle();
 
   const RequestResult& result(RequestId id) const;
+  // Drops an ended request's result (a long-running front end forgets what it
+  // has delivered); a live request is kept.
+  void forget(RequestId id);
   size_t n_waiting() const { return waiting_.size(); }
   size_t n_running() const { return prefilling_.size() + decoding_.size(); }
   int64_t preemptions() const { return preemptions_; }
@@ -136,7 +141,8 @@ class Engine {
   Strategy& strategy(std::string_view name);
   Sequence& live(RequestId id) { return *live_.at(id); }
   void emit(Sequence& s, int32_t token);
-  void retire(RequestId id, RequestState state, const std::string& error = {});
+  void retire(RequestId id, RequestState state, const std::string& error = {},
+              ErrorKind kind = ErrorKind::Internal);
   void preempt(Sequence& s);
   void make_room_to_decode();
   // Tokens of `lookups` that the prefills under way will insert and the
