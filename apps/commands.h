@@ -15,5 +15,6 @@ void add_retrieve_command(CLI::App& app);
 void add_workload_commands(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace depcache::cli

@@ -20,6 +20,8 @@ PACKAGES=(
   libxxhash-dev                 # XXH3: model fingerprints, content keys, record and file checksums
   redis-server                  # a real Redis for the remote tier's tests (started on a loopback port)
   linux-perf                    # bench/profile.sh: where the time of a run goes
+  libcpp-httplib-dev            # HTTP/1.1 server of `depcache serve` (threads, chunked streaming)
+  curl                          # a real HTTP client for the server's tests
 )
 
 missing=()

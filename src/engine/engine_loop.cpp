@@ -163,6 +163,7 @@ EngineSnapshot EngineLoop::snapshot() const {
 void EngineLoop::run(Engine& engine) {
   Live live;
   int64_t steps = 0;
+  EngineSnapshot ended;  // its counts of ended requests
   bool stop = false;
   for (;;) {
     std::vector<Command> commands;
@@ -197,6 +198,9 @@ void EngineLoop::run(Engine& engine) {
         ++it;
         continue;
       }
+      ++(r.state == RequestState::Finished    ? ended.finished
+         : r.state == RequestState::Cancelled ? ended.cancelled
+                                              : ended.failed);
       it->second->end(r);
       engine.forget(it->first);
       it = live.erase(it);
@@ -215,6 +219,9 @@ void EngineLoop::run(Engine& engine) {
     }
     s.preemptions = engine.preemptions();
     s.steps = steps;
+    s.finished = ended.finished;
+    s.cancelled = ended.cancelled;
+    s.failed = ended.failed;
     std::lock_guard lk(mu_);
     snapshot_ = s;
   }

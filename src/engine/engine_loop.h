@@ -55,6 +55,7 @@ struct EngineSnapshot {
   RadixIndex::Stats index;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  int64_t finished = 0, cancelled = 0, failed = 0;  // requests ended so far, by how
 };
 
 class EngineLoop {

@@ -1,0 +1,69 @@
+#pragma once
+// `depcache serve`'s HTTP side: an OpenAI-compatible API over an EngineLoop.
+// The listener starts before the model is loaded (/health answers 503 until
+// ready()); every request is served on a worker thread of its own, which
+// submits to the engine loop and writes the tokens as they come (server-sent
+// events when the client asks to stream). A client that goes away mid-stream
+// cancels its request, so its rows and pins are freed. shutdown() stops
+// taking requests, lets the engine finish what is in flight (bounded by a
+// deadline) and closes the listener.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "engine/engine_loop.h"
+#include "model/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace depcache {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                  // 0: any free port
+  std::string api_key;              // empty: no authentication
+  size_t max_body_bytes = 1 << 20;  // larger bodies: 413
+  int http_threads = 64;            // requests served at once (a streaming client holds one)
+  std::string strategy = "prefix";  // for plain requests
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(const ServerOptions& options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and starts serving on a thread of its own; returns the port.
+  // Throws Error when the address cannot be bound.
+  int listen();
+  // The model is loaded: from now on requests run on `loop`, which must
+  // outlive shutdown(). n_ctx: the most rows a request may use (prompt +
+  // max_tokens).
+  void ready(std::string model_name, std::shared_ptr<const Tokenizer> tokenizer, EngineLoop& loop,
+             int64_t n_ctx);
+  // Stops taking requests (503), drains the engine until `deadline`
+  // (cancelling what is left then) and stops the listener. True when
+  // everything in flight finished in time.
+  bool shutdown(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  void routes();
+
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
+  std::atomic<bool> ready_{false}, draining_{false};
+  std::string model_name_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  EngineLoop* loop_ = nullptr;
+  int64_t n_ctx_ = 0;
+  std::atomic<int64_t> next_id_{1};
+  int64_t started_ = 0;  // unix time, for /v1/models
+};
+
+}  // namespace depcache

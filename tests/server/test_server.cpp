@@ -1,0 +1,319 @@
+// `depcache serve` through a real HTTP client (curl) over loopback sockets:
+// every endpoint and error, greedy answers equal to `depcache generate`,
+// streaming, concurrent clients, a client that goes away mid-stream, and
+// SIGTERM draining the requests in flight.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/engine_loop.h"
+#include "model/model.h"
+#include "model/vocab.h"
+#include "server/http_server.h"
+#include "strategy/strategy.h"
+#include "test_support.h"
+
+namespace depcache {
+namespace {
+
+using nlohmann::json;
+
+std::string shell(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while (p && (n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  if (p) pclose(p);
+  return out;
+}
+
+bool have_curl() { return std::system("curl --version >/dev/null 2>&1") == 0; }
+#define REQUIRE_CURL() \
+  if (!have_curl()) DEPCACHE_SKIP("curl not installed (scripts/setup.sh installs it)")
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  json j() const { return json::parse(body); }
+};
+
+// curl with `args` (a shell fragment) against http://127.0.0.1:port.
+Reply curl(int port, const std::string& path, const std::string& args = "") {
+  const auto body = test::temp_path("body");
+  const std::string out = shell(fmt::format("curl -s -N -o {} -w '%{{http_code}}' {} http://127.0.0.1:{}{}",
+                                            body.string(), args, port, path));
+  Reply r;
+  r.status = out.empty() ? 0 : std::stoi(out);
+  std::ifstream in(body, std::ios::binary);
+  r.body.assign(std::istreambuf_iterator<char>(in), {});
+  std::filesystem::remove(body);
+  return r;
+}
+
+std::string post(const json& body) {
+  const auto file = test::temp_path("request");
+  std::ofstream(file) << body.dump();
+  return fmt::format("-H 'Content-Type: application/json' --data-binary @{}", file.string());
+}
+
+// A random-weight model file (decode slow enough that a long request is
+// still running when a client goes away).
+const std::filesystem::path& model_file() {
+  static const std::filesystem::path path = [] {
+    const auto p = test::temp_path("serve-model").replace_extension(".gguf");
+    const test::CliRun r = test::run_cli(
+        fmt::format("model new --preset tiny --layers 4 --embd 256 --heads 4 --heads-kv 2 --ff 768 "
+                    "--ctx 32768 --seed 5 -o {}",
+                    p.string()));
+    if (r.code != 0) throw std::runtime_error(r.out);
+    return p;
+  }();
+  return path;
+}
+
+// An HTTP server over an engine loop in this process, on a free port.
+struct Served {
+  std::shared_ptr<const Model> model = Model::load(model_file());
+  std::shared_ptr<const Tokenizer> tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(model->file()));
+  std::unique_ptr<EngineLoop> loop;
+  std::unique_ptr<HttpServer> http;
+  int port = 0;
+
+  explicit Served(ServerOptions so = {}, bool make_ready = true) {
+    so.port = 0;
+    EngineOptions eo;
+    eo.pool_rows = 32768;
+    eo.threads = 2;
+    eo.tokenizer = tok;
+    for (int32_t id = 0; id < tok->n_vocab(); ++id)
+      if (tok->is_eog(id)) eo.eog_ids.push_back(id);
+    loop = std::make_unique<EngineLoop>(model, eo);
+    http = std::make_unique<HttpServer>(so);
+    port = http->listen();
+    if (make_ready) ready();
+  }
+  void ready() { http->ready("tiny", tok, *loop, 32768); }
+  ~Served() { http->shutdown(std::chrono::steady_clock::now() + std::chrono::seconds(5)); }
+};
+
+// The text of a streamed reply and its last JSON chunk.
+std::pair<std::string, json> read_stream(const std::string& body) {
+  std::string text;
+  json last;
+  size_t at = 0;
+  bool done = false;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    last = json::parse(data);
+    if (last.contains("choices")) text += last["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_TRUE(done) << "the stream ends with [DONE]";
+  return {text, last};
+}
+
+TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
+  REQUIRE_CURL();
+  Served s({}, /*make_ready=*/false);
+  EXPECT_EQ(curl(s.port, "/health").status, 503) << "loading";
+  EXPECT_EQ(curl(s.port, "/v1/models").status, 503);
+  s.ready();
+  Reply h = curl(s.port, "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.j()["status"], "ok");
+  Reply m = curl(s.port, "/v1/models");
+  ASSERT_EQ(m.status, 200) << m.body;
+  EXPECT_EQ(m.j()["data"][0]["id"], "tiny");
+
+  const std::string prompt = "Once upon a time there was a robot";
+  const std::string generated = shell(fmt::format("{} generate -m {} -p '{}' -n 12 --temp 0 2>/dev/null",
+                                                  DEPCACHE_BINARY, model_file().string(), prompt));
+  ASSERT_EQ(generated.substr(0, prompt.size()), prompt);
+  const std::string expected = generated.substr(prompt.size(), generated.size() - prompt.size() - 1);  // "\n"
+  Reply c = curl(s.port, "/v1/completions",
+                 post({{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}}));
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json cj = c.j();
+  EXPECT_EQ(cj["object"], "text_completion");
+  EXPECT_EQ(cj["choices"][0]["text"], expected);
+  const int64_t completion_tokens = cj["usage"]["completion_tokens"];
+  EXPECT_EQ(cj["choices"][0]["finish_reason"], completion_tokens == 12 ? "length" : "stop");
+  EXPECT_EQ(cj["usage"]["prompt_tokens"], static_cast<int64_t>(s.tok->encode(prompt, true, true).size()));
+
+  // Streamed: the same text in pieces, the reason and usage in the last chunk.
+  Reply st = curl(s.port, "/v1/completions",
+                  post({{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}}));
+  ASSERT_EQ(st.status, 200) << st.body;
+  const auto [text, last] = read_stream(st.body);
+  EXPECT_EQ(text, expected);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], cj["choices"][0]["finish_reason"]);
+  EXPECT_EQ(last["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_GT(last["usage"]["reused_tokens"].get<int64_t>(), 0) << "the prompt's prefix came from the index";
+
+  // A stop string ends the text before it.
+  const std::string stop = expected.substr(expected.size() / 2, 2);
+  Reply sp = curl(s.port, "/v1/completions",
+                  post({{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"stop", {stop}}}));
+  ASSERT_EQ(sp.status, 200) << sp.body;
+  EXPECT_EQ(sp.j()["choices"][0]["text"], expected.substr(0, expected.find(stop)));
+  EXPECT_EQ(sp.j()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
+  REQUIRE_CURL();
+  ServerOptions so;
+  so.api_key = "sesame";
+  so.max_body_bytes = 2000;
+  Served s(so);
+  const std::string key = "-H 'Authorization: Bearer sesame' ";
+  const auto expect_error = [&](const Reply& r, int status, const std::string& param,
+                                const std::string& label) {
+    EXPECT_EQ(r.status, status) << label << ": " << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << label << ": " << r.body;
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty()) << label;
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param) << label;
+    }
+  };
+  expect_error(curl(s.port, "/v1/completions", post({{"prompt", "hi"}})), 401, "", "no key");
+  expect_error(curl(s.port, "/v1/models", "-H 'Authorization: Bearer wrong'"), 401, "", "wrong key");
+  EXPECT_EQ(curl(s.port, "/health").status, 200) << "health needs no key";
+  expect_error(curl(s.port, "/v1/completions", key + "-d '{\"prompt\": \"hi\",'"), 400, "", "malformed JSON");
+  expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"max_tokens", "many"}})), 400,
+               "max_tokens", "wrong type");
+  expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"temperature", 7}})), 400,
+               "temperature", "out of range");
+  expect_error(curl(s.port, "/v1/completions", key + post({{"max_tokens", 3}})), 400, "prompt", "no prompt");
+  expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"model", "gpt-9"}})), 404,
+               "model", "unknown model");
+  expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"max_tokens", 40000}})), 400,
+               "max_tokens", "over the context");
+  expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", std::string(5000, 'a')}})), 413, "",
+               "oversized body");
+  expect_error(curl(s.port, "/v2/nothing", key), 404, "", "unknown path");
+  // Still serving.
+  Reply ok = curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"max_tokens", 2}}));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+}
+
+// A client that reads the first few events and goes away: its request is
+// cancelled, and its rows and pins return.
+TEST(Server, ClientGoneMidStreamFreesRowsAndPins) {
+  REQUIRE_CURL();
+  Served s;
+  const auto file = test::temp_path("request");
+  std::ofstream(file) << json({{"prompt", "Once"}, {"max_tokens", 30000}, {"stream", true}}).dump();
+  const std::string first = shell(fmt::format(
+      "curl -s -N -H 'Content-Type: application/json' --data-binary @{} http://127.0.0.1:{}/v1/completions | "
+      "head -c 300",
+      file.string(), s.port));
+  EXPECT_NE(first.find("data: "), std::string::npos) << first;
+  EngineSnapshot snap;
+  for (int i = 0; i < 200; ++i) {
+    snap = s.loop->snapshot();
+    if (snap.cancelled == 1 && snap.running + snap.waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(snap.cancelled, 1) << "cancelled, not run to its 30000 tokens";
+  EXPECT_EQ(snap.finished, 0);
+  EXPECT_EQ(snap.pool_free, snap.pool_rows);
+  EXPECT_EQ(snap.pinned_nodes, 0u);
+}
+
+TEST(Server, ConcurrentClientsGetWhatEachGetsAlone) {
+  REQUIRE_CURL();
+  Served s;
+  constexpr int kClients = 16;
+  const auto request = [](int i) {
+    return json({{"prompt", fmt::format("Story {}: the robot counted to {}", i % 5, i)},
+                 {"max_tokens", 8},
+                 {"temperature", 0},
+                 {"stream", i % 2 == 1}});
+  };
+  std::vector<std::string> alone;
+  for (int i = 0; i < kClients; ++i) {
+    const Reply r = curl(s.port, "/v1/completions", post(request(i)));
+    ASSERT_EQ(r.status, 200) << r.body;
+    alone.push_back(i % 2 ? read_stream(r.body).first : r.j()["choices"][0]["text"].get<std::string>());
+  }
+  std::vector<Reply> together(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i)
+    clients.emplace_back([&, i] { together[i] = curl(s.port, "/v1/completions", post(request(i))); });
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_EQ(together[i].status, 200) << together[i].body;
+    const std::string text = i % 2 ? read_stream(together[i].body).first
+                                   : together[i].j()["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(text, alone[i]) << "client " << i;
+  }
+}
+
+// The binary: SIGTERM while a request runs lets it finish, then exits 0.
+TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
+  REQUIRE_CURL();
+  const auto err = test::temp_path("serve-err"), code = test::temp_path("serve-code"),
+             pid = test::temp_path("serve-pid");
+  // The server in the background; its pid and, once it exits, its exit code in files.
+  const int launched = std::system(
+      fmt::format("bash -c '{} serve -m {} --port 0 -t 2 --drain-seconds 300 2> {} & echo $! > {}; wait $!; echo $? > {}' &",
+                  DEPCACHE_BINARY, model_file().string(), err.string(), pid.string(), code.string())
+          .c_str());
+  ASSERT_EQ(launched, 0);
+  int port = 0;
+  for (int i = 0; i < 400 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    std::ifstream in(err);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (text.find("ready") == std::string::npos) continue;
+    const size_t at = text.find("127.0.0.1:");
+    if (at != std::string::npos) port = std::stoi(text.substr(at + 10));
+  }
+  ASSERT_GT(port, 0) << "the server did not come up";
+  int server_pid = 0;
+  std::ifstream(pid) >> server_pid;
+  ASSERT_GT(server_pid, 0);
+  Reply reply;
+  std::atomic<bool> replied{false};
+  std::thread client([&] {
+    reply =
+        curl(port, "/v1/completions", post({{"prompt", "Once"}, {"max_tokens", 5000}, {"temperature", 0}}));
+    replied = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the request is in flight
+  EXPECT_FALSE(replied) << "5000 tokens take longer than that; the test needs them to";
+  kill(server_pid, SIGTERM);
+  client.join();
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  if (reply.status == 200) {
+    EXPECT_EQ(reply.j()["choices"][0]["finish_reason"], "length");
+  }
+  int exit_code = -1;
+  for (int i = 0; i < 400 && exit_code < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    std::ifstream in(code);
+    if (!(in >> exit_code)) exit_code = -1;
+  }
+  EXPECT_EQ(exit_code, 0);
+  std::ifstream in(err);
+  const std::string log((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(log.find("SIGTERM, draining"), std::string::npos) << log;
+  for (const auto& f : {err, code, pid}) std::filesystem::remove(f);
+}
+
+}  // namespace
+}  // namespace depcache
