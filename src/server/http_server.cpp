@@ -46,6 +46,39 @@ Usage usage_of(const RequestResult& r) {
 
 std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Times a request's tokens for the latency histograms.
+struct TokenClock {
+  std::chrono::steady_clock::time_point arrived, last;
+  bool any = false;
+  bool reported = false;  // finished() was called
+  void tick(ServerMetrics& m) {
+    const auto now = std::chrono::steady_clock::now();
+    if (any)
+      m.between_tokens(seconds_between(last, now));
+    else
+      m.first_token(seconds_between(arrived, now));
+    any = true;
+    last = now;
+  }
+};
+
+const char* state_name(RequestState s) {
+  switch (s) {
+    case RequestState::Finished:
+      return "finished";
+    case RequestState::Cancelled:
+      return "cancelled";
+    case RequestState::Failed:
+      return "failed";
+    default:
+      return "running";
+  }
+}
+
 }  // namespace
 
 HttpServer::HttpServer(const ServerOptions& options)
@@ -94,9 +127,25 @@ bool HttpServer::shutdown(std::chrono::steady_clock::time_point deadline) {
   return in_time;
 }
 
+void HttpServer::finished(const std::string& id, const RequestResult& r,
+                          std::chrono::steady_clock::time_point arrived) {
+  const auto now = std::chrono::steady_clock::now();
+  metrics_.request_done(r, seconds_between(arrived, now));
+  const double ttft_ms =
+      r.tokens.empty() ? -1 : std::chrono::duration<double, std::milli>(r.first_token - arrived).count();
+  fmt::print(
+      stderr,
+      "{} strategy={} prompt={} computed={} reused={} generated={} ttft_ms={:.1f} total_ms={:.1f} {}{}\n", id,
+      options_.strategy, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens,
+      r.tokens.size(), ttft_ms, seconds_between(arrived, now) * 1000, state_name(r.state),
+      r.error.empty() ? "" : ": " + r.error);
+}
+
 void HttpServer::routes() {
+  http_->set_logger(
+      [this](const httplib::Request&, const httplib::Response& res) { metrics_.response(res.status); });
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
     if (!options_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
       send_error(res, ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
                                "invalid_request_error", {}, "invalid_api_key"));
@@ -139,6 +188,12 @@ void HttpServer::routes() {
     send_json(res, 200, {{"status", "ok"}});
   });
 
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const EngineSnapshot engine =
+        ready_.load(std::memory_order_acquire) ? loop_->snapshot() : EngineSnapshot{};
+    res.set_content(metrics_.render(engine), "text/plain; version=0.0.4");
+  });
+
   http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200,
               {{"object", "list"},
@@ -149,6 +204,7 @@ void HttpServer::routes() {
   });
 
   http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    const auto arrived = std::chrono::steady_clock::now();
     thread_local std::mt19937_64 rng(std::random_device{}());
     const CompletionRequest cr = parse_completion_request(req.body, rng());
     if (!cr.model.empty() && cr.model != model_name_)
@@ -169,26 +225,31 @@ void HttpServer::routes() {
     const std::string id = fmt::format("cmpl-{}", next_id_++);
     const int64_t created = std::time(nullptr);
     if (!cr.stream) {
-      while (stream->next()) {
-      }
+      TokenClock clock{arrived, arrived};
+      while (stream->next()) clock.tick(metrics_);
       const RequestResult r = stream->result();
+      finished(id, r, arrived);
       if (r.state != RequestState::Finished) throw engine_error(r);
       return send_json(res, 200,
                        completion_json(id, created, model_name_, r.text, r.finish_reason, usage_of(r)));
     }
     const bool include_usage = cr.include_usage;
+    const auto clock = std::make_shared<TokenClock>(TokenClock{arrived, arrived});
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, stream, id, created, include_usage](size_t, httplib::DataSink& sink) {
+        [this, stream, id, created, include_usage, clock](size_t, httplib::DataSink& sink) {
           const std::optional<TokenEvent> e = stream->next(std::chrono::milliseconds(100));
           if (e) {
+            clock->tick(metrics_);
             if (e->text.empty()) return true;
             const std::string out = event(completion_chunk_json(id, created, model_name_, e->text, {}, {}));
             return sink.write(out.data(), out.size());  // false: the client is gone
           }
           if (!stream->done()) return !sink.is_writable || sink.is_writable();
           const RequestResult r = stream->result();
+          finished(id, r, clock->arrived);
+          clock->reported = true;
           std::string out;
           if (r.state == RequestState::Finished) {
             out = event(
@@ -202,8 +263,12 @@ void HttpServer::routes() {
           sink.done();
           return true;
         },
-        [this, stream](bool success) {
-          if (!success) loop_->cancel(stream);  // the client went away: free its rows and pins
+        [this, stream, id, arrived, clock](bool success) {
+          if (success || clock->reported) return;
+          loop_->cancel(stream);  // the client went away: free its rows and pins
+          while (stream->next(std::chrono::seconds(30))) {
+          }
+          finished(id, stream->result(), arrived);
         });
   });
 }

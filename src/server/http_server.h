@@ -6,7 +6,8 @@
 // events when the client asks to stream). A client that goes away mid-stream
 // cancels its request, so its rows and pins are freed. shutdown() stops
 // taking requests, lets the engine finish what is in flight (bounded by a
-// deadline) and closes the listener.
+// deadline) and closes the listener. /health and /metrics need no API key
+// (probes and scrapers); everything else does when one is set.
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include "engine/engine_loop.h"
 #include "model/tokenizer.h"
+#include "server/metrics.h"
 
 namespace httplib {
 class Server;
@@ -53,6 +55,8 @@ class HttpServer {
 
  private:
   void routes();
+  // A request that ran on the engine ended: its metrics and its log line.
+  void finished(const std::string& id, const RequestResult& r, std::chrono::steady_clock::time_point arrived);
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
@@ -64,6 +68,7 @@ class HttpServer {
   int64_t n_ctx_ = 0;
   std::atomic<int64_t> next_id_{1};
   int64_t started_ = 0;  // unix time, for /v1/models
+  ServerMetrics metrics_;
 };
 
 }  // namespace depcache

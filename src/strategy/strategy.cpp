@@ -197,7 +197,19 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
       lease_.hold(match);
     }
   }
-  placed[n - 1] = false;  // the last token always runs: its logits start the answer
+  if (placed[n - 1]) {
+    // The last token always runs (its logits start the answer), so it is not
+    // reused even when cached. It ends the deepest node of its run, which is
+    // in the slowest tier that run was found in (a parent is never in a
+    // slower tier than its child); with other runs found in slower tiers the
+    // tier charged may be theirs, the total stays right.
+    for (int t = RadixIndex::kTiers - 1; t >= 0; --t)
+      if (report_.reused_from[t] > 0) {
+        --report_.reused_from[t];
+        break;
+      }
+  }
+  placed[n - 1] = false;
   for (int64_t r = 0; r < n; ++r)
     if (!placed[r]) computed_.push_back(r);
   for (int64_t r : computed_) {

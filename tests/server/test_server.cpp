@@ -125,6 +125,17 @@ std::pair<std::string, json> read_stream(const std::string& body) {
   return {text, last};
 }
 
+// A sample of a /metrics scrape: `series` is the name with its labels as
+// written; -1 when absent.
+double sample(const std::string& metrics, const std::string& series) {
+  size_t at = 0;
+  while ((at = metrics.find(series + " ", at)) != std::string::npos) {
+    if (at == 0 || metrics[at - 1] == '\n') return std::stod(metrics.substr(at + series.size() + 1));
+    ++at;
+  }
+  return -1;
+}
+
 TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
   REQUIRE_CURL();
   Served s({}, /*make_ready=*/false);
@@ -170,6 +181,26 @@ TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
   ASSERT_EQ(sp.status, 200) << sp.body;
   EXPECT_EQ(sp.j()["choices"][0]["text"], expected.substr(0, expected.find(stop)));
   EXPECT_EQ(sp.j()["choices"][0]["finish_reason"], "stop");
+
+  // The three requests in the metrics, in the Prometheus text format.
+  const Reply mt = curl(s.port, "/metrics");
+  ASSERT_EQ(mt.status, 200);
+  const std::string& scrape = mt.body;
+  EXPECT_NE(scrape.find("# TYPE depcache_time_to_first_token_seconds histogram"), std::string::npos)
+      << scrape;
+  EXPECT_EQ(sample(scrape, "depcache_time_to_first_token_seconds_count"), 3);
+  EXPECT_EQ(sample(scrape, "depcache_request_duration_seconds_count"), 3);
+  EXPECT_EQ(sample(scrape, "depcache_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 3);
+  EXPECT_GT(sample(scrape, "depcache_inter_token_seconds_count"), 10);
+  EXPECT_EQ(sample(scrape, "depcache_requests_total{outcome=\"finished\"}"), 3);
+  EXPECT_EQ(sample(scrape, "depcache_generated_tokens_total"),
+            2 * completion_tokens + static_cast<double>(sp.j()["usage"]["completion_tokens"].get<int64_t>()));
+  EXPECT_GT(sample(scrape, "depcache_reused_tokens_total"), 0);
+  EXPECT_EQ(sample(scrape, "depcache_reused_tokens_total"),
+            sample(scrape, "depcache_reused_tokens_by_tier_total{tier=\"hot\"}"));
+  EXPECT_GE(sample(scrape, "depcache_http_responses_total{code=\"200\"}"), 5);
+  EXPECT_EQ(sample(scrape, "depcache_kv_pool_free_rows"), sample(scrape, "depcache_kv_pool_rows"));
+  EXPECT_GT(sample(scrape, "depcache_kv_tier_bytes{tier=\"hot\"}"), 0);
 }
 
 TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
@@ -222,16 +253,21 @@ TEST(Server, ClientGoneMidStreamFreesRowsAndPins) {
       "head -c 300",
       file.string(), s.port));
   EXPECT_NE(first.find("data: "), std::string::npos) << first;
-  EngineSnapshot snap;
+  // Checked as an operator would: through /metrics.
+  std::string m;
   for (int i = 0; i < 200; ++i) {
-    snap = s.loop->snapshot();
-    if (snap.cancelled == 1 && snap.running + snap.waiting == 0) break;
+    m = curl(s.port, "/metrics").body;
+    if (sample(m, "depcache_requests_total{outcome=\"cancelled\"}") == 1 &&
+        sample(m, "depcache_requests_running") == 0)
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(snap.cancelled, 1) << "cancelled, not run to its 30000 tokens";
-  EXPECT_EQ(snap.finished, 0);
-  EXPECT_EQ(snap.pool_free, snap.pool_rows);
-  EXPECT_EQ(snap.pinned_nodes, 0u);
+  EXPECT_EQ(sample(m, "depcache_requests_total{outcome=\"cancelled\"}"), 1)
+      << "cancelled, not run to 30000 tokens";
+  EXPECT_EQ(sample(m, "depcache_requests_total{outcome=\"finished\"}"), 0);
+  EXPECT_EQ(sample(m, "depcache_kv_pool_free_rows"), sample(m, "depcache_kv_pool_rows"));
+  EXPECT_EQ(sample(m, "depcache_kv_pinned_nodes"), 0);
+  EXPECT_EQ(sample(m, "depcache_request_duration_seconds_count"), 1) << "the request is accounted for once";
 }
 
 TEST(Server, ConcurrentClientsGetWhatEachGetsAlone) {
@@ -269,10 +305,11 @@ TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
   const auto err = test::temp_path("serve-err"), code = test::temp_path("serve-code"),
              pid = test::temp_path("serve-pid");
   // The server in the background; its pid and, once it exits, its exit code in files.
-  const int launched = std::system(
-      fmt::format("bash -c '{} serve -m {} --port 0 -t 2 --drain-seconds 300 2> {} & echo $! > {}; wait $!; echo $? > {}' &",
-                  DEPCACHE_BINARY, model_file().string(), err.string(), pid.string(), code.string())
-          .c_str());
+  const int launched = std::system(fmt::format("bash -c '{} serve -m {} --port 0 -t 2 --drain-seconds 300 2> "
+                                               "{} & echo $! > {}; wait $!; echo $? > {}' &",
+                                               DEPCACHE_BINARY, model_file().string(), err.string(),
+                                               pid.string(), code.string())
+                                       .c_str());
   ASSERT_EQ(launched, 0);
   int port = 0;
   for (int i = 0; i < 400 && port == 0; ++i) {
@@ -291,11 +328,11 @@ TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
   std::atomic<bool> replied{false};
   std::thread client([&] {
     reply =
-        curl(port, "/v1/completions", post({{"prompt", "Once"}, {"max_tokens", 5000}, {"temperature", 0}}));
+        curl(port, "/v1/completions", post({{"prompt", "Once"}, {"max_tokens", 3000}, {"temperature", 0}}));
     replied = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the request is in flight
-  EXPECT_FALSE(replied) << "5000 tokens take longer than that; the test needs them to";
+  EXPECT_FALSE(replied) << "3000 tokens take longer than that; the test needs them to";
   kill(server_pid, SIGTERM);
   client.join();
   EXPECT_EQ(reply.status, 200) << reply.body;
@@ -312,6 +349,9 @@ TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
   std::ifstream in(err);
   const std::string log((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(log.find("SIGTERM, draining"), std::string::npos) << log;
+  EXPECT_NE(log.find("cmpl-1 strategy=prefix prompt="), std::string::npos)
+      << "one log line per request: " << log;
+  EXPECT_NE(log.find("generated=3000"), std::string::npos) << log;
   for (const auto& f : {err, code, pid}) std::filesystem::remove(f);
 }
 
