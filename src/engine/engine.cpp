@@ -21,11 +21,10 @@ struct Engine::Sequence {
   SamplingParams sampling;
   std::function<void(const TokenEvent&)> on_token;
   Sampler sampler;
-  std::optional<TextOutput> text;  // with a tokenizer
-  std::vector<Lookup> lookups;     // what it will look up (LACR, prefetch)
-  RequestPlan plan;                // made at submission
-  RequestPlan resumed;             // after a preemption: the plan and what it generated
-  bool is_resumed = false;
+  std::optional<TextOutput> text;            // with a tokenizer
+  std::vector<Lookup> lookups;               // what it will look up (LACR, prefetch)
+  RequestPlan plan;                          // made at submission
+  std::optional<RequestPlan> resumed;        // after a preemption: the plan and what it generated
   bool requeued = false;                     // preempted and waiting: admitted before the scheduler's picks
   std::unique_ptr<PlanExecution> execution;  // from admission to the end of its prefill
   int64_t prefilled = 0;                     // queries of execution->prefill() computed
@@ -36,7 +35,7 @@ struct Engine::Sequence {
   int passed_over = 0;                       // times the scheduler picked another
   uint64_t admitted = 0;                     // admission order (the latest is preempted first)
   Sequence(const SamplingParams& s) : sampling(s), sampler(s.sampler) {}
-  const RequestPlan& active_plan() const { return is_resumed ? resumed : plan; }
+  const RequestPlan& active_plan() const { return resumed ? *resumed : plan; }
 };
 
 Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
@@ -114,7 +113,7 @@ void Engine::emit(Sequence& s, int32_t token) {
   const bool length = static_cast<int>(r.tokens.size()) >= s.sampling.max_tokens;
   event.last = eog || stopped || length;
   if (event.last && s.text && !stopped) event.text += s.text->finish();
-  if (s.text) r.text = s.text->text();
+  r.text += event.text;  // what TextOutput emitted, piece by piece
   if (event.last)
     r.finish_reason = stopped ? FinishReason::Stop
                       : eog   ? FinishReason::EndOfGeneration
@@ -130,10 +129,7 @@ void Engine::preempt(Sequence& s) {
   std::erase(prefilling_, s.id);
   std::erase(decoding_, s.id);
   const std::vector<int32_t>& generated = results_.at(s.id).tokens;
-  if (!generated.empty()) {
-    s.resumed = with_generated(s.plan, generated);
-    s.is_resumed = true;
-  }
+  if (!generated.empty()) s.resumed = with_generated(s.plan, generated);
   s.requeued = true;
   waiting_.push_front(s.id);
   ++results_.at(s.id).preemptions;
@@ -147,8 +143,7 @@ void Engine::make_room_to_decode() {
       ++i;
       continue;
     }
-    const int64_t want =
-        std::min(s.rows_needed, s.n_rows_used + std::max<int64_t>(options_.decode_rows_ahead, 1));
+    const int64_t want = std::min(s.rows_needed, s.n_rows_used + rows_ahead());
     if (pool_.grow(s.rows, want)) {
       ++i;
       continue;
@@ -223,8 +218,7 @@ bool Engine::admit_next() {
       deferred.insert(s.id);
       continue;
     }
-    std::optional<RowBlock> block =
-        pool_.allocate(std::min(s.rows_needed, n + std::max<int64_t>(options_.decode_rows_ahead, 1)));
+    std::optional<RowBlock> block = pool_.allocate(std::min(s.rows_needed, n + rows_ahead()));
     if (!block) return false;  // the pick waits for rows; nothing overtakes it
     for (size_t i : at)
       if (i != pick) ++live(waiting_[i]).passed_over;
@@ -362,7 +356,7 @@ bool Engine::step() {
     PrefillReport report =
         s.execution->finish(pool_.kv(), s.rows.row0(), std::vector<float>(logits.begin(), logits.end()),
                             s.execution->prefill().visibility.n_pairs(), ms_per_token);
-    if (!s.is_resumed) r.report = std::move(report);  // the first prefill is the request's
+    if (!s.resumed) r.report = std::move(report);  // the first prefill is the request's
     s.execution.reset();
     r.finite = r.finite && all_finite(logits);
     std::erase(prefilling_, s.id);

@@ -11,6 +11,7 @@
 // rows go back to the pool and it waits at the head of the queue, to be
 // prefilled again with the tokens it generated (mostly from the index, which
 // kept its prompt's spans).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -145,6 +146,7 @@ class Engine {
               ErrorKind kind = ErrorKind::Internal);
   void preempt(Sequence& s);
   void make_room_to_decode();
+  int64_t rows_ahead() const { return std::max<int64_t>(options_.decode_rows_ahead, 1); }
   // Tokens of `lookups` that the prefills under way will insert and the
   // index does not hold yet.
   int64_t computed_in_flight(const std::vector<Lookup>& lookups);
