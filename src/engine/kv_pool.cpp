@@ -62,39 +62,42 @@ bool KvPool::grow(RowBlock& block, int64_t n) {
   const int64_t extra = n - b.n;
   if (extra <= 0) return true;
   if (extra > n_free_) return false;
-  // In place: the free extent right after the block.
-  if (const auto next = free_.find(b.row0 + b.n); next != free_.end() && next->second >= extra) {
-    const int64_t row0 = next->first, left = next->second - extra;
-    free_.erase(next);
-    if (left > 0) free_.emplace(row0 + extra, left);
-    n_free_ -= extra;
-    b.n = n;
-    return true;
+  auto next = free_.find(b.row0 + b.n);
+  if (next == free_.end() || next->second < extra) {
+    // Elsewhere: a free extent of the whole new length, else the end of the
+    // compacted pool (the block moved last, so every free row follows it).
+    if (const std::optional<int64_t> to = take_free(n)) {
+      const int64_t from = b.row0, old = b.n;
+      move(b, *to);
+      b.n = n;
+      free_rows(from, old);
+      return true;
+    }
+    compact(block.id_);
+    next = free_.find(b.row0 + b.n);
   }
-  // Elsewhere: a free extent of the whole new length, else the end of the
-  // compacted pool (the block moved last, so the free rows follow it).
-  if (const std::optional<int64_t> to = take_free(n)) {
-    const int64_t from = b.row0, old = b.n;
-    move(b, *to);
-    b.n = n;
-    free_rows(from, old);
-    return true;
-  }
-  compact(block.id_);
-  free_.clear();
+  // In place: into the free extent right after the block.
+  const int64_t row0 = next->first, left = next->second - extra;
+  free_.erase(next);
+  if (left > 0) free_.emplace(row0 + extra, left);
   n_free_ -= extra;
   b.n = n;
-  if (n_free_ > 0) free_.emplace(b.row0 + b.n, n_free_);
   return true;
 }
 
-void KvPool::move(Extent& block, int64_t to) {
-  if (block.row0 == to) return;
+KvSpan KvPool::extract(const Extent& block) const {
   std::vector<int64_t> rows(block.n);
   std::iota(rows.begin(), rows.end(), block.row0);
+  return kv_.extract(rows);
+}
+
+void KvPool::move(Extent& block, int64_t to) {
+  if (block.row0 != to) place(extract(block), block, to);
+}
+
+void KvPool::place(const KvSpan& rows, Extent& block, int64_t to) {
   // Same positions: place copies the keys as they are, no rotation.
-  const KvSpan span = kv_.extract(rows);
-  kv_.place(span, 0, block.n, to, span.positions());
+  kv_.place(rows, 0, block.n, to, rows.positions());
   block.row0 = to;
   moved_rows_ += block.n;
 }
@@ -106,22 +109,13 @@ void KvPool::compact(int64_t last) {
   std::sort(order.begin(), order.end(), [](const Extent* a, const Extent* b) { return a->row0 < b->row0; });
   if (last >= 0) order.push_back(&blocks_.at(last));
   // `last` may sit below blocks that slide over it: keep its rows aside.
-  KvSpan kept;
-  if (last >= 0) {
-    const Extent& b = blocks_.at(last);
-    std::vector<int64_t> rows(b.n);
-    std::iota(rows.begin(), rows.end(), b.row0);
-    kept = kv_.extract(rows);
-  }
+  const KvSpan kept = last >= 0 ? extract(blocks_.at(last)) : KvSpan();
   int64_t end = 0;
   for (Extent* b : order) {
-    if (last >= 0 && b == order.back()) {
-      kv_.place(kept, 0, b->n, end, kept.positions());
-      moved_rows_ += b->n;
-      b->row0 = end;
-    } else {
+    if (last >= 0 && b == order.back())
+      place(kept, *b, end);
+    else
       move(*b, end);  // downwards only, one block at a time
-    }
     end += b->n;
   }
   free_.clear();

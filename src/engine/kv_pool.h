@@ -68,7 +68,9 @@ class KvPool {
   };
   void release(int64_t id);
   void free_rows(int64_t row0, int64_t n);
-  std::optional<int64_t> take_free(int64_t n);  // first fit
+  std::optional<int64_t> take_free(int64_t n);                // first fit
+  KvSpan extract(const Extent& block) const;                  // its rows, with their positions
+  void place(const KvSpan& rows, Extent& block, int64_t to);  // them, at row `to`
   void move(Extent& block, int64_t to);
   // Moves every block towards row 0 in order (`last`, if any, after all the
   // others), leaving the free rows as one extent at the end.
