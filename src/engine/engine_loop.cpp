@@ -142,15 +142,14 @@ void EngineLoop::cancel(const std::shared_ptr<RequestStream>& stream) {
 bool EngineLoop::drain(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lk(mu_);
   draining_ = true;
-  const bool in_time = idle_.wait_until(lk, deadline, [&] {
-    return commands_.empty() && !busy_ && snapshot_.waiting + snapshot_.running == 0;
-  });
+  const auto idle = [&] { return commands_.empty() && !busy_ && snapshot_.waiting + snapshot_.running == 0; };
+  const bool in_time = idle_.wait_until(lk, deadline, idle);
   if (!in_time) {
     commands_.push_back([](Engine& e, Live& live) {
       for (const auto& [id, stream] : live) e.cancel(id);
     });
     wake_.notify_all();
-    idle_.wait(lk, [&] { return commands_.empty() && !busy_ && snapshot_.waiting + snapshot_.running == 0; });
+    idle_.wait(lk, idle);
   }
   return in_time;
 }
@@ -162,8 +161,7 @@ EngineSnapshot EngineLoop::snapshot() const {
 
 void EngineLoop::run(Engine& engine) {
   Live live;
-  int64_t steps = 0;
-  EngineSnapshot ended;  // its counts of ended requests
+  EngineSnapshot s;  // its counters run on; the rest is read again after every step
   bool stop = false;
   for (;;) {
     std::vector<Command> commands;
@@ -190,7 +188,7 @@ void EngineLoop::run(Engine& engine) {
       for (const auto& [id, stream] : live) stream->end(failed(ErrorKind::Internal, e.what()));
       live.clear();
     }
-    steps += stepped;
+    s.steps += stepped;
     // Requests that ended in this round: their streams end, the engine forgets them.
     for (auto it = live.begin(); it != live.end();) {
       const RequestResult& r = engine.result(it->first);
@@ -198,14 +196,13 @@ void EngineLoop::run(Engine& engine) {
         ++it;
         continue;
       }
-      ++(r.state == RequestState::Finished    ? ended.finished
-         : r.state == RequestState::Cancelled ? ended.cancelled
-                                              : ended.failed);
+      ++(r.state == RequestState::Finished    ? s.finished
+         : r.state == RequestState::Cancelled ? s.cancelled
+                                              : s.failed);
       it->second->end(r);
       engine.forget(it->first);
       it = live.erase(it);
     }
-    EngineSnapshot s;
     s.waiting = engine.n_waiting();
     s.running = engine.n_running();
     s.pool_rows = engine.pool().n_rows();
@@ -218,10 +215,6 @@ void EngineLoop::run(Engine& engine) {
       s.index = index.stats();
     }
     s.preemptions = engine.preemptions();
-    s.steps = steps;
-    s.finished = ended.finished;
-    s.cancelled = ended.cancelled;
-    s.failed = ended.failed;
     std::lock_guard lk(mu_);
     snapshot_ = s;
   }
