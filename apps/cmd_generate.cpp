@@ -62,8 +62,7 @@ void add_generate_command(CLI::App& app) {
     go.n_predict = n_predict;
     go.sampler = sp;
     go.stop_at_eog = !ignore_eos;
-    for (int32_t id = 0; id < tok.n_vocab(); ++id)
-      if (tok.is_eog(id)) go.eog_ids.push_back(id);
+    go.eog_ids = tok.eog_ids();
 
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);

@@ -83,8 +83,7 @@ void add_serve_command(CLI::App& app) {
     eo.strategy = {default_position_scheme(model->config()), true};
     eo.scheduler = {scheduler, 32};
     eo.tokenizer = tok;
-    for (int32_t id = 0; id < tok->n_vocab(); ++id)
-      if (tok->is_eog(id)) eo.eog_ids.push_back(id);
+    eo.eog_ids = tok->eog_ids();
     EngineLoop loop(model, eo);
     const std::string name = std::filesystem::path(model_path).stem().string();
     http.ready(name, tok, loop, std::min<int64_t>(pool_rows, model->config().n_ctx_train));

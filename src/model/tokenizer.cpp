@@ -207,6 +207,13 @@ int32_t Tokenizer::eos() const { return impl_->v.eos; }
 const Vocab& Tokenizer::vocab() const { return impl_->v; }
 bool Tokenizer::is_eog(int32_t id) const { return id >= 0 && id < n_vocab() && impl_->eog[id]; }
 
+std::vector<int32_t> Tokenizer::eog_ids() const {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < n_vocab(); ++id)
+    if (impl_->eog[id]) ids.push_back(id);
+  return ids;
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
   const Impl& m = *impl_;
   std::vector<int32_t> out;

@@ -40,9 +40,10 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool render_special = false) const;
 
   int32_t n_vocab() const;
-  int32_t bos() const;            // -1 if none
-  int32_t eos() const;            // -1 if none
-  bool is_eog(int32_t id) const;  // end of generation: eos, eot or a known end-of-turn control token
+  int32_t bos() const;                   // -1 if none
+  int32_t eos() const;                   // -1 if none
+  bool is_eog(int32_t id) const;         // end of generation: eos, eot or a known end-of-turn control token
+  std::vector<int32_t> eog_ids() const;  // every id is_eog holds for
   const Vocab& vocab() const;
 
  private:

@@ -7,6 +7,7 @@
 
 #include "server/openai.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 namespace depcache {
 namespace {
@@ -46,21 +47,17 @@ Usage usage_of(const RequestResult& r) {
 
 std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 // Times a request's tokens for the latency histograms.
 struct TokenClock {
-  std::chrono::steady_clock::time_point arrived, last;
+  Clock::time_point arrived, last;
   bool any = false;
   bool reported = false;  // finished() was called
   void tick(ServerMetrics& m) {
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = Clock::now();
     if (any)
-      m.between_tokens(seconds_between(last, now));
+      m.between_tokens(std::chrono::duration<double>(now - last).count());
     else
-      m.first_token(seconds_between(arrived, now));
+      m.first_token(std::chrono::duration<double>(now - arrived).count());
     any = true;
     last = now;
   }
@@ -127,18 +124,16 @@ bool HttpServer::shutdown(std::chrono::steady_clock::time_point deadline) {
   return in_time;
 }
 
-void HttpServer::finished(const std::string& id, const RequestResult& r,
-                          std::chrono::steady_clock::time_point arrived) {
-  const auto now = std::chrono::steady_clock::now();
-  metrics_.request_done(r, seconds_between(arrived, now));
+void HttpServer::finished(const std::string& id, const RequestResult& r, Clock::time_point arrived) {
+  const double total_s = seconds_since(arrived);
+  metrics_.request_done(r, total_s);
   const double ttft_ms =
       r.tokens.empty() ? -1 : std::chrono::duration<double, std::milli>(r.first_token - arrived).count();
   fmt::print(
       stderr,
       "{} strategy={} prompt={} computed={} reused={} generated={} ttft_ms={:.1f} total_ms={:.1f} {}{}\n", id,
       options_.strategy, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens,
-      r.tokens.size(), ttft_ms, seconds_between(arrived, now) * 1000, state_name(r.state),
-      r.error.empty() ? "" : ": " + r.error);
+      r.tokens.size(), ttft_ms, total_s * 1000, state_name(r.state), r.error.empty() ? "" : ": " + r.error);
 }
 
 void HttpServer::routes() {
@@ -204,7 +199,7 @@ void HttpServer::routes() {
   });
 
   http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    const auto arrived = std::chrono::steady_clock::now();
+    const auto arrived = Clock::now();
     thread_local std::mt19937_64 rng(std::random_device{}());
     const CompletionRequest cr = parse_completion_request(req.body, rng());
     if (!cr.model.empty() && cr.model != model_name_)
@@ -243,7 +238,7 @@ void HttpServer::routes() {
           if (e) {
             clock->tick(metrics_);
             if (e->text.empty()) return true;
-            const std::string out = event(completion_chunk_json(id, created, model_name_, e->text, {}, {}));
+            const std::string out = event(completion_json(id, created, model_name_, e->text, {}, {}));
             return sink.write(out.data(), out.size());  // false: the client is gone
           }
           if (!stream->done()) return !sink.is_writable || sink.is_writable();
@@ -252,9 +247,8 @@ void HttpServer::routes() {
           clock->reported = true;
           std::string out;
           if (r.state == RequestState::Finished) {
-            out = event(
-                completion_chunk_json(id, created, model_name_, "", r.finish_reason,
-                                      include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt));
+            out = event(completion_json(id, created, model_name_, "", r.finish_reason,
+                                        include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt));
           } else {
             out = event(error_body(engine_error(r)));
           }

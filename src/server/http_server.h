@@ -17,6 +17,7 @@
 #include "engine/engine_loop.h"
 #include "model/tokenizer.h"
 #include "server/metrics.h"
+#include "util/timing.h"
 
 namespace httplib {
 class Server;
@@ -56,7 +57,7 @@ class HttpServer {
  private:
   void routes();
   // A request that ran on the engine ended: its metrics and its log line.
-  void finished(const std::string& id, const RequestResult& r, std::chrono::steady_clock::time_point arrived);
+  void finished(const std::string& id, const RequestResult& r, Clock::time_point arrived);
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;

@@ -100,21 +100,8 @@ json usage_json(const Usage& u) {
 const char* finish_reason_name(FinishReason r) { return r == FinishReason::Length ? "length" : "stop"; }
 
 json completion_json(const std::string& id, int64_t created, const std::string& model,
-                     const std::string& text, FinishReason reason, const Usage& usage) {
-  return {{"id", id},
-          {"object", "text_completion"},
-          {"created", created},
-          {"model", model},
-          {"choices", json::array({{{"text", text},
-                                    {"index", 0},
-                                    {"logprobs", nullptr},
-                                    {"finish_reason", finish_reason_name(reason)}}})},
-          {"usage", usage_json(usage)}};
-}
-
-json completion_chunk_json(const std::string& id, int64_t created, const std::string& model,
-                           const std::string& text, std::optional<FinishReason> reason,
-                           const std::optional<Usage>& usage) {
+                     const std::string& text, std::optional<FinishReason> reason,
+                     const std::optional<Usage>& usage) {
   json j = {{"id", id},
             {"object", "text_completion"},
             {"created", created},

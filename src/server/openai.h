@@ -45,12 +45,10 @@ struct Usage {
 nlohmann::json usage_json(const Usage& u);
 // "stop" for an end-of-generation token or a stop string, "length" for max_tokens.
 const char* finish_reason_name(FinishReason r);
+// A completion, or one server-sent event of a streamed one (the same
+// object): a piece of text, and at the end the reason (and usage).
 nlohmann::json completion_json(const std::string& id, int64_t created, const std::string& model,
-                               const std::string& text, FinishReason reason, const Usage& usage);
-// One server-sent event's JSON: a piece of text, and at the end the reason
-// (and usage).
-nlohmann::json completion_chunk_json(const std::string& id, int64_t created, const std::string& model,
-                                     const std::string& text, std::optional<FinishReason> reason,
-                                     const std::optional<Usage>& usage);
+                               const std::string& text, std::optional<FinishReason> reason,
+                               const std::optional<Usage>& usage);
 
 }  // namespace depcache

@@ -95,6 +95,7 @@ TEST(Tokenizer, Stories260kOnceUponATime) {
   EXPECT_EQ(tok.decode(ids), "Once upon a time");
   EXPECT_TRUE(tok.is_eog(tok.eos()));
   EXPECT_FALSE(tok.is_eog(ids[1]));
+  EXPECT_EQ(tok.eog_ids(), std::vector<int32_t>{tok.eos()});
 }
 
 TEST(Tokenizer, SpecialTokensParsedOnlyWhenAsked) {

@@ -93,8 +93,7 @@ struct Served {
     eo.pool_rows = 32768;
     eo.threads = 2;
     eo.tokenizer = tok;
-    for (int32_t id = 0; id < tok->n_vocab(); ++id)
-      if (tok->is_eog(id)) eo.eog_ids.push_back(id);
+    eo.eog_ids = tok->eog_ids();
     loop = std::make_unique<EngineLoop>(model, eo);
     http = std::make_unique<HttpServer>(so);
     port = http->listen();
