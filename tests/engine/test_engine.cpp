@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "engine/text_output.h"
+#include "engine_fixtures.h"
 #include "graph_requests.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -21,8 +22,11 @@
 namespace depcache {
 namespace {
 
+using test::engine_options;
 using test::entity;
 using test::graph_request;
+using test::greedy;
+using test::run_alone;
 
 // Shorter than the strategy tests' entities: many requests fit a small pool.
 const RequestEntity kDog =
@@ -50,22 +54,6 @@ std::vector<Job> jobs() {
           {"prefix", graph_request({kDog, kCat}, "Which animals?")}};
 }
 
-EngineOptions options(DType kv = DType::F32) {
-  EngineOptions o;
-  o.pool_rows = 2048;
-  o.kv_type = kv;
-  o.threads = 2;
-  o.strategy = {PositionScheme::Depth, true};
-  return o;
-}
-
-SamplingParams greedy(int n) {
-  SamplingParams s;
-  s.max_tokens = n;
-  s.stop_at_eog = false;
-  return s;
-}
-
 // Each request alone (a fresh engine each, so nothing is reused across
 // them) and all of them at once in one engine, where their prefills share a
 // forward pass with each other and with the others' decode tokens.
@@ -76,13 +64,11 @@ TEST(Engine, BatchedEqualsEachRequestAlone) {
     const auto js = jobs();
     std::vector<RequestResult> alone;
     for (const Job& j : js) {
-      Engine e(model, options(kv));
-      const RequestId id = e.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(6));
-      e.run_until_idle();
-      alone.push_back(e.result(id));
+      alone.push_back(
+          run_alone(model, engine_options(kv), j.strategy, make_prompt_parts(tok, j.request), greedy(6)));
       ASSERT_EQ(alone.back().state, RequestState::Finished) << alone.back().error;
     }
-    Engine e(model, options(kv));
+    Engine e(model, engine_options(kv));
     std::vector<RequestId> ids;
     for (const Job& j : js) ids.push_back(e.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(6)));
     // A late arrival joins while the others decode.
@@ -118,14 +104,11 @@ TEST(Engine, EverySchedulerGivesTheSameAnswers) {
   const Tokenizer tok(Vocab::builtin_bytes());
   const auto js = jobs();
   std::vector<std::vector<int32_t>> alone;
-  for (const Job& j : js) {
-    Engine e(model, options());
-    const RequestId id = e.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(4));
-    e.run_until_idle();
-    alone.push_back(e.result(id).tokens);
-  }
+  for (const Job& j : js)
+    alone.push_back(
+        run_alone(model, engine_options(), j.strategy, make_prompt_parts(tok, j.request), greedy(4)).tokens);
   for (const char* order : {"fifo", "lpm", "lsp", "ragcache"}) {
-    EngineOptions o = options();
+    EngineOptions o = engine_options();
     o.scheduler = {order, 2};
     o.batch_tokens = 1;  // one admission per step
     Engine e(model, o);
@@ -135,7 +118,7 @@ TEST(Engine, EverySchedulerGivesTheSameAnswers) {
     for (size_t i = 0; i < js.size(); ++i) EXPECT_EQ(e.result(ids[i]).tokens, alone[i]) << order << " #" << i;
   }
   // One request in flight at a time: the same answers, never two running.
-  EngineOptions one = options();
+  EngineOptions one = engine_options();
   one.max_running = 1;
   Engine e(model, one);
   std::vector<RequestId> ids;
@@ -143,7 +126,7 @@ TEST(Engine, EverySchedulerGivesTheSameAnswers) {
   while (e.step()) ASSERT_LE(e.n_running(), 1u);
   for (size_t i = 0; i < js.size(); ++i)
     EXPECT_EQ(e.result(ids[i]).tokens, alone[i]) << "one at a time #" << i;
-  EngineOptions bad = options();
+  EngineOptions bad = engine_options();
   bad.scheduler = {"nope", 2};
   EXPECT_THROW(Engine(model, bad), Error);
 }
@@ -154,7 +137,7 @@ TEST(Engine, EverySchedulerGivesTheSameAnswers) {
 TEST(Engine, EqualsTheSingleRequestPath) {
   const auto model = test::random_model("tiny-qwen2", DType::F32);
   const Tokenizer tok(Vocab::builtin_bytes());
-  Engine e(model, options());
+  Engine e(model, engine_options());
   std::vector<RequestId> ids;
   const auto js = jobs();
   for (const Job& j : js) ids.push_back(e.submit(j.strategy, make_prompt_parts(tok, j.request), greedy(5)));
@@ -186,8 +169,8 @@ TEST(Engine, ChunkedPrefillEqualsWholePrefill) {
   const Tokenizer tok(Vocab::builtin_bytes());
   const auto js = jobs();
   for (int64_t budget : {int64_t{5}, int64_t{23}}) {
-    Engine whole(model, options());
-    EngineOptions o = options();
+    Engine whole(model, engine_options());
+    EngineOptions o = engine_options();
     o.batch_tokens = budget;
     Engine cut(model, o);
     std::vector<RequestId> a, b;
@@ -223,13 +206,10 @@ TEST(Engine, PreemptedRequestsResumeWithTheSameTokens) {
     const Tokenizer tok(Vocab::builtin_bytes());
     const auto js = jobs();
     std::vector<std::vector<int32_t>> alone;
-    for (const Job& j : js) {
-      Engine e(model, options());
-      const RequestId id = e.submit(strategy, make_prompt_parts(tok, j.request), greedy(40));
-      e.run_until_idle();
-      alone.push_back(e.result(id).tokens);
-    }
-    EngineOptions o = options();
+    for (const Job& j : js)
+      alone.push_back(
+          run_alone(model, engine_options(), strategy, make_prompt_parts(tok, j.request), greedy(40)).tokens);
+    EngineOptions o = engine_options();
     o.pool_rows = 400;  // every prompt fits; their 40 generated rows each do not, all at once
     o.decode_rows_ahead = 3;
     Engine e(model, o);
@@ -260,16 +240,11 @@ TEST(Engine, WaitsForAPrefillUnderWayThatComputesItsTokens) {
   const Tokenizer tok(Vocab::builtin_bytes());
   const RagRequest a = graph_request({kDog, kCat}, "Which animals?");
   const RagRequest b = graph_request({kCat, kDog, kOwl}, "Which eat mice?");
-  std::vector<int32_t> alone_b;
-  {
-    Engine e(model, options());
-    const RequestId id = e.submit("depcache", make_prompt_parts(tok, b), greedy(4));
-    e.run_until_idle();
-    alone_b = e.result(id).tokens;
-  }
+  const std::vector<int32_t> alone_b =
+      run_alone(model, engine_options(), "depcache", make_prompt_parts(tok, b), greedy(4)).tokens;
   int64_t computed[2] = {};
   for (bool wait : {false, true}) {
-    EngineOptions o = options();
+    EngineOptions o = engine_options();
     o.batch_tokens = 16;  // the first prefill takes several steps
     o.wait_for_shared = wait;
     Engine e(model, o);
@@ -329,7 +304,7 @@ TEST(TextOutput, StopsBeforeTheFirstStopStringAndHoldsBackItsStart) {
 TEST(Engine, StopStringsEndTheText) {
   const auto model = test::random_model("tiny", DType::F32);
   const auto tok = std::make_shared<const Tokenizer>(Vocab::builtin_bytes());
-  EngineOptions o = options();
+  EngineOptions o = engine_options();
   o.tokenizer = tok;
   const PromptParts parts = make_prompt_parts(*tok, jobs()[2].request);
   Engine e(model, o);
@@ -350,7 +325,7 @@ TEST(Engine, StopStringsEndTheText) {
   EXPECT_EQ(r.text, all.text.substr(0, cut));
   EXPECT_EQ(streamed, r.text);
   EXPECT_LT(r.tokens.size(), all.tokens.size());
-  Engine no_tokenizer(model, options());
+  Engine no_tokenizer(model, engine_options());
   EXPECT_THROW(no_tokenizer.submit("full", parts, sp), Error);
 }
 
@@ -392,7 +367,7 @@ TEST(Engine, HitRateEqualsTheSimulators) {
       so.window = 8;
       so.scheme = PositionScheme::Depth;
       const SimulationResult sim = simulate(prompts, so);
-      EngineOptions eo = options();
+      EngineOptions eo = engine_options();
       eo.policy = policy;
       eo.scheduler = {order, so.starvation_bound};
       eo.window = so.window;
@@ -421,7 +396,7 @@ TEST(Engine, HitRateEqualsTheSimulators) {
 TEST(Engine, PoolAdmissionCancellationAndFailures) {
   const auto model = test::random_model("tiny", DType::F32);
   const Tokenizer tok(Vocab::builtin_bytes());
-  EngineOptions o = options();
+  EngineOptions o = engine_options();
   o.pool_rows = 300;  // about two requests at a time
   o.batch_tokens = 64;
   o.decode_rows_ahead = 2;  // blocks grow, move, and get preempted

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "engine/engine_loop.h"
+#include "engine_fixtures.h"
 #include "graph_requests.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -17,22 +18,7 @@ namespace depcache {
 namespace {
 
 using test::graph_request;
-
-EngineOptions options() {
-  EngineOptions o;
-  o.pool_rows = 2048;
-  o.kv_type = DType::F32;
-  o.threads = 2;
-  o.strategy = {PositionScheme::Depth, true};
-  return o;
-}
-
-SamplingParams greedy(int n) {
-  SamplingParams s;
-  s.max_tokens = n;
-  s.stop_at_eog = false;
-  return s;
-}
+using test::greedy;
 
 std::vector<RagRequest> requests() {
   return {graph_request({test::kDog, test::kCat}, "Which animals?"),
@@ -55,13 +41,11 @@ TEST(EngineLoop, ClientsOnManyThreadsGetWhatEachRequestGivesAlone) {
   const Tokenizer tok(Vocab::builtin_bytes());
   const auto reqs = requests();
   std::vector<std::vector<int32_t>> alone;
-  for (const RagRequest& r : reqs) {
-    Engine e(model, options());
-    const RequestId id = e.submit("depcache", make_prompt_parts(tok, r), greedy(6));
-    e.run_until_idle();
-    alone.push_back(e.result(id).tokens);
-  }
-  EngineLoop loop(model, options());
+  for (const RagRequest& r : reqs)
+    alone.push_back(
+        test::run_alone(model, test::engine_options(), "depcache", make_prompt_parts(tok, r), greedy(6))
+            .tokens);
+  EngineLoop loop(model, test::engine_options());
   constexpr int kClients = 8, kEach = 4;
   std::vector<std::vector<std::vector<int32_t>>> got(kClients);
   std::vector<std::thread> clients;
@@ -97,7 +81,7 @@ TEST(EngineLoop, CancelRejectDrainAndShutdownEndEveryStream) {
   const Tokenizer tok(Vocab::builtin_bytes());
   const PromptParts parts = make_prompt_parts(tok, requests()[0]);
   {
-    EngineLoop loop(model, options());
+    EngineLoop loop(model, test::engine_options());
     // Rejected at submission: the stream ends Failed with the engine's reason.
     auto bad = loop.submit("fastest", parts, greedy(4));
     EXPECT_TRUE(drain_tokens(*bad).empty());
@@ -129,14 +113,14 @@ TEST(EngineLoop, CancelRejectDrainAndShutdownEndEveryStream) {
   // Shutting down with a request in flight ends its stream too.
   std::shared_ptr<RequestStream> orphan;
   {
-    EngineLoop loop(model, options());
+    EngineLoop loop(model, test::engine_options());
     orphan = loop.submit("depcache", parts, greedy(1000));
     ASSERT_TRUE(orphan->next(std::chrono::seconds(20)).has_value());
   }
   drain_tokens(*orphan);
   EXPECT_EQ(orphan->result().state, RequestState::Cancelled);
   // Options the engine refuses fail the constructor.
-  EngineOptions bad = options();
+  EngineOptions bad = test::engine_options();
   bad.scheduler = {"nope", 2};
   EXPECT_THROW(EngineLoop(model, bad), Error);
 }

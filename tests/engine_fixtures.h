@@ -1,0 +1,39 @@
+#pragma once
+// What the engine tests share: their engine settings, greedy sampling, and
+// a request answered on an engine of its own (nothing reused from other
+// requests), the reference batched runs are compared with.
+#include <memory>
+#include <string_view>
+
+#include "engine/engine.h"
+
+namespace depcache::test {
+
+// A 2048-row pool, 2 threads, depth positions, reuse on.
+inline EngineOptions engine_options(DType kv = DType::F32) {
+  EngineOptions o;
+  o.pool_rows = 2048;
+  o.kv_type = kv;
+  o.threads = 2;
+  o.strategy = {PositionScheme::Depth, true};
+  return o;
+}
+
+// n tokens exactly (no stop at end-of-generation), greedy.
+inline SamplingParams greedy(int n) {
+  SamplingParams s;
+  s.max_tokens = n;
+  s.stop_at_eog = false;
+  return s;
+}
+
+inline RequestResult run_alone(const std::shared_ptr<const Model>& model, const EngineOptions& options,
+                               std::string_view strategy, const PromptParts& parts,
+                               const SamplingParams& sampling) {
+  Engine e(model, options);
+  const RequestId id = e.submit(strategy, parts, sampling);
+  e.run_until_idle();
+  return e.result(id);
+}
+
+}  // namespace depcache::test
