@@ -193,24 +193,28 @@ RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> 
   return m;
 }
 
-void RadixIndex::set_tier(NodeId id, Tier t, const std::function<void(SpanSlot&)>& change) {
+bool RadixIndex::retier(NodeId id, const std::function<bool(SpanSlot&)>& move) {
   untouch(id);
-  tiers_.set_tier(nodes_[id].slot, t, change);
-  policy_->on_tier_change(id, t);
+  const bool moved = move(nodes_[id].slot);
+  if (moved) policy_->on_tier_change(id, tier(id));
   touch(id);
   touch(nodes_[id].parent);  // it may have lost or gained a child in its tier
+  return moved;
+}
+
+void RadixIndex::set_tier(NodeId id, Tier t, const std::function<void(SpanSlot&)>& change) {
+  retier(id, [&](SpanSlot& slot) {
+    tiers_.set_tier(slot, t, change);
+    return true;
+  });
 }
 
 bool RadixIndex::promote(NodeId id) {
-  const Tier from = tier(id);
-  if (from == Tier::Hot) return true;
-  untouch(id);
-  const bool ok = tiers_.promote(nodes_[id].slot, nodes_[id].ns, path_tokens(id), nodes_[id].start,
-                                 &stats_.promoted_bytes);
-  if (ok) policy_->on_tier_change(id, Tier::Hot);
-  touch(id);
-  touch(nodes_[id].parent);
-  return ok;
+  if (tier(id) == Tier::Hot) return true;
+  const Node& n = nodes_[id];
+  const std::vector<int32_t> path = path_tokens(id);
+  return retier(
+      id, [&](SpanSlot& slot) { return tiers_.promote(slot, n.ns, path, n.start, &stats_.promoted_bytes); });
 }
 
 void RadixIndex::promote_match(Match& m) {
@@ -515,18 +519,14 @@ void RadixIndex::demote(NodeId id) {
     touch(id);
     tiers_.set_budget(Tier::Disk, budget);
   }
-  untouch(id);
-  const bool written =
-      need <= budget && tiers_.write_to_disk(nodes_[id].slot, nodes_[id].ns, path, nodes_[id].start);
+  const Node& n = nodes_[id];
+  const bool written = need <= budget && retier(id, [&](SpanSlot& slot) {
+                         return tiers_.write_to_disk(slot, n.ns, path, n.start);
+                       });
   if (!written) {
-    touch(id);
     ++(need <= budget ? stats_.disk_write_failures : stats_.oversized[static_cast<int>(Tier::Disk)]);
     drop_subtree(id);  // cannot go lower: out, with whatever hangs below
-    return;
   }
-  policy_->on_tier_change(id, Tier::Disk);
-  touch(id);
-  touch(nodes_[id].parent);
 }
 
 void RadixIndex::persist() {

@@ -203,7 +203,10 @@ class RadixIndex {
   Match peek_locked(uint64_t ns, std::span<const int32_t> tokens) const;
   std::vector<int32_t> path_tokens(NodeId node) const;  // the sequence up to the node's end
   Tier tier(NodeId node) const { return nodes_[node].slot.tier; }
-  // Moves a node to tier t (SpanTiers::set_tier) and re-ranks it and its parent.
+  // Moves a node's slot between tiers with `move` (false: it stayed), then
+  // tells the policy and re-ranks the node and its parent.
+  bool retier(NodeId node, const std::function<bool(SpanSlot&)>& move);
+  // Moves a node to tier t (SpanTiers::set_tier).
   void set_tier(NodeId node, Tier t, const std::function<void(SpanSlot&)>& change = {});
   bool promote(NodeId node);  // to the hot tier; false when its disk file is bad
   // Promotes the pieces of a pinned match in order; where a promotion
