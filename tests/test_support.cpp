@@ -144,14 +144,18 @@ std::filesystem::path temp_path(const std::string& stem) {
 CliRun run_cli(const std::string& args, const std::string& stdin_text) {
   const auto in = temp_path("stdin");
   std::ofstream(in, std::ios::binary) << stdin_text;
-  const std::string cmd = std::string(DEPCACHE_BINARY) + " " + args + " <" + in.string() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
+  CliRun r = run_shell(std::string(DEPCACHE_BINARY) + " " + args + " <" + in.string() + " 2>&1");
+  std::filesystem::remove(in);
+  return r;
+}
+
+CliRun run_shell(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf{};
   size_t n;
   while (p && (n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int status = p ? pclose(p) : -1;
-  std::filesystem::remove(in);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 

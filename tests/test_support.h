@@ -63,6 +63,8 @@ struct CliRun {
   std::string out;
 };
 CliRun run_cli(const std::string& args, const std::string& stdin_text = "");
+// Any shell command: its stdout (stderr as the command redirects it) and exit status.
+CliRun run_shell(const std::string& command);
 
 // A real redis-server (the Debian package) on a free loopback port, with no
 // persistence, stopped on destruction. port() is 0 when redis-server is not

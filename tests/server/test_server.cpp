@@ -25,15 +25,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string shell(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while (p && (n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  if (p) pclose(p);
-  return out;
-}
+std::string shell(const std::string& cmd) { return test::run_shell(cmd).out; }
 
 bool have_curl() { return std::system("curl --version >/dev/null 2>&1") == 0; }
 #define REQUIRE_CURL() \
