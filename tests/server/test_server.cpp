@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <array>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
