@@ -3,6 +3,7 @@
 
 #include "commands.h"
 #include "model/model_writer.h"
+#include "prompt/chat_template.h"
 #include "util/error.h"
 
 namespace depcache::cli {
@@ -35,7 +36,14 @@ void add_model_new_command(CLI::App& model) {
                   "Record in the metadata that the model was trained for this position scheme "
                   "(depcache.position_scheme): depth, sequential or stacked")
       ->check(CLI::IsMember({"depth", "sequential", "stacked"}));
+  static std::string chat;
+  cmd->add_option(
+         "--chat-template", chat,
+         "Write a chat template of this family as tokenizer.chat_template (default: the --vocab-from "
+         "file's, else none)")
+      ->check(CLI::IsMember(chat_family_names()));
   cmd->callback([] {
+    if (!chat.empty()) o.chat_template = chat_template_jinja(*chat_family_from_name(chat));
     auto shape = model_preset(preset);
     if (!shape)
       fail(ErrorKind::InvalidInput, "unknown preset '{}' (known: {})", preset,

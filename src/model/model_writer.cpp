@@ -144,6 +144,12 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
 
   RandomModelReport report;
   auto md = tokenizer_metadata(o);
+  if (!o.chat_template.empty()) {
+    if (GgufValue* t = find_key(md, "tokenizer.chat_template"))
+      *t = GgufValue::string(o.chat_template);
+    else
+      md.emplace_back("tokenizer.chat_template", GgufValue::string(o.chat_template));
+  }
   const int own_vocab =
       static_cast<int>(find_key(md, "tokenizer.ggml.tokens")->as_array("tokenizer.ggml.tokens").size());
   if (s.n_vocab > own_vocab) {

@@ -38,6 +38,7 @@ struct RandomModelOptions {
   float stddev = 0.02f;
   std::optional<std::filesystem::path> vocab_from;  // GGUF whose tokenizer.* keys are copied
   std::string position_scheme;                      // written as depcache.position_scheme when set
+  std::string chat_template;                        // tokenizer.chat_template (Jinja) when set
   int n_threads = 0;
 };
 

@@ -153,6 +153,7 @@ Vocab Vocab::from_gguf(const GgufFile& f) {
   v.add_bos = read_bool(f, "tokenizer.ggml.add_bos_token", spm);
   v.add_eos = read_bool(f, "tokenizer.ggml.add_eos_token", false);
   v.add_space_prefix = read_bool(f, "tokenizer.ggml.add_space_prefix", spm);
+  v.chat_template = f.get_string_or("tokenizer.chat_template").value_or("");
   v.validate();
   return v;
 }
@@ -270,6 +271,7 @@ void Vocab::append_gguf_metadata(std::vector<std::pair<std::string, GgufValue>>&
   out.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(add_bos));
   out.emplace_back("tokenizer.ggml.add_eos_token", GgufValue::boolean(add_eos));
   out.emplace_back("tokenizer.ggml.add_space_prefix", GgufValue::boolean(add_space_prefix));
+  if (!chat_template.empty()) out.emplace_back("tokenizer.chat_template", GgufValue::string(chat_template));
 }
 
 }  // namespace depcache

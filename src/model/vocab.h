@@ -33,6 +33,7 @@ struct Vocab {
   bool add_bos = true;
   bool add_eos = false;
   bool add_space_prefix = true;
+  std::string chat_template;  // tokenizer.chat_template (Jinja), empty when the file has none
 
   // Reads and validates the tokenizer.ggml.* keys. Throws depcache::Error
   // (InvalidInput) naming the key and the offending entry.

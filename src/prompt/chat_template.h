@@ -1,0 +1,44 @@
+#pragma once
+// Chat prompts in the formats the common model families were trained on.
+// A GGUF file carries its format as a Jinja template (tokenizer.chat_template);
+// rather than run Jinja, the family is recognised by the control markers its
+// template writes, and the conversation is formatted by code for that family.
+// A template whose family is not recognised is an error, never a guess.
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace depcache {
+
+enum class ChatFamily { ChatML, Qwen2, Llama2, Llama3, Mistral, Zephyr };
+
+struct ChatMessage {
+  std::string role;  // system, user or assistant
+  std::string content;
+};
+
+// chatml, qwen2, llama2, llama3, mistral, zephyr.
+std::vector<std::string> chat_family_names();
+std::string_view chat_family_name(ChatFamily f);
+std::optional<ChatFamily> chat_family_from_name(std::string_view name);
+
+// The family a model's Jinja template is written for, by its markers;
+// nullopt when none matches.
+std::optional<ChatFamily> detect_chat_family(std::string_view jinja);
+
+// A Jinja template of the family (what models made here carry, so that
+// other engines format their chats the same way).
+std::string chat_template_jinja(ChatFamily f);
+
+// The conversation as the family formats it, ending with the cue for the
+// assistant's reply. Without the leading BOS: the tokenizer adds it when it
+// encodes (later turns of Llama 2 and Mistral repeat it, as `bos`). Control
+// markers appear as text, to be encoded with special tokens parsed. Throws
+// InvalidInput for an empty conversation, an unknown role, or a conversation
+// that does not end with a user message.
+std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos = "<s>",
+                        std::string_view eos = "</s>");
+
+}  // namespace depcache
