@@ -14,6 +14,7 @@
 #include "retrieval/entity_linker.h"
 #include "retrieval/knowledge_graph.h"
 #include "retrieval/relation_paths.h"
+#include "retrieval/retriever.h"
 #include "retrieval/text_ranker.h"
 #include "retrieval/workload.h"
 #include "util/error.h"
@@ -32,38 +33,7 @@ struct PathsOptions {
   bool json = false;
 };
 
-// One entity's retrieval: candidates, then the top-k for the question.
-struct Retrieved {
-  EntityId entity = 0;
-  PathSet candidates;
-  std::vector<RelationPath> kept;
-  std::vector<std::string> kept_text;
-  double extract_ms = 0, prune_ms = 0;
-};
-
-Retrieved retrieve(const KnowledgeGraph& kg, EntityId e, const std::string& question,
-                   const TextScorer& scorer, const PathsOptions& o) {
-  Retrieved r;
-  r.entity = e;
-  auto t0 = Clock::now();
-  r.candidates = enumerate_paths(kg, e, o.limits);
-  r.extract_ms = ms_since(t0);
-  t0 = Clock::now();
-  std::vector<std::string> texts;
-  texts.reserve(r.candidates.paths.size());
-  for (const RelationPath& p : r.candidates.paths) texts.push_back(path_text(kg, p));
-  // Without a question the enumeration order is kept (all scores tie).
-  const std::vector<double> scores =
-      question.empty() ? std::vector<double>(texts.size(), 0.0) : scorer.score(question, texts);
-  for (size_t i : top_k_indices(scores, o.top_k)) {
-    r.kept.push_back(r.candidates.paths[i]);
-    r.kept_text.push_back(texts[i]);
-  }
-  r.prune_ms = ms_since(t0);
-  return r;
-}
-
-void print_paths(const KnowledgeGraph& kg, const Retrieved& r, const std::string& format) {
+void print_paths(const KnowledgeGraph& kg, const EntityPaths& r, const std::string& format) {
   if (format == "triplet")
     fmt::print("{}", triplet_text(kg, r.kept));
   else if (format == "csv")
@@ -102,9 +72,9 @@ void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
   GraphPromptText text;
   text.system = "Answer the question using the knowledge graph paths below.";
   text.task = "Question: " + o.question + "\nAnswer:";
-  std::vector<Retrieved> all;
+  std::vector<EntityPaths> all;
   for (EntityId e : entities) {
-    all.push_back(retrieve(kg, e, o.question, *scorer, o));
+    all.push_back(retrieve_entity_paths(kg, e, o.question, *scorer, o.limits, o.top_k));
     text.entities.push_back({std::string(kg.entity_name(e)), all.back().kept_text});
   }
   const DepPrompt prompt = build_graph_prompt(tok, text);
@@ -118,7 +88,7 @@ void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
   if (o.json) {
     nlohmann::json j;
     for (size_t i = 0; i < all.size(); ++i) {
-      const Retrieved& r = all[i];
+      const EntityPaths& r = all[i];
       j["entities"].push_back({{"name", kg.entity_name(r.entity)},
                                {"label", kg.entity_label(r.entity)},
                                {"linked_by", how[i]},
@@ -142,7 +112,7 @@ void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
   }
   fmt::print("linker index built in {:.1f} ms; linking took {:.3f} ms\n", index_ms, link_ms);
   for (size_t i = 0; i < all.size(); ++i) {
-    const Retrieved& r = all[i];
+    const EntityPaths& r = all[i];
     fmt::print("\n# {} ({}), {}\n", kg.entity_name(r.entity), kg.entity_label(r.entity), how[i]);
     fmt::print("# {} candidate paths{} in {:.3f} ms; kept {} by {} in {:.3f} ms\n", r.candidates.paths.size(),
                r.candidates.truncated ? " (limits cut the enumeration)" : "", r.extract_ms, r.kept.size(),
@@ -182,7 +152,7 @@ void run_benchmark(const KnowledgeGraph& kg, const PathsOptions& o) {
     const std::vector<LinkedEntity> linked = linker.link(q.question);
     link_ms.push_back(ms_since(t0));
     for (const LinkedEntity& l : linked) topic_linked += l.entity == q.topic;
-    const Retrieved r = retrieve(kg, q.topic, q.question, *scorer, o);
+    const EntityPaths r = retrieve_entity_paths(kg, q.topic, q.question, *scorer, o.limits, o.top_k);
     extract_ms.push_back(r.extract_ms);
     prune_ms.push_back(r.prune_ms);
     n_candidates += r.candidates.paths.size();
