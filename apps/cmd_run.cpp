@@ -35,6 +35,7 @@
 #include "strategy/lookahead.h"
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
+#include "tier_options.h"
 #include "util/error.h"
 #include "util/numeric.h"
 #include "util/thread_pool.h"
@@ -48,9 +49,8 @@ struct RunOptions {
   std::string model_path, requests_path, strategies = "depcache", kv_type = "f16", scheme = "auto", json_path;
   int threads = 0;
   int64_t ctx = 0;
-  double cache_mib = 1024, host_mib = 0, disk_mib = 4096;
-  std::string cache_dir, redis;
-  int64_t redis_block = 32;
+  double cache_mib = 1024;
+  TierOptions tiers;
   size_t prefetch = 0, window = 32;
   size_t limit = 0;
   int max_tokens = 1;
@@ -177,20 +177,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   Engine engine(model, eo);
   RadixIndex& index = engine.index();
   // Lower tiers: the stores outlive nothing but this run.
-  std::unique_ptr<DiskSpanStore> disk;
-  std::unique_ptr<RedisStore> redis;
-  if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0));
-  if (!o.cache_dir.empty()) {
-    disk = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0));
-    index.attach_disk(*disk);
-    if (disk->n_files() > 0)
-      fmt::print(stderr, "[{}] disk tier: {} spans ({:.1f} MiB) adopted from {}\n", name, disk->n_files(),
-                 disk->bytes() / 1048576.0, o.cache_dir);
-  }
-  if (!o.redis.empty()) {
-    redis = std::make_unique<RedisStore>(parse_redis_address(o.redis));
-    index.attach_remote(*redis, o.redis_block);
-  }
+  const LowerTiers tiers(index, o.tiers, fmt::format("[{}] ", name));
   if (o.policy == "pgdsf" && !o.no_reuse && name != "full") {
     // PGDSF's cost of a node: the measured time to recompute its tokens after its context.
     const int64_t n_ctx = std::min<int64_t>(pool_rows, 4096);
@@ -205,7 +192,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   SamplingParams sampling;
   sampling.max_tokens = o.max_tokens;
   sampling.stop_at_eog = false;  // exactly -n tokens, for comparable figures
-  StrategyRun run{name, {}, 0, 0, {}, o.host_mib > 0 || disk || redis};
+  StrategyRun run{name, {}, 0, 0, {}, o.tiers.any()};
   run.rows.resize(reqs.size());
   std::vector<RequestId> ids(reqs.size(), 0);
   std::vector<Clock::time_point> arrived(reqs.size());
@@ -286,7 +273,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   run.preemptions = engine.preemptions();
   run.cached_bytes = index.bytes();
   run.evicted = index.n_evicted();
-  if (disk) index.persist();  // the next process starts from what this one computed
+  if (tiers.disk()) index.persist();  // the next process starts from what this one computed
   run.stats = index.stats();
   return run;
 }
@@ -522,20 +509,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--cache-mib", o.cache_mib, "Byte budget of the KV index in MiB (LRU beyond it)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1048576.0));
-  cmd->add_option("--host-mib", o.host_mib, "Host tier budget in MiB (0: none; hot spans evicted go here)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1048576.0));
-  cmd->add_option("--cache-dir", o.cache_dir,
-                  "Disk tier directory: spans evicted from memory are kept here across runs");
-  cmd->add_option("--disk-mib", o.disk_mib, "Disk tier budget in MiB")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1048576.0));
-  cmd->add_option(
-      "--redis", o.redis,
-      "Remote tier shared with other processes: Redis at host:port (down or slow: computed locally)");
-  cmd->add_option("--redis-block", o.redis_block, "Tokens per remote block")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  add_tier_options(*cmd, o.tiers);
   cmd->add_option("--prefetch", o.prefetch,
                   "Waiting requests whose spans are loaded into the hot tier while a step computes")
       ->capture_default_str()
@@ -613,7 +587,6 @@ void add_run_command(CLI::App& app) {
       if (std::find(known.begin(), known.end(), s) == known.end())
         fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", s);
     make_policy(o.policy);  // reject bad names before loading anything
-    if (!o.redis.empty()) parse_redis_address(o.redis);
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
     // Arrival times: the file's (scaled), or Poisson at --rate; in order.

@@ -1,5 +1,6 @@
 // `depcache serve`: the engine behind an OpenAI-compatible HTTP API.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <pthread.h>
 
 #include <csignal>
@@ -10,11 +11,37 @@
 #include "engine/engine_loop.h"
 #include "model/model.h"
 #include "model/vocab.h"
+#include "prompt/chat_template.h"
+#include "retrieval/corpus.h"
+#include "retrieval/knowledge_graph.h"
+#include "retrieval/retriever.h"
 #include "server/http_server.h"
 #include "strategy/strategy.h"
+#include "tier_options.h"
 #include "util/error.h"
 
 namespace depcache::cli {
+namespace {
+
+// The chat format: the one asked for, else the one the model's template is
+// written in. A template the server does not recognise stops it, rather
+// than chats being formatted by a guess.
+std::optional<ChatFamily> served_chat_family(const std::string& asked, const std::string& model_template) {
+  if (!asked.empty()) return chat_family_from_name(asked);
+  if (model_template.empty()) {
+    fmt::print(stderr,
+               "depcache serve: the model has no chat template: /v1/chat/completions answers 400 unless "
+               "--chat-template is given\n");
+    return std::nullopt;
+  }
+  if (auto f = detect_chat_family(model_template)) return f;
+  fail(ErrorKind::InvalidInput,
+       "the model's chat template is not one of the known families ({}); name its format with "
+       "--chat-template. It begins: {}",
+       fmt::join(chat_family_names(), ", "), model_template.substr(0, 120));
+}
+
+}  // namespace
 
 void add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "Serve a GGUF model over an OpenAI-compatible HTTP API");
@@ -23,6 +50,9 @@ void add_serve_command(CLI::App& app) {
   static EngineOptions eo;
   static double cache_mib = 1024, drain_s = 30;
   static int64_t pool_rows = 16384;
+  static TierOptions tiers;
+  static std::string chat_template, kg_path, corpus_path, corpus_format = "auto";
+  static size_t prefetch = 0;
   cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
   cmd->add_option("--host", so.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", so.port, "Port to listen on (0: any free port, printed at start)")
@@ -36,7 +66,23 @@ void add_serve_command(CLI::App& app) {
                   "Requests served at once (a streaming client holds one; the rest queue in the kernel)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--strategy", so.strategy, "Reuse strategy of plain requests: full, prefix, depcache")
+  cmd->add_option(
+         "--max-queue", so.max_queue,
+         "Requests waiting for the engine at most; more are refused with 429 and Retry-After (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--chat-template", chat_template,
+                  "Chat format of /v1/chat/completions (default: recognised from the model's "
+                  "tokenizer.chat_template): " +
+                      fmt::format("{}", fmt::join(chat_family_names(), ", ")))
+      ->check(CLI::IsMember(chat_family_names()));
+  cmd->add_option("--kg", kg_path,
+                  "Knowledge graph (.dkg) that requests may retrieve entities and paths from");
+  cmd->add_option("--corpus", corpus_path, "Document corpus that requests may retrieve chunks from (BM25)");
+  cmd->add_option("--corpus-format", corpus_format, "Format of --corpus: auto, musique, hotpotqa, jsonl")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "musique", "hotpotqa", "jsonl"}));
+  cmd->add_option("--strategy", so.strategy,
+                  "Reuse strategy of requests that name none: full, prefix, depcache")
       ->capture_default_str()
       ->check(CLI::IsMember(strategy_names()));
   cmd->add_option("-t,--threads", eo.threads, "Compute threads (default: one per core)");
@@ -50,6 +96,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--policy", policy,
                   "Replacement policy of the index: lru, lfu, gdsf, pgdsf, lacr, cachecraft")
       ->capture_default_str();
+  add_tier_options(*cmd, tiers);
+  cmd->add_option("--prefetch", prefetch,
+                  "Waiting requests whose spans are loaded into the hot tier while a step computes")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{0}, size_t{1} << 20));
   cmd->add_option("--batch-tokens", eo.batch_tokens, "Tokens computed in one forward pass")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -76,18 +127,54 @@ void add_serve_command(CLI::App& app) {
     std::fflush(stderr);
     std::shared_ptr<const Model> model = Model::load(model_path);
     auto tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(model->file()));
+    ServedModel served;
+    served.name = std::filesystem::path(model_path).stem().string();
+    served.tokenizer = tok;
+    served.n_ctx = std::min<int64_t>(pool_rows, model->config().n_ctx_train);
+    served.chat = served_chat_family(chat_template, tok->vocab().chat_template);
+    // Retrieval sources, read before the engine starts so a bad file stops the server at once.
+    std::unique_ptr<KnowledgeGraph> kg;
+    std::unique_ptr<GraphRetriever> graph;
+    std::unique_ptr<ChunkIndex> corpus;
+    if (!kg_path.empty()) {
+      kg = std::make_unique<KnowledgeGraph>(KnowledgeGraph::load(kg_path));
+      graph = std::make_unique<GraphRetriever>(*kg);
+      served.graph = graph.get();
+      fmt::print(stderr, "depcache serve: knowledge graph {} ({} entities, {} triples)\n", kg_path,
+                 kg->n_entities(), kg->n_triples());
+    }
+    if (!corpus_path.empty()) {
+      corpus = std::make_unique<ChunkIndex>(
+          ChunkIndex::build(load_corpus(corpus_path, parse_corpus_format(corpus_format)), *tok));
+      served.corpus = corpus.get();
+      fmt::print(stderr, "depcache serve: corpus {} ({} documents, {} chunks)\n", corpus_path,
+                 corpus->corpus().docs.size(), corpus->chunks().size());
+    }
     eo.pool_rows = pool_rows;
     eo.kv_type = parse_kv_type(kv_type);
     eo.cache_bytes = static_cast<size_t>(cache_mib * 1048576.0);
     eo.policy = policy;
     eo.strategy = {default_position_scheme(model->config()), true};
     eo.scheduler = {scheduler, 32};
+    eo.prefetch = prefetch;
     eo.tokenizer = tok;
     eo.eog_ids = tok->eog_ids();
-    EngineLoop loop(model, eo);
-    const std::string name = std::filesystem::path(model_path).stem().string();
-    http.ready(name, tok, loop, std::min<int64_t>(pool_rows, model->config().n_ctx_train));
-    fmt::print(stderr, "depcache serve: ready, model '{}'\n", name);
+    std::unique_ptr<LowerTiers> lower;
+    EngineLoop loop(
+        model, eo,
+        [&](Engine& e) { lower = std::make_unique<LowerTiers>(e.index(), tiers, "depcache serve: "); },
+        [&](Engine& e) {
+          if (!lower || !lower->disk()) return;
+          try {
+            e.index().persist();  // the next server starts from what this one computed
+          } catch (const std::exception& err) {
+            fmt::print(stderr, "depcache serve: warning: the disk tier was not saved: {}\n", err.what());
+          }
+        });
+    const std::string name = served.name;
+    const std::string chat = served.chat ? std::string(chat_family_name(*served.chat)) : "none";
+    http.ready(std::move(served), loop);
+    fmt::print(stderr, "depcache serve: ready, model '{}', chat template {}\n", name, chat);
     std::fflush(stderr);
 
     int sig = 0;

@@ -62,10 +62,10 @@ RequestResult failed(ErrorKind kind, const std::string& error) {
 }  // namespace
 
 EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineOptions& options,
-                       std::function<void(Engine&)> setup)
+                       std::function<void(Engine&)> setup, std::function<void(Engine&)> teardown)
     : model_(std::move(model)), options_(options) {
   bool ready = false;
-  thread_ = std::thread([this, setup = std::move(setup), &ready] {
+  thread_ = std::thread([this, setup = std::move(setup), teardown = std::move(teardown), &ready] {
     std::unique_ptr<Engine> engine;
     try {
       engine = std::make_unique<Engine>(model_, options_);
@@ -78,7 +78,9 @@ EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineOptions& 
       ready = true;
     }
     idle_.notify_all();
-    if (engine) run(*engine);
+    if (!engine) return;
+    run(*engine);
+    if (teardown) teardown(*engine);
   });
   std::unique_lock lk(mu_);
   idle_.wait(lk, [&] { return ready; });

@@ -61,9 +61,10 @@ struct EngineSnapshot {
 class EngineLoop {
  public:
   // setup runs on the loop thread before the first step (attach tiers, set a
-  // cost model: whatever must touch the engine).
+  // cost model: whatever must touch the engine); teardown after the last,
+  // when the loop is destroyed (persist the index).
   EngineLoop(std::shared_ptr<const Model> model, const EngineOptions& options,
-             std::function<void(Engine&)> setup = {});
+             std::function<void(Engine&)> setup = {}, std::function<void(Engine&)> teardown = {});
   ~EngineLoop();  // cancels what is left and joins
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "server/openai.h"
+#include "server/request_prompt.h"
 #include "util/error.h"
 #include "util/timing.h"
 
@@ -41,8 +42,10 @@ ApiError engine_error(const RequestResult& r) {
 }
 
 Usage usage_of(const RequestResult& r) {
-  return {r.report.prompt_tokens, static_cast<int64_t>(r.tokens.size()), r.report.computed_tokens,
+  Usage u{r.report.prompt_tokens, static_cast<int64_t>(r.tokens.size()), r.report.computed_tokens,
           r.report.reused_tokens};
+  std::copy(std::begin(r.report.reused_from), std::end(r.report.reused_from), u.reused_from);
+  return u;
 }
 
 std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
@@ -107,12 +110,9 @@ int HttpServer::listen() {
   return port;
 }
 
-void HttpServer::ready(std::string model_name, std::shared_ptr<const Tokenizer> tokenizer, EngineLoop& loop,
-                       int64_t n_ctx) {
-  model_name_ = std::move(model_name);
-  tokenizer_ = std::move(tokenizer);
+void HttpServer::ready(ServedModel model, EngineLoop& loop) {
+  model_ = std::move(model);
   loop_ = &loop;
-  n_ctx_ = n_ctx;
   ready_.store(true, std::memory_order_release);
 }
 
@@ -124,7 +124,8 @@ bool HttpServer::shutdown(std::chrono::steady_clock::time_point deadline) {
   return in_time;
 }
 
-void HttpServer::finished(const std::string& id, const RequestResult& r, Clock::time_point arrived) {
+void HttpServer::finished(const std::string& id, const std::string& strategy, const RequestResult& r,
+                          Clock::time_point arrived) {
   const double total_s = seconds_since(arrived);
   metrics_.request_done(r, total_s);
   const double ttft_ms =
@@ -132,8 +133,8 @@ void HttpServer::finished(const std::string& id, const RequestResult& r, Clock::
   fmt::print(
       stderr,
       "{} strategy={} prompt={} computed={} reused={} generated={} ttft_ms={:.1f} total_ms={:.1f} {}{}\n", id,
-      options_.strategy, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens,
-      r.tokens.size(), ttft_ms, total_s * 1000, state_name(r.state), r.error.empty() ? "" : ": " + r.error);
+      strategy, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens, r.tokens.size(),
+      ttft_ms, total_s * 1000, state_name(r.state), r.error.empty() ? "" : ": " + r.error);
 }
 
 void HttpServer::routes() {
@@ -192,7 +193,7 @@ void HttpServer::routes() {
   http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200,
               {{"object", "list"},
-               {"data", json::array({{{"id", model_name_},
+               {"data", json::array({{{"id", model_.name},
                                       {"object", "model"},
                                       {"created", started_},
                                       {"owned_by", "depcache"}}})}});
@@ -201,70 +202,109 @@ void HttpServer::routes() {
   http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     const auto arrived = Clock::now();
     thread_local std::mt19937_64 rng(std::random_device{}());
-    const CompletionRequest cr = parse_completion_request(req.body, rng());
-    if (!cr.model.empty() && cr.model != model_name_)
-      throw ApiError(
-          404,
-          fmt::format("the model '{}' is not served here (this server serves '{}')", cr.model, model_name_),
-          "invalid_request_error", "model", "model_not_found");
-    PromptParts parts;
-    parts.task = tokenizer_->encode(cr.prompt, true, true);
-    const auto n_prompt = static_cast<int64_t>(parts.task.size());
-    if (n_prompt + cr.sampling.max_tokens > n_ctx_)
-      throw ApiError(
-          400,
-          fmt::format("the prompt holds {} tokens and max_tokens is {}: more than the context of {}",
-                      n_prompt, cr.sampling.max_tokens, n_ctx_),
-          "invalid_request_error", "max_tokens", "context_length_exceeded");
-    std::shared_ptr<RequestStream> stream = loop_->submit(options_.strategy, std::move(parts), cr.sampling);
-    const std::string id = fmt::format("cmpl-{}", next_id_++);
-    const int64_t created = std::time(nullptr);
-    if (!cr.stream) {
-      TokenClock clock{arrived, arrived};
-      while (stream->next()) clock.tick(metrics_);
-      const RequestResult r = stream->result();
-      finished(id, r, arrived);
-      if (r.state != RequestState::Finished) throw engine_error(r);
-      return send_json(res, 200,
-                       completion_json(id, created, model_name_, r.text, r.finish_reason, usage_of(r)));
-    }
-    const bool include_usage = cr.include_usage;
-    const auto clock = std::make_shared<TokenClock>(TokenClock{arrived, arrived});
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, stream, id, created, include_usage, clock](size_t, httplib::DataSink& sink) {
-          const std::optional<TokenEvent> e = stream->next(std::chrono::milliseconds(100));
-          if (e) {
-            clock->tick(metrics_);
-            if (e->text.empty()) return true;
-            const std::string out = event(completion_json(id, created, model_name_, e->text, {}, {}));
-            return sink.write(out.data(), out.size());  // false: the client is gone
-          }
-          if (!stream->done()) return !sink.is_writable || sink.is_writable();
-          const RequestResult r = stream->result();
-          finished(id, r, clock->arrived);
-          clock->reported = true;
-          std::string out;
-          if (r.state == RequestState::Finished) {
-            out = event(completion_json(id, created, model_name_, "", r.finish_reason,
-                                        include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt));
-          } else {
-            out = event(error_body(engine_error(r)));
-          }
-          out += "data: [DONE]\n\n";
-          if (!sink.write(out.data(), out.size())) return false;
-          sink.done();
-          return true;
-        },
-        [this, stream, id, arrived, clock](bool success) {
-          if (success || clock->reported) return;
-          loop_->cancel(stream);  // the client went away: free its rows and pins
-          while (stream->next(std::chrono::seconds(30))) {
-          }
-          finished(id, stream->result(), arrived);
-        });
+    complete(parse_completion_request(req.body, rng()), res, arrived);
   });
+  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    const auto arrived = Clock::now();
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    complete(parse_chat_request(req.body, rng()), res, arrived);
+  });
+}
+
+void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, Clock::time_point arrived) {
+  if (!cr.model.empty() && cr.model != model_.name)
+    throw ApiError(
+        404,
+        fmt::format("the model '{}' is not served here (this server serves '{}')", cr.model, model_.name),
+        "invalid_request_error", "model", "model_not_found");
+  const PromptParts parts =
+      request_prompt(cr, {model_.tokenizer.get(), model_.chat, model_.corpus, model_.graph});
+  const int64_t n_prompt = parts.n_flat_tokens();
+  if (n_prompt + cr.sampling.max_tokens > model_.n_ctx)
+    throw ApiError(400,
+                   fmt::format("the prompt holds {} tokens and max_tokens is {}: more than the context of {}",
+                               n_prompt, cr.sampling.max_tokens, model_.n_ctx),
+                   "invalid_request_error", "max_tokens", "context_length_exceeded");
+  if (options_.max_queue > 0 && loop_->snapshot().waiting >= options_.max_queue)
+    throw ApiError(
+        429,
+        fmt::format("the server is at capacity ({} requests waiting); retry shortly", options_.max_queue),
+        "server_error", {}, "queue_full");
+  const std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
+  std::shared_ptr<RequestStream> stream = loop_->submit(strategy, parts, cr.sampling);
+  const std::string id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
+  const int64_t created = std::time(nullptr);
+  const ApiKind kind = cr.kind;
+  const bool streaming = cr.stream, include_usage = cr.include_usage;
+  const auto clock = std::make_shared<TokenClock>(TokenClock{arrived, arrived});
+  if (!streaming) {
+    // Until the first token the status is open: a request that ends before
+    // it (a failure, usually) is answered with its own status.
+    if (stream->next()) {
+      clock->tick(metrics_);
+    } else {
+      const RequestResult r = stream->result();
+      finished(id, strategy, r, arrived);
+      if (r.state != RequestState::Finished) throw engine_error(r);
+      return send_json(
+          res, 200,
+          completion_json(kind, false, id, created, model_.name, r.text, r.finish_reason, usage_of(r)));
+    }
+  }
+  res.set_header("Cache-Control", "no-cache");
+  // A chat stream opens with the assistant's role, as OpenAI's does.
+  auto pending = std::make_shared<std::string>(
+      streaming && kind == ApiKind::Chat
+          ? event(completion_json(kind, true, id, created, model_.name, "", {}, {}))
+          : "");
+  // Something is written at least every second, so a client that went away
+  // is noticed (the write fails) and its request cancelled, even while it
+  // waits for its first token or for a whole (non-streamed) answer: an SSE
+  // comment when streaming, else a space before the JSON.
+  res.set_chunked_content_provider(
+      streaming ? "text/event-stream" : "application/json",
+      [this, stream, id, strategy, created, kind, streaming, include_usage, clock, pending](
+          size_t, httplib::DataSink& sink) {
+        std::string out = std::exchange(*pending, {});
+        const auto until = Clock::now() + std::chrono::seconds(1);
+        while (out.empty() && !stream->done() && Clock::now() < until) {
+          const std::optional<TokenEvent> e = stream->next(std::chrono::milliseconds(100));
+          if (!e) continue;
+          clock->tick(metrics_);
+          if (streaming && !e->text.empty())
+            out = event(completion_json(kind, true, id, created, model_.name, e->text, {}, {}));
+        }
+        if (!stream->done()) {
+          if (out.empty()) out = streaming ? ": waiting\n\n" : " ";
+          return sink.write(out.data(), out.size());  // false: the client is gone
+        }
+        const RequestResult r = stream->result();
+        finished(id, strategy, r, clock->arrived);
+        clock->reported = true;
+        if (!streaming) {
+          // The status is sent; a failure this late is told in the body.
+          out = (r.state == RequestState::Finished ? completion_json(kind, false, id, created, model_.name,
+                                                                     r.text, r.finish_reason, usage_of(r))
+                                                   : error_body(engine_error(r)))
+                    .dump();
+        } else {
+          out += event(r.state == RequestState::Finished
+                           ? completion_json(kind, true, id, created, model_.name, "", r.finish_reason,
+                                             include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt)
+                           : error_body(engine_error(r)));
+          out += "data: [DONE]\n\n";
+        }
+        if (!sink.write(out.data(), out.size())) return false;
+        sink.done();
+        return true;
+      },
+      [this, stream, id, strategy, arrived, clock](bool success) {
+        if (success || clock->reported) return;
+        loop_->cancel(stream);  // the client went away: free its rows and pins
+        while (stream->next(std::chrono::seconds(30))) {
+        }
+        finished(id, strategy, stream->result(), arrived);
+      });
 }
 
 }  // namespace depcache

@@ -11,17 +11,23 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "engine/engine_loop.h"
 #include "model/tokenizer.h"
+#include "prompt/chat_template.h"
+#include "retrieval/corpus.h"
+#include "retrieval/retriever.h"
 #include "server/metrics.h"
+#include "server/openai.h"
 #include "util/timing.h"
 
 namespace httplib {
 class Server;
-}
+struct Response;
+}  // namespace httplib
 
 namespace depcache {
 
@@ -31,7 +37,18 @@ struct ServerOptions {
   std::string api_key;              // empty: no authentication
   size_t max_body_bytes = 1 << 20;  // larger bodies: 413
   int http_threads = 64;            // requests served at once (a streaming client holds one)
-  std::string strategy = "prefix";  // for plain requests
+  std::string strategy = "prefix";  // of requests that name none
+  size_t max_queue = 256;           // requests waiting for the engine; more: 429 with Retry-After
+};
+
+// The model being served and what requests may draw their prompts from.
+struct ServedModel {
+  std::string name;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  int64_t n_ctx = 0;  // the most rows a request may use (prompt + max_tokens)
+  std::optional<ChatFamily> chat;
+  const ChunkIndex* corpus = nullptr;
+  const GraphRetriever* graph = nullptr;
 };
 
 class HttpServer {
@@ -44,11 +61,9 @@ class HttpServer {
   // Binds and starts serving on a thread of its own; returns the port.
   // Throws Error when the address cannot be bound.
   int listen();
-  // The model is loaded: from now on requests run on `loop`, which must
-  // outlive shutdown(). n_ctx: the most rows a request may use (prompt +
-  // max_tokens).
-  void ready(std::string model_name, std::shared_ptr<const Tokenizer> tokenizer, EngineLoop& loop,
-             int64_t n_ctx);
+  // The model is loaded: from now on requests run on `loop`; the loop and
+  // the model's corpus and graph must outlive shutdown().
+  void ready(ServedModel model, EngineLoop& loop);
   // Stops taking requests (503), drains the engine until `deadline`
   // (cancelling what is left then) and stops the listener. True when
   // everything in flight finished in time.
@@ -56,17 +71,18 @@ class HttpServer {
 
  private:
   void routes();
+  // Both completion endpoints: parse, build the prompt, run, respond.
+  void complete(const CompletionRequest& cr, httplib::Response& res, Clock::time_point arrived);
   // A request that ran on the engine ended: its metrics and its log line.
-  void finished(const std::string& id, const RequestResult& r, Clock::time_point arrived);
+  void finished(const std::string& id, const std::string& strategy, const RequestResult& r,
+                Clock::time_point arrived);
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
   std::atomic<bool> ready_{false}, draining_{false};
-  std::string model_name_;
-  std::shared_ptr<const Tokenizer> tokenizer_;
+  ServedModel model_;
   EngineLoop* loop_ = nullptr;
-  int64_t n_ctx_ = 0;
   std::atomic<int64_t> next_id_{1};
   int64_t started_ = 0;  // unix time, for /v1/models
   ServerMetrics metrics_;

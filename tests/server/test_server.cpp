@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/vocab.h"
 #include "server/http_server.h"
+#include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
 #include "test_support.h"
 
@@ -78,9 +79,10 @@ struct Served {
   std::unique_ptr<HttpServer> http;
   int port = 0;
 
-  explicit Served(ServerOptions so = {}, bool make_ready = true) {
+  explicit Served(ServerOptions so = {}, bool make_ready = true, int max_running = 0) {
     so.port = 0;
     EngineOptions eo;
+    eo.max_running = max_running;
     eo.pool_rows = 32768;
     eo.threads = 2;
     eo.tokenizer = tok;
@@ -90,7 +92,11 @@ struct Served {
     port = http->listen();
     if (make_ready) ready();
   }
-  void ready() { http->ready("tiny", tok, *loop, 32768); }
+  // What requests may draw on (set before ready()).
+  std::optional<ChatFamily> chat = ChatFamily::ChatML;
+  const ChunkIndex* corpus = nullptr;
+  const GraphRetriever* graph = nullptr;
+  void ready() { http->ready({"tiny", tok, 32768, chat, corpus, graph}, *loop); }
   ~Served() { http->shutdown(std::chrono::steady_clock::now() + std::chrono::seconds(5)); }
 };
 
@@ -109,7 +115,12 @@ std::pair<std::string, json> read_stream(const std::string& body) {
       continue;
     }
     last = json::parse(data);
-    if (last.contains("choices")) text += last["choices"][0]["text"].get<std::string>();
+    if (!last.contains("choices")) continue;
+    const json& choice = last["choices"][0];
+    if (choice.contains("text"))
+      text += choice["text"].get<std::string>();
+    else if (choice["delta"].contains("content"))
+      text += choice["delta"]["content"].get<std::string>();
   }
   EXPECT_TRUE(done) << "the stream ends with [DONE]";
   return {text, last};
@@ -231,6 +242,245 @@ TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
   EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
+// What `depcache generate` answers greedily after `prompt` (special tokens parsed, BOS added).
+std::string generate_greedy(const std::string& prompt, int n) {
+  const auto file = test::temp_path("prompt");
+  std::ofstream(file) << prompt;
+  // The x keeps a trailing newline from being cut by $(...).
+  const std::string out = shell(
+      fmt::format("p=\"$(cat {}; printf x)\"; {} generate -m {} -p \"${{p%x}}\" -n {} --temp 0 2>/dev/null",
+                  file.string(), DEPCACHE_BINARY, model_file().string(), n));
+  std::filesystem::remove(file);
+  EXPECT_EQ(out.substr(0, prompt.size()), prompt);
+  return out.substr(prompt.size(), out.size() - prompt.size() - 1);  // the last "\n" is generate's
+}
+
+TEST(Server, ChatCompletionsFormatTheConversationWithTheChatTemplate) {
+  REQUIRE_CURL();
+  Served s;
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", "Tell me about robots."}}});
+  const std::string expected = generate_greedy(
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTell me about robots.<|im_end|>\n"
+      "<|im_start|>assistant\n",
+      10);
+  const json request = {{"model", "tiny"}, {"messages", messages}, {"max_tokens", 10}, {"temperature", 0}};
+  Reply c = curl(s.port, "/v1/chat/completions", post(request));
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json cj = c.j();
+  EXPECT_EQ(cj["object"], "chat.completion");
+  EXPECT_EQ(cj["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(cj["choices"][0]["message"]["content"], expected);
+
+  json streamed = request;
+  streamed["stream"] = true;
+  Reply st = curl(s.port, "/v1/chat/completions", post(streamed));
+  ASSERT_EQ(st.status, 200) << st.body;
+  const auto [text, last] = read_stream(st.body);
+  EXPECT_EQ(text, expected);
+  EXPECT_EQ(last["object"], "chat.completion.chunk");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], cj["choices"][0]["finish_reason"]);
+  EXPECT_EQ(last["usage"]["completion_tokens"], cj["usage"]["completion_tokens"]);
+  const size_t first = st.body.find("data: ");
+  EXPECT_EQ(
+      json::parse(st.body.substr(first + 6, st.body.find("\n\n") - first - 6))["choices"][0]["delta"]["role"],
+      "assistant")
+      << "the stream opens with the assistant's role";
+
+  Reply bad_role = curl(s.port, "/v1/chat/completions",
+                        post({{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}));
+  EXPECT_EQ(bad_role.status, 400) << bad_role.body;
+  EXPECT_EQ(bad_role.j()["error"]["param"], "messages[0].role");
+  Reply ends_with_assistant =
+      curl(s.port, "/v1/chat/completions",
+           post({{"messages", json::array({{{"role", "user"}, {"content", "x"}},
+                                           {{"role", "assistant"}, {"content", "y"}}})}}));
+  EXPECT_EQ(ends_with_assistant.status, 400) << ends_with_assistant.body;
+}
+
+TEST(Server, ChatWithoutATemplateIsRefusedClearly) {
+  REQUIRE_CURL();
+  Served s({}, false);
+  s.chat = std::nullopt;
+  s.ready();
+  Reply r = curl(s.port, "/v1/chat/completions",
+                 post({{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("--chat-template"), std::string::npos) << r.body;
+}
+
+json documents_rag(const std::string& strategy, std::vector<int> order) {
+  const std::vector<json> docs = {{{"id", "etna"},
+                                   {"title", "Volcano"},
+                                   {"text", "Mount Etna is an active volcano on the island of Sicily."}},
+                                  {{"id", "aletsch"},
+                                   {"title", "Glacier"},
+                                   {"text", "The Aletsch Glacier is the largest glacier in the Alps."}},
+                                  {{"id", "atacama"},
+                                   {"title", "Desert"},
+                                   {"text", "The Atacama is a desert plateau in South America."}}};
+  json picked = json::array();
+  for (int i : order) picked.push_back(docs[static_cast<size_t>(i)]);
+  return {{"strategy", strategy}, {"documents", picked}};
+}
+
+// The RAG extension: context given with the request, reused by the strategy it names.
+TEST(Server, RagRequestsReuseTheirContextAsTheirStrategyAllows) {
+  REQUIRE_CURL();
+  Served s;
+  const auto ask = [&](const json& rag, const std::string& path = "/v1/completions") {
+    json body = {{"max_tokens", 6}, {"temperature", 0}, {"rag", rag}};
+    if (path == "/v1/completions")
+      body["prompt"] = "Which glacier is the largest?";
+    else
+      body["messages"] = json::array({{{"role", "user"}, {"content", "Which glacier is the largest?"}}});
+    Reply r = curl(s.port, path, post(body));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? r.j() : json();
+  };
+  const json full = ask(documents_rag("full", {0, 1, 2}));
+  ASSERT_FALSE(full.is_null());
+  EXPECT_EQ(full["usage"]["reused_tokens"], 0);
+  EXPECT_EQ(full["usage"]["computed_tokens"], full["usage"]["prompt_tokens"]);
+  // The context holds the documents: far more than the question alone.
+  EXPECT_GT(full["usage"]["prompt_tokens"].get<int64_t>(), 60);
+  const json prefix = ask(documents_rag("prefix", {0, 1, 2}));
+  const json prefix_again = ask(documents_rag("prefix", {0, 1, 2}));
+  EXPECT_EQ(prefix_again["usage"]["reused_tokens"].get<int64_t>(),
+            prefix_again["usage"]["prompt_tokens"].get<int64_t>() - 1)
+      << "all but the last prompt token";
+  EXPECT_EQ(prefix_again["usage"]["reused_from"]["hot"], prefix_again["usage"]["reused_tokens"]);
+  EXPECT_EQ(prefix_again["usage"]["prompt_tokens_details"]["cached_tokens"],
+            prefix_again["usage"]["reused_tokens"]);
+  EXPECT_EQ(prefix_again["choices"][0]["text"], full["choices"][0]["text"]) << "prefix reuse is exact";
+  // depcache finds documents again in another order; prefix does not.
+  ask(documents_rag("depcache", {0, 1, 2}));
+  const json moved = ask(documents_rag("depcache", {2, 0, 1}));
+  const json moved_prefix = ask(documents_rag("prefix", {2, 0, 1}));
+  EXPECT_GT(moved["usage"]["reused_tokens"].get<int64_t>(),
+            moved_prefix["usage"]["reused_tokens"].get<int64_t>() + 40);
+  // In a chat, the documents sit inside the user's turn and are reused the same way.
+  ask(documents_rag("depcache", {1, 2}), "/v1/chat/completions");
+  const json chat = ask(documents_rag("depcache", {2, 1}), "/v1/chat/completions");
+  ASSERT_FALSE(chat.is_null());
+  EXPECT_GT(chat["usage"]["reused_tokens"].get<int64_t>(), 40);
+  EXPECT_FALSE(chat["choices"][0]["message"]["content"].is_null());
+  // Entities with relation paths.
+  const json entities = {
+      {"strategy", "depcache"},
+      {"entities", json::array({{{"name", "glacier.n.01"},
+                                 {"paths", {"glacier is a ice mass", "glacier part of mountain"}}}})}};
+  ask(entities);
+  EXPECT_GT(ask(entities)["usage"]["reused_tokens"].get<int64_t>(), 10);
+
+  // Errors name the field.
+  const auto expect_400 = [&](const json& rag, const std::string& param) {
+    Reply r = curl(s.port, "/v1/completions", post({{"prompt", "q"}, {"rag", rag}}));
+    EXPECT_EQ(r.status, 400) << r.body;
+    if (r.status == 400) {
+      EXPECT_EQ(r.j()["error"]["param"], param) << r.body;
+    }
+  };
+  expect_400({{"strategy", "psychic"}}, "rag.strategy");
+  expect_400({{"documents", "etna"}}, "rag");
+  expect_400({{"documents", json::array({{{"id", "x"}}})}}, "rag");
+  expect_400({{"retrieve", true}}, "rag.retrieve");  // this server has neither corpus nor graph
+  expect_400({{"retrieve", {{"from", "web"}}}}, "rag.retrieve.from");
+  expect_400({{"retrieve", true}, {"text", "context"}}, "rag.retrieve");
+}
+
+// `retrieve`: the server looks the context up in its corpus or knowledge graph.
+TEST(Server, RagRetrieveDrawsContextFromTheCorpusAndTheGraph) {
+  REQUIRE_CURL();
+  Corpus corpus;
+  corpus.docs.push_back({"a", "Volcano", "Mount Etna is an active volcano on the island of Sicily."});
+  corpus.docs.push_back({"b", "Glacier", "The Aletsch Glacier is the largest glacier in the Alps."});
+  corpus.docs.push_back({"c", "Desert", "The Atacama is a desert plateau in South America, very dry."});
+  KnowledgeGraph kg;
+  kg.add_triple("Titanic", "directed by", "James Cameron");
+  kg.add_triple("James Cameron", "born in", "Kapuskasing");
+  kg.add_triple("Titanic", "released in", "1997");
+  kg.finalize();
+  Served s({}, false);
+  const ChunkIndex index = ChunkIndex::build(corpus, *s.tok);
+  const GraphRetriever graph(kg);
+  s.corpus = &index;
+  s.graph = &graph;
+  s.ready();
+  // Under "full" the prompt is the flat serialization, whose size is checked.
+  const auto ask = [&](const std::string& question, const json& retrieve,
+                       const std::string& strategy = "full") {
+    Reply r = curl(s.port, "/v1/completions",
+                   post({{"prompt", question},
+                         {"max_tokens", 2},
+                         {"rag", {{"strategy", strategy}, {"retrieve", retrieve}}}}));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? r.j()["usage"] : json();
+  };
+  // The prompt holds the retrieved context: as many tokens as building it by hand.
+  RagRequest by_hand;
+  by_hand.question = "Which glacier is the largest?";
+  by_hand.documents = retrieve_documents(index, by_hand.question, 2);
+  const json from_corpus = ask(by_hand.question, {{"from", "corpus"}, {"top_k", 2}});
+  EXPECT_EQ(from_corpus["prompt_tokens"], make_prompt_parts(*s.tok, by_hand).n_flat_tokens());
+  RagRequest graph_hand;
+  graph_hand.question = "Where was the director of Titanic born?";
+  graph_hand.entities = graph.retrieve(graph_hand.question, {});
+  const json from_kg = ask(graph_hand.question, {{"from", "kg"}});
+  EXPECT_EQ(from_kg["prompt_tokens"], make_prompt_parts(*s.tok, graph_hand).n_flat_tokens());
+  ask(graph_hand.question, {{"from", "kg"}}, "depcache");
+  EXPECT_GT(ask(graph_hand.question, {{"from", "kg"}}, "depcache")["reused_tokens"].get<int64_t>(), 20)
+      << "the second time";
+  // No entity in the question: answered without context.
+  const json none = ask("zzz qqq", {{"from", "kg"}});
+  RagRequest empty;
+  empty.question = "zzz qqq";
+  EXPECT_EQ(none["prompt_tokens"], make_prompt_parts(*s.tok, empty).n_flat_tokens());
+  // Both sources loaded: the request must say which.
+  Reply r = curl(s.port, "/v1/completions", post({{"prompt", "q"}, {"rag", {{"retrieve", true}}}}));
+  EXPECT_EQ(r.status, 400) << r.body;
+}
+
+// Beyond --max-queue waiting requests, new ones are refused with 429 and Retry-After.
+TEST(Server, AFullQueueAnswers429WithRetryAfter) {
+  REQUIRE_CURL();
+  ServerOptions so;
+  so.max_queue = 1;
+  Served s(so, true, /*max_running=*/1);
+  const std::string long_request = post({{"prompt", "Once"}, {"max_tokens", 30000}, {"temperature", 0}});
+  // One running, one waiting; the clients give up after a few seconds, which cancels them.
+  std::thread running([&] { curl(s.port, "/v1/completions", "--max-time 4 " + long_request); });
+  std::thread waiting([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    curl(s.port, "/v1/completions", "--max-time 4 " + long_request);
+  });
+  std::string m;
+  for (int i = 0; i < 100 && sample(m, "depcache_requests_waiting") != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    m = curl(s.port, "/metrics").body;
+  }
+  EXPECT_EQ(sample(m, "depcache_requests_waiting"), 1) << m;
+  const auto headers = test::temp_path("headers");
+  const Reply refused =
+      curl(s.port, "/v1/completions",
+           fmt::format("-D {} ", headers.string()) + post({{"prompt", "hi"}, {"max_tokens", 2}}));
+  EXPECT_EQ(refused.status, 429);
+  std::ifstream in(headers);
+  const std::string header_text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(header_text.find("Retry-After: 1"), std::string::npos) << header_text;
+  EXPECT_NE(refused.body.find("queue_full"), std::string::npos) << refused.body;
+  running.join();
+  waiting.join();
+  // Neither waited for its answer: both were cancelled when their clients
+  // went away (non-streamed requests too), and their rows returned.
+  for (int i = 0; i < 100 && sample(m, "depcache_requests_total{outcome=\"cancelled\"}") != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = curl(s.port, "/metrics").body;
+  }
+  EXPECT_EQ(sample(m, "depcache_requests_total{outcome=\"cancelled\"}"), 2) << m;
+  EXPECT_EQ(sample(m, "depcache_kv_pool_free_rows"), sample(m, "depcache_kv_pool_rows"));
+}
+
 // A client that reads the first few events and goes away: its request is
 // cancelled, and its rows and pins return.
 TEST(Server, ClientGoneMidStreamFreesRowsAndPins) {
@@ -263,7 +513,7 @@ TEST(Server, ClientGoneMidStreamFreesRowsAndPins) {
 TEST(Server, ConcurrentClientsGetWhatEachGetsAlone) {
   REQUIRE_CURL();
   Served s;
-  constexpr int kClients = 16;
+  constexpr int kClients = 32;
   const auto request = [](int i) {
     return json({{"prompt", fmt::format("Story {}: the robot counted to {}", i % 5, i)},
                  {"max_tokens", 8},

@@ -1,0 +1,49 @@
+#include "tier_options.h"
+
+#include <fmt/format.h>
+
+namespace depcache::cli {
+
+void add_tier_options(CLI::App& cmd, TierOptions& o) {
+  cmd.add_option("--host-mib", o.host_mib, "Host tier budget in MiB (0: none; hot spans evicted go here)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1048576.0));
+  cmd.add_option("--cache-dir", o.cache_dir,
+                 "Disk tier directory: spans evicted from memory are kept here across runs");
+  cmd.add_option("--disk-mib", o.disk_mib, "Disk tier budget in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1048576.0));
+  cmd.add_option(
+         "--redis", o.redis,
+         "Remote tier shared with other processes: Redis at host:port (down or slow: computed locally)")
+      ->check([](const std::string& s) {
+        try {
+          parse_redis_address(s);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      });
+  cmd.add_option("--redis-block", o.redis_block, "Tokens per remote block")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+}
+
+LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::string& log_prefix) {
+  if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0));
+  if (!o.cache_dir.empty()) {
+    disk_ = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0));
+    index.attach_disk(*disk_);
+    if (disk_->n_files() > 0)
+      fmt::print(stderr, "{}disk tier: {} spans ({:.1f} MiB) adopted from {}\n", log_prefix, disk_->n_files(),
+                 disk_->bytes() / 1048576.0, o.cache_dir);
+  }
+  if (!o.redis.empty()) {
+    redis_ = std::make_unique<RedisStore>(parse_redis_address(o.redis));
+    index.attach_remote(*redis_, o.redis_block);
+  }
+}
+
+LowerTiers::~LowerTiers() = default;
+
+}  // namespace depcache::cli
