@@ -16,5 +16,6 @@ void add_workload_commands(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_loadgen_command(CLI::App& app);
 
 }  // namespace depcache::cli

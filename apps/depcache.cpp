@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   depcache::cli::add_run_command(app);
   depcache::cli::add_simulate_command(app);
   depcache::cli::add_serve_command(app);
+  depcache::cli::add_loadgen_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -22,18 +22,29 @@ PACKAGES=(
   linux-perf                    # bench/profile.sh: where the time of a run goes
   libcpp-httplib-dev            # HTTP/1.1 server of `depcache serve` (threads, chunked streaming)
   curl                          # a real HTTP client for the server's tests
+  nodejs                        # runs the official `openai` client in the server's tests (tests/client)
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm comes with Debian's nodejs in its own package, but inside other builds of
+# nodejs (which conflict with Debian's npm): ask for it only when it is absent.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# The official OpenAI client for the server's tests, at the version the lock
+# file names, into tests/client/node_modules (again only when the lock changed).
+if [ ! -f tests/client/node_modules/.package-lock.json ] ||
+  [ tests/client/package-lock.json -nt tests/client/node_modules/.package-lock.json ]; then
+  (cd tests/client && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}

@@ -36,6 +36,7 @@ ApiError engine_error(const RequestResult& r) {
     case ErrorKind::LimitExceeded:
       return ApiError(400, r.error, "invalid_request_error", {}, "context_length_exceeded");
     case ErrorKind::Internal:
+    case ErrorKind::Unavailable:
       break;
   }
   return ApiError(500, r.error, "server_error");

@@ -12,6 +12,7 @@ enum class ErrorKind {
   InvalidInput = 3,   // malformed or unsupported file, request or text
   NotFound = 4,       // a named file, tensor or key is missing
   LimitExceeded = 5,  // context length, memory budget
+  Unavailable = 6,    // a server did not answer, or failed requests
   Internal = 1,
 };
 

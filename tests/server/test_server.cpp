@@ -1,7 +1,7 @@
-// `depcache serve` through a real HTTP client (curl) over loopback sockets:
-// every endpoint and error, greedy answers equal to `depcache generate`,
-// streaming, concurrent clients, a client that goes away mid-stream, and
-// SIGTERM draining the requests in flight.
+// The HTTP server over an engine loop in this process, through a real HTTP
+// client (curl) over loopback sockets: every endpoint and error, greedy
+// answers equal to `depcache generate`, chat, the RAG extension, streaming,
+// concurrent clients, a full queue, and clients that go away or read slowly.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/vocab.h"
 #include "server/http_server.h"
+#include "server/server_client.h"
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
 #include "test_support.h"
@@ -26,50 +27,12 @@ namespace {
 using nlohmann::json;
 
 std::string shell(const std::string& cmd) { return test::run_shell(cmd).out; }
-
-bool have_curl() { return std::system("curl --version >/dev/null 2>&1") == 0; }
-#define REQUIRE_CURL() \
-  if (!have_curl()) DEPCACHE_SKIP("curl not installed (scripts/setup.sh installs it)")
-
-struct Reply {
-  int status = 0;
-  std::string body;
-  json j() const { return json::parse(body); }
-};
-
-// curl with `args` (a shell fragment) against http://127.0.0.1:port.
-Reply curl(int port, const std::string& path, const std::string& args = "") {
-  const auto body = test::temp_path("body");
-  const std::string out = shell(fmt::format("curl -s -N -o {} -w '%{{http_code}}' {} http://127.0.0.1:{}{}",
-                                            body.string(), args, port, path));
-  Reply r;
-  r.status = out.empty() ? 0 : std::stoi(out);
-  std::ifstream in(body, std::ios::binary);
-  r.body.assign(std::istreambuf_iterator<char>(in), {});
-  std::filesystem::remove(body);
-  return r;
-}
-
-std::string post(const json& body) {
-  const auto file = test::temp_path("request");
-  std::ofstream(file) << body.dump();
-  return fmt::format("-H 'Content-Type: application/json' --data-binary @{}", file.string());
-}
-
-// A random-weight model file (decode slow enough that a long request is
-// still running when a client goes away).
-const std::filesystem::path& model_file() {
-  static const std::filesystem::path path = [] {
-    const auto p = test::temp_path("serve-model").replace_extension(".gguf");
-    const test::CliRun r = test::run_cli(
-        fmt::format("model new --preset tiny --layers 4 --embd 256 --heads 4 --heads-kv 2 --ff 768 "
-                    "--ctx 32768 --seed 5 -o {}",
-                    p.string()));
-    if (r.code != 0) throw std::runtime_error(r.out);
-    return p;
-  }();
-  return path;
-}
+using test::curl;
+using test::post;
+using test::read_stream;
+using test::Reply;
+using test::sample;
+const std::filesystem::path& model_file() { return test::serve_model_file(); }
 
 // An HTTP server over an engine loop in this process, on a free port.
 struct Served {
@@ -90,6 +53,7 @@ struct Served {
     loop = std::make_unique<EngineLoop>(model, eo);
     http = std::make_unique<HttpServer>(so);
     port = http->listen();
+    test::warm_up_http_library(port);
     if (make_ready) ready();
   }
   // What requests may draw on (set before ready()).
@@ -97,45 +61,10 @@ struct Served {
   const ChunkIndex* corpus = nullptr;
   const GraphRetriever* graph = nullptr;
   void ready() { http->ready({"tiny", tok, 32768, chat, corpus, graph}, *loop); }
-  ~Served() { http->shutdown(std::chrono::steady_clock::now() + std::chrono::seconds(5)); }
+  // Joins the server's threads: what they read may be destroyed after this.
+  void stop() { http->shutdown(std::chrono::steady_clock::now() + std::chrono::seconds(5)); }
+  ~Served() { stop(); }
 };
-
-// The text of a streamed reply and its last JSON chunk.
-std::pair<std::string, json> read_stream(const std::string& body) {
-  std::string text;
-  json last;
-  size_t at = 0;
-  bool done = false;
-  while ((at = body.find("data: ", at)) != std::string::npos) {
-    const size_t end = body.find("\n\n", at);
-    const std::string data = body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") {
-      done = true;
-      continue;
-    }
-    last = json::parse(data);
-    if (!last.contains("choices")) continue;
-    const json& choice = last["choices"][0];
-    if (choice.contains("text"))
-      text += choice["text"].get<std::string>();
-    else if (choice["delta"].contains("content"))
-      text += choice["delta"]["content"].get<std::string>();
-  }
-  EXPECT_TRUE(done) << "the stream ends with [DONE]";
-  return {text, last};
-}
-
-// A sample of a /metrics scrape: `series` is the name with its labels as
-// written; -1 when absent.
-double sample(const std::string& metrics, const std::string& series) {
-  size_t at = 0;
-  while ((at = metrics.find(series + " ", at)) != std::string::npos) {
-    if (at == 0 || metrics[at - 1] == '\n') return std::stod(metrics.substr(at + series.size() + 1));
-    ++at;
-  }
-  return -1;
-}
 
 TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
   REQUIRE_CURL();
@@ -253,6 +182,82 @@ std::string generate_greedy(const std::string& prompt, int n) {
   std::filesystem::remove(file);
   EXPECT_EQ(out.substr(0, prompt.size()), prompt);
   return out.substr(prompt.size(), out.size() - prompt.size() - 1);  // the last "\n" is generate's
+}
+
+// The official OpenAI Node client (tests/client, installed by scripts/setup.sh)
+// against the server, as an application would use it: greedy completions and
+// chat, whole and streamed, equal `depcache generate`; the RAG extension in the
+// body; the client's errors for a wrong key and an unknown model.
+TEST(Server, TheOfficialOpenAIClientGetsWhatGenerateGives) {
+  const std::filesystem::path client_dir = DEPCACHE_CLIENT_DIR;
+  if (!std::filesystem::exists(client_dir / "node_modules" / "openai" / "package.json") ||
+      std::system("node --version >/dev/null 2>&1") != 0)
+    DEPCACHE_SKIP("node or the openai npm package missing (scripts/setup.sh installs them)");
+  ServerOptions so;
+  so.api_key = "sk-depcache-test";
+  Served s(so);
+  const std::string prompt = "Once upon a time there was a robot";
+  constexpr int kTokens = 12;
+  const test::CliRun r =
+      test::run_shell(fmt::format("node {}/openai_check.mjs http://127.0.0.1:{}/v1 tiny {} '{}' {} 2>&1",
+                                  client_dir.string(), s.port, so.api_key, prompt, kTokens));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json out = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(out.is_discarded()) << r.out;
+  const std::string expected = generate_greedy(prompt, kTokens);
+  EXPECT_EQ(out["completion"], expected);
+  EXPECT_EQ(out["completion_streamed"], expected);
+  EXPECT_EQ(out["completion_usage"]["prompt_tokens"],
+            static_cast<int64_t>(s.tok->encode(prompt, true, true).size()));
+  EXPECT_EQ(out["completion_streamed_usage"]["completion_tokens"],
+            out["completion_usage"]["completion_tokens"]);
+  const std::string chat_expected =
+      generate_greedy("<|im_start|>system\nYou tell short stories.<|im_end|>\n<|im_start|>user\n" + prompt +
+                          "<|im_end|>\n<|im_start|>assistant\n",
+                      kTokens);
+  EXPECT_EQ(out["chat"], chat_expected);
+  EXPECT_EQ(out["chat_role"], "assistant");
+  EXPECT_EQ(out["chat_streamed"], chat_expected);
+  EXPECT_GT(out["rag_usage"]["reused_tokens"].get<int64_t>(), 10)
+      << "the documents were reused the second time";
+  EXPECT_EQ(out["wrong_key"]["status"], 401) << out;
+  EXPECT_EQ(out["unknown_model"]["status"], 404) << out;
+  EXPECT_NE(out["unknown_model"]["message"].get<std::string>().find("no-such-model"), std::string::npos)
+      << out;
+}
+
+// A client that reads its stream slowly holds only its own connection (the
+// server's writes to it block): the others are answered meanwhile, and it gets
+// every token in the end.
+TEST(Server, ASlowClientDelaysNoOne) {
+  REQUIRE_CURL();
+  Served s;
+  const json request = {{"prompt", "Once upon a time"},
+                        {"max_tokens", test::kSanitized ? 300 : 1000},
+                        {"temperature", 0},
+                        {"stream", true}};
+  const Reply fast = curl(s.port, "/v1/completions", post(request));
+  ASSERT_EQ(fast.status, 200);
+  const std::string expected = read_stream(fast.body).first;
+  // Read 1 kB per 20 ms: seconds for the reply, far longer than it takes to make.
+  ASSERT_GT(fast.body.size(), 50000u) << "the test needs a reply longer than the socket buffers hold";
+  Reply slow;
+  std::atomic<bool> slow_done{false};
+  std::thread reader([&] {
+    slow = test::slow_post(s.port, "/v1/completions", request, 1024, std::chrono::milliseconds(20));
+    slow_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 4; ++i) {
+    const Reply r =
+        curl(s.port, "/v1/completions",
+             post({{"prompt", fmt::format("Tell {}", i)}, {"max_tokens", 4}, {"stream", i % 2 == 0}}));
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_FALSE(slow_done) << "the others were answered while the slow client was still reading";
+  reader.join();
+  ASSERT_EQ(slow.status, 200) << slow.body;
+  EXPECT_EQ(read_stream(slow.body).first, expected);
 }
 
 TEST(Server, ChatCompletionsFormatTheConversationWithTheChatTemplate) {
@@ -439,6 +444,7 @@ TEST(Server, RagRetrieveDrawsContextFromTheCorpusAndTheGraph) {
   // Both sources loaded: the request must say which.
   Reply r = curl(s.port, "/v1/completions", post({{"prompt", "q"}, {"rag", {{"retrieve", true}}}}));
   EXPECT_EQ(r.status, 400) << r.body;
+  s.stop();  // before the index and the graph go
 }
 
 // Beyond --max-queue waiting requests, new ones are refused with 429 and Retry-After.
@@ -537,62 +543,6 @@ TEST(Server, ConcurrentClientsGetWhatEachGetsAlone) {
                                    : together[i].j()["choices"][0]["text"].get<std::string>();
     EXPECT_EQ(text, alone[i]) << "client " << i;
   }
-}
-
-// The binary: SIGTERM while a request runs lets it finish, then exits 0.
-TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
-  REQUIRE_CURL();
-  const auto err = test::temp_path("serve-err"), code = test::temp_path("serve-code"),
-             pid = test::temp_path("serve-pid");
-  // The server in the background; its pid and, once it exits, its exit code in files.
-  const int launched = std::system(fmt::format("bash -c '{} serve -m {} --port 0 -t 2 --drain-seconds 300 2> "
-                                               "{} & echo $! > {}; wait $!; echo $? > {}' &",
-                                               DEPCACHE_BINARY, model_file().string(), err.string(),
-                                               pid.string(), code.string())
-                                       .c_str());
-  ASSERT_EQ(launched, 0);
-  int port = 0;
-  for (int i = 0; i < 400 && port == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    std::ifstream in(err);
-    const std::string text((std::istreambuf_iterator<char>(in)), {});
-    if (text.find("ready") == std::string::npos) continue;
-    const size_t at = text.find("127.0.0.1:");
-    if (at != std::string::npos) port = std::stoi(text.substr(at + 10));
-  }
-  ASSERT_GT(port, 0) << "the server did not come up";
-  int server_pid = 0;
-  std::ifstream(pid) >> server_pid;
-  ASSERT_GT(server_pid, 0);
-  Reply reply;
-  std::atomic<bool> replied{false};
-  std::thread client([&] {
-    reply =
-        curl(port, "/v1/completions", post({{"prompt", "Once"}, {"max_tokens", 3000}, {"temperature", 0}}));
-    replied = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the request is in flight
-  EXPECT_FALSE(replied) << "3000 tokens take longer than that; the test needs them to";
-  kill(server_pid, SIGTERM);
-  client.join();
-  EXPECT_EQ(reply.status, 200) << reply.body;
-  if (reply.status == 200) {
-    EXPECT_EQ(reply.j()["choices"][0]["finish_reason"], "length");
-  }
-  int exit_code = -1;
-  for (int i = 0; i < 400 && exit_code < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    std::ifstream in(code);
-    if (!(in >> exit_code)) exit_code = -1;
-  }
-  EXPECT_EQ(exit_code, 0);
-  std::ifstream in(err);
-  const std::string log((std::istreambuf_iterator<char>(in)), {});
-  EXPECT_NE(log.find("SIGTERM, draining"), std::string::npos) << log;
-  EXPECT_NE(log.find("cmpl-1 strategy=prefix prompt="), std::string::npos)
-      << "one log line per request: " << log;
-  EXPECT_NE(log.find("generated=3000"), std::string::npos) << log;
-  for (const auto& f : {err, code, pid}) std::filesystem::remove(f);
 }
 
 }  // namespace

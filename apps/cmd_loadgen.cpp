@@ -1,0 +1,282 @@
+// `depcache loadgen`: replays a request file against a running server over
+// HTTP, as a RAG service's clients would: each request streamed from
+// /v1/completions (or /v1/chat/completions) with its context in the RAG
+// extension, at the file's arrival times, a Poisson rate, or as fast as the
+// clients allow. Reports TTFT and end-to-end latency from arrival, throughput,
+// SLO attainment and the server's reuse; exits non-zero when any request
+// failed, so it doubles as a load test.
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "retrieval/rag_request.h"
+#include "retrieval/workload.h"
+#include "util/error.h"
+#include "util/timing.h"
+
+namespace depcache::cli {
+namespace {
+
+using nlohmann::json;
+
+struct LoadOptions {
+  std::string url = "http://127.0.0.1:8080", requests_path, strategy = "depcache", api_key, json_path;
+  size_t limit = 0, concurrency = 32, plain_every = 0;
+  double rate = 0, rate_scale = 0, slo_ms = 0, timeout_s = 600;
+  int max_tokens = 4;
+  uint64_t seed = 1;
+  bool chat = false;
+};
+
+struct Outcome {
+  int status = 0;                              // HTTP status; 0: no answer
+  std::string error;                           // empty: answered in full
+  double start_s = 0, ttft_s = -1, end_s = 0;  // from the run's start; ttft from arrival
+  int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
+  bool plain = false;
+};
+
+json request_body(const RagRequest& r, const LoadOptions& o, bool plain) {
+  const std::string question = r.question.empty() ? r.text : r.question;
+  json body = {{"max_tokens", o.max_tokens},
+               {"temperature", 0},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  if (o.chat)
+    body["messages"] = json::array({{{"role", "user"}, {"content", question}}});
+  else
+    body["prompt"] = question;
+  if (plain) return body;
+  json rag = request_to_json(r);
+  for (const char* k : {"id", "arrival_s", "question", "answers"}) rag.erase(k);
+  if (r.question.empty()) rag.erase("text");  // the text is the question
+  rag["strategy"] = o.strategy;
+  body["rag"] = std::move(rag);
+  return body;
+}
+
+// One request, streamed; the outcome's times are filled in by the caller's clock.
+Outcome send(httplib::Client& client, const std::string& path, const httplib::Headers& headers,
+             const json& body, Clock::time_point t0, double arrival_s) {
+  Outcome out;
+  out.start_s = seconds_since(t0);
+  std::string pending, error_body;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.headers = headers;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.response_handler = [&](const httplib::Response& res) {
+    out.status = res.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (out.status != 200) {
+      error_body.append(data, n);
+      return true;
+    }
+    pending.append(data, n);
+    size_t end;
+    while ((end = pending.find("\n\n")) != std::string::npos) {
+      const std::string ev = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (!ev.starts_with("data: ") || ev == "data: [DONE]")
+        continue;  // comments keep the connection checked
+      const json j = json::parse(ev.substr(6), nullptr, false);
+      if (j.is_discarded()) {
+        out.error = "a stream event is not JSON";
+        continue;
+      }
+      if (j.contains("error")) {
+        out.error = j["error"].value("message", "error");
+        continue;
+      }
+      const json& choice = j["choices"][0];
+      const json& piece =
+          choice.contains("text") ? choice["text"] : choice["delta"].value("content", json(""));
+      if (out.ttft_s < 0 && piece.is_string() && !piece.get<std::string>().empty())
+        out.ttft_s = seconds_since(t0) - arrival_s;
+      if (j.contains("usage") && j["usage"].is_object()) {
+        const json& u = j["usage"];
+        out.prompt = u.value("prompt_tokens", 0);
+        out.generated = u.value("completion_tokens", 0);
+        out.computed = u.value("computed_tokens", 0);
+        out.reused = u.value("reused_tokens", 0);
+      }
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  if (!client.send(req, res, err)) {
+    out.error = fmt::format("no answer: {}", httplib::to_string(err));
+  } else if (out.status != 200) {
+    const json j = json::parse(error_body, nullptr, false);
+    out.error = fmt::format(
+        "HTTP {}: {}", out.status,
+        j.is_object() && j.contains("error") ? j["error"].value("message", error_body) : error_body);
+  } else if (out.error.empty() && out.prompt == 0) {
+    out.error = "the stream ended without usage (cut short?)";
+  }
+  out.end_s = seconds_since(t0);
+  if (out.ttft_s < 0 && out.error.empty()) out.ttft_s = out.end_s - arrival_s;  // no text: its end
+  return out;
+}
+
+void run(const LoadOptions& o) {
+  std::vector<RagRequest> reqs = read_requests(o.requests_path);
+  if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
+  if (reqs.empty()) fail(ErrorKind::InvalidInput, "{} holds no requests", o.requests_path);
+  std::vector<double> arrival(reqs.size(), 0.0);
+  if (o.rate > 0) {
+    arrival = poisson_arrivals(reqs.size(), o.rate, o.seed);
+  } else if (o.rate_scale > 0) {
+    for (size_t i = 0; i < reqs.size(); ++i) arrival[i] = reqs[i].arrival_s / o.rate_scale;
+    std::sort(arrival.begin(), arrival.end());
+  }
+  httplib::Headers headers;
+  if (!o.api_key.empty()) headers.emplace("Authorization", "Bearer " + o.api_key);
+  {
+    httplib::Client probe(o.url);
+    probe.set_connection_timeout(5);
+    const auto health = probe.Get("/health");
+    if (!health)
+      fail(ErrorKind::Unavailable, "no server answers at {} ({})", o.url, httplib::to_string(health.error()));
+    if (health->status != 200)
+      fail(ErrorKind::Unavailable, "{}/health answers {}: {}", o.url, health->status, health->body);
+  }
+  const std::string path = o.chat ? "/v1/chat/completions" : "/v1/completions";
+  std::vector<Outcome> outcomes(reqs.size());
+  std::atomic<size_t> next{0};
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::thread> clients;
+  const size_t n_clients = std::min(o.concurrency, reqs.size());
+  for (size_t c = 0; c < n_clients; ++c) {
+    clients.emplace_back([&] {
+      httplib::Client client(o.url);
+      client.set_connection_timeout(10);
+      client.set_read_timeout(static_cast<time_t>(o.timeout_s));
+      for (size_t i; (i = next++) < reqs.size();) {
+        const double wait = arrival[i] - seconds_since(t0);
+        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        const bool plain = o.plain_every > 0 && i % o.plain_every == o.plain_every - 1;
+        outcomes[i] = send(client, path, headers, request_body(reqs[i], o, plain), t0, arrival[i]);
+        outcomes[i].plain = plain;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const double wall_s = seconds_since(t0);
+
+  std::vector<double> ttft, e2e;
+  std::map<std::string, size_t> errors;
+  int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Outcome& r = outcomes[i];
+    if (!r.error.empty()) {
+      ++errors[r.error.substr(0, 120)];
+      continue;
+    }
+    ttft.push_back(r.ttft_s * 1000);
+    e2e.push_back((r.end_s - arrival[i]) * 1000);
+    prompt += r.prompt, computed += r.computed, reused += r.reused, generated += r.generated;
+  }
+  const size_t n_failed = reqs.size() - ttft.size();
+  fmt::print("{} requests to {}{} ({}, {} clients, {}): {} answered, {} failed\n", reqs.size(), o.url, path,
+             o.plain_every ? fmt::format("strategy {}, 1 in {} plain", o.strategy, o.plain_every)
+                           : fmt::format("strategy {}", o.strategy),
+             n_clients,
+             o.rate > 0         ? fmt::format("Poisson {}/s", o.rate)
+             : o.rate_scale > 0 ? fmt::format("the file's arrivals / {}", o.rate_scale)
+                                : std::string("closed loop"),
+             ttft.size(), n_failed);
+  for (const auto& [what, n] : errors) fmt::print("  {} x {}\n", n, what);
+  if (!ttft.empty()) {
+    const double slo = o.slo_ms > 0 ? o.slo_ms : 0;
+    const auto within = std::count_if(ttft.begin(), ttft.end(), [&](double t) { return t <= slo; });
+    fmt::print("TTFT from arrival ms: p50 {:.1f} p90 {:.1f} p99 {:.1f} max {:.1f}\n", percentile(ttft, 50),
+               percentile(ttft, 90), percentile(ttft, 99), percentile(ttft, 100));
+    fmt::print("end to end ms:        p50 {:.1f} p99 {:.1f}\n", percentile(e2e, 50), percentile(e2e, 99));
+    fmt::print("served {:.3f} req/s, {:.1f} generated tok/s over {:.1f} s\n", ttft.size() / wall_s,
+               generated / wall_s, wall_s);
+    fmt::print("prompt tokens {}: computed {}, reused {} ({:.1f}%)\n", prompt, computed, reused,
+               prompt ? 100.0 * reused / prompt : 0.0);
+    if (slo > 0) fmt::print("within the SLO (TTFT <= {} ms): {:.1f}%\n", slo, 100.0 * within / ttft.size());
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream out = open_output(o.json_path);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Outcome& r = outcomes[i];
+      out << json({{"id", reqs[i].id},
+                   {"plain", r.plain},
+                   {"arrival_s", arrival[i]},
+                   {"start_s", r.start_s},
+                   {"status", r.status},
+                   {"error", r.error},
+                   {"ttft_ms", r.error.empty() ? r.ttft_s * 1000 : -1},
+                   {"e2e_ms", (r.end_s - arrival[i]) * 1000},
+                   {"prompt_tokens", r.prompt},
+                   {"computed_tokens", r.computed},
+                   {"reused_tokens", r.reused},
+                   {"generated_tokens", r.generated}})
+                 .dump()
+          << "\n";
+    }
+  }
+  if (n_failed > 0) fail(ErrorKind::Unavailable, "{} of {} requests failed", n_failed, reqs.size());
+}
+
+}  // namespace
+
+void add_loadgen_command(CLI::App& app) {
+  static LoadOptions o;
+  CLI::App* cmd = app.add_subcommand(
+      "loadgen",
+      "Replay a request file against a running `depcache serve` over HTTP and report latency and reuse");
+  cmd->add_option("--url", o.url, "Server address")->capture_default_str();
+  cmd->add_option("--requests", o.requests_path, "Request file (JSONL, as `workload generate` writes)")
+      ->required();
+  cmd->add_option("--limit", o.limit, "Send at most this many requests (0: all)")->capture_default_str();
+  cmd->add_option("-s,--strategy", o.strategy, "Reuse strategy each request asks for (rag.strategy)")
+      ->capture_default_str();
+  cmd->add_option("--plain-every", o.plain_every,
+                  "Send every Kth request as a plain completion of its question, without context (0: none)")
+      ->capture_default_str();
+  cmd->add_flag("--chat", o.chat, "Send chat completions (the question as the user's message)");
+  cmd->add_option("--concurrency", o.concurrency, "Clients, each with one request in flight at most")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{4096}));
+  cmd->add_option("--rate", o.rate,
+                  "Poisson arrivals at this many requests/s (default: as fast as the clients go)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rate-scale", o.rate_scale,
+                  "Use the file's arrival times divided by this (1: as written, 2: twice the load)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o.seed, "Seed of --rate's arrivals")->capture_default_str();
+  cmd->add_option("-n,--max-tokens", o.max_tokens, "Tokens generated per request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--slo-ms", o.slo_ms, "Report the share of requests with TTFT within this")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--timeout", o.timeout_s, "Seconds a request may take before it counts as failed")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--api-key", o.api_key, "Sent as 'Authorization: Bearer KEY'");
+  cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
+  cmd->callback([] {
+    if (o.rate > 0 && o.rate_scale > 0)
+      throw CLI::ValidationError("--rate", "give --rate or --rate-scale, not both");
+    run(o);
+  });
+}
+
+}  // namespace depcache::cli

@@ -1,0 +1,88 @@
+#pragma once
+// Clients of `depcache serve` for the server's tests: curl over loopback, the
+// parsing of streamed replies and /metrics scrapes, and the server binary as
+// a child process.
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "test_support.h"
+
+namespace depcache::test {
+
+bool have_curl();
+#define REQUIRE_CURL() \
+  if (!::depcache::test::have_curl()) DEPCACHE_SKIP("curl not installed (scripts/setup.sh installs it)")
+
+// True in a sanitizer build, where load tests send fewer requests.
+constexpr bool kSanitized =
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    true;
+#else
+    false;
+#endif
+
+struct Reply {
+  int status = 0;  // 0: no HTTP answer
+  std::string body;
+  nlohmann::json j() const { return nlohmann::json::parse(body); }
+};
+
+// curl with `args` (a shell fragment) against http://127.0.0.1:port.
+Reply curl(int port, const std::string& path, const std::string& args = "");
+// curl arguments that POST `body` as JSON.
+std::string post(const nlohmann::json& body);
+// POSTs `body` as JSON over a raw socket with a small receive buffer, then
+// reads the reply `chunk` bytes at a time with `pause` between reads: a client
+// slower than the server, whose writes to it then block. Returns the status
+// and the body (de-chunked).
+Reply slow_post(int port, const std::string& path, const nlohmann::json& body, size_t chunk,
+                std::chrono::milliseconds pause);
+// The text of a streamed reply and its last JSON chunk; expects the [DONE] end.
+std::pair<std::string, nlohmann::json> read_stream(const std::string& body);
+// A sample of a /metrics scrape: `series` is the name with its labels as
+// written; -1 when absent.
+double sample(const std::string& metrics, const std::string& series);
+
+// One request answered before any concurrent ones. cpp-httplib (Debian's
+// build, not instrumented) builds a function-local static set of method names
+// in the first request it parses; ThreadSanitizer cannot see the guard that
+// publishes it to the other worker threads and reports a race on it when the
+// first requests come at once. After one request, the thread pool's mutex
+// orders everything that follows.
+void warm_up_http_library(int port);
+
+// A random-weight model file (4 layers of 256, context 32768), made once per
+// process: decode slow enough that a long request is still running when a
+// client goes away or a signal comes.
+const std::filesystem::path& serve_model_file();
+
+// `depcache serve` as a child process on a free loopback port, its stderr in
+// a file. The constructor returns once the server says it is ready (port() is
+// 0 if it never did; log() tells why). The destructor kills what still runs.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::vector<std::string>& args);
+  ~ServeProcess();
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  int port() const { return port_; }
+  int pid() const { return pid_; }
+  void signal(int sig) const;
+  // The exit code once the process ends within `limit`; -1 if it is still
+  // running, 128 + N if signal N ended it.
+  int wait_exit(std::chrono::milliseconds limit);
+  std::string log() const;
+  std::string metrics() const { return curl(port_, "/metrics").body; }
+  // Peak resident memory (VmHWM) in bytes while it runs; 0 if unknown.
+  int64_t peak_rss_bytes() const;
+
+ private:
+  std::filesystem::path err_;
+  int pid_ = -1, port_ = 0, exit_code_ = -1;
+};
+
+}  // namespace depcache::test

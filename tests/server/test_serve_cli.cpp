@@ -1,0 +1,228 @@
+// The `depcache serve` binary as its users run it, in a child process: a
+// bounded load test with `depcache loadgen` (mixed RAG and plain requests,
+// no errors, no leaked rows, memory within the configured budgets), SIGTERM
+// and SIGINT while requests run, and the remote tier's Redis killed under load.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "retrieval/rag_request.h"
+#include "server/server_client.h"
+#include "test_support.h"
+
+namespace depcache {
+namespace {
+
+using nlohmann::json;
+using test::curl;
+using test::post;
+using test::Reply;
+using test::sample;
+using test::ServeProcess;
+
+#define REQUIRE_SERVER(server) \
+  REQUIRE_CURL();              \
+  ASSERT_GT((server).port(), 0) << "the server did not come up:\n" << (server).log()
+
+// `n` RAG requests over a small pool of documents and entities, so that
+// requests share context as a RAG service's do: half with 2-3 documents,
+// half with 1-2 entities and their relation paths, picked with a skew.
+std::filesystem::path request_file(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto pick = [&](size_t pool) {  // low indices more often
+    std::uniform_real_distribution<double> u(0, 1);
+    return static_cast<size_t>(pool * u(rng) * u(rng));
+  };
+  std::vector<RagRequest> reqs(n);
+  for (size_t i = 0; i < n; ++i) {
+    RagRequest& r = reqs[i];
+    r.id = fmt::format("q{}", i);
+    r.question = fmt::format("What did the robot number {} find?", i % 17);
+    if (i % 2 == 0) {
+      for (size_t k = 0, m = 2 + i % 2; r.documents.size() < m && k < 20; ++k) {
+        const size_t d = pick(12);
+        const std::string id = fmt::format("doc{}", d);
+        if (std::none_of(r.documents.begin(), r.documents.end(), [&](auto& x) { return x.id == id; }))
+          r.documents.push_back({id, fmt::format("Story {}", d),
+                                 fmt::format("Robot {} walked to the lake and found {} shells by the old "
+                                             "tree, then it went home to sleep.",
+                                             d, 3 * d + 1)});
+      }
+    } else {
+      for (size_t k = 0, m = 1 + i % 3 / 2; r.entities.size() < m && k < 20; ++k) {
+        const size_t e = pick(8);
+        const std::string name = fmt::format("robot_{}", e);
+        if (std::none_of(r.entities.begin(), r.entities.end(), [&](auto& x) { return x.name == name; }))
+          r.entities.push_back({name,
+                                fmt::format("robot {}", e),
+                                {fmt::format("robot {} -> lives in -> town {}", e, e % 3),
+                                 fmt::format("robot {} -> likes -> color {} -> seen in -> sky", e, e % 4)}});
+      }
+    }
+  }
+  const auto path = test::temp_path("load").replace_extension(".jsonl");
+  write_requests(path, reqs);
+  return path;
+}
+
+// Waits until the scrape satisfies `done` (bounded); returns the last scrape.
+template <class Done>
+std::string metrics_when(const ServeProcess& server, Done done, int tries = 600) {
+  std::string m;
+  for (int i = 0; i < tries; ++i) {
+    m = server.metrics();
+    if (done(m)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return m;
+}
+
+std::string loadgen(int port, const std::filesystem::path& requests, const std::string& extra) {
+  return fmt::format("{} loadgen --url http://127.0.0.1:{} --requests {} --timeout 300 {} 2>&1",
+                     DEPCACHE_BINARY, port, requests.string(), extra);
+}
+
+// Many clients, mixed RAG (documents, entities) and plain requests: all
+// answered, the pool whole again, nothing pinned, memory within the budgets.
+TEST(ServeCli, LoadTestAnswersEveryRequestAndLeaksNothing) {
+  constexpr int kPoolRows = 16384;
+  constexpr int kHostMib = 16;
+  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "-c", std::to_string(kPoolRows),
+                       "--host-mib", std::to_string(kHostMib), "--max-queue", "64"});
+  REQUIRE_SERVER(server);
+  const size_t n = test::kSanitized ? 200 : 1000;
+  const auto requests = request_file(n, 7);
+  const test::CliRun load =
+      test::run_shell(loadgen(server.port(), requests, "--concurrency 32 --plain-every 3 -n 3 -s depcache"));
+  EXPECT_EQ(load.code, 0) << load.out;
+  EXPECT_NE(load.out.find(fmt::format("{} answered, 0 failed", n)), std::string::npos) << load.out;
+  const std::string m = server.metrics();
+  EXPECT_EQ(sample(m, "depcache_requests_total{outcome=\"finished\"}"), n) << m;
+  EXPECT_EQ(sample(m, "depcache_requests_running"), 0);
+  EXPECT_EQ(sample(m, "depcache_kv_pool_free_rows"), kPoolRows) << "rows leaked";
+  EXPECT_EQ(sample(m, "depcache_kv_pool_rows"), kPoolRows);
+  EXPECT_EQ(sample(m, "depcache_kv_pinned_nodes"), 0) << "pins leaked";
+  EXPECT_GT(sample(m, "depcache_reused_tokens_total"), 0) << "shared context was reused";
+  // Memory: the model, the KV pool (f16 rows of 4 layers x 2 KV heads x 64,
+  // K and V) and the host tier, plus what the process needs without them
+  // (code, threads, the index, allocator slack; more under sanitizers).
+  const int64_t model_bytes = static_cast<int64_t>(std::filesystem::file_size(test::serve_model_file()));
+  const int64_t pool_bytes = int64_t{kPoolRows} * 4 * 2 * 2 * 64 * 2;
+  const int64_t base = (test::kSanitized ? 512 : 96) << 20;
+  const int64_t budget = model_bytes + pool_bytes + (int64_t{kHostMib} << 20) + base;
+  const int64_t peak = server.peak_rss_bytes();
+  fmt::print("peak RSS {:.1f} MiB (model {:.1f}, pool {:.1f}, host tier {}, allowance {} MiB)\n",
+             peak / 1048576.0, model_bytes / 1048576.0, pool_bytes / 1048576.0, kHostMib, base >> 20);
+  EXPECT_GT(peak, 0);
+  EXPECT_LT(peak, budget);
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(std::chrono::seconds(60)), 0) << server.log();
+  std::filesystem::remove(requests);
+}
+
+// loadgen fails (exit 6) when no server answers or any request fails, and
+// says why; with the key it passes.
+TEST(ServeCli, LoadgenExitsNonZeroWhenRequestsFail) {
+  const auto requests = request_file(6, 3);
+  const test::CliRun none = test::run_shell(fmt::format(
+      "{} loadgen --url http://127.0.0.1:1 --requests {} 2>&1", DEPCACHE_BINARY, requests.string()));
+  EXPECT_EQ(none.code, 6) << none.out;
+  EXPECT_NE(none.out.find("no server answers at http://127.0.0.1:1"), std::string::npos) << none.out;
+  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--api-key", "k3y"});
+  REQUIRE_SERVER(server);
+  const test::CliRun refused = test::run_shell(loadgen(server.port(), requests, "--concurrency 2"));
+  EXPECT_EQ(refused.code, 6) << refused.out;
+  EXPECT_NE(refused.out.find("6 x HTTP 401: missing or wrong API key"), std::string::npos) << refused.out;
+  const test::CliRun ok = test::run_shell(loadgen(server.port(), requests, "--concurrency 2 --api-key k3y"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  std::filesystem::remove(requests);
+}
+
+// SIGTERM while several requests stream: they finish in full, new ones are
+// refused, then the process exits 0. SIGINT does the same.
+TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--drain-seconds", "300"});
+    REQUIRE_SERVER(server);
+    constexpr int kClients = 4;
+    const int max_tokens = test::kSanitized ? 300 : 1500;
+    std::vector<Reply> replies(kClients);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < kClients; ++i)
+      clients.emplace_back([&, i] {
+        replies[i] = curl(server.port(), "/v1/completions",
+                          post({{"prompt", fmt::format("Once {}", i)},
+                                {"max_tokens", max_tokens},
+                                {"temperature", 0},
+                                {"stream", i % 2 == 0}}));
+      });
+    // All running, none finished: then the signal.
+    const std::string before = metrics_when(
+        server, [&](const std::string& m) { return sample(m, "depcache_requests_running") == kClients; });
+    ASSERT_EQ(sample(before, "depcache_requests_running"), kClients) << before;
+    server.signal(sig);
+    // Stopped accepting: a new request gets no answer or 503, never a hang.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const Reply late = curl(server.port(), "/v1/completions", "--max-time 10 " + post({{"prompt", "late"}}));
+    EXPECT_TRUE(late.status == 0 || late.status == 503) << late.status << " " << late.body;
+    for (std::thread& t : clients) t.join();
+    for (int i = 0; i < kClients; ++i) {
+      ASSERT_EQ(replies[i].status, 200) << replies[i].body;
+      const json usage =
+          i % 2 == 0 ? test::read_stream(replies[i].body).second["usage"] : replies[i].j()["usage"];
+      EXPECT_EQ(usage["completion_tokens"], max_tokens) << "client " << i << " got its whole answer";
+    }
+    EXPECT_EQ(server.wait_exit(std::chrono::seconds(60)), 0);
+    const std::string log = server.log();
+    const size_t draining = log.find(sig == SIGTERM ? "SIGTERM, draining" : "SIGINT, draining");
+    ASSERT_NE(draining, std::string::npos) << log;
+    EXPECT_LT(draining, log.find("generated=" + std::to_string(max_tokens)))
+        << "they finished after it: " << log;
+    EXPECT_NE(log.find("cmpl-1 strategy=prefix prompt="), std::string::npos) << "one log line per request";
+  }
+}
+
+// Redis, the remote tier, dies while requests run: every request is still
+// answered (computed locally), and the outage is logged once.
+TEST(ServeCli, RedisKilledUnderLoadAnswersContinue) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  // No host tier and a small hot tier: spans evicted go to Redis, and later
+  // requests look there.
+  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--cache-mib", "1", "--redis",
+                       fmt::format("127.0.0.1:{}", redis.port())});
+  REQUIRE_SERVER(server);
+  const size_t n = test::kSanitized ? 120 : 400;
+  const auto requests = request_file(n, 11);
+  test::CliRun load;
+  std::thread client(
+      [&] { load = test::run_shell(loadgen(server.port(), requests, "--concurrency 8 -n 24 -s depcache")); });
+  const char* const from_redis = "depcache_index_hit_tokens_total{tier=\"remote\"}";
+  const std::string before = metrics_when(server, [&](const std::string& m) {
+    return sample(m, "depcache_requests_total{outcome=\"finished\"}") >= static_cast<double>(n / 4) &&
+           sample(m, from_redis) > 0;
+  });
+  EXPECT_GT(sample(before, from_redis), 0) << "requests found spans in Redis before it went:\n" << before;
+  redis.stop();
+  const std::string at_kill = server.metrics();
+  client.join();
+  EXPECT_LT(sample(at_kill, "depcache_requests_total{outcome=\"finished\"}"), static_cast<double>(n))
+      << "Redis went while requests were still coming";
+  EXPECT_EQ(load.code, 0) << load.out;
+  EXPECT_NE(load.out.find(fmt::format("{} answered, 0 failed", n)), std::string::npos) << load.out;
+  const std::string m = server.metrics();
+  EXPECT_EQ(sample(m, "depcache_requests_total{outcome=\"finished\"}"), n);
+  EXPECT_EQ(sample(m, "depcache_kv_pinned_nodes"), 0);
+  const std::string log = server.log();
+  EXPECT_NE(log.find("the remote KV tier is skipped"), std::string::npos) << log;
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(std::chrono::seconds(60)), 0) << log;
+  std::filesystem::remove(requests);
+}
+
+}  // namespace
+}  // namespace depcache
