@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <ctime>
 #include <random>
@@ -87,6 +88,10 @@ HttpServer::HttpServer(const ServerOptions& options)
   const int threads = std::max(options_.http_threads, 1);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = sock;
+  });
   routes();
 }
 
@@ -107,6 +112,12 @@ int HttpServer::listen() {
   if (port < 0)
     fail(ErrorKind::InvalidInput, "cannot listen on {}:{} (in use, or not an address of this machine)",
          options_.host, options_.port);
+  // cpp-httplib listens with a backlog of 5 connections (built into the
+  // library); in a burst of new connections each one beyond that waits for
+  // the kernel to retry the handshake, a second later. Listening again on the
+  // bound socket raises the backlog to the system's limit.
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) != 0)
+    fmt::print(stderr, "warning: the listen backlog stays at the HTTP library's 5 connections\n");
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   return port;
 }

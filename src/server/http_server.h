@@ -80,6 +80,7 @@ class HttpServer {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
+  int listen_fd_ = -1;  // the listening socket, seen as it is made
   std::atomic<bool> ready_{false}, draining_{false};
   ServedModel model_;
   EngineLoop* loop_ = nullptr;
