@@ -33,13 +33,14 @@ struct LoadOptions {
   double rate = 0, rate_scale = 0, slo_ms = 0, timeout_s = 600;
   int max_tokens = 4;
   uint64_t seed = 1;
-  bool chat = false;
+  bool chat = false, stop_at_eos = false;
 };
 
 struct Outcome {
-  int status = 0;                              // HTTP status; 0: no answer
-  std::string error;                           // empty: answered in full
-  double start_s = 0, ttft_s = -1, end_s = 0;  // from the run's start; ttft from arrival
+  int status = 0;                                    // HTTP status; 0: no answer
+  std::string error;                                 // empty: answered in full
+  double start_s = 0, ttft_s = -1, end_s = 0;        // from the run's start; ttft from arrival
+  double server_ttft_ms = -1, server_total_ms = -1;  // the server's own, from its "timings"
   int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
   bool plain = false;
 };
@@ -49,7 +50,8 @@ json request_body(const RagRequest& r, const LoadOptions& o, bool plain) {
   json body = {{"max_tokens", o.max_tokens},
                {"temperature", 0},
                {"stream", true},
-               {"stream_options", {{"include_usage", true}}}};
+               {"stream_options", {{"include_usage", true}}},
+               {"ignore_eos", !o.stop_at_eos}};
   if (o.chat)
     body["messages"] = json::array({{{"role", "user"}, {"content", question}}});
   else
@@ -105,6 +107,11 @@ Outcome send(httplib::Client& client, const std::string& path, const httplib::He
           choice.contains("text") ? choice["text"] : choice["delta"].value("content", json(""));
       if (out.ttft_s < 0 && piece.is_string() && !piece.get<std::string>().empty())
         out.ttft_s = seconds_since(t0) - arrival_s;
+      if (j.contains("timings") && j["timings"].is_object()) {
+        const json& t = j["timings"];
+        if (t.contains("ttft_ms") && t["ttft_ms"].is_number()) out.server_ttft_ms = t["ttft_ms"];
+        if (t.contains("total_ms") && t["total_ms"].is_number()) out.server_total_ms = t["total_ms"];
+      }
       if (j.contains("usage") && j["usage"].is_object()) {
         const json& u = j["usage"];
         out.prompt = u.value("prompt_tokens", 0);
@@ -184,7 +191,7 @@ void run(const LoadOptions& o) {
   for (std::thread& t : clients) t.join();
   const double wall_s = seconds_since(t0);
 
-  std::vector<double> ttft, e2e;
+  std::vector<double> ttft, e2e, server_ttft, http_ms;
   std::map<std::string, size_t> errors;
   int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -195,6 +202,8 @@ void run(const LoadOptions& o) {
     }
     ttft.push_back(r.ttft_s * 1000);
     e2e.push_back((r.end_s - arrival[i]) * 1000);
+    if (r.server_ttft_ms >= 0) server_ttft.push_back(r.server_ttft_ms);
+    if (r.server_total_ms >= 0) http_ms.push_back((r.end_s - r.start_s) * 1000 - r.server_total_ms);
     prompt += r.prompt, computed += r.computed, reused += r.reused, generated += r.generated;
   }
   const size_t n_failed = reqs.size() - ttft.size();
@@ -210,9 +219,16 @@ void run(const LoadOptions& o) {
   if (!ttft.empty()) {
     const double slo = o.slo_ms > 0 ? o.slo_ms : 0;
     const auto within = std::count_if(ttft.begin(), ttft.end(), [&](double t) { return t <= slo; });
-    fmt::print("TTFT from arrival ms: p50 {:.1f} p90 {:.1f} p99 {:.1f} max {:.1f}\n", percentile(ttft, 50),
+    fmt::print("TTFT ms (first text): p50 {:.1f} p90 {:.1f} p99 {:.1f} max {:.1f}\n", percentile(ttft, 50),
                percentile(ttft, 90), percentile(ttft, 99), percentile(ttft, 100));
     fmt::print("end to end ms:        p50 {:.1f} p99 {:.1f}\n", percentile(e2e, 50), percentile(e2e, 99));
+    if (!server_ttft.empty())
+      fmt::print(
+          "server TTFT ms:       p50 {:.1f} p99 {:.1f} (from arrival at the server to the first token)\n",
+          percentile(server_ttft, 50), percentile(server_ttft, 99));
+    if (!http_ms.empty())
+      fmt::print("HTTP layer ms:        p50 {:.1f} p99 {:.1f} (sent to received, less the server's time)\n",
+                 percentile(http_ms, 50), percentile(http_ms, 99));
     fmt::print("served {:.3f} req/s, {:.1f} generated tok/s over {:.1f} s\n", ttft.size() / wall_s,
                generated / wall_s, wall_s);
     fmt::print("prompt tokens {}: computed {}, reused {} ({:.1f}%)\n", prompt, computed, reused,
@@ -230,6 +246,8 @@ void run(const LoadOptions& o) {
                    {"status", r.status},
                    {"error", r.error},
                    {"ttft_ms", r.error.empty() ? r.ttft_s * 1000 : -1},
+                   {"server_ttft_ms", r.server_ttft_ms},
+                   {"server_total_ms", r.server_total_ms},
                    {"e2e_ms", (r.end_s - arrival[i]) * 1000},
                    {"prompt_tokens", r.prompt},
                    {"computed_tokens", r.computed},
@@ -258,6 +276,8 @@ void add_loadgen_command(CLI::App& app) {
   cmd->add_option("--plain-every", o.plain_every,
                   "Send every Kth request as a plain completion of its question, without context (0: none)")
       ->capture_default_str();
+  cmd->add_flag("--stop-at-eos", o.stop_at_eos,
+                "Let the model end an answer early (default: exactly --max-tokens, as run generates)");
   cmd->add_flag("--chat", o.chat, "Send chat completions (the question as the user's message)");
   cmd->add_option("--concurrency", o.concurrency, "Clients, each with one request in flight at most")
       ->capture_default_str()

@@ -6,8 +6,10 @@
 # streamed, from a fresh server each time (cold cache, as `run` starts).
 # Prints Markdown tables:
 #  overhead  one request at a time (run --serial; loadgen --concurrency 1):
-#            TTFT and end-to-end p50 of each, and their difference: what the
-#            HTTP layer (parsing, JSON, SSE, sockets) adds per request;
+#            TTFT (the server's, to the first token, as run's; and the
+#            client's, to the first text) and end-to-end p50, and the HTTP
+#            layer's time per request: the client's send-to-receive time less
+#            the server's own (the response's `timings`);
 #  rates     Poisson arrivals at RATES req/s (same seed, hence the same
 #            arrival times in both): TTFT p50/p99 from arrival, requests
 #            served per second, and the share within the SLO (TTFT <= SLO_MS,
@@ -62,42 +64,49 @@ run_stats() {
   out=$($BIN run -m "$MODEL" -t 2 -q --requests "$REQ" -s depcache -n 4 --json "$D/run-rows.jsonl" "$@" 2>/dev/null)
   within=$(grep -o '"ttft_ms":[0-9.e+-]*' "$D/run-rows.jsonl" | cut -d: -f2 |
     awk -v slo="${SLO_MS:-0}" '{ n++; if ($1 <= slo) ok++ } END { printf "%.1f%%", n ? 100 * ok / n : 0 }')
-  echo "$out" | awk -v w="$within" '$1 == "depcache" && $2 ~ /^[0-9]+$/ { print $3, $4, $6, $7, w }'
+  echo "$out" | sed 's/ms//g' | awk -v w="$within" '$1 == "depcache" && $2 ~ /^[0-9]+$/ { print $3, $4, $6, $7, w }'
 }
-# loadgen over a fresh server: TTFT p50, p99, e2e p50, req/s, share within the SLO
+# loadgen over a fresh server: client TTFT (first text) p50 p99, e2e p50,
+# server TTFT (first token) p50 p99, HTTP layer p50 p99, req/s, share within the SLO
 http_stats() {
   start_server
   local out
   out=$($BIN loadgen --url "http://127.0.0.1:$PORT" --requests "$REQ" -s depcache -n 4 --slo-ms "$SLO_MS" "$@")
   stop_server
   echo "$out" | awk '
-    /^TTFT from arrival/ { p50 = $6; p99 = $10 }
-    /^end to end/ { e2e = $6 }
+    function after(key,   i) { for (i = 1; i < NF; i++) if ($i == key) return $(i + 1); return "-" }
+    # every field set, so that a line missing from the output cannot shift the rest
+    BEGIN { p50 = p99 = e2e = s50 = s99 = h50 = h99 = rps = slo = "-" }
+    /^TTFT ms/ { p50 = after("p50"); p99 = after("p99") }
+    /^end to end/ { e2e = after("p50") }
+    /^server TTFT/ { s50 = after("p50"); s99 = after("p99") }
+    /^HTTP layer/ { h50 = after("p50"); h99 = after("p99") }
     /^served/ { rps = $2 }
     /^within the SLO/ { slo = $NF }
-    END { print p50, p99, e2e, rps, slo }'
+    END { print p50, p99, e2e, s50, s99, h50, h99, rps, slo }'
 }
+
 echo "model $MODEL; CPU: $CPU, 2 threads; $N GraphRAG requests (Zipf), depcache, 4 generated tokens each"
 read -r R_P50 R_P99 R_E2E R_RPS _ <<<"$(run_stats --serial)"
 SLO_MS=${SLO_MS:-$(awk -v p="$R_P50" 'BEGIN { printf "%.0f", 5 * p }')}
-read -r H_P50 H_P99 H_E2E H_RPS _ <<<"$(http_stats --concurrency 1)"
+read -r C_P50 C_P99 C_E2E S_P50 S_P99 H_P50 H_P99 H_RPS _ <<<"$(http_stats --concurrency 1)"
 echo
-echo "One request at a time"
+echo "One request at a time (serve: the server's TTFT, to the first token, and the client's, to the first text)"
 echo
-echo "| | TTFT p50 ms | TTFT p99 ms | end-to-end p50 ms | req/s |"
-echo "|---|---|---|---|---|"
-echo "| run (engine only) | $R_P50 | $R_P99 | $R_E2E | $R_RPS |"
-echo "| serve + loadgen (HTTP, streamed) | $H_P50 | $H_P99 | $H_E2E | $H_RPS |"
-awk -v a="$R_P50" -v b="$H_P50" -v c="$R_E2E" -v d="$H_E2E" \
-  'BEGIN { printf "| HTTP overhead per request | %+.1f | | %+.1f | |\n", b - a, d - c }'
-echo
-echo "Poisson arrivals (SLO: TTFT <= $SLO_MS ms)"
-echo
-echo "| offered req/s | path | TTFT p50 ms | TTFT p99 ms | served req/s | within SLO |"
+echo "| | TTFT p50 ms | TTFT p99 ms | client TTFT p50 ms | end-to-end p50 ms | req/s |"
 echo "|---|---|---|---|---|---|"
+echo "| run (engine only) | $R_P50 | $R_P99 | | $R_E2E | $R_RPS |"
+echo "| serve + loadgen (HTTP, streamed) | $S_P50 | $S_P99 | $C_P50 | $C_E2E | $H_RPS |"
+echo
+echo "HTTP layer per request (sent to received, less the server's own time): p50 $H_P50 ms, p99 $H_P99 ms"
+echo
+echo "Poisson arrivals (SLO: TTFT <= $SLO_MS ms; for serve, the client's TTFT to the first text)"
+echo
+echo "| offered req/s | path | TTFT p50 ms | TTFT p99 ms | client TTFT p50 / p99 ms | served req/s | within SLO |"
+echo "|---|---|---|---|---|---|---|"
 for r in $RATES; do
   read -r P50 P99 _ RPS WITHIN <<<"$(run_stats --rate "$r" --seed 1)"
-  echo "| $r | run | $P50 | $P99 | $RPS | $WITHIN |"
-  read -r P50 P99 _ RPS WITHIN <<<"$(http_stats --rate "$r" --seed 1 --concurrency 64)"
-  echo "| $r | serve | $P50 | $P99 | $RPS | $WITHIN |"
+  echo "| $r | run | $P50 | $P99 | | $RPS | $WITHIN |"
+  read -r C_P50 C_P99 _ S_P50 S_P99 _ _ RPS WITHIN <<<"$(http_stats --rate "$r" --seed 1 --concurrency 64)"
+  echo "| $r | serve | $S_P50 | $S_P99 | $C_P50 / $C_P99 | $RPS | $WITHIN |"
 done

@@ -52,6 +52,25 @@ Usage usage_of(const RequestResult& r) {
 
 std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
+// The server's own times of a request, from its arrival at the handler (after
+// HTTP parsing): what a client's measured latency minus these spent outside
+// the engine, in the HTTP layer and the network.
+json timings_json(const RequestResult& r, Clock::time_point arrived) {
+  const auto ms = [&](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t - arrived).count();
+  };
+  return {{"ttft_ms", r.tokens.empty() ? json(nullptr) : json(ms(r.first_token))}, {"total_ms", ms(r.done)}};
+}
+
+// The final response or chunk: OpenAI's, plus the server's timings.
+json final_json(ApiKind kind, bool chunk, const std::string& id, int64_t created, const std::string& model,
+                const RequestResult& r, bool include_usage, Clock::time_point arrived) {
+  json j = completion_json(kind, chunk, id, created, model, chunk ? "" : r.text, r.finish_reason,
+                           include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt);
+  j["timings"] = timings_json(r, arrived);
+  return j;
+}
+
 // Times a request's tokens for the latency histograms.
 struct TokenClock {
   Clock::time_point arrived, last;
@@ -258,9 +277,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
       const RequestResult r = stream->result();
       finished(id, strategy, r, arrived);
       if (r.state != RequestState::Finished) throw engine_error(r);
-      return send_json(
-          res, 200,
-          completion_json(kind, false, id, created, model_.name, r.text, r.finish_reason, usage_of(r)));
+      return send_json(res, 200, final_json(kind, false, id, created, model_.name, r, true, arrived));
     }
   }
   res.set_header("Cache-Control", "no-cache");
@@ -295,15 +312,14 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         clock->reported = true;
         if (!streaming) {
           // The status is sent; a failure this late is told in the body.
-          out = (r.state == RequestState::Finished ? completion_json(kind, false, id, created, model_.name,
-                                                                     r.text, r.finish_reason, usage_of(r))
-                                                   : error_body(engine_error(r)))
+          out = (r.state == RequestState::Finished
+                     ? final_json(kind, false, id, created, model_.name, r, true, clock->arrived)
+                     : error_body(engine_error(r)))
                     .dump();
         } else {
-          out += event(r.state == RequestState::Finished
-                           ? completion_json(kind, true, id, created, model_.name, "", r.finish_reason,
-                                             include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt)
-                           : error_body(engine_error(r)));
+          out += event(r.state == RequestState::Finished ? final_json(kind, true, id, created, model_.name, r,
+                                                                      include_usage, clock->arrived)
+                                                         : error_body(engine_error(r)));
           out += "data: [DONE]\n\n";
         }
         if (!sink.write(out.data(), out.size())) return false;

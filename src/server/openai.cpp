@@ -126,6 +126,12 @@ void parse_common(const json& j, const std::string& question, CompletionRequest&
     if (!it->is_number_integer()) throw bad("seed", "'seed' must be an integer");
     s.sampler.seed = static_cast<uint64_t>(it->get<int64_t>());
   }
+  // Not an OpenAI parameter; vLLM and llama.cpp's server take it too: generate
+  // max_tokens whatever the model emits (benchmarks, comparisons with `run`).
+  if (const auto it = j.find("ignore_eos"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) throw bad("ignore_eos", "'ignore_eos' must be true or false");
+    s.stop_at_eog = !it->get<bool>();
+  }
   if (const auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
       s.stop = {it->get<std::string>()};

@@ -205,6 +205,7 @@ TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
                           post({{"prompt", fmt::format("Once {}", i)},
                                 {"max_tokens", max_tokens},
                                 {"temperature", 0},
+                                {"ignore_eos", true},
                                 {"stream", i % 2 == 0}}));
       });
     // All running, none finished: then the signal.

@@ -93,6 +93,9 @@ TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
   const int64_t completion_tokens = cj["usage"]["completion_tokens"];
   EXPECT_EQ(cj["choices"][0]["finish_reason"], completion_tokens == 12 ? "length" : "stop");
   EXPECT_EQ(cj["usage"]["prompt_tokens"], static_cast<int64_t>(s.tok->encode(prompt, true, true).size()));
+  // The server's own times, to tell its latency from the network's and the client's.
+  EXPECT_GT(cj["timings"]["ttft_ms"].get<double>(), 0) << cj;
+  EXPECT_GE(cj["timings"]["total_ms"].get<double>(), cj["timings"]["ttft_ms"].get<double>());
 
   // Streamed: the same text in pieces, the reason and usage in the last chunk.
   Reply st = curl(s.port, "/v1/completions",
@@ -102,6 +105,7 @@ TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
   EXPECT_EQ(text, expected);
   EXPECT_EQ(last["choices"][0]["finish_reason"], cj["choices"][0]["finish_reason"]);
   EXPECT_EQ(last["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_GT(last["timings"]["total_ms"].get<double>(), 0) << last;
   EXPECT_GT(last["usage"]["reused_tokens"].get<int64_t>(), 0) << "the prompt's prefix came from the index";
 
   // A stop string ends the text before it.
@@ -131,6 +135,21 @@ TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
   EXPECT_GE(sample(scrape, "depcache_http_responses_total{code=\"200\"}"), 5);
   EXPECT_EQ(sample(scrape, "depcache_kv_pool_free_rows"), sample(scrape, "depcache_kv_pool_rows"));
   EXPECT_GT(sample(scrape, "depcache_kv_tier_bytes{tier=\"hot\"}"), 0);
+
+  // ignore_eos: max_tokens however early the model would end. First a sampled
+  // request the model ends early, then the same one with ignore_eos.
+  const auto sampled = [&](int seed, bool ignore_eos) {
+    return curl(s.port, "/v1/completions",
+                post({{"prompt", "Once"}, {"max_tokens", 200}, {"seed", seed}, {"ignore_eos", ignore_eos}}));
+  };
+  int seed = 1;
+  for (; seed <= 40; ++seed)
+    if (sampled(seed, false).j()["usage"]["completion_tokens"] < 200) break;
+  ASSERT_LE(seed, 40) << "no sampled answer ended early: nothing to test";
+  Reply ig = sampled(seed, true);
+  ASSERT_EQ(ig.status, 200) << ig.body;
+  EXPECT_EQ(ig.j()["usage"]["completion_tokens"], 200) << "seed " << seed;
+  EXPECT_EQ(ig.j()["choices"][0]["finish_reason"], "length");
 }
 
 TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
@@ -156,6 +175,8 @@ TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
   expect_error(curl(s.port, "/v1/completions", key + "-d '{\"prompt\": \"hi\",'"), 400, "", "malformed JSON");
   expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"max_tokens", "many"}})), 400,
                "max_tokens", "wrong type");
+  expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"ignore_eos", 1}})), 400,
+               "ignore_eos", "ignore_eos not a boolean");
   expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"temperature", 7}})), 400,
                "temperature", "out of range");
   expect_error(curl(s.port, "/v1/completions", key + post({{"max_tokens", 3}})), 400, "prompt", "no prompt");
@@ -493,7 +514,8 @@ TEST(Server, ClientGoneMidStreamFreesRowsAndPins) {
   REQUIRE_CURL();
   Served s;
   const auto file = test::temp_path("request");
-  std::ofstream(file) << json({{"prompt", "Once"}, {"max_tokens", 30000}, {"stream", true}}).dump();
+  std::ofstream(file)
+      << json({{"prompt", "Once"}, {"max_tokens", 30000}, {"stream", true}, {"ignore_eos", true}}).dump();
   const std::string first = shell(fmt::format(
       "curl -s -N -H 'Content-Type: application/json' --data-binary @{} http://127.0.0.1:{}/v1/completions | "
       "head -c 300",
