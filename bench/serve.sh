@@ -6,15 +6,17 @@
 # streamed, from a fresh server each time (cold cache, as `run` starts).
 # Prints Markdown tables:
 #  overhead  one request at a time (run --serial; loadgen --concurrency 1):
-#            TTFT (the server's, to the first token, as run's; and the
-#            client's, to the first text) and end-to-end p50, and the HTTP
+#            TTFT to the first token (for serve: the client's wait before
+#            sending plus the server's TTFT, from the response's `timings`),
+#            the client's TTFT to the first text, end-to-end p50, and the HTTP
 #            layer's time per request: the client's send-to-receive time less
-#            the server's own (the response's `timings`);
+#            the server's own;
 #  rates     Poisson arrivals at RATES req/s (same seed, hence the same
 #            arrival times in both): TTFT p50/p99 from arrival, requests
-#            served per second, and the share within the SLO (TTFT <= SLO_MS,
-#            default 5x the unloaded TTFT p50 of run); the highest rate whose
-#            p99 is within the SLO is the throughput at the SLO.
+#            served per second, and the share within the SLO (TTFT to the
+#            first token <= SLO_MS, default 5x the unloaded TTFT p50 of run);
+#            the highest rate whose p99 is within the SLO is the throughput at
+#            the SLO.
 #   bash bench/serve.sh [MODEL] [N] [RATES...]     (default N = 20, RATES = 0.25 0.5 1 2)
 # BIN overrides the binary (to keep measuring while the tree is rebuilt).
 set -euo pipefail
@@ -66,8 +68,8 @@ run_stats() {
     awk -v slo="${SLO_MS:-0}" '{ n++; if ($1 <= slo) ok++ } END { printf "%.1f%%", n ? 100 * ok / n : 0 }')
   echo "$out" | sed 's/ms//g' | awk -v w="$within" '$1 == "depcache" && $2 ~ /^[0-9]+$/ { print $3, $4, $6, $7, w }'
 }
-# loadgen over a fresh server: client TTFT (first text) p50 p99, e2e p50,
-# server TTFT (first token) p50 p99, HTTP layer p50 p99, req/s, share within the SLO
+# loadgen over a fresh server: TTFT to the first token p50 p99, to the first
+# text p50 p99, e2e p50, HTTP layer p50 p99, req/s, share within the SLO
 http_stats() {
   start_server
   local out
@@ -76,37 +78,37 @@ http_stats() {
   echo "$out" | awk '
     function after(key,   i) { for (i = 1; i < NF; i++) if ($i == key) return $(i + 1); return "-" }
     # every field set, so that a line missing from the output cannot shift the rest
-    BEGIN { p50 = p99 = e2e = s50 = s99 = h50 = h99 = rps = slo = "-" }
-    /^TTFT ms/ { p50 = after("p50"); p99 = after("p99") }
+    BEGIN { t50 = t99 = x50 = x99 = e2e = h50 = h99 = rps = slo = "-" }
+    /^TTFT ms \(first token\)/ { t50 = after("p50"); t99 = after("p99") }
+    /^TTFT ms \(first text\)/ { x50 = after("p50"); x99 = after("p99") }
     /^end to end/ { e2e = after("p50") }
-    /^server TTFT/ { s50 = after("p50"); s99 = after("p99") }
     /^HTTP layer/ { h50 = after("p50"); h99 = after("p99") }
     /^served/ { rps = $2 }
     /^within the SLO/ { slo = $NF }
-    END { print p50, p99, e2e, s50, s99, h50, h99, rps, slo }'
+    END { print t50, t99, x50, x99, e2e, h50, h99, rps, slo }'
 }
 
 echo "model $MODEL; CPU: $CPU, 2 threads; $N GraphRAG requests (Zipf), depcache, 4 generated tokens each"
 read -r R_P50 R_P99 R_E2E R_RPS _ <<<"$(run_stats --serial)"
 SLO_MS=${SLO_MS:-$(awk -v p="$R_P50" 'BEGIN { printf "%.0f", 5 * p }')}
-read -r C_P50 C_P99 C_E2E S_P50 S_P99 H_P50 H_P99 H_RPS _ <<<"$(http_stats --concurrency 1)"
+read -r T_P50 T_P99 X_P50 _ X_E2E H_P50 H_P99 H_RPS _ <<<"$(http_stats --concurrency 1)"
 echo
-echo "One request at a time (serve: the server's TTFT, to the first token, and the client's, to the first text)"
+echo "One request at a time (TTFT to the first token; for serve also to the first text the client receives)"
 echo
-echo "| | TTFT p50 ms | TTFT p99 ms | client TTFT p50 ms | end-to-end p50 ms | req/s |"
+echo "| | TTFT p50 ms | TTFT p99 ms | first text p50 ms | end-to-end p50 ms | req/s |"
 echo "|---|---|---|---|---|---|"
 echo "| run (engine only) | $R_P50 | $R_P99 | | $R_E2E | $R_RPS |"
-echo "| serve + loadgen (HTTP, streamed) | $S_P50 | $S_P99 | $C_P50 | $C_E2E | $H_RPS |"
+echo "| serve + loadgen (HTTP, streamed) | $T_P50 | $T_P99 | $X_P50 | $X_E2E | $H_RPS |"
 echo
 echo "HTTP layer per request (sent to received, less the server's own time): p50 $H_P50 ms, p99 $H_P99 ms"
 echo
-echo "Poisson arrivals (SLO: TTFT <= $SLO_MS ms; for serve, the client's TTFT to the first text)"
+echo "Poisson arrivals (SLO: TTFT to the first token <= $SLO_MS ms)"
 echo
-echo "| offered req/s | path | TTFT p50 ms | TTFT p99 ms | client TTFT p50 / p99 ms | served req/s | within SLO |"
+echo "| offered req/s | path | TTFT p50 ms | TTFT p99 ms | first text p50 / p99 ms | served req/s | within SLO |"
 echo "|---|---|---|---|---|---|---|"
 for r in $RATES; do
   read -r P50 P99 _ RPS WITHIN <<<"$(run_stats --rate "$r" --seed 1)"
   echo "| $r | run | $P50 | $P99 | | $RPS | $WITHIN |"
-  read -r C_P50 C_P99 _ S_P50 S_P99 _ _ RPS WITHIN <<<"$(http_stats --rate "$r" --seed 1 --concurrency 64)"
-  echo "| $r | serve | $S_P50 | $S_P99 | $C_P50 / $C_P99 | $RPS | $WITHIN |"
+  read -r T_P50 T_P99 X_P50 X_P99 _ _ _ RPS WITHIN <<<"$(http_stats --rate "$r" --seed 1 --concurrency 64)"
+  echo "| $r | serve | $T_P50 | $T_P99 | $X_P50 / $X_P99 | $RPS | $WITHIN |"
 done

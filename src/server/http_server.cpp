@@ -147,9 +147,33 @@ void HttpServer::ready(ServedModel model, EngineLoop& loop) {
   ready_.store(true, std::memory_order_release);
 }
 
+std::shared_ptr<void> HttpServer::Writing::hold() {
+  {
+    std::lock_guard lk(mu_);
+    ++n_;
+  }
+  return std::shared_ptr<void>(nullptr, [this](void*) {
+    {
+      std::lock_guard lk(mu_);
+      --n_;
+    }
+    none_.notify_all();
+  });
+}
+
+bool HttpServer::Writing::wait_until(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lk(mu_);
+  return none_.wait_until(lk, deadline, [&] { return n_ == 0; });
+}
+
 bool HttpServer::shutdown(std::chrono::steady_clock::time_point deadline) {
   draining_ = true;
   const bool in_time = !ready_ || loop_->drain(deadline);
+  // The engine is done; what it produced is still being written. Requests
+  // cancelled at the deadline end at once; a client that does not read is
+  // bounded by the write timeout.
+  const bool written = writing_.wait_until(std::max(deadline, Clock::now()) + std::chrono::seconds(10));
+  if (!written) fmt::print(stderr, "warning: responses still being written are cut short\n");
   http_->stop();
   if (listener_.joinable()) listener_.join();
   return in_time;
@@ -262,6 +286,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         fmt::format("the server is at capacity ({} requests waiting); retry shortly", options_.max_queue),
         "server_error", {}, "queue_full");
   const std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
+  std::shared_ptr<void> writing = writing_.hold();  // until the response is written
   std::shared_ptr<RequestStream> stream = loop_->submit(strategy, parts, cr.sampling);
   const std::string id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
   const int64_t created = std::time(nullptr);
@@ -292,7 +317,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   // comment when streaming, else a space before the JSON.
   res.set_chunked_content_provider(
       streaming ? "text/event-stream" : "application/json",
-      [this, stream, id, strategy, created, kind, streaming, include_usage, clock, pending](
+      [this, stream, id, strategy, created, kind, streaming, include_usage, clock, pending, writing](
           size_t, httplib::DataSink& sink) {
         std::string out = std::exchange(*pending, {});
         const auto until = Clock::now() + std::chrono::seconds(1);

@@ -10,7 +10,9 @@
 // (probes and scrapers); everything else does when one is set.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -77,7 +79,24 @@ class HttpServer {
   void finished(const std::string& id, const std::string& strategy, const RequestResult& r,
                 Clock::time_point arrived);
 
+  // Responses of requests the engine ran that are still being written.
+  // shutdown() waits for them before stopping the library, which would cut
+  // a chunked response short (no final chunk, no [DONE]).
+  class Writing {
+   public:
+    // Counts one response until the returned holder is destroyed.
+    std::shared_ptr<void> hold();
+    // True when none is left before `deadline`.
+    bool wait_until(std::chrono::steady_clock::time_point deadline);
+
+   private:
+    std::mutex mu_;
+    std::condition_variable none_;
+    int64_t n_ = 0;
+  };
+
   ServerOptions options_;
+  Writing writing_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
   int listen_fd_ = -1;  // the listening socket, seen as it is made

@@ -101,6 +101,8 @@ TEST(ServeCli, LoadTestAnswersEveryRequestAndLeaksNothing) {
       test::run_shell(loadgen(server.port(), requests, "--concurrency 32 --plain-every 3 -n 3 -s depcache"));
   EXPECT_EQ(load.code, 0) << load.out;
   EXPECT_NE(load.out.find(fmt::format("{} answered, 0 failed", n)), std::string::npos) << load.out;
+  EXPECT_NE(load.out.find("TTFT ms (first token): p50"), std::string::npos)
+      << "the server's timings were read";
   // A burst of new connections (more than cpp-httplib's own listen backlog
   // of 5 takes; beyond it handshakes stall and some requests went unanswered).
   const size_t burst = test::kSanitized ? 100 : 400;
