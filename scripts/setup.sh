@@ -21,6 +21,7 @@ PACKAGES=(
   redis-server                  # a real Redis for the remote tier's tests (started on a loopback port)
   linux-perf                    # bench/profile.sh: where the time of a run goes
   libcpp-httplib-dev            # HTTP/1.1 server of `depcache serve` (threads, chunked streaming)
+  libopenblas-dev               # matrix products of the trainer (forward and backward)
   curl                          # a real HTTP client for the server's tests
   nodejs                        # runs the official `openai` client in the server's tests (tests/client)
 )

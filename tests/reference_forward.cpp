@@ -8,22 +8,25 @@
 namespace depcache::test {
 namespace {
 
-// A weight matrix dequantized once, row-major (n_out, n_in).
-struct Mat {
-  int64_t n_out = 0, n_in = 0;
-  std::vector<double> w;
-  explicit Mat(const WeightMatrix& m) : n_out(m.n_out), n_in(m.n_in), w(m.n_out * m.n_in) {
-    for (int64_t r = 0; r < n_out; ++r) dequantize_row_f64(m.type, m.row(r), w.data() + r * n_in, n_in);
-  }
-  std::vector<double> operator*(const std::vector<double>& x) const {
-    std::vector<double> y(n_out, 0.0);
-    for (int64_t r = 0; r < n_out; ++r)
-      for (int64_t i = 0; i < n_in; ++i) y[r] += w[r * n_in + i] * x[i];
-    return y;
-  }
-};
+using Matrix = ReferenceWeights::Matrix;
 
-std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w, double eps) {
+Matrix dequantized(const WeightMatrix& m) {
+  Matrix out{m.n_out, m.n_in, std::vector<double>(m.n_out * m.n_in)};
+  for (int64_t r = 0; r < m.n_out; ++r)
+    dequantize_row_f64(m.type, m.row(r), out.w.data() + r * m.n_in, m.n_in);
+  return out;
+}
+
+std::vector<double> widened(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+std::vector<double> operator*(const Matrix& m, const std::vector<double>& x) {
+  std::vector<double> y(m.n_out, 0.0);
+  for (int64_t r = 0; r < m.n_out; ++r)
+    for (int64_t i = 0; i < m.n_in; ++i) y[r] += m.w[r * m.n_in + i] * x[i];
+  return y;
+}
+
+std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<double>& w, double eps) {
   double ss = 0;
   for (double v : x) ss += v * v;
   const double inv = 1.0 / std::sqrt(ss / x.size() + eps);
@@ -46,28 +49,48 @@ void rope(std::vector<double>& v, int n_heads, int head_dim, int n_rot, int pos,
 
 }  // namespace
 
+ReferenceWeights ReferenceWeights::from_model(const Model& model) {
+  ReferenceWeights r;
+  r.config = model.config();
+  r.tok_embd = dequantized(model.tok_embd);
+  for (const LayerWeights& w : model.layers)
+    r.layers.push_back({widened(w.attn_norm), widened(w.ffn_norm), widened(w.bq), widened(w.bk),
+                        widened(w.bv), dequantized(w.wq), dequantized(w.wk), dequantized(w.wv),
+                        dequantized(w.wo), dequantized(w.w_gate), dequantized(w.w_up),
+                        dequantized(w.w_down)});
+  r.output_norm = widened(model.output_norm);
+  r.output = dequantized(model.output);
+  return r;
+}
+
 ReferencePass reference_forward(const Model& model, const std::vector<int32_t>& tokens,
                                 const std::vector<int32_t>& positions, const SeesRule& sees) {
-  const ModelConfig& c = model.config();
+  return reference_forward(ReferenceWeights::from_model(model), tokens, positions, sees);
+}
+
+ReferencePass reference_forward(const ReferenceWeights& weights, const std::vector<int32_t>& tokens,
+                                const std::vector<int32_t>& positions, const SeesRule& sees) {
+  const ModelConfig& c = weights.config;
   const auto n = static_cast<int64_t>(tokens.size());
   if (positions.size() != tokens.size())
     throw std::invalid_argument("reference_forward: one position per token");
   const int hd = c.head_dim;
   const bool neox = c.rope_style == RopeStyle::Neox;
-  std::vector<std::vector<double>> x(n, std::vector<double>(c.n_embd));
-  for (int64_t t = 0; t < n; ++t)
-    dequantize_row_f64(model.tok_embd.type, model.tok_embd.row(tokens[t]), x[t].data(), c.n_embd);
+  std::vector<std::vector<double>> x(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const double* row = weights.tok_embd.w.data() + int64_t{tokens[t]} * c.n_embd;
+    x[t].assign(row, row + c.n_embd);
+  }
 
   ReferencePass out;
   for (int il = 0; il < c.n_layer; ++il) {
-    const LayerWeights& w = model.layers[il];
-    const Mat wq(w.wq), wk(w.wk), wv(w.wv), wo(w.wo), w_gate(w.w_gate), w_up(w.w_up), w_down(w.w_down);
+    const ReferenceWeights::Layer& w = weights.layers[il];
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
       const auto xn = rmsnorm(x[t], w.attn_norm, c.rms_eps);
-      q[t] = wq * xn;
-      k[t] = wk * xn;
-      v[t] = wv * xn;
+      q[t] = w.wq * xn;
+      k[t] = w.wk * xn;
+      v[t] = w.wv * xn;
       if (c.qkv_bias) {
         for (size_t i = 0; i < q[t].size(); ++i) q[t][i] += w.bq[i];
         for (size_t i = 0; i < k[t].size(); ++i) k[t][i] += w.bk[i], v[t][i] += w.bv[i];
@@ -96,26 +119,25 @@ ReferencePass reference_forward(const Model& model, const std::vector<int32_t>& 
         for (size_t j = 0; j < seen.size(); ++j)
           for (int i = 0; i < hd; ++i) attn[h * hd + i] += s[j] / sum * v[seen[j]][kvh * hd + i];
       }
-      const auto o = wo * attn;
+      const auto o = w.wo * attn;
       for (int i = 0; i < c.n_embd; ++i) x[t][i] += o[i];
     }
     // The FFN after every token's attention: attention reads only this
     // layer's K/V, which are fixed above, so the order does not matter.
     for (int64_t t = 0; t < n; ++t) {
       const auto xn = rmsnorm(x[t], w.ffn_norm, c.rms_eps);
-      auto g = w_gate * xn;
-      const auto u = w_up * xn;
+      auto g = w.w_gate * xn;
+      const auto u = w.w_up * xn;
       for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      const auto d = w_down * g;
+      const auto d = w.w_down * g;
       for (int i = 0; i < c.n_embd; ++i) x[t][i] += d[i];
     }
     out.k.push_back(std::move(k));
     out.v.push_back(std::move(v));
   }
-  const Mat output(model.output);
   out.logits.reserve(n * c.n_vocab);
   for (int64_t t = 0; t < n; ++t) {
-    const auto l = output * rmsnorm(x[t], model.output_norm, c.rms_eps);
+    const auto l = weights.output * rmsnorm(x[t], weights.output_norm, c.rms_eps);
     out.logits.insert(out.logits.end(), l.begin(), l.end());
   }
   return out;

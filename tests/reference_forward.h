@@ -26,6 +26,29 @@ struct ReferencePass {
   std::vector<std::vector<std::vector<double>>> k, v;
 };
 
+// A model's weights in float64, row-major (n_out, n_in) as in GGUF: read
+// from a loaded model, or set by a test (the trainer's gradient checks
+// perturb them one at a time).
+struct ReferenceWeights {
+  ModelConfig config;
+  struct Matrix {
+    int64_t n_out = 0, n_in = 0;
+    std::vector<double> w;
+  };
+  struct Layer {
+    std::vector<double> attn_norm, ffn_norm, bq, bk, bv;
+    Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  Matrix tok_embd;  // (n_vocab, n_embd)
+  std::vector<Layer> layers;
+  std::vector<double> output_norm;
+  Matrix output;  // (n_vocab, n_embd); a copy of tok_embd when tied
+
+  static ReferenceWeights from_model(const Model& model);
+};
+
+ReferencePass reference_forward(const ReferenceWeights& weights, const std::vector<int32_t>& tokens,
+                                const std::vector<int32_t>& positions, const SeesRule& sees);
 ReferencePass reference_forward(const Model& model, const std::vector<int32_t>& tokens,
                                 const std::vector<int32_t>& positions, const SeesRule& sees);
 

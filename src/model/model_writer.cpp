@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -9,30 +10,11 @@
 #include "model/gguf.h"
 #include "model/vocab.h"
 #include "util/error.h"
+#include "util/random.h"
 #include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Normal samples by Box-Muller; each row has its own stream, so the output
-// does not depend on the number of threads.
-void fill_normal(float* out, int64_t n, uint64_t seed, float stddev) {
-  uint64_t s = seed;
-  for (int64_t i = 0; i < n; i += 2) {
-    const double u1 = (static_cast<double>(splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1)) * stddev;
-    out[i] = static_cast<float>(r * std::cos(2 * M_PI * u2));
-    if (i + 1 < n) out[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2));
-  }
-}
 
 uint32_t file_type_code(DType t) {
   switch (t) {
@@ -132,41 +114,64 @@ std::optional<ModelShape> model_preset(const std::string& name) {
   return std::nullopt;
 }
 
-RandomModelReport write_random_model(const std::filesystem::path& path, const RandomModelOptions& o) {
-  const ModelShape& s = o.shape;
+std::vector<ModelTensor> model_tensors(const ModelShape& s, int n_vocab) {
+  const int64_t head_dim = s.n_embd / s.n_head;
+  const int64_t n_q = s.n_head * head_dim, n_kv = s.n_head_kv * head_dim;
+  std::vector<ModelTensor> out;
+  const auto matrix = [&](std::string name, int64_t n_in, int64_t n_out) {
+    out.push_back({std::move(name), n_in, n_out, true, false});
+  };
+  const auto vector = [&](std::string name, int64_t n, bool norm) {
+    out.push_back({std::move(name), n, 1, false, norm});
+  };
+  matrix("token_embd.weight", s.n_embd, n_vocab);
+  for (int il = 0; il < s.n_layer; ++il) {
+    const std::string p = fmt::format("blk.{}.", il);
+    vector(p + "attn_norm.weight", s.n_embd, true);
+    matrix(p + "attn_q.weight", s.n_embd, n_q);
+    matrix(p + "attn_k.weight", s.n_embd, n_kv);
+    matrix(p + "attn_v.weight", s.n_embd, n_kv);
+    if (s.arch == Arch::Qwen2) {
+      vector(p + "attn_q.bias", n_q, false);
+      vector(p + "attn_k.bias", n_kv, false);
+      vector(p + "attn_v.bias", n_kv, false);
+    }
+    matrix(p + "attn_output.weight", n_q, s.n_embd);
+    vector(p + "ffn_norm.weight", s.n_embd, true);
+    matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff);
+    matrix(p + "ffn_up.weight", s.n_embd, s.n_ff);
+    matrix(p + "ffn_down.weight", s.n_ff, s.n_embd);
+  }
+  vector("output_norm.weight", s.n_embd, true);
+  if (!s.tied_embeddings) matrix("output.weight", s.n_embd, n_vocab);
+  return out;
+}
+
+namespace {
+
+void check_shape(const ModelShape& s) {
   if (s.n_layer <= 0 || s.n_embd <= 0 || s.n_head <= 0 || s.n_head_kv <= 0 || s.n_ff <= 0 || s.n_ctx <= 0)
     fail(ErrorKind::InvalidInput, "model shape sizes must be positive");
   if (s.n_embd % s.n_head != 0 || s.n_head % s.n_head_kv != 0)
     fail(ErrorKind::InvalidInput, "embedding {} must divide into {} heads, and heads into {} KV heads",
          s.n_embd, s.n_head, s.n_head_kv);
   if ((s.n_embd / s.n_head) % 2 != 0) fail(ErrorKind::InvalidInput, "head size must be even for RoPE");
-  file_type_code(o.type);
+}
 
+}  // namespace
+
+RandomModelReport write_model(const std::filesystem::path& path, const ModelFileSpec& spec,
+                              const TensorRowSource& rows) {
+  const ModelShape& s = spec.shape;
+  check_shape(s);
+  file_type_code(spec.type);
   RandomModelReport report;
-  auto md = tokenizer_metadata(o);
-  if (!o.chat_template.empty()) {
-    if (GgufValue* t = find_key(md, "tokenizer.chat_template"))
-      *t = GgufValue::string(o.chat_template);
-    else
-      md.emplace_back("tokenizer.chat_template", GgufValue::string(o.chat_template));
-  }
-  const int own_vocab =
-      static_cast<int>(find_key(md, "tokenizer.ggml.tokens")->as_array("tokenizer.ggml.tokens").size());
-  if (s.n_vocab > own_vocab) {
-    if (o.vocab_from)
-      fail(ErrorKind::InvalidInput, "--vocab-size {} exceeds the {} tokens of {}", s.n_vocab, own_vocab,
-           o.vocab_from->string());
-    pad_vocab(md, s.n_vocab);
-  }
-  const int n_vocab = std::max(own_vocab, s.n_vocab);
-  report.n_vocab = n_vocab;
-
+  report.n_vocab = s.n_vocab;
   const std::string arch = s.arch == Arch::Qwen2 ? "qwen2" : "llama";
   GgufWriter w;
   w.set("general.architecture", GgufValue::string(arch));
-  w.set("general.name",
-        GgufValue::string(fmt::format("depcache-random-{}", s.preset.empty() ? arch : s.preset)));
-  w.set("general.file_type", GgufValue::u32(file_type_code(o.type)));
+  w.set("general.name", GgufValue::string(spec.name));
+  w.set("general.file_type", GgufValue::u32(file_type_code(spec.type)));
   w.set("general.quantization_version", GgufValue::u32(2));
   w.set("general.alignment", GgufValue::u32(32));
   w.set(arch + ".context_length", GgufValue::u32(s.n_ctx));
@@ -178,63 +183,78 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   w.set(arch + ".attention.layer_norm_rms_epsilon", GgufValue::f32(s.rms_eps));
   w.set(arch + ".rope.freq_base", GgufValue::f32(s.rope_base));
   w.set(arch + ".rope.dimension_count", GgufValue::u32(s.n_embd / s.n_head));
-  w.set(arch + ".vocab_size", GgufValue::u32(n_vocab));
-  if (!o.position_scheme.empty()) w.set(kPositionSchemeKey, GgufValue::string(o.position_scheme));
-  for (auto& [k, v] : md) w.set(k, std::move(v));
+  w.set(arch + ".vocab_size", GgufValue::u32(s.n_vocab));
+  for (const auto& [k, v] : spec.metadata) w.set(k, v);
 
-  auto pool = std::make_shared<ThreadPool>(o.n_threads);
-  uint64_t tensor_index = 0;
-  auto add_matrix = [&](const std::string& name, int64_t n_in, int64_t n_out) {
-    const DType t = storable_type(o.type, n_in);
-    if (t != o.type) report.notes.push_back(fallback_note(name, n_in, o.type, t));
-    const uint64_t tseed = o.seed * 0x100000001B3ull + (++tensor_index << 32);
-    const float stddev = o.stddev;
-    report.n_params += n_in * n_out;
-    w.add_tensor(name, t, {n_in, n_out}, [=](uint8_t* dst, size_t) {
-      const size_t rb = row_bytes(t, n_in);
-      pool->parallel_for(n_out, [&](int64_t r, int) {
-        std::vector<float> row(n_in);
-        fill_normal(row.data(), n_in, tseed + static_cast<uint64_t>(r), stddev);
-        quantize_row(t, row.data(), dst + r * rb, n_in);
+  auto pool = std::make_shared<ThreadPool>(spec.n_threads);
+  const std::vector<ModelTensor> tensors = model_tensors(s, s.n_vocab);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ModelTensor& t = tensors[i];
+    report.n_params += t.size();
+    if (!t.matrix) {
+      w.add_tensor(t.name, DType::F32, {t.n_in}, [&rows, i, t](uint8_t* dst, size_t) {
+        std::vector<float> v(t.n_in);
+        rows(i, t, 0, v.data());
+        std::memcpy(dst, v.data(), v.size() * sizeof(float));
+      });
+      continue;
+    }
+    const DType type = storable_type(spec.type, t.n_in);
+    if (type != spec.type) report.notes.push_back(fallback_note(t.name, t.n_in, spec.type, type));
+    w.add_tensor(t.name, type, {t.n_in, t.n_out}, [&rows, pool, i, t, type](uint8_t* dst, size_t) {
+      const size_t rb = row_bytes(type, t.n_in);
+      pool->parallel_for(t.n_out, [&](int64_t r, int) {
+        std::vector<float> row(t.n_in);
+        rows(i, t, r, row.data());
+        quantize_row(type, row.data(), dst + r * rb, t.n_in);
       });
     });
-  };
-  auto add_vector = [&](const std::string& name, int64_t n, bool ones) {
-    const uint64_t tseed = o.seed * 0x100000001B3ull + (++tensor_index << 32);
-    const float stddev = o.stddev;
-    report.n_params += n;
-    w.add_tensor(name, DType::F32, {n}, [=](uint8_t* dst, size_t) {
-      std::vector<float> v(n, 1.0f);
-      if (!ones) fill_normal(v.data(), n, tseed, stddev);
-      std::memcpy(dst, v.data(), n * sizeof(float));
-    });
-  };
-
-  const int64_t head_dim = s.n_embd / s.n_head;
-  const int64_t n_q = s.n_head * head_dim, n_kv = s.n_head_kv * head_dim;
-  add_matrix("token_embd.weight", s.n_embd, n_vocab);
-  for (int il = 0; il < s.n_layer; ++il) {
-    const std::string p = fmt::format("blk.{}.", il);
-    add_vector(p + "attn_norm.weight", s.n_embd, true);
-    add_matrix(p + "attn_q.weight", s.n_embd, n_q);
-    add_matrix(p + "attn_k.weight", s.n_embd, n_kv);
-    add_matrix(p + "attn_v.weight", s.n_embd, n_kv);
-    if (s.arch == Arch::Qwen2) {
-      add_vector(p + "attn_q.bias", n_q, false);
-      add_vector(p + "attn_k.bias", n_kv, false);
-      add_vector(p + "attn_v.bias", n_kv, false);
-    }
-    add_matrix(p + "attn_output.weight", n_q, s.n_embd);
-    add_vector(p + "ffn_norm.weight", s.n_embd, true);
-    add_matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff);
-    add_matrix(p + "ffn_up.weight", s.n_embd, s.n_ff);
-    add_matrix(p + "ffn_down.weight", s.n_ff, s.n_embd);
   }
-  add_vector("output_norm.weight", s.n_embd, true);
-  if (!s.tied_embeddings) add_matrix("output.weight", s.n_embd, n_vocab);
   w.write(path);
   report.file_bytes = std::filesystem::file_size(path);
   return report;
+}
+
+RandomModelReport write_random_model(const std::filesystem::path& path, const RandomModelOptions& o) {
+  check_shape(o.shape);
+  file_type_code(o.type);
+  ModelFileSpec spec;
+  spec.shape = o.shape;
+  spec.type = o.type;
+  spec.n_threads = o.n_threads;
+  spec.metadata = tokenizer_metadata(o);
+  auto& md = spec.metadata;
+  if (!o.chat_template.empty()) {
+    if (GgufValue* t = find_key(md, "tokenizer.chat_template"))
+      *t = GgufValue::string(o.chat_template);
+    else
+      md.emplace_back("tokenizer.chat_template", GgufValue::string(o.chat_template));
+  }
+  const int own_vocab =
+      static_cast<int>(find_key(md, "tokenizer.ggml.tokens")->as_array("tokenizer.ggml.tokens").size());
+  if (o.shape.n_vocab > own_vocab) {
+    if (o.vocab_from)
+      fail(ErrorKind::InvalidInput, "--vocab-size {} exceeds the {} tokens of {}", o.shape.n_vocab, own_vocab,
+           o.vocab_from->string());
+    pad_vocab(md, o.shape.n_vocab);
+  }
+  spec.shape.n_vocab = std::max(own_vocab, o.shape.n_vocab);
+  if (!o.position_scheme.empty())
+    md.insert(md.begin(), {kPositionSchemeKey, GgufValue::string(o.position_scheme)});
+  const std::string arch = o.shape.arch == Arch::Qwen2 ? "qwen2" : "llama";
+  spec.name = fmt::format("depcache-random-{}", o.shape.preset.empty() ? arch : o.shape.preset);
+  // Each tensor (numbered from 1 in file order) and each of its rows has its
+  // own stream: the values do not depend on the number of threads.
+  const uint64_t seed = o.seed;
+  const float stddev = o.stddev;
+  return write_model(path, spec, [seed, stddev](size_t index, const ModelTensor& t, int64_t row, float* dst) {
+    if (t.norm) {
+      std::fill(dst, dst + t.n_in, 1.0f);
+      return;
+    }
+    const uint64_t tseed = seed * 0x100000001B3ull + (static_cast<uint64_t>(index + 1) << 32);
+    fill_normal(dst, t.n_in, tseed + static_cast<uint64_t>(row), stddev);
+  });
 }
 
 QuantizeReport quantize_model(const std::filesystem::path& in, const std::filesystem::path& out, DType type,

@@ -3,11 +3,13 @@
 // benchmarks that must not depend on downloaded weights.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "compute/dtype.h"
+#include "model/gguf.h"
 #include "model/model_config.h"
 
 namespace depcache {
@@ -50,6 +52,33 @@ struct RandomModelReport {
 };
 
 RandomModelReport write_random_model(const std::filesystem::path& path, const RandomModelOptions& opts);
+
+// A tensor of a Llama-family model of some shape, in file order: 2-D weights
+// are (n_out rows of n_in), vectors (norms, biases) one row of n_in.
+struct ModelTensor {
+  std::string name;
+  int64_t n_in = 0, n_out = 1;
+  bool matrix = false;
+  bool norm = false;  // an RMSNorm gain (ones when fresh)
+  int64_t size() const { return n_in * n_out; }
+};
+// Every tensor a model of this shape holds (n_vocab: the token count).
+std::vector<ModelTensor> model_tensors(const ModelShape& shape, int n_vocab);
+
+struct ModelFileSpec {
+  ModelShape shape;         // n_vocab: the vocabulary's size, as `metadata` holds it
+  DType type = DType::F32;  // 2-D weights; vectors stay F32
+  std::string name;         // general.name
+  // tokenizer.* and any further keys (written after the architecture's).
+  std::vector<std::pair<std::string, GgufValue>> metadata;
+  int n_threads = 0;
+};
+// Fills one row (n_in floats) of tensor `index` (into model_tensors()).
+using TensorRowSource = std::function<void(size_t index, const ModelTensor& t, int64_t row, float* dst)>;
+
+// Writes a GGUF v3 model of spec.shape whose values come from `rows`.
+RandomModelReport write_model(const std::filesystem::path& path, const ModelFileSpec& spec,
+                              const TensorRowSource& rows);
 
 struct QuantizeReport {
   int n_converted = 0;             // matrices written in the new type

@@ -1,0 +1,356 @@
+#include "train/train_graph.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/visibility.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+// y (n, out) = x (n, in) · Wᵀ for W (out, in), as the engine applies weights.
+void forward_product(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
+              static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in), 0.0f, y,
+              static_cast<int>(out));
+}
+
+// dx (n, in) = dy (n, out) · W, or += with accumulate.
+void input_gradient(const float* dy, const float* w, float* dx, int64_t n, int64_t out, int64_t in,
+                    bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(in),
+              static_cast<int>(out), 1.0f, dy, static_cast<int>(out), w, static_cast<int>(in),
+              accumulate ? 1.0f : 0.0f, dx, static_cast<int>(in));
+}
+
+// dW (out, in) += dyᵀ · x.
+void weight_gradient(const float* dy, const float* x, float* dw, int64_t n, int64_t out, int64_t in) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(out), static_cast<int>(in),
+              static_cast<int>(n), 1.0f, dy, static_cast<int>(out), x, static_cast<int>(in), 1.0f, dw,
+              static_cast<int>(in));
+}
+
+// Rows in blocks for the pool: enough tasks to balance, few enough to be cheap.
+template <class Fn>
+void for_rows(ThreadPool& pool, int64_t n, const Fn& fn) {
+  const int64_t block = std::max<int64_t>(16, n / (8 * std::max(pool.size(), 1)) + 1);
+  pool.parallel_for((n + block - 1) / block, [&](int64_t b, int) {
+    for (int64_t r = b * block, end = std::min(n, r + block); r < end; ++r) fn(r);
+  });
+}
+
+// y = x / rms(x) * g per row; keeps 1/rms.
+void rms_norm_forward(ThreadPool& pool, const float* x, const float* g, float* y, float* inv_rms, int64_t n,
+                      int64_t d, float eps) {
+  for_rows(pool, n, [&](int64_t r) {
+    const float* xr = x + r * d;
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+    inv_rms[r] = inv;
+    for (int64_t i = 0; i < d; ++i) y[r * d + i] = xr[i] * inv * g[i];
+  });
+}
+
+// Given dy of y = x·r·g: dx (+)= r·g·dy − x·r³/d·Σ(g·dy·x), and dg += Σ_rows dy·x·r.
+void rms_norm_backward(ThreadPool& pool, const float* x, const float* g, const float* inv_rms,
+                       const float* dy, float* dx, float* dg, int64_t n, int64_t d, bool accumulate) {
+  for_rows(pool, n, [&](int64_t r) {
+    const float* xr = x + r * d;
+    const float* dyr = dy + r * d;
+    const float inv = inv_rms[r];
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i) dot += double(g[i]) * dyr[i] * xr[i];
+    const float c = static_cast<float>(dot) * inv * inv * inv / static_cast<float>(d);
+    float* dxr = dx + r * d;
+    for (int64_t i = 0; i < d; ++i) {
+      const float v = inv * g[i] * dyr[i] - xr[i] * c;
+      dxr[i] = accumulate ? dxr[i] + v : v;
+    }
+  });
+  // The gain's gradient column by column: each sum runs over rows in order.
+  const int64_t block = 16;
+  pool.parallel_for((d + block - 1) / block, [&](int64_t b, int) {
+    for (int64_t i = b * block, end = std::min(d, i + block); i < end; ++i) {
+      double s = 0;
+      for (int64_t r = 0; r < n; ++r) s += double(dy[r * d + i]) * x[r * d + i] * inv_rms[r];
+      dg[i] += static_cast<float>(s);
+    }
+  });
+}
+
+float silu(float a) { return a / (1.0f + std::exp(-a)); }
+
+}  // namespace
+
+TrainSequence causal_sequence(std::vector<int32_t> tokens, const std::vector<bool>& loss) {
+  TrainSequence s;
+  const auto n = static_cast<int64_t>(tokens.size());
+  s.positions.resize(tokens.size());
+  s.targets.assign(tokens.size(), -1);
+  for (int64_t i = 0; i < n; ++i) {
+    s.positions[i] = static_cast<int32_t>(i);
+    if (i + 1 < n && (loss.empty() || loss[i + 1])) s.targets[i] = tokens[i + 1];
+  }
+  s.visibility = causal_chain(n, 0);
+  s.tokens = std::move(tokens);
+  return s;
+}
+
+TrainGraph::TrainGraph(ThreadPool& pool) : pool_(pool) {}
+
+void TrainGraph::attention_forward(LayerActs& a) {
+  const int H = shape_.n_head, Hkv = shape_.n_head_kv, hd = shape_.n_embd / H;
+  const int64_t dq = int64_t{H} * hd, dkv = int64_t{Hkv} * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.attn.assign(n_ * dq, 0.0f);
+  a.lse.assign(n_ * H, 0.0f);
+  for_rows(pool_, n_, [&](int64_t i) {
+    const std::vector<RowRange> seen = vis_.visible(i);
+    std::vector<float> s;
+    s.reserve(vis_.n_visible(i));
+    for (int h = 0; h < H; ++h) {
+      const int g = h / (H / Hkv);
+      const float* q = a.q.data() + i * dq + int64_t{h} * hd;
+      s.clear();
+      float m = -INFINITY;
+      for (const RowRange& r : seen)
+        for (int64_t j = r.begin; j < r.end; ++j) {
+          const float* k = a.k.data() + j * dkv + int64_t{g} * hd;
+          float d = 0;
+          for (int c = 0; c < hd; ++c) d += q[c] * k[c];
+          s.push_back(d * scale);
+          m = std::max(m, d * scale);
+        }
+      double z = 0;
+      for (float& e : s) z += (e = std::exp(e - m));
+      float* o = a.attn.data() + i * dq + int64_t{h} * hd;
+      size_t idx = 0;
+      const auto inv_z = static_cast<float>(1.0 / z);
+      for (const RowRange& r : seen)
+        for (int64_t j = r.begin; j < r.end; ++j) {
+          const float p = s[idx++] * inv_z;
+          const float* v = a.v.data() + j * dkv + int64_t{g} * hd;
+          for (int c = 0; c < hd; ++c) o[c] += p * v[c];
+        }
+      a.lse[i * H + h] = m + static_cast<float>(std::log(z));
+    }
+  });
+}
+
+void TrainGraph::attention_backward(const LayerActs& a, const float* d_attn, float* dq, float* dk,
+                                    float* dv) {
+  const int H = shape_.n_head, Hkv = shape_.n_head_kv, hd = shape_.n_embd / H;
+  const int64_t wq = int64_t{H} * hd, wkv = int64_t{Hkv} * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::fill(dq, dq + n_ * wq, 0.0f);
+  std::fill(dk, dk + n_ * wkv, 0.0f);
+  std::fill(dv, dv + n_ * wkv, 0.0f);
+  // One task per (sequence, KV head): the K/V rows it writes belong to no other.
+  const auto n_seq = static_cast<int64_t>(seq_begin_.size()) - 1;
+  pool_.parallel_for(n_seq * Hkv, [&](int64_t task, int) {
+    const int64_t seq = task / Hkv;
+    const int g = static_cast<int>(task % Hkv);
+    std::vector<float> p;
+    for (int64_t i = seq_begin_[seq]; i < seq_begin_[seq + 1]; ++i) {
+      const std::vector<RowRange> seen = vis_.visible(i);
+      for (int h = g * (H / Hkv); h < (g + 1) * (H / Hkv); ++h) {
+        const float* q = a.q.data() + i * wq + int64_t{h} * hd;
+        const float* o = a.attn.data() + i * wq + int64_t{h} * hd;
+        const float* dout = d_attn + i * wq + int64_t{h} * hd;
+        float* dqi = dq + i * wq + int64_t{h} * hd;
+        float big_d = 0;
+        for (int c = 0; c < hd; ++c) big_d += dout[c] * o[c];
+        const float lse = a.lse[i * H + h];
+        for (const RowRange& r : seen)
+          for (int64_t j = r.begin; j < r.end; ++j) {
+            const float* k = a.k.data() + j * wkv + int64_t{g} * hd;
+            const float* v = a.v.data() + j * wkv + int64_t{g} * hd;
+            float s = 0, dp = 0;
+            for (int c = 0; c < hd; ++c) s += q[c] * k[c], dp += dout[c] * v[c];
+            const float pj = std::exp(s * scale - lse);
+            const float ds = pj * (dp - big_d) * scale;
+            float* dkj = dk + j * wkv + int64_t{g} * hd;
+            float* dvj = dv + j * wkv + int64_t{g} * hd;
+            for (int c = 0; c < hd; ++c) {
+              dqi[c] += ds * k[c];
+              dkj[c] += ds * q[c];
+              dvj[c] += pj * dout[c];
+            }
+          }
+      }
+    }
+  });
+}
+
+LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> batch, ParamSet* grads) {
+  shape_ = params.shape();
+  const ModelShape& s = shape_;
+  const int64_t d = s.n_embd, H = s.n_head, hd = d / H, dq = H * hd, dkv = int64_t{s.n_head_kv} * hd,
+                ff = s.n_ff, V = s.n_vocab;
+  // The batch as one sequence of sequences, each seeing only its own rows.
+  seq_begin_.assign(1, 0);
+  tokens_.clear();
+  targets_.clear();
+  std::vector<int32_t> positions;
+  std::vector<QueryGroup> groups;
+  for (const TrainSequence& seq : batch) {
+    const auto n = static_cast<int64_t>(seq.tokens.size());
+    if (n == 0 || static_cast<int64_t>(seq.positions.size()) != n ||
+        static_cast<int64_t>(seq.targets.size()) != n || seq.visibility.n_queries() != n ||
+        seq.visibility.max_row() > n)
+      fail(ErrorKind::InvalidInput,
+           "a training sequence needs a position, a target and visibility per token");
+    for (int32_t t : seq.tokens)
+      if (t < 0 || t >= V) fail(ErrorKind::InvalidInput, "token {} is outside the vocabulary of {}", t, V);
+    for (int32_t t : seq.targets)
+      if (t < -1 || t >= V) fail(ErrorKind::InvalidInput, "target {} is outside the vocabulary of {}", t, V);
+    append_shifted(groups, seq.visibility, seq_begin_.back(), seq_begin_.back());
+    tokens_.insert(tokens_.end(), seq.tokens.begin(), seq.tokens.end());
+    targets_.insert(targets_.end(), seq.targets.begin(), seq.targets.end());
+    positions.insert(positions.end(), seq.positions.begin(), seq.positions.end());
+    seq_begin_.push_back(seq_begin_.back() + n);
+  }
+  n_ = seq_begin_.back();
+  if (n_ == 0) fail(ErrorKind::InvalidInput, "an empty training batch");
+  vis_ = Visibility(std::move(groups));
+  rope_.build(positions.data(), n_, static_cast<int>(hd), s.rope_base);
+  unrope_ = rope_;
+  for (float& v : unrope_.sin) v = -v;  // the inverse rotation
+
+  // Forward.
+  acts_.resize(s.n_layer);
+  std::vector<float> x(n_ * d);
+  const float* embd = params.data(params.tok_embd());
+  for (int64_t t = 0; t < n_; ++t) std::memcpy(&x[t * d], embd + int64_t{tokens_[t]} * d, d * sizeof(float));
+  std::vector<float> tmp(n_ * std::max(d, ff));
+  for (int il = 0; il < s.n_layer; ++il) {
+    const ParamSet::LayerIndex& w = params.layer(il);
+    LayerActs& a = acts_[il];
+    a.x_in = x;
+    a.inv_rms1.resize(n_);
+    a.xn1.resize(n_ * d);
+    rms_norm_forward(pool_, x.data(), params.data(w.attn_norm), a.xn1.data(), a.inv_rms1.data(), n_, d,
+                     s.rms_eps);
+    a.q.resize(n_ * dq);
+    a.k.resize(n_ * dkv);
+    a.v.resize(n_ * dkv);
+    forward_product(a.xn1.data(), params.data(w.wq), a.q.data(), n_, d, dq);
+    forward_product(a.xn1.data(), params.data(w.wk), a.k.data(), n_, d, dkv);
+    forward_product(a.xn1.data(), params.data(w.wv), a.v.data(), n_, d, dkv);
+    rope(a.q.data(), n_, static_cast<int>(H), static_cast<int>(hd), rope_, false);
+    rope(a.k.data(), n_, s.n_head_kv, static_cast<int>(hd), rope_, false);
+    attention_forward(a);
+    forward_product(a.attn.data(), params.data(w.wo), tmp.data(), n_, dq, d);
+    for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
+    a.x_mid = x;
+    a.inv_rms2.resize(n_);
+    a.xn2.resize(n_ * d);
+    rms_norm_forward(pool_, x.data(), params.data(w.ffn_norm), a.xn2.data(), a.inv_rms2.data(), n_, d,
+                     s.rms_eps);
+    a.gate.resize(n_ * ff);
+    a.up.resize(n_ * ff);
+    forward_product(a.xn2.data(), params.data(w.w_gate), a.gate.data(), n_, d, ff);
+    forward_product(a.xn2.data(), params.data(w.w_up), a.up.data(), n_, d, ff);
+    std::vector<float> h(n_ * ff);
+    for_rows(pool_, n_, [&](int64_t r) {
+      for (int64_t i = r * ff; i < (r + 1) * ff; ++i) h[i] = silu(a.gate[i]) * a.up[i];
+    });
+    forward_product(h.data(), params.data(w.w_down), tmp.data(), n_, ff, d);
+    for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
+  }
+  x_final_ = x;
+  inv_rms_final_.resize(n_);
+  xn_final_.resize(n_ * d);
+  rms_norm_forward(pool_, x.data(), params.data(params.output_norm()), xn_final_.data(),
+                   inv_rms_final_.data(), n_, d, s.rms_eps);
+  logits_.resize(n_ * V);
+  forward_product(xn_final_.data(), params.data(params.output()), logits_.data(), n_, d, V);
+
+  // The loss, and its gradient w.r.t. the logits (softmax − one-hot, over
+  // the batch's target count).
+  LossSum loss;
+  for (int32_t t : targets_) loss.n_targets += t >= 0;
+  std::vector<double> row_loss(n_, 0.0);
+  std::vector<char> row_correct(n_, 0);
+  std::vector<float> dlogits(grads ? n_ * V : 0);
+  const float inv_targets = loss.n_targets ? 1.0f / static_cast<float>(loss.n_targets) : 0.0f;
+  for_rows(pool_, n_, [&](int64_t r) {
+    const int32_t target = targets_[r];
+    if (target < 0) return;
+    const float* l = logits_.data() + r * V;
+    const float m = *std::max_element(l, l + V);
+    double z = 0;
+    for (int64_t i = 0; i < V; ++i) z += std::exp(double(l[i]) - m);
+    row_loss[r] = m + std::log(z) - l[target];
+    row_correct[r] = l[target] == m;
+    if (!grads) return;
+    float* dl = dlogits.data() + r * V;
+    for (int64_t i = 0; i < V; ++i) dl[i] = static_cast<float>(std::exp(double(l[i]) - m) / z) * inv_targets;
+    dl[target] -= inv_targets;
+  });
+  for (int64_t r = 0; r < n_; ++r) loss.sum += row_loss[r], loss.n_correct += row_correct[r];
+  if (!grads) return loss;
+  if (!std::isfinite(loss.sum)) return loss;  // the caller reports it; no gradient from it
+
+  // Backward.
+  ParamSet& g = *grads;
+  std::vector<float> dx(n_ * d), dxn(n_ * d);
+  input_gradient(dlogits.data(), params.data(params.output()), dxn.data(), n_, V, d, false);
+  weight_gradient(dlogits.data(), xn_final_.data(), g.data(params.output()), n_, V, d);
+  dlogits = {};
+  rms_norm_backward(pool_, x_final_.data(), params.data(params.output_norm()), inv_rms_final_.data(),
+                    dxn.data(), dx.data(), g.data(params.output_norm()), n_, d, false);
+  std::vector<float> dh(n_ * ff), dgate(n_ * ff), dup(n_ * ff), h(n_ * ff), d_attn(n_ * dq), dqv(n_ * dq),
+      dkv_k(n_ * dkv), dkv_v(n_ * dkv);
+  for (int il = s.n_layer - 1; il >= 0; --il) {
+    const ParamSet::LayerIndex& w = params.layer(il);
+    const LayerActs& a = acts_[il];
+    // FFN: x += (silu(gate)·up) W_downᵀ.
+    for_rows(pool_, n_, [&](int64_t r) {
+      for (int64_t i = r * ff; i < (r + 1) * ff; ++i) h[i] = silu(a.gate[i]) * a.up[i];
+    });
+    input_gradient(dx.data(), params.data(w.w_down), dh.data(), n_, d, ff, false);
+    weight_gradient(dx.data(), h.data(), g.data(w.w_down), n_, d, ff);
+    for_rows(pool_, n_, [&](int64_t r) {
+      for (int64_t i = r * ff; i < (r + 1) * ff; ++i) {
+        const float gt = a.gate[i], sg = 1.0f / (1.0f + std::exp(-gt));
+        dup[i] = dh[i] * gt * sg;
+        dgate[i] = dh[i] * a.up[i] * sg * (1.0f + gt * (1.0f - sg));
+      }
+    });
+    input_gradient(dgate.data(), params.data(w.w_gate), dxn.data(), n_, ff, d, false);
+    input_gradient(dup.data(), params.data(w.w_up), dxn.data(), n_, ff, d, true);
+    weight_gradient(dgate.data(), a.xn2.data(), g.data(w.w_gate), n_, ff, d);
+    weight_gradient(dup.data(), a.xn2.data(), g.data(w.w_up), n_, ff, d);
+    rms_norm_backward(pool_, a.x_mid.data(), params.data(w.ffn_norm), a.inv_rms2.data(), dxn.data(),
+                      dx.data(), g.data(w.ffn_norm), n_, d, true);
+    // Attention: x += attn W_oᵀ.
+    input_gradient(dx.data(), params.data(w.wo), d_attn.data(), n_, d, dq, false);
+    weight_gradient(dx.data(), a.attn.data(), g.data(w.wo), n_, d, dq);
+    attention_backward(a, d_attn.data(), dqv.data(), dkv_k.data(), dkv_v.data());
+    rope(dqv.data(), n_, static_cast<int>(H), static_cast<int>(hd), unrope_, false);
+    rope(dkv_k.data(), n_, s.n_head_kv, static_cast<int>(hd), unrope_, false);
+    input_gradient(dqv.data(), params.data(w.wq), dxn.data(), n_, dq, d, false);
+    input_gradient(dkv_k.data(), params.data(w.wk), dxn.data(), n_, dkv, d, true);
+    input_gradient(dkv_v.data(), params.data(w.wv), dxn.data(), n_, dkv, d, true);
+    weight_gradient(dqv.data(), a.xn1.data(), g.data(w.wq), n_, dq, d);
+    weight_gradient(dkv_k.data(), a.xn1.data(), g.data(w.wk), n_, dkv, d);
+    weight_gradient(dkv_v.data(), a.xn1.data(), g.data(w.wv), n_, dkv, d);
+    rms_norm_backward(pool_, a.x_in.data(), params.data(w.attn_norm), a.inv_rms1.data(), dxn.data(),
+                      dx.data(), g.data(w.attn_norm), n_, d, true);
+  }
+  float* dembd = g.data(params.tok_embd());
+  for (int64_t t = 0; t < n_; ++t) {
+    float* row = dembd + int64_t{tokens_[t]} * d;
+    for (int64_t i = 0; i < d; ++i) row[i] += dx[t * d + i];
+  }
+  return loss;
+}
+
+}  // namespace depcache
