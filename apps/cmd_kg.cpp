@@ -13,6 +13,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "retrieval/knowledge_graph.h"
+#include "retrieval/synthetic_kg.h"
 #include "retrieval/wordnet.h"
 #include "util/error.h"
 #include "util/timing.h"
@@ -34,7 +35,8 @@ TripleFormat parse_format(const std::string& s) {
 }
 
 void add_import_command(CLI::App* kg) {
-  CLI::App* cmd = kg->add_subcommand("import", "Build a KG file from WordNet or a triples file");
+  CLI::App* cmd = kg->add_subcommand(
+      "import", "Build a KG file from WordNet, a triples file or a random synthetic world");
   static bool wordnet = false;
   static std::string wordnet_dir = kDefaultWordnetDir.string(), triples, format = "auto", out;
   // Exactly one source; CLI11 reports anything else as a usage error (exit 2).
@@ -43,7 +45,27 @@ void add_import_command(CLI::App* kg) {
       source->add_flag("--wordnet", wordnet, "Import the WordNet 3.0 database (Debian package wordnet-base)");
   CLI::Option* triples_opt =
       source->add_option("--triples", triples, "Import a TSV, CSV or JSONL triples file");
+  static bool synthetic = false;
+  static SyntheticKgOptions so;
+  CLI::Option* synthetic_opt = source->add_flag("--synthetic", synthetic,
+                                                "Make a random world: made-up entity names, one tail per "
+                                                "(entity, relation), for training and evaluation");
   source->require_option(1);
+  cmd->add_option("--entities", so.n_entities, "Synthetic: entities")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{2}, size_t{1} << 20))
+      ->needs(synthetic_opt);
+  cmd->add_option("--relations", so.n_relations, "Synthetic: relation types")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, synthetic_relation_count()))
+      ->needs(synthetic_opt);
+  cmd->add_option("--facts-per-entity", so.facts_per_entity,
+                  "Synthetic: facts (distinct relations) per entity")
+      ->capture_default_str()
+      ->needs(synthetic_opt);
+  cmd->add_option("--seed", so.seed, "Synthetic: seed of the world")
+      ->capture_default_str()
+      ->needs(synthetic_opt);
   cmd->add_option("--wordnet-dir", wordnet_dir, "Directory with WordNet's data.* and index.* files")
       ->capture_default_str()
       ->needs(wordnet_opt);
@@ -59,6 +81,8 @@ void add_import_command(CLI::App* kg) {
     WordnetImportStats ws;
     if (wordnet) {
       g = import_wordnet(wordnet_dir, &ws);
+    } else if (synthetic) {
+      g = make_synthetic_kg(so);
     } else {
       g = load_triples(triples, parse_format(format));
     }
@@ -70,6 +94,8 @@ void add_import_command(CLI::App* kg) {
     if (wordnet)
       fmt::print("WordNet {}: {} synsets, {} pointers ({} lexical)\n", wordnet_dir, ws.n_synsets,
                  ws.n_pointers, ws.n_lexical_pointers);
+    else if (synthetic)
+      fmt::print("synthetic world, seed {}\n", so.seed);
     else
       fmt::print("triples file {}\n", triples);
     fmt::print("entities:  {}\n", g.n_entities());

@@ -31,7 +31,7 @@ struct GenerateOptions {
   uint64_t seed = 1;
   // GraphRAG
   size_t qa_items = 500, entities_per_request = 10, paths_per_entity = 30, min_paths = 10, max_fanout = 64;
-  int hops = 2;
+  int hops = 2, question_hops = 0;
   // chunk RAG
   size_t top_k = 5;
   ChunkOptions chunking;
@@ -48,6 +48,7 @@ std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
   qopt.paths_per_entity = o.paths_per_entity;
   qopt.min_paths = o.min_paths;
   qopt.hops = o.hops;
+  qopt.question_hops = o.question_hops;
   qopt.max_fanout = o.max_fanout;
   qopt.seed = o.seed;
   const std::vector<GraphQa> qa = make_graph_qa(kg, qopt);
@@ -149,6 +150,11 @@ void add_generate(CLI::App& parent) {
   cmd->add_option("--hops", o.hops, "GraphRAG: path length in hops")
       ->capture_default_str()
       ->check(CLI::Range(1, 8));
+  cmd->add_option(
+         "--question-hops", o.question_hops,
+         "GraphRAG: hops each question asks about (0: --hops); shorter ones ask for a path's first steps")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 8));
   cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{100000}));

@@ -5,6 +5,12 @@
 
 namespace depcache::cli {
 
+// Thrown by a command that ends with a particular exit code but no error
+// message of its own (it printed what the user needs already).
+struct ExitCode {
+  int code;
+};
+
 void add_model_commands(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
@@ -17,5 +23,6 @@ void add_run_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_loadgen_command(CLI::App& app);
+void add_train_command(CLI::App& app);
 
 }  // namespace depcache::cli

@@ -20,11 +20,14 @@ int main(int argc, char** argv) {
   depcache::cli::add_simulate_command(app);
   depcache::cli::add_serve_command(app);
   depcache::cli::add_loadgen_command(app);
+  depcache::cli::add_train_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every usage error exits 2.
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const depcache::cli::ExitCode& e) {
+    return e.code;
   } catch (const depcache::Error& e) {
     std::fprintf(stderr, "depcache: error: %s\n", e.what());
     return static_cast<int>(e.kind());

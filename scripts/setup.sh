@@ -26,6 +26,10 @@ PACKAGES=(
   nodejs                        # runs the official `openai` client in the server's tests (tests/client)
 )
 
+# Benchmark-only: PyTorch, to compare the trainer's throughput with
+# (bench/train_vs_torch.sh).
+if [ "${DEPCACHE_BENCH_EXTRAS:-0}" != 0 ]; then PACKAGES+=(python3-torch); fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

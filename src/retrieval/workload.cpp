@@ -144,6 +144,16 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
   limits.hops = options.hops;
   limits.max_paths = options.paths_per_entity;
   limits.max_fanout = options.max_fanout;
+  const int asked_hops = options.question_hops > 0 ? options.question_hops : options.hops;
+  if (asked_hops > options.hops)
+    fail(ErrorKind::InvalidInput, "questions of {} hops need paths of as many (paths have {})", asked_hops,
+         options.hops);
+  // The first `n` steps of a path.
+  const auto prefix = [](const RelationPath& p, int n) {
+    RelationPath out = p;
+    out.steps.resize(static_cast<size_t>(n));
+    return out;
+  };
   std::vector<GraphQa> out;
   for (EntityId e : candidates) {
     if (out.size() == options.n_items) break;
@@ -154,16 +164,19 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
     for (size_t i = 0; i < qa.paths.size(); ++i)
       if (static_cast<int>(qa.paths[i].steps.size()) == options.hops) full.push_back(i);
     if (full.empty() || qa.paths.size() < std::min(options.min_paths, options.paths_per_entity)) continue;
-    const RelationPath& asked =
-        qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]];
+    const RelationPath asked =
+        prefix(qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]], asked_hops);
     // "What is the r2 of the r1 of topic?" reads outward from the topic.
     std::string phrase;
     for (size_t i = asked.steps.size(); i-- > 0;) phrase += "the " + step_phrase(kg, asked.steps[i]) + " of ";
     qa.question = fmt::format("What is {}{}?", phrase, kg.entity_label(e));
-    for (const RelationPath& p : qa.paths)
+    for (const RelationPath& whole : qa.paths) {
+      if (static_cast<int>(whole.steps.size()) < asked_hops) continue;
+      const RelationPath p = prefix(whole, asked_hops);
       if (same_relations(p, asked) &&
           std::find(qa.answers.begin(), qa.answers.end(), p.leaf()) == qa.answers.end())
         qa.answers.push_back(p.leaf());
+    }
     out.push_back(std::move(qa));
   }
   if (out.empty())

@@ -64,6 +64,9 @@ struct GraphQaOptions {
   size_t paths_per_entity = 30;
   size_t min_paths = 10;  // skip entities with fewer paths (sparse subgraphs)
   int hops = 2;
+  // Hops of the question (<= hops; 0: hops): a shorter question asks for a
+  // path's first steps with the full paths as context.
+  int question_hops = 0;
   size_t max_fanout = 64;
   uint64_t seed = 1;
 };

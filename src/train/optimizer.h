@@ -33,6 +33,8 @@ class AdamW {
   // The moments, for checkpoints.
   ParamSet& m() { return m_; }
   ParamSet& v() { return v_; }
+  const ParamSet& m() const { return m_; }
+  const ParamSet& v() const { return v_; }
   void set_step(int64_t step) { step_ = step; }
   const AdamWOptions& options() const { return o_; }
 

@@ -277,7 +277,7 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
   LossSum loss;
   for (int32_t t : targets_) loss.n_targets += t >= 0;
   std::vector<double> row_loss(n_, 0.0);
-  std::vector<char> row_correct(n_, 0);
+  correct_.assign(n_, 0);
   std::vector<float> dlogits(grads ? n_ * V : 0);
   const float inv_targets = loss.n_targets ? 1.0f / static_cast<float>(loss.n_targets) : 0.0f;
   for_rows(pool_, n_, [&](int64_t r) {
@@ -288,13 +288,13 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
     double z = 0;
     for (int64_t i = 0; i < V; ++i) z += std::exp(double(l[i]) - m);
     row_loss[r] = m + std::log(z) - l[target];
-    row_correct[r] = l[target] == m;
+    correct_[r] = l[target] == m;
     if (!grads) return;
     float* dl = dlogits.data() + r * V;
     for (int64_t i = 0; i < V; ++i) dl[i] = static_cast<float>(std::exp(double(l[i]) - m) / z) * inv_targets;
     dl[target] -= inv_targets;
   });
-  for (int64_t r = 0; r < n_; ++r) loss.sum += row_loss[r], loss.n_correct += row_correct[r];
+  for (int64_t r = 0; r < n_; ++r) loss.sum += row_loss[r], loss.n_correct += correct_[r];
   if (!grads) return loss;
   if (!std::isfinite(loss.sum)) return loss;  // the caller reports it; no gradient from it
 

@@ -52,6 +52,9 @@ class TrainGraph {
 
   // Logits of every token of the last run, (n_tokens, n_vocab) in batch order.
   const std::vector<float>& logits() const { return logits_; }
+  // Per token of the last run: whether its highest logit is its target
+  // (false where it has none).
+  const std::vector<char>& correct() const { return correct_; }
 
  private:
   struct LayerActs {
@@ -70,6 +73,7 @@ class TrainGraph {
   RopeTable rope_, unrope_;
   std::vector<LayerActs> acts_;
   std::vector<float> x_final_, inv_rms_final_, xn_final_, logits_;
+  std::vector<char> correct_;
 };
 
 }  // namespace depcache

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <map>
 #include <numeric>
 #include <set>
 
 #include "retrieval/rag_request.h"
+#include "retrieval/synthetic_kg.h"
 #include "retrieval/workload.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -132,6 +134,53 @@ TEST(GraphQa, AnswersAreLeavesOfTheContextPaths) {
   flat.add_triple("a", "r", "b");
   flat.finalize();
   EXPECT_THROW(make_graph_qa(flat, GraphQaOptions{}), Error);  // no 2-hop path anywhere
+}
+
+// Synthetic worlds: made-up names, one tail per (entity, relation), so every
+// question of 1 or 2 hops has exactly one answer, found on a context path.
+TEST(GraphQa, SyntheticWorldsAskQuestionsWithOneAnswer) {
+  SyntheticKgOptions so;
+  so.n_entities = 60;
+  so.n_relations = 6;
+  so.facts_per_entity = 3;
+  so.seed = 4;
+  const KnowledgeGraph kg = make_synthetic_kg(so);
+  EXPECT_EQ(kg.n_entities(), 60u);
+  EXPECT_EQ(kg.n_relations(), 6u);
+  EXPECT_EQ(kg.n_triples(), 180u);
+  for (EntityId e = 0; e < kg.n_entities(); ++e) {
+    std::set<RelationId> rels;
+    for (const Edge& edge : kg.out_edges(e)) {
+      EXPECT_TRUE(rels.insert(edge.relation).second) << "one tail per (entity, relation)";
+      EXPECT_NE(edge.target, e) << "no self-loop";
+    }
+    const std::string name(kg.entity_name(e));
+    EXPECT_TRUE(std::isupper(static_cast<unsigned char>(name[0])) && name.size() >= 4) << name;
+  }
+  so.seed = 5;
+  EXPECT_NE(make_synthetic_kg(so).entity_name(0), kg.entity_name(0)) << "another world, other names";
+  for (int hops : {1, 2}) {
+    GraphQaOptions opt;
+    opt.n_items = 40;
+    opt.paths_per_entity = 30;
+    opt.min_paths = 1;
+    opt.question_hops = hops;
+    for (const GraphQa& q : make_graph_qa(kg, opt)) {
+      ASSERT_EQ(q.answers.size(), 1u) << q.question;
+      const size_t ofs = q.question.find(" of ");
+      EXPECT_EQ(hops == 1 ? ofs : q.question.find(" of ", ofs + 4), q.question.rfind(" of ")) << q.question;
+      bool found = false;
+      for (const RelationPath& p : q.paths)
+        found = found ||
+                (p.steps.size() >= static_cast<size_t>(hops) && p.steps[hops - 1].target == q.answers[0]);
+      EXPECT_TRUE(found) << q.question;
+    }
+  }
+  GraphQaOptions too_long;
+  too_long.question_hops = 3;
+  EXPECT_THROW(make_graph_qa(kg, too_long), Error);
+  so.facts_per_entity = 7;
+  EXPECT_THROW(make_synthetic_kg(so), Error) << "more facts than relations";
 }
 
 TEST(GraphWorkload, RequestsCarryTheTopicFirst) {

@@ -1,0 +1,161 @@
+// `depcache train`: trains (or fine-tunes) a model on QA requests under the
+// attention the engine serves with: causal self-attention over the flat
+// prompt, or dependency attention over the DepPrompt with a position scheme.
+#include <fmt/format.h>
+
+#include <csignal>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "model/tokenizer.h"
+#include "retrieval/rag_request.h"
+#include "train/trainer.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+#include "util/timing.h"
+
+namespace depcache::cli {
+namespace {
+
+struct TrainCliOptions {
+  std::string init, requests, eval, out, checkpoint, log, attention = "causal", scheme = "sequential";
+  bool answer_loss_only = false, resume = false;
+  size_t eval_limit = 500;
+  int threads = 0;
+};
+
+std::vector<QaSequence> sequences(const Tokenizer& tok, const std::vector<RagRequest>& requests,
+                                  const QaSequenceOptions& o, int64_t n_ctx, const std::string& what) {
+  std::vector<QaSequence> out;
+  size_t too_long = 0;
+  for (const RagRequest& r : requests) {
+    QaSequence s = qa_sequence(tok, r, o);
+    if (static_cast<int64_t>(s.sequence.tokens.size()) > n_ctx) {
+      ++too_long;
+      continue;
+    }
+    out.push_back(std::move(s));
+  }
+  if (too_long)
+    fmt::print(stderr, "warning: {} of {} {} requests exceed the model's context of {} tokens: left out\n",
+               too_long, requests.size(), what, n_ctx);
+  return out;
+}
+
+// Set by SIGINT/SIGTERM: the loop writes a checkpoint after the step it is
+// in and stops, so an interrupted run loses nothing but that step's time.
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  static TrainCliOptions c;
+  static TrainerOptions t;
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train or fine-tune a model on QA requests (causal or dependency attention), with checkpoints");
+  cmd->add_option("--init", c.init, "Model to start from (`model new` for a fresh one, or a trained one)")
+      ->required();
+  cmd->add_option("--requests", c.requests,
+                  "Training requests (JSONL with answers, as `workload generate` writes)")
+      ->required();
+  cmd->add_option("--eval", c.eval, "Held-out requests: loss and exact match of the answer while training");
+  cmd->add_option("--eval-limit", c.eval_limit, "Evaluate on at most this many held-out requests")
+      ->capture_default_str();
+  cmd->add_option("-o,--output", c.out, "The trained model (GGUF, f32)")->required();
+  cmd->add_option("--attention", c.attention,
+                  "causal: the flat prompt; dependency: one tree per context item, as depcache serves it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"causal", "dependency"}));
+  cmd->add_option("--scheme", c.scheme, "Position scheme under dependency attention")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sequential", "depth"}));
+  cmd->add_flag("--answer-loss-only", c.answer_loss_only, "Loss on the answer alone (default: every token)");
+  cmd->add_option("--steps", t.adam.total_steps, "Optimizer steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", t.batch_size, "Sequences per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--lr", t.adam.lr, "Peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", t.adam.warmup_steps, "Linear warmup steps")->capture_default_str();
+  cmd->add_option("--min-lr-ratio", t.adam.min_lr_ratio, "Where the cosine decay ends, relative to --lr")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--weight-decay", t.adam.weight_decay, "AdamW weight decay (2-D weights)")
+      ->capture_default_str();
+  cmd->add_option("--clip", t.adam.clip_norm, "Clip the gradient's global norm to this (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", t.seed, "Seed of the order of the examples")->capture_default_str();
+  cmd->add_option("-t,--threads", c.threads, "Threads (default: one per core)");
+  cmd->add_option("--log", c.log, "Append a JSON line per logged step (loss, learning rate, evaluation)");
+  cmd->add_option("--log-every", t.log_every, "Steps between log lines")->capture_default_str();
+  cmd->add_option("--eval-every", t.eval_every, "Steps between evaluations")->capture_default_str();
+  cmd->add_option("--checkpoint", c.checkpoint, "Checkpoint file (default: OUTPUT.ckpt)");
+  cmd->add_option("--checkpoint-every", t.checkpoint_every, "Steps between checkpoints")
+      ->capture_default_str();
+  cmd->add_flag("--resume", c.resume, "Continue from the checkpoint when there is one");
+  cmd->callback([] {
+    const auto t0 = Clock::now();
+    const auto init = Model::load(c.init);
+    const Tokenizer tok(Vocab::from_gguf(init->file()));
+    QaSequenceOptions qo;
+    qo.attention = c.attention == "dependency" ? TrainAttention::Dependency : TrainAttention::Causal;
+    qo.scheme = c.scheme == "depth" ? PositionScheme::Depth : PositionScheme::Sequential;
+    qo.loss_on_prompt = !c.answer_loss_only;
+    const int64_t n_ctx = init->config().n_ctx_train;
+    const std::vector<QaSequence> train = sequences(tok, read_requests(c.requests), qo, n_ctx, "training");
+    std::vector<RagRequest> eval_requests =
+        c.eval.empty() ? std::vector<RagRequest>{} : read_requests(c.eval);
+    if (eval_requests.size() > c.eval_limit) eval_requests.resize(c.eval_limit);
+    const std::vector<QaSequence> eval = sequences(tok, eval_requests, qo, n_ctx, "held-out");
+    if (train.empty()) fail(ErrorKind::InvalidInput, "no training sequence fits the model's context");
+
+    for (const auto& [k, v] : init->file().metadata())
+      if (k.starts_with("tokenizer.")) t.metadata.emplace_back(k, v);
+    if (qo.attention == TrainAttention::Dependency)
+      t.metadata.emplace_back(kPositionSchemeKey, GgufValue::string(c.scheme));
+    t.checkpoint = c.checkpoint.empty() ? c.out + ".ckpt" : c.checkpoint;
+    t.log = c.log;
+    ThreadPool pool(c.threads);
+    Trainer trainer(ParamSet::from_model(*init), t, pool);
+    if (c.resume && trainer.checkpoint_exists()) {
+      trainer.resume();
+      fmt::print(stderr, "resumed from {} at step {}\n", t.checkpoint.string(), trainer.step());
+      if (trainer.resumed_total_steps() != 0 && trainer.resumed_total_steps() != t.adam.total_steps)
+        fmt::print(
+            stderr,
+            "note: the checkpoint's run was of {} steps, this one is of {}: the learning rate schedule "
+            "changes from here\n",
+            trainer.resumed_total_steps(), t.adam.total_steps);
+    }
+    int64_t n_tokens = 0;
+    for (const QaSequence& s : train) n_tokens += static_cast<int64_t>(s.sequence.tokens.size());
+    fmt::print(stderr,
+               "training on {} sequences ({:.1f} tokens each), {} held out; {} attention{}; {} steps of {}\n",
+               train.size(), static_cast<double>(n_tokens) / static_cast<double>(train.size()), eval.size(),
+               c.attention, qo.attention == TrainAttention::Dependency ? ", " + c.scheme + " positions" : "",
+               t.adam.total_steps, t.batch_size);
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+    const bool finished = trainer.train(
+        train, eval, [](const std::string& line) { fmt::print(stderr, "{}\n", line); },
+        [] { return g_stop_signal != 0; });
+    if (!finished) {
+      const int sig = g_stop_signal;
+      fmt::print(stderr, "{} at step {}: checkpoint {} written; the same command with --resume continues\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", trainer.step(), t.checkpoint.string());
+      throw ExitCode{128 + sig};
+    }
+    const std::string name = init->file().get_string_or("general.name").value_or("depcache-trained");
+    const RandomModelReport r = trainer.params().write_gguf(c.out, name, DType::F32, t.metadata);
+    fmt::print("wrote {}: {:.2f} M params, {:.2f} MiB, in {:.1f} s\n", c.out, r.n_params / 1e6,
+               r.file_bytes / 1048576.0, seconds_since(t0));
+  });
+}
+
+}  // namespace depcache::cli

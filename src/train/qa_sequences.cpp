@@ -1,0 +1,48 @@
+#include "train/qa_sequences.h"
+
+#include "engine/visibility.h"
+#include "strategy/prompt_parts.h"
+#include "util/error.h"
+
+namespace depcache {
+
+std::string answer_text(const std::string& answer) { return " " + answer + "\n"; }
+
+QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const QaSequenceOptions& o) {
+  if (request.answers.empty() || request.answers.front().empty())
+    fail(ErrorKind::InvalidInput, "request {} has no answer to train on", request.id);
+  PromptParts parts = make_prompt_parts(tok, request);
+  std::vector<int32_t> answer = tok.encode(answer_text(request.answers.front()), false, false);
+  if (tok.eos() >= 0) answer.push_back(tok.eos());
+  QaSequence out;
+  out.answer_size = static_cast<int64_t>(answer.size());
+  TrainSequence& s = out.sequence;
+  if (o.attention == TrainAttention::Causal) {
+    std::vector<int32_t> tokens = parts.flat();
+    out.answer_begin = static_cast<int64_t>(tokens.size());
+    tokens.insert(tokens.end(), answer.begin(), answer.end());
+    std::vector<bool> loss(tokens.size(), o.loss_on_prompt);
+    for (int64_t i = out.answer_begin; i < static_cast<int64_t>(tokens.size()); ++i) loss[i] = true;
+    s = causal_sequence(std::move(tokens), loss);
+    return out;
+  }
+  // The answer continues the task segment, which sees the whole context.
+  parts.task.insert(parts.task.end(), answer.begin(), answer.end());
+  const DepPrompt p = parts.dep_prompt();
+  s.tokens = p.tokens();
+  s.positions = p.positions(o.scheme);
+  const auto n = static_cast<int64_t>(s.tokens.size());
+  out.answer_begin = n - out.answer_size;
+  std::vector<int64_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = i;
+  s.visibility = dependency_dag(p, rows);
+  // A token predicts the next one only where that token hangs under it: the
+  // first token of a tree or segment has no single predecessor to learn from.
+  s.targets.assign(n, -1);
+  for (int64_t i = 0; i + 1 < n; ++i)
+    if (p.parents()[i + 1] == i && (o.loss_on_prompt || i + 1 >= out.answer_begin))
+      s.targets[i] = s.tokens[i + 1];
+  return out;
+}
+
+}  // namespace depcache

@@ -1,0 +1,41 @@
+#pragma once
+// Training sequences from QA requests: the prompt exactly as the engine
+// builds it for serving (make_prompt_parts: system, context items, task),
+// followed by the answer and EOS. Under causal attention the prompt is the
+// flat serialization at positions 0..n-1; under dependency attention it is
+// the DepPrompt (one tree per context item) with the chosen position scheme
+// and the engine's visibility, the answer continuing the task segment.
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+#include "prompt/dep_prompt.h"
+#include "retrieval/rag_request.h"
+#include "train/train_graph.h"
+
+namespace depcache {
+
+enum class TrainAttention { Causal, Dependency };
+
+struct QaSequenceOptions {
+  TrainAttention attention = TrainAttention::Causal;
+  PositionScheme scheme = PositionScheme::Sequential;  // dependency attention only
+  // Language-model loss on the context and question too (a small model
+  // learns to read its context only so), or on the answer alone.
+  bool loss_on_prompt = true;
+};
+
+struct QaSequence {
+  TrainSequence sequence;
+  int64_t answer_begin = 0;  // index of the answer's first token
+  int64_t answer_size = 0;   // answer tokens, EOS included
+};
+
+// The request's first answer is the one trained on; a request without an
+// answer is an InvalidInput error.
+QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const QaSequenceOptions& options);
+
+// The text the model is trained to produce after "Answer:".
+std::string answer_text(const std::string& answer);
+
+}  // namespace depcache

@@ -1,0 +1,127 @@
+// `depcache train` as a user runs it: a synthetic world, QA requests of one
+// hop, a tiny model trained with checkpoints; a run stopped by a signal and
+// resumed ends exactly where an uninterrupted one does; errors are clear.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "test_support.h"
+
+namespace depcache {
+namespace {
+
+using test::run_cli;
+
+class TrainCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(test::temp_path("train-cli"));
+    std::filesystem::create_directories(*dir_);
+    for (const auto& [seed, name] : {std::pair{1, "train"}, {2, "eval"}}) {
+      auto r = run_cli(fmt::format(
+          "kg import --synthetic --entities 40 --relations 4 --facts-per-entity 2 --seed {} -o {}", seed,
+          file(std::string(name) + ".dkg")));
+      ASSERT_EQ(r.code, 0) << r.out;
+      r = run_cli(fmt::format(
+          "workload generate --kg {} --requests 24 --qa-items 20 --entities-per-request 2 "
+          "--paths-per-entity 4 --min-paths 1 --question-hops 1 --pattern uniform --seed {} --out {}",
+          file(std::string(name) + ".dkg"), seed, file(std::string(name) + ".jsonl")));
+      ASSERT_EQ(r.code, 0) << r.out;
+    }
+    const auto r = run_cli(
+        "model new --preset tiny --layers 1 --embd 32 --heads 2 --heads-kv 1 --ff 64 --tied --seed 3 -o " +
+        file("init.gguf"));
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+  static std::string file(const std::string& name) { return (*dir_ / name).string(); }
+  static std::string train_args(const std::string& out, int steps) {
+    return fmt::format(
+        "train --init {} --requests {} --eval {} -o {} --steps {} --batch 4 --warmup 2 --lr 3e-3 "
+        "--log-every 5 --eval-every 10 --checkpoint-every 5 -t 2",
+        file("init.gguf"), file("train.jsonl"), file("eval.jsonl"), file(out), steps);
+  }
+  static std::string bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+  static std::filesystem::path* dir_;
+};
+std::filesystem::path* TrainCli::dir_ = nullptr;
+
+TEST_F(TrainCli, TrainsLogsAndWritesAModelTheEngineRuns) {
+  const auto r = run_cli(train_args("model.gguf", 20) + " --attention dependency --scheme depth --log " +
+                         file("log.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream log(file("log.jsonl"));
+  std::string line;
+  int lines = 0;
+  double first = 0, last = 0;
+  bool evaluated = false;
+  while (std::getline(log, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (lines++ == 0) first = j["loss"];
+    last = j["loss"];
+    evaluated = evaluated || j.contains("eval_exact_match");
+    EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(lines, 4) << "a line every 5 of 20 steps";
+  EXPECT_TRUE(evaluated);
+  EXPECT_LT(last, first) << "the loss falls";
+  // The engine runs it, and it knows the scheme it was trained for.
+  const auto info = run_cli("model info " + file("model.gguf"));
+  EXPECT_NE(info.out.find("depth"), std::string::npos) << info.out;
+  const auto gen = run_cli(fmt::format("generate -m {} -p 'What is' -n 3 --temp 0", file("model.gguf")));
+  EXPECT_EQ(gen.code, 0) << gen.out;
+}
+
+TEST_F(TrainCli, ARunStoppedBySigtermResumesToTheSameModel) {
+  const int steps = 60;
+  ASSERT_EQ(run_cli(train_args("straight.gguf", steps)).code, 0);
+  // SIGTERM once the first log line is out (step 5): the run checkpoints the
+  // step it is in and exits 128 + 15. Bounded: at most 30 s of polling.
+  const std::string log = file("stopped.log");
+  const auto stopped = test::run_shell(
+      fmt::format("{} {} --log {} > {} 2>&1 & pid=$!; "
+                  "for i in $(seq 600); do [ -s {} ] && break; sleep 0.05; done; kill -TERM $pid; wait $pid; "
+                  "echo exit=$?",
+                  DEPCACHE_BINARY, train_args("resumed.gguf", steps), log, file("stopped.err"), log));
+  ASSERT_NE(stopped.out.find("exit=143"), std::string::npos) << stopped.out << bytes(file("stopped.err"));
+  const std::string err = bytes(file("stopped.err"));
+  EXPECT_NE(err.find("SIGTERM at step"), std::string::npos) << err;
+  ASSERT_TRUE(std::filesystem::exists(file("resumed.gguf.ckpt")));
+  ASSERT_TRUE(std::filesystem::exists(file("resumed.gguf.ckpt.optim")));
+  EXPECT_FALSE(std::filesystem::exists(file("resumed.gguf"))) << "no final model from a stopped run";
+  const auto r = run_cli(train_args("resumed.gguf", steps) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("at step 60"), std::string::npos) << "the signal came before the end: " << r.out;
+  EXPECT_TRUE(bytes(file("resumed.gguf")) == bytes(file("straight.gguf"))) << "the same model, bit for bit";
+}
+
+TEST_F(TrainCli, Errors) {
+  EXPECT_EQ(run_cli("train --init " + file("nope.gguf") + " --requests " + file("train.jsonl") + " -o " +
+                    file("x.gguf"))
+                .code,
+            4);
+  std::ofstream(file("unanswered.jsonl")) << R"({"id": "q", "question": "Why?", "text": "Because."})"
+                                          << "\n";
+  const auto r = run_cli("train --init " + file("init.gguf") + " --requests " + file("unanswered.jsonl") +
+                         " -o " + file("x.gguf"));
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("no answer"), std::string::npos) << r.out;
+  EXPECT_EQ(run_cli("train --init " + file("init.gguf") + " --requests " + file("train.jsonl") + " -o " +
+                    file("x.gguf") + " --attention sideways")
+                .code,
+            2);
+}
+
+}  // namespace
+}  // namespace depcache
