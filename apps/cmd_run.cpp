@@ -36,6 +36,7 @@
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
 #include "tier_options.h"
+#include "train/qa_sequences.h"
 #include "util/error.h"
 #include "util/numeric.h"
 #include "util/thread_pool.h"
@@ -61,7 +62,8 @@ struct RunOptions {
   int starvation_bound = 32;
   double rate = 0, rate_scale = 1;
   uint64_t seed = 1;
-  bool quiet = false, verify = false, no_reuse = false, fidelity = false, serial = false, sweep = false;
+  bool quiet = false, verify = false, no_reuse = false, no_realign = false, fidelity = false, serial = false,
+       sweep = false;
   double slo_ms = 0;
   std::string report_path;
 };
@@ -83,9 +85,11 @@ struct RequestRow {
   bool top1_agrees = true;
   bool finite = true;  // every logit of the request was finite
   // What the index could not keep while serving this request.
-  int64_t oversized_spans = 0;       // spans larger than a tier's budget
-  int64_t disk_write_failures = 0;   // spans the disk tier failed to write
-  std::optional<Fidelity> fidelity;  // --fidelity: against full attention
+  int64_t oversized_spans = 0;        // spans larger than a tier's budget
+  int64_t disk_write_failures = 0;    // spans the disk tier failed to write
+  std::optional<Fidelity> fidelity;   // --fidelity: against full attention
+  std::optional<std::string> answer;  // what the output answers, for requests with reference answers
+  bool exact_match = false;
 };
 
 struct StrategyRun {
@@ -166,7 +170,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   eo.kv_type = kv_type;
   eo.cache_bytes = static_cast<size_t>(o.cache_mib * 1048576.0);
   eo.policy = o.policy;
-  eo.strategy = {scheme, !o.no_reuse};
+  eo.strategy = {scheme, !o.no_reuse, !o.no_realign};
   eo.batch_tokens = o.batch_tokens;
   eo.max_running = o.max_running;
   eo.wait_for_shared = !o.no_wait_for_shared;
@@ -298,6 +302,10 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
   j["logits_finite"] = r.finite;
   j["oversized_spans"] = r.oversized_spans;
   j["disk_write_failures"] = r.disk_write_failures;
+  if (r.answer) {
+    j["answer"] = *r.answer;
+    j["exact_match"] = r.exact_match;
+  }
   if (r.fidelity) {
     const Fidelity& f = *r.fidelity;
     j["fidelity"] = {{"first_token_agrees", f.first_token_agrees},
@@ -451,6 +459,17 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
         "first-token distributions (mean); identical greedy continuations; token ROUGE-L of the "
         "continuations (mean).\n");
   for (const StrategyRun& run : runs) {
+    int64_t asked = 0, right = 0;
+    for (const RequestRow& r : run.rows) {
+      asked += r.answer.has_value();
+      right += r.exact_match;
+    }
+    if (asked > 0)
+      fmt::print(
+          "{:<9} answers: {} of {} exact ({:.1f}%), greedy output up to a newline or end of generation\n",
+          run.name, right, asked, 100.0 * static_cast<double>(right) / static_cast<double>(asked));
+  }
+  for (const StrategyRun& run : runs) {
     const RadixIndex::Stats& s = run.stats;
     const int64_t nonfinite =
         std::count_if(run.rows.begin(), run.rows.end(), [](const RequestRow& r) { return !r.finite; });
@@ -579,6 +598,9 @@ void add_run_command(CLI::App& app) {
                 "first-token agreement, first-token KL divergence, identical continuations and ROUGE-L");
   cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
   cmd->add_flag("-q,--quiet", o.quiet, "Print only the summary (no per-request lines)");
+  cmd->add_flag("--no-realign", o.no_realign,
+                "depcache: reuse cached KV at the positions it was computed at, without re-encoding the keys "
+                "at their new positions (an ablation: what position alignment is worth)");
   cmd->callback([] {
     const std::vector<std::string> names = split_list(o.strategies);
     if (names.empty()) throw CLI::ValidationError("--strategy", "give at least one strategy");
@@ -651,6 +673,12 @@ void add_run_command(CLI::App& app) {
     for (const std::string& name : names) {
       runs.push_back(
           run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr));
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (reqs[i].answers.empty()) continue;
+        RequestRow& row = runs.back().rows[i];
+        row.answer = generated_answer(tok, row.output);
+        row.exact_match = answer_matches(*row.answer, reqs[i].answers);
+      }
       const StrategyRun& run = runs.back();
       if (!o.quiet) {
         fmt::print("\n{:<9} {:<12} {:>9} {:>7} {:>8} {:>7} {:>12}\n", "strategy", "request", "TTFT ms",
@@ -663,7 +691,7 @@ void add_run_command(CLI::App& app) {
                    run.evicted);
       }
       if (json)
-        for (const RequestRow& r : run.rows) json << row_json(run.name, r).dump() << '\n';
+        for (const RequestRow& r : run.rows) json << row_json(run.name, r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     }
     print_summary(runs, o.verify, o.fidelity);
     int64_t nonfinite = 0;

@@ -32,6 +32,7 @@ struct GenerateOptions {
   // GraphRAG
   size_t qa_items = 500, entities_per_request = 10, paths_per_entity = 30, min_paths = 10, max_fanout = 64;
   int hops = 2, question_hops = 0;
+  std::string context = "paths";
   // chunk RAG
   size_t top_k = 5;
   ChunkOptions chunking;
@@ -56,12 +57,13 @@ std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
   for (const GraphQa& q : qa) n_paths += q.paths.size();
   fmt::print("qa items: {} entities, {:.1f} paths each on average ({:.2f} s)\n", qa.size(),
              static_cast<double>(n_paths) / static_cast<double>(qa.size()), seconds_since(t0));
-  if (o.pattern == "dataset") fail(ErrorKind::InvalidInput, "--pattern dataset is for --corpus workloads");
   GraphWorkloadOptions wopt;
   wopt.n_requests = o.n_requests;
   wopt.entities_per_request = o.entities_per_request;
+  wopt.documents = o.context == "documents";
   wopt.access = o.access;
-  wopt.access.pattern = parse_access_pattern(o.pattern);
+  wopt.each_once = o.pattern == "dataset";
+  if (!wopt.each_once) wopt.access.pattern = parse_access_pattern(o.pattern);
   wopt.rate = o.rate;
   wopt.seed = o.seed;
   return make_graph_workload(kg, qa, wopt);
@@ -124,7 +126,7 @@ void add_generate(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--out", o.out_path, "Output JSONL file")->required();
   cmd->add_option("--pattern", o.pattern,
-                  "Access pattern: uniform, temporal, zipf (or dataset: every question once)")
+                  "Access pattern: uniform, temporal, zipf (or dataset: every question once, in order)")
       ->capture_default_str();
   cmd->add_option("--zipf-s", o.access.zipf_s, "Zipf exponent s: P(rank r) ∝ r^-s")->capture_default_str();
   cmd->add_option("--temporal-reuse", o.access.temporal_reuse, "Temporal: chance to reuse a recent item")
@@ -155,6 +157,11 @@ void add_generate(CLI::App& parent) {
          "GraphRAG: hops each question asks about (0: --hops); shorter ones ask for a path's first steps")
       ->capture_default_str()
       ->check(CLI::Range(0, 8));
+  cmd->add_option("--context", o.context,
+                  "GraphRAG: each entity as its relation paths (a DepPrompt tree) or as a document of fact "
+                  "sentences")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"paths", "documents"}));
   cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{100000}));

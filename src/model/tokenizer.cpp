@@ -9,11 +9,11 @@
 #include <unordered_map>
 
 #include "util/error.h"
+#include "util/utf8.h"
 
 namespace depcache {
 namespace {
 
-constexpr std::string_view kSpaceMark = "\xE2\x96\x81";    // U+2581, SentencePiece's visible space
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
 // Pre-tokenizer regexes of the BPE families (their published patterns).
@@ -23,61 +23,6 @@ constexpr std::string_view kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// Length of the well-formed UTF-8 character at p (Unicode table 3-7), or 0 if
-// the bytes there are not one. Then *prefix is the length of the longest valid
-// start of a character (at least 1) and *incomplete tells whether the input
-// simply ended inside it, so that more bytes could still complete it.
-size_t utf8_char_len(const unsigned char* p, size_t avail, size_t* prefix = nullptr,
-                     bool* incomplete = nullptr) {
-  const unsigned char b = p[0];
-  size_t need = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (b < 0x80) return 1;
-  if (b >= 0xC2 && b <= 0xDF) {
-    need = 1;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    need = 2;
-    if (b == 0xE0) lo = 0xA0;  // no overlong forms
-    if (b == 0xED) hi = 0x9F;  // no surrogates
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    need = 3;
-    if (b == 0xF0) lo = 0x90;
-    if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  }
-  size_t k = 0;
-  if (need > 0)
-    for (; k < need && 1 + k < avail; ++k) {
-      const unsigned char c = p[1 + k];
-      if (c < (k == 0 ? lo : 0x80) || c > (k == 0 ? hi : 0xBF)) break;
-    }
-  if (need > 0 && k == need) return need + 1;
-  if (prefix) *prefix = 1 + k;
-  if (incomplete) *incomplete = need > 0 && 1 + k == avail;
-  return 0;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
-  std::string out;
-  out.reserve(s.size());
-  size_t pos = 0;
-  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size())
-    out.append(s.substr(pos, hit - pos)).append(to);
-  return out.append(s.substr(pos));
-}
 
 struct CodeDeleter {
   void operator()(pcre2_code* c) const { pcre2_code_free(c); }
@@ -267,8 +212,7 @@ void Tokenizer::Impl::emit_unknown(std::string_view what, std::vector<int32_t>& 
 // ties). A heap of candidate pairs keeps this O(n log n); entries made stale
 // by an earlier merge are recognised by their length and skipped.
 void Tokenizer::Impl::spm_fragment(std::string_view text, bool prefix, std::vector<int32_t>& out) const {
-  std::string s = replace_all(text, " ", kSpaceMark);
-  if (prefix) s.insert(0, kSpaceMark);
+  const std::string s = spm_normalized(text, prefix);
   struct Sym {
     int32_t start, len, prev, next;
   };

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "util/error.h"
+#include "util/utf8.h"
 
 namespace depcache {
 namespace {
@@ -74,7 +75,6 @@ constexpr std::string_view kBuiltinWords =
 constexpr std::string_view kBuiltinSuffixes = "ing ed er ly tion s es est ment ness ful able 's n't";
 constexpr std::string_view kBuiltinChars =
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()";
-constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
 
 }  // namespace
 

@@ -2,8 +2,10 @@
 
 namespace depcache {
 
+std::string path_text_line(const std::string& path) { return path + "\n"; }
+
 std::vector<int32_t> path_tokens(const Tokenizer& tok, const std::string& path) {
-  return tok.encode(path + "\n", /*add_bos=*/false, /*parse_special=*/false);
+  return tok.encode(path_text_line(path), /*add_bos=*/false, /*parse_special=*/false);
 }
 
 std::vector<int32_t> system_tokens(const Tokenizer& tok, const std::string& system, bool add_bos) {

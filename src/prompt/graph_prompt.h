@@ -28,7 +28,8 @@ DepPrompt build_graph_prompt(const Tokenizer& tok, const GraphPromptText& text, 
 // The system segment: BOS (when asked and the vocab has one) + the text.
 std::vector<int32_t> system_tokens(const Tokenizer& tok, const std::string& system, bool add_bos);
 
-// Token ids of one path line as build_graph_prompt inserts it.
+// One path as the line build_graph_prompt inserts, and its token ids.
+std::string path_text_line(const std::string& path);
 std::vector<int32_t> path_tokens(const Tokenizer& tok, const std::string& path);
 
 }  // namespace depcache

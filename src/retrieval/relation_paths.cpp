@@ -1,5 +1,7 @@
 #include "retrieval/relation_paths.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <set>
@@ -123,27 +125,35 @@ std::string path_text(const KnowledgeGraph& kg, const RelationPath& path) {
   return s;
 }
 
-std::string triplet_text(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths) {
-  std::string s;
+void for_each_triple(const std::vector<RelationPath>& paths,
+                     const std::function<void(EntityId, RelationId, EntityId)>& fn) {
   std::set<std::tuple<EntityId, RelationId, EntityId>> seen;
   for (const RelationPath& p : paths) {
     EntityId from = p.root;
     for (const PathStep& step : p.steps) {
       const EntityId head = step.inverse ? step.target : from;
       const EntityId tail = step.inverse ? from : step.target;
-      const auto t = std::make_tuple(head, step.relation, tail);
-      if (seen.insert(t).second) {
-        s += "(";
-        s += kg.entity_label(head);
-        s += ", ";
-        s += kg.relation_name(step.relation);
-        s += ", ";
-        s += kg.entity_label(tail);
-        s += ")\n";
-      }
+      if (seen.insert(std::make_tuple(head, step.relation, tail)).second) fn(head, step.relation, tail);
       from = step.target;
     }
   }
+}
+
+std::string triplet_text(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths) {
+  std::string s;
+  for_each_triple(paths, [&](EntityId head, RelationId rel, EntityId tail) {
+    s += fmt::format("({}, {}, {})\n", kg.entity_label(head), kg.relation_name(rel), kg.entity_label(tail));
+  });
+  return s;
+}
+
+std::string fact_sentences(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths) {
+  std::string s;
+  for_each_triple(paths, [&](EntityId head, RelationId rel, EntityId tail) {
+    if (!s.empty()) s += ' ';
+    s += fmt::format("The {} of {} is {}.", kg.relation_name(rel), kg.entity_label(head),
+                     kg.entity_label(tail));
+  });
   return s;
 }
 

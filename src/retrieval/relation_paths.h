@@ -2,6 +2,7 @@
 // L-hop relation paths from a root entity, with limits that keep hub
 // entities (tens of thousands of edges) bounded in time and memory.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,15 @@ PathSet enumerate_paths(const KnowledgeGraph& kg, EntityId root, const PathLimit
 // "Alice -like-> Titanic -type-> Tragedy"; inverse steps read "Titanic <-like- Alice".
 std::string path_text(const KnowledgeGraph& kg, const RelationPath& path);
 
+// Each distinct triple on the paths once, in first-seen order.
+void for_each_triple(const std::vector<RelationPath>& paths,
+                     const std::function<void(EntityId head, RelationId relation, EntityId tail)>& fn);
+
 // Unique triples of the paths, one "(head, relation, tail)" per line, in first-seen order.
 std::string triplet_text(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths);
+
+// The same triples as a short document: "The <relation> of <head> is <tail>." each.
+std::string fact_sentences(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths);
 
 // G-Retriever's textual graph (the SubGCache form): "node_id,node_attr" rows,
 // a blank line, then "src,edge_attr,dst" rows; node ids local to the subgraph.

@@ -191,14 +191,23 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
   if (qa.empty()) fail(ErrorKind::InvalidInput, "no QA items to build requests from");
   if (options.entities_per_request == 0)
     fail(ErrorKind::InvalidInput, "entities per request must be at least 1");
-  AccessSampler sampler(qa.size(), options.access, options.seed);
+  AccessOptions access = options.access;
+  if (options.each_once) access.pattern = AccessPattern::Uniform;
+  AccessSampler sampler(qa.size(), access, options.seed);
+  const size_t n_requests = options.each_once ? qa.size() : options.n_requests;
   const std::vector<double> arrivals =
-      poisson_arrivals(options.n_requests, options.rate, options.seed ^ 0x9E3779B97F4A7C15ULL);
+      poisson_arrivals(n_requests, options.rate, options.seed ^ 0x9E3779B97F4A7C15ULL);
   const size_t per_request = std::min(options.entities_per_request, qa.size());
   std::vector<RagRequest> out;
-  out.reserve(options.n_requests);
-  for (size_t i = 0; i < options.n_requests; ++i) {
-    const std::vector<size_t> items = sampler.next_distinct(per_request);
+  out.reserve(n_requests);
+  for (size_t i = 0; i < n_requests; ++i) {
+    std::vector<size_t> items = sampler.next_distinct(per_request);
+    if (options.each_once) {
+      // Item i asks; the others are context (distractors).
+      const auto at = std::find(items.begin(), items.end(), i);
+      items.erase(at != items.end() ? at : items.end() - 1);
+      items.insert(items.begin(), i);
+    }
     const GraphQa& asked = qa[items.front()];
     RagRequest r;
     r.id = std::to_string(i);
@@ -206,8 +215,13 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
     r.question = asked.question;
     for (EntityId a : asked.answers) r.answers.emplace_back(kg.entity_label(a));
     for (size_t item : items) {
-      RequestEntity e{
-          std::string(kg.entity_name(qa[item].topic)), std::string(kg.entity_label(qa[item].topic)), {}};
+      const EntityId topic = qa[item].topic;
+      if (options.documents) {
+        r.documents.push_back({std::string(kg.entity_name(topic)), std::string(kg.entity_label(topic)),
+                               fact_sentences(kg, qa[item].paths)});
+        continue;
+      }
+      RequestEntity e{std::string(kg.entity_name(topic)), std::string(kg.entity_label(topic)), {}};
       for (const RelationPath& p : qa[item].paths) e.paths.push_back(path_text(kg, p));
       r.entities.push_back(std::move(e));
     }

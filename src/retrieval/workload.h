@@ -80,6 +80,12 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
 struct GraphWorkloadOptions {
   size_t n_requests = 100;
   size_t entities_per_request = 10;  // the QA topic plus context entities
+  // Each entity as a document of fact sentences (chunk RAG) instead of its
+  // relation paths (DepPrompt trees).
+  bool documents = false;
+  // Every QA item asked once, in order (n_requests is ignored); the other
+  // entities of a request are drawn uniformly. Otherwise `access` draws.
+  bool each_once = false;
   AccessOptions access;
   double rate = 0;  // requests/s for Poisson arrivals
   uint64_t seed = 1;

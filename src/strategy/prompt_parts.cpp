@@ -29,22 +29,37 @@ DepPrompt PromptParts::dep_prompt() const {
   return p;
 }
 
-PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request, const PromptTemplate& tmpl) {
-  PromptParts parts;
-  parts.system = system_tokens(tok, tmpl.system, /*add_bos=*/true);
+PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl) {
+  PromptTexts t;
+  t.system = tmpl.system;
   for (const RequestEntity& e : request.entities) {
-    ContextItem item{e.name, {}};
-    for (const std::string& path : e.paths) item.paths.push_back(path_tokens(tok, path));
+    PromptTexts::Item item{e.name, {}};
+    for (const std::string& path : e.paths) item.pieces.push_back(path_text_line(path));
+    if (!item.pieces.empty()) t.items.push_back(std::move(item));
+  }
+  for (const RequestDocument& d : request.documents)
+    t.items.push_back({d.id, {d.title.empty() ? d.text + "\n" : d.title + ": " + d.text + "\n"}});
+  if (!request.text.empty()) t.text = request.text + "\n";
+  t.task = tmpl.task_prefix + request.question + tmpl.task_suffix;
+  return t;
+}
+
+PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request, const PromptTemplate& tmpl) {
+  const PromptTexts t = prompt_texts(request, tmpl);
+  const auto encode = [&tok](const std::string& s) { return tok.encode(s, false, false); };
+  PromptParts parts;
+  parts.system = system_tokens(tok, t.system, /*add_bos=*/true);
+  for (const PromptTexts::Item& i : t.items) {
+    ContextItem item{i.label, {}};
+    for (const std::string& piece : i.pieces) {
+      std::vector<int32_t> tokens = encode(piece);
+      if (!tokens.empty()) item.paths.push_back(std::move(tokens));
+    }
     if (!item.paths.empty()) parts.items.push_back(std::move(item));
   }
-  for (const RequestDocument& d : request.documents) {
-    const std::string body = d.title.empty() ? d.text + "\n" : d.title + ": " + d.text + "\n";
-    ContextItem item{d.id, {tok.encode(body, false, false)}};
-    if (!item.paths[0].empty()) parts.items.push_back(std::move(item));
-  }
-  if (!request.text.empty()) parts.text = tok.encode(request.text + "\n", false, false);
-  parts.task = tok.encode(tmpl.task_prefix + request.question + tmpl.task_suffix, false, false);
-  if (parts.task.empty()) parts.task = tok.encode(tmpl.task_suffix, false, false);
+  if (!t.text.empty()) parts.text = encode(t.text);
+  parts.task = encode(t.task);
+  if (parts.task.empty()) parts.task = encode(tmpl.task_suffix);
   return parts;
 }
 

@@ -36,6 +36,20 @@ struct PromptTemplate {
   std::string task_suffix = "\nAnswer:";
 };
 
+// The same parts as text, each string exactly what is encoded on its own
+// (with the tokenizer's space prefix): what a vocabulary is learned from.
+struct PromptTexts {
+  struct Item {
+    std::string label;
+    std::vector<std::string> pieces;  // one per path, or the document's body
+  };
+  std::string system;  // BOS goes before its tokens
+  std::vector<Item> items;
+  std::string text;  // empty: none
+  std::string task;
+};
+PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl = PromptTemplate{});
+
 PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request,
                               const PromptTemplate& tmpl = PromptTemplate{});
 

@@ -24,11 +24,11 @@ uint64_t namespace_key(uint64_t fingerprint, DType kv_type, std::string_view kin
 
 // Places index pieces covering sequence tokens [0, m) at the rows of those
 // tokens (rows[i] of the plan for token i, kv_rows[i] in the assembly), each
-// at its prompt position (indexed by plan row); rows of a piece may be split
-// in runs.
+// at its prompt position (indexed by plan row), or, without realign, at the
+// position it was cached at; rows of a piece may be split in runs.
 void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64_t m,
                   std::span<const int64_t> rows, std::span<const int64_t> kv_rows,
-                  std::span<const int32_t> positions, KvCache& kv, std::vector<bool>& placed) {
+                  std::span<const int32_t> positions, bool realign, KvCache& kv, std::vector<bool>& placed) {
   int64_t at = 0;
   for (const RadixIndex::Piece& p : match.pieces) {
     const int64_t len = std::min(p.length, m - at);
@@ -39,8 +39,10 @@ void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64
       }
       int64_t j = i + 1;
       while (j < len && rows[at + j] == rows[at + j - 1] + 1 && !placed[rows[at + j]]) ++j;
-      kv.place(index.span(p.node), p.offset + i, j - i, kv_rows[at + i],
-               positions.subspan(rows[at + i], j - i));
+      const KvSpan& span = index.span(p.node);
+      kv.place(span, p.offset + i, j - i, kv_rows[at + i],
+               realign ? positions.subspan(rows[at + i], j - i)
+                       : std::span<const int32_t>(span.positions()).subspan(p.offset + i, j - i));
       for (int64_t r = i; r < j; ++r) placed[rows[at + r]] = true;
       i = j;
     }
@@ -92,8 +94,8 @@ class FlatStrategy final : public Strategy {
 
 class DepCacheStrategy final : public Strategy {
  public:
-  DepCacheStrategy(RadixIndex& index, uint64_t ns, PositionScheme scheme, bool reuse)
-      : Strategy(index, reuse), ns_(ns), scheme_(scheme) {}
+  DepCacheStrategy(RadixIndex& index, uint64_t ns, PositionScheme scheme, bool reuse, bool realign)
+      : Strategy(index, reuse), ns_(ns), scheme_(scheme), realign_(realign) {}
   std::string_view name() const override { return "depcache"; }
   RequestPlan plan(const PromptParts& parts) const override {
     auto prompt = std::make_shared<const DepPrompt>(parts.dep_prompt());
@@ -101,6 +103,7 @@ class DepCacheStrategy final : public Strategy {
     p.tokens = prompt->tokens();
     p.positions = prompt->positions(scheme_);
     p.flat_tokens = parts.n_flat_tokens();
+    p.realign = realign_;
     if (reuse()) p.runs = dependency_runs(*prompt, ns_, scheme_);
     p.visibility = [prompt](std::span<const int64_t> computed) { return dependency_dag(*prompt, computed); };
     return p;
@@ -109,6 +112,7 @@ class DepCacheStrategy final : public Strategy {
  private:
   uint64_t ns_;
   PositionScheme scheme_;
+  bool realign_;
 };
 
 }  // namespace
@@ -193,7 +197,7 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
       add_load(report_, match);
       kv_rows.assign(run.rows.begin(), run.rows.end());
       for (int64_t& r : kv_rows) r += row0;
-      place_pieces(index, match, match.length, run.rows, kv_rows, plan.positions, kv, placed);
+      place_pieces(index, match, match.length, run.rows, kv_rows, plan.positions, plan.realign, kv, placed);
       lease_.hold(match);
     }
   }
@@ -300,7 +304,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index
                                           name == "prefix" && options.reuse);
   if (name == "depcache")
     return std::make_unique<DepCacheStrategy>(index, namespace_key(fp, kv_type, "depcache"), options.scheme,
-                                              options.reuse);
+                                              options.reuse, options.realign);
   fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", name);
 }
 

@@ -67,6 +67,10 @@ struct RequestPlan {
   std::vector<CacheRun> runs;
   std::function<Visibility(std::span<const int64_t> computed)> visibility;
   int64_t flat_tokens = 0;  // of the flat serialization, for reference
+  // Reused keys are re-encoded (RoPE) at the plan's positions; false keeps
+  // them at the positions they were computed at, an ablation (DepCache's
+  // reuse without position alignment) that shows what alignment is worth.
+  bool realign = true;
 
   // The sequences it will look up (none without reuse): what schedulers,
   // LACR's lookahead and prefetchers peek at before it runs.
@@ -135,6 +139,7 @@ PositionScheme default_position_scheme(const ModelConfig& config);
 struct StrategyOptions {
   PositionScheme scheme = kDefaultPositionScheme;  // depcache
   bool reuse = true;                               // prefix, depcache: look up and insert
+  bool realign = true;                             // depcache: see RequestPlan::realign
 };
 
 // name: full, prefix or depcache. The index may be shared by several

@@ -1,5 +1,7 @@
 #include "train/qa_sequences.h"
 
+#include <algorithm>
+
 #include "engine/visibility.h"
 #include "strategy/prompt_parts.h"
 #include "util/error.h"
@@ -7,6 +9,23 @@
 namespace depcache {
 
 std::string answer_text(const std::string& answer) { return " " + answer + "\n"; }
+
+std::string generated_answer(const Tokenizer& tok, const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> kept;
+  for (int32_t t : tokens) {
+    if (tok.is_eog(t)) break;
+    kept.push_back(t);
+  }
+  std::string text = tok.decode(kept);
+  text = text.substr(0, text.find('\n'));
+  const size_t begin = text.find_first_not_of(' ');
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(' ') - begin + 1);
+}
+
+bool answer_matches(const std::string& generated, const std::vector<std::string>& answers) {
+  return std::find(answers.begin(), answers.end(), generated) != answers.end();
+}
 
 QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const QaSequenceOptions& o) {
   if (request.answers.empty() || request.answers.front().empty())

@@ -38,4 +38,11 @@ QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const Qa
 // The text the model is trained to produce after "Answer:".
 std::string answer_text(const std::string& answer);
 
+// What a generated continuation answers: its text up to the first
+// end-of-generation token or newline, without surrounding spaces.
+std::string generated_answer(const Tokenizer& tok, const std::vector<int32_t>& tokens);
+
+// Exact match: the generated answer equals one of the reference answers.
+bool answer_matches(const std::string& generated, const std::vector<std::string>& answers);
+
 }  // namespace depcache

@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -32,9 +34,13 @@ class TrainCli : public ::testing::Test {
           file(std::string(name) + ".dkg"), seed, file(std::string(name) + ".jsonl")));
       ASSERT_EQ(r.code, 0) << r.out;
     }
-    const auto r = run_cli(
-        "model new --preset tiny --layers 1 --embd 32 --heads 2 --heads-kv 1 --ff 64 --tied --seed 3 -o " +
-        file("init.gguf"));
+    auto r =
+        run_cli("vocab learn --requests " + file("train.jsonl") + " --size 400 -o " + file("vocab.gguf"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run_cli(
+        "model new --preset tiny --layers 1 --embd 32 --heads 2 --heads-kv 1 --ff 64 --tied --seed 3 "
+        "--vocab-from " +
+        file("vocab.gguf") + " -o " + file("init.gguf"));
     ASSERT_EQ(r.code, 0) << r.out;
   }
   static void TearDownTestSuite() {
@@ -80,6 +86,24 @@ TEST_F(TrainCli, TrainsLogsAndWritesAModelTheEngineRuns) {
   EXPECT_NE(info.out.find("depth"), std::string::npos) << info.out;
   const auto gen = run_cli(fmt::format("generate -m {} -p 'What is' -n 3 --temp 0", file("model.gguf")));
   EXPECT_EQ(gen.code, 0) << gen.out;
+  // `run` judges its answers: the summary's count is the rows' count.
+  const auto run = run_cli(fmt::format("run -m {} --requests {} -s full,depcache -n 6 -q --json {}",
+                                       file("model.gguf"), file("eval.jsonl"), file("rows.jsonl")));
+  ASSERT_EQ(run.code, 0) << run.out;
+  std::ifstream rows(file("rows.jsonl"));
+  std::map<std::string, int> right;
+  int n_rows = 0;
+  while (std::getline(rows, line)) {
+    const auto j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("answer")) << line;
+    right[j["strategy"]] += j["exact_match"].get<bool>();
+    ++n_rows;
+  }
+  EXPECT_EQ(n_rows, 48);
+  for (const char* strategy : {"full", "depcache"})
+    EXPECT_NE(run.out.find(fmt::format("{:<9} answers: {} of 24 exact", strategy, right[strategy])),
+              std::string::npos)
+        << run.out;
 }
 
 TEST_F(TrainCli, ARunStoppedBySigtermResumesToTheSameModel) {
@@ -104,6 +128,26 @@ TEST_F(TrainCli, ARunStoppedBySigtermResumesToTheSameModel) {
   EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("at step 60"), std::string::npos) << "the signal came before the end: " << r.out;
   EXPECT_TRUE(bytes(file("resumed.gguf")) == bytes(file("straight.gguf"))) << "the same model, bit for bit";
+}
+
+TEST_F(TrainCli, AVocabularyLearnedFromTheRequests) {
+  std::string text[2];
+  for (std::string& t : text) {
+    const auto r =
+        run_cli("vocab learn --requests " + file("train.jsonl") + " --size 1024 -o " + file("v2.gguf"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("tokens ("), std::string::npos) << r.out;
+    t = bytes(file("v2.gguf"));
+  }
+  EXPECT_TRUE(text[0] == text[1]) << "deterministic";
+  // With room for every word, the prompt's fixed words are single tokens.
+  const auto t = run_cli("tokenize --pieces -m " + file("v2.gguf"), "Question: What is the");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_EQ(std::count(t.out.begin(), t.out.end(), '\n'), 4) << t.out;
+  EXPECT_EQ(run_cli("vocab learn -o " + file("v3.gguf")).code, 3) << "nothing to learn from";
+  EXPECT_EQ(run_cli("vocab learn --text " + file("nope.txt") + " -o " + file("v3.gguf")).code, 4);
+  EXPECT_EQ(run_cli("vocab learn --text " + file("train.jsonl") + " --size 100 -o " + file("v3.gguf")).code,
+            2);
 }
 
 TEST_F(TrainCli, Errors) {

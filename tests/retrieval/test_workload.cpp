@@ -1,5 +1,6 @@
 // Access patterns, Poisson arrivals, synthetic GraphRAG QA, request files and
 // the locality report.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include "retrieval/rag_request.h"
 #include "retrieval/synthetic_kg.h"
@@ -181,6 +183,80 @@ TEST(GraphQa, SyntheticWorldsAskQuestionsWithOneAnswer) {
   EXPECT_THROW(make_graph_qa(kg, too_long), Error);
   so.facts_per_entity = 7;
   EXPECT_THROW(make_synthetic_kg(so), Error) << "more facts than relations";
+}
+
+TEST(GraphWorkload, EntitiesAsDocumentsOfFactSentences) {
+  SyntheticKgOptions so;
+  so.n_entities = 30;
+  so.n_relations = 3;
+  so.facts_per_entity = 2;
+  const KnowledgeGraph kg = make_synthetic_kg(so);
+  GraphQaOptions qopt;
+  qopt.n_items = 10;
+  qopt.min_paths = 1;
+  qopt.question_hops = 2;
+  const auto qa = make_graph_qa(kg, qopt);
+  GraphWorkloadOptions w;
+  w.n_requests = 5;
+  w.entities_per_request = 3;
+  const auto as_paths = make_graph_workload(kg, qa, w);
+  w.documents = true;
+  const auto as_docs = make_graph_workload(kg, qa, w);
+  ASSERT_EQ(as_docs.size(), as_paths.size());
+  for (size_t i = 0; i < as_docs.size(); ++i) {
+    const RagRequest& r = as_docs[i];
+    EXPECT_TRUE(r.entities.empty());
+    ASSERT_EQ(r.documents.size(), as_paths[i].entities.size()) << "one document per entity, in order";
+    EXPECT_EQ(r.question, as_paths[i].question);
+    EXPECT_EQ(r.answers, as_paths[i].answers);
+    for (size_t d = 0; d < r.documents.size(); ++d) {
+      EXPECT_EQ(r.documents[d].id, as_paths[i].entities[d].name);
+      EXPECT_EQ(r.documents[d].title, as_paths[i].entities[d].label);
+      // Every step of every path is a sentence, each triple once.
+      size_t sentences = 0;
+      for (size_t at = 0; (at = r.documents[d].text.find("The ", at)) != std::string::npos; at += 4)
+        ++sentences;
+      std::set<std::string> triples;
+      for (const std::string& p : as_paths[i].entities[d].paths) {
+        // "A -r1-> B -r2-> C": consecutive (entity, relation, entity) runs.
+        std::vector<std::string> parts;
+        std::istringstream in(p);
+        for (std::string word; in >> word;) parts.push_back(word);
+        for (size_t k = 0; k + 2 < parts.size(); k += 2) {
+          const std::string rel = parts[k + 1].substr(1, parts[k + 1].size() - 3);
+          triples.insert(fmt::format("The {} of {} is {}.", rel, parts[k], parts[k + 2]));
+        }
+      }
+      EXPECT_EQ(sentences, triples.size()) << r.documents[d].text;
+      for (const std::string& t : triples) EXPECT_NE(r.documents[d].text.find(t), std::string::npos) << t;
+    }
+  }
+  // The answer of a 2-hop question is in the topic's document.
+  EXPECT_NE(as_docs[0].documents[0].text.find("is " + as_docs[0].answers[0] + "."), std::string::npos);
+}
+
+TEST(GraphWorkload, EachOnceAsksEveryItemInOrder) {
+  SyntheticKgOptions so;
+  so.n_entities = 30;
+  const KnowledgeGraph kg = make_synthetic_kg(so);
+  GraphQaOptions qopt;
+  qopt.n_items = 12;
+  qopt.min_paths = 1;
+  const auto qa = make_graph_qa(kg, qopt);
+  GraphWorkloadOptions w;
+  w.n_requests = 3;  // ignored
+  w.entities_per_request = 4;
+  w.each_once = true;
+  const auto reqs = make_graph_workload(kg, qa, w);
+  ASSERT_EQ(reqs.size(), qa.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(reqs[i].question, qa[i].question);
+    ASSERT_EQ(reqs[i].entities.size(), 4u);
+    EXPECT_EQ(reqs[i].entities[0].name, kg.entity_name(qa[i].topic));
+    std::set<std::string> names;
+    for (const RequestEntity& e : reqs[i].entities) names.insert(e.name);
+    EXPECT_EQ(names.size(), 4u) << "distinct entities";
+  }
 }
 
 TEST(GraphWorkload, RequestsCarryTheTopicFirst) {

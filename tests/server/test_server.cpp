@@ -254,7 +254,7 @@ TEST(Server, ASlowClientDelaysNoOne) {
   REQUIRE_CURL();
   Served s;
   const json request = {{"prompt", "Once upon a time"},
-                        {"max_tokens", test::kSanitized ? 300 : 1000},
+                        {"max_tokens", test::kSanitized ? 400 : 1000},
                         {"temperature", 0},
                         {"stream", true}};
   const Reply fast = curl(s.port, "/v1/completions", post(request));

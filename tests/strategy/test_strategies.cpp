@@ -121,6 +121,28 @@ TEST(Strategies, DepCacheReuseEqualsNoReuseForIdenticalSubtreesUnderTheSequentia
   EXPECT_EQ(moved.reused_tokens, with.reused_tokens);
 }
 
+// The ablation without position alignment: reused keys stay at the
+// positions they were computed at. Where subtrees do not move (depth scheme,
+// or the same places) nothing changes; where they move, the answer does.
+TEST(Strategies, WithoutRealignmentMovedSubtreesKeepTheirOldPositions) {
+  for (PositionScheme scheme : {PositionScheme::Depth, PositionScheme::Sequential}) {
+    Rig rig("tiny-qwen2");
+    const StrategyOptions realign{scheme, true}, keep{scheme, true, false};
+    rig.run("depcache", graph_request({kDog, kCat}, "Which animals?"), realign);
+    const RagRequest moved = graph_request({kOwl, kCat, kDog}, "Which?");
+    rig.run("depcache", moved, realign);  // caches owl where it is; dog and cat stay cached where they were
+    const PrefillReport aligned = rig.run("depcache", moved, realign);
+    const PrefillReport kept = rig.run("depcache", moved, keep);
+    EXPECT_EQ(kept.reused_tokens, aligned.reused_tokens);
+    EXPECT_GT(kept.reused_tokens, 60);
+    const double diff = test::max_abs_diff(kept.logits, aligned.logits, "kept vs aligned");
+    if (scheme == PositionScheme::Depth)
+      EXPECT_LT(diff, 1e-4) << "depth positions do not depend on the place: nothing to align";
+    else
+      EXPECT_GT(diff, 1e-3) << "moved subtrees attended at their old distances";
+  }
+}
+
 // Greedy decoding from a sparse assembly (reuse) and from the same assembly
 // computed in full picks the same tokens with the same logits.
 TEST(Strategies, DecodeAfterSparsePrefillEqualsDecodeAfterFullPrefill) {

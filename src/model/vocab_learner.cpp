@@ -1,0 +1,196 @@
+#include "model/vocab_learner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+#include "util/error.h"
+#include "util/utf8.h"
+
+namespace depcache {
+namespace {
+
+// <unk>, <s>, </s> and the byte tokens.
+constexpr int32_t kFixedTokens = 3 + 256;
+
+struct Word {
+  std::vector<int32_t> symbols;  // indices into the learner's pieces
+  int64_t count = 0;
+};
+
+// The words of one normalised fragment: each starts at a space mark (or the
+// fragment's start); a newline is a word of its own. Characters as the
+// tokenizer splits them (a malformed byte stands alone).
+void split_words(const std::string& s, std::map<std::string, int64_t>& words) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  std::string word;
+  const auto flush = [&] {
+    if (!word.empty()) ++words[word];
+    word.clear();
+  };
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = std::max<size_t>(1, utf8_char_len(p + i, s.size() - i));
+    const std::string_view c(s.data() + i, len);
+    if (c == kSpaceMark) flush();
+    if (c == "\n") {
+      flush();
+      ++words["\n"];
+    } else {
+      word.append(c);
+    }
+    i += len;
+  }
+  flush();
+}
+
+std::vector<std::string> chars_of(const std::string& word) {
+  std::vector<std::string> out;
+  const auto* p = reinterpret_cast<const unsigned char*>(word.data());
+  for (size_t i = 0; i < word.size();) {
+    const size_t len = std::max<size_t>(1, utf8_char_len(p + i, word.size() - i));
+    out.emplace_back(word.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+}  // namespace
+
+Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLearnOptions& o,
+                      VocabLearnReport* report) {
+  if (o.size <= kFixedTokens)
+    fail(ErrorKind::InvalidInput,
+         "a vocabulary of {} tokens leaves no room: {} are fixed (<unk>, <s>, </s>, bytes)", o.size,
+         kFixedTokens);
+  VocabLearnReport rep;
+  std::map<std::string, int64_t> word_counts;  // ordered: the result does not depend on hashing
+  for (const std::string& f : fragments) {
+    split_words(spm_normalized(f, /*prefix=*/true), word_counts);
+    ++rep.n_fragments;
+  }
+
+  // Characters, most frequent first, as many as fit.
+  std::unordered_map<std::string, int64_t> char_counts;
+  std::vector<std::pair<std::vector<std::string>, int64_t>> split;
+  for (const auto& [w, n] : word_counts) {
+    auto cs = chars_of(w);
+    for (const std::string& c : cs) char_counts[c] += n;
+    rep.n_chars_seen += n * static_cast<int64_t>(cs.size());
+    split.emplace_back(std::move(cs), n);
+  }
+  std::vector<std::pair<std::string, int64_t>> ranked(char_counts.begin(), char_counts.end());
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  // A malformed byte is no character: byte fallback covers it.
+  std::erase_if(ranked, [](const auto& c) {
+    return utf8_char_len(reinterpret_cast<const unsigned char*>(c.first.data()), c.first.size()) == 0;
+  });
+  if (static_cast<int64_t>(ranked.size()) > o.size - kFixedTokens) ranked.resize(o.size - kFixedTokens);
+
+  std::vector<std::string> pieces;
+  std::vector<int32_t> piece_chars;
+  std::unordered_map<std::string, int32_t> piece_id;
+  for (const auto& [c, n] : ranked) {
+    piece_id.emplace(c, static_cast<int32_t>(pieces.size()));
+    pieces.push_back(c);
+    piece_chars.push_back(1);
+  }
+  rep.n_chars = static_cast<int32_t>(pieces.size());
+  // Words over pieces; a character without a piece splits its word (it
+  // will be bytes) and is left out, so no merge spans it.
+  std::vector<Word> words;
+  for (const auto& [cs, n] : split) {
+    Word w{{}, n};
+    const auto end_word = [&] {
+      if (w.symbols.size() > 1) words.push_back(w);
+      w.symbols.clear();
+    };
+    for (const std::string& c : cs) {
+      const auto it = piece_id.find(c);
+      if (it == piece_id.end())
+        end_word();
+      else
+        w.symbols.push_back(it->second);
+    }
+    end_word();
+  }
+
+  // Merges: the most frequent adjacent pair each round (ties: the smaller
+  // concatenation), counted afresh; the words are few enough for that.
+  std::vector<int32_t> merge_tokens;  // pieces made by merges, in rank order
+  while (kFixedTokens + static_cast<int32_t>(pieces.size()) < o.size) {
+    std::unordered_map<uint64_t, int64_t> pair_counts;
+    for (const Word& w : words)
+      for (size_t i = 0; i + 1 < w.symbols.size(); ++i) {
+        const int32_t a = w.symbols[i], b = w.symbols[i + 1];
+        if (piece_chars[a] + piece_chars[b] > o.max_piece_chars) continue;
+        pair_counts[(static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b)] += w.count;
+      }
+    uint64_t best = 0;
+    int64_t best_count = 0;
+    std::string best_text;
+    for (const auto& [key, n] : pair_counts) {
+      if (n < best_count || n < o.min_pair_count) continue;
+      std::string text = pieces[key >> 32] + pieces[key & 0xFFFFFFFFu];
+      if (n > best_count || text < best_text) {
+        best = key, best_count = n;
+        best_text = std::move(text);
+      }
+    }
+    if (best_count == 0) break;
+    const auto a = static_cast<int32_t>(best >> 32), b = static_cast<int32_t>(best & 0xFFFFFFFFu);
+    int32_t merged;
+    if (const auto it = piece_id.find(best_text); it != piece_id.end()) {
+      merged = it->second;  // made before from another split of the same text
+    } else {
+      merged = static_cast<int32_t>(pieces.size());
+      piece_id.emplace(best_text, merged);
+      pieces.push_back(best_text);
+      piece_chars.push_back(piece_chars[a] + piece_chars[b]);
+      merge_tokens.push_back(merged);
+    }
+    for (Word& w : words) {
+      std::vector<int32_t>& s = w.symbols;
+      size_t out = 0;
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
+          s[out++] = merged;
+          ++i;
+        } else {
+          s[out++] = s[i];
+        }
+      }
+      s.resize(out);
+    }
+    std::erase_if(words, [](const Word& w) { return w.symbols.size() < 2; });
+  }
+  rep.n_merges = static_cast<int32_t>(merge_tokens.size());
+
+  Vocab v;
+  v.kind = VocabKind::Spm;
+  const auto add = [&v](std::string text, float score, TokenType type) {
+    v.tokens.push_back(std::move(text));
+    v.scores.push_back(score);
+    v.types.push_back(type);
+  };
+  add("<unk>", 0, TokenType::Unknown);
+  add("<s>", 0, TokenType::Control);
+  add("</s>", 0, TokenType::Control);
+  v.unk = 0, v.bos = 1, v.eos = 2;
+  for (int b = 0; b < 256; ++b) add(fmt::format("<0x{:02X}>", b), 0, TokenType::Byte);
+  // Characters are never the result of a merge: their score is not used.
+  for (int32_t i = 0; i < rep.n_chars; ++i) add(pieces[i], 0, TokenType::Normal);
+  for (size_t r = 0; r < merge_tokens.size(); ++r)
+    add(pieces[merge_tokens[r]], -static_cast<float>(r + 1), TokenType::Normal);
+  v.add_bos = true;
+  v.add_eos = false;
+  v.add_space_prefix = true;
+  v.validate();
+  if (report) *report = rep;
+  return v;
+}
+
+}  // namespace depcache

@@ -1,0 +1,36 @@
+#pragma once
+// Learns a SentencePiece-style BPE vocabulary (tokenizer.ggml.model "llama")
+// from text, for models trained here: <unk>, <s>, </s>, the 256 byte-fallback
+// tokens, the characters seen, then one token per merge, most frequent pair
+// first. A merge's score is minus its rank, so the engine's tokenizer (which
+// merges the best-scored adjacent pair first) segments text the way the
+// merges were learned, and any text still encodes through byte fallback.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/vocab.h"
+
+namespace depcache {
+
+struct VocabLearnOptions {
+  int32_t size = 1024;           // tokens in all; fewer if the text runs out of pairs
+  int64_t min_pair_count = 2;    // a pair seen fewer times is not merged
+  int32_t max_piece_chars = 24;  // no token longer than this (in characters)
+};
+
+struct VocabLearnReport {
+  int32_t n_chars = 0;   // character tokens
+  int32_t n_merges = 0;  // merged tokens
+  int64_t n_fragments = 0;
+  int64_t n_chars_seen = 0;  // characters of input
+};
+
+// Each fragment is learned from as the tokenizer encodes it on its own: a
+// space prefixed, spaces as U+2581, merges inside a word (a piece starts at a
+// space mark; a newline stands alone). InvalidInput if `size` leaves no room
+// beyond the fixed tokens.
+Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLearnOptions& options,
+                      VocabLearnReport* report = nullptr);
+
+}  // namespace depcache

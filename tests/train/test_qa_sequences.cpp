@@ -1,0 +1,104 @@
+// Training sequences from QA requests, checked against the prompt the
+// strategies serve, and the exact-match judge of generated answers.
+#include <gtest/gtest.h>
+
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "strategy/prompt_parts.h"
+#include "train/qa_sequences.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+RagRequest two_entity_request() {
+  RagRequest r;
+  r.id = "q1";
+  r.question = "What is the home of Bolam?";
+  r.answers = {"Kirat"};
+  r.entities = {{"bolam", "Bolam", {"Bolam -home-> Kirat", "Bolam -friend-> Mezor -home-> Tisha"}},
+                {"mezor", "Mezor", {"Mezor -home-> Tisha"}}};
+  return r;
+}
+
+std::vector<int32_t> slice(const std::vector<int32_t>& v, int64_t begin, int64_t n) {
+  return {v.begin() + begin, v.begin() + begin + n};
+}
+
+TEST(QaSequence, CausalIsTheFlatPromptThenTheAnswer) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const RagRequest r = two_entity_request();
+  const QaSequence q = qa_sequence(tok, r, {});
+  const std::vector<int32_t> flat = make_prompt_parts(tok, r).flat();
+  ASSERT_EQ(q.answer_begin, static_cast<int64_t>(flat.size()));
+  EXPECT_EQ(slice(q.sequence.tokens, 0, q.answer_begin), flat);
+  const std::vector<int32_t> answer = slice(q.sequence.tokens, q.answer_begin, q.answer_size);
+  EXPECT_EQ(answer.back(), tok.eos());
+  EXPECT_EQ(tok.decode({answer.data(), answer.size() - 1}), " Kirat\n");
+  for (size_t i = 0; i < q.sequence.positions.size(); ++i) EXPECT_EQ(q.sequence.positions[i], int32_t(i));
+  // Every token predicts the next; with loss on the answer only, the
+  // context predicts nothing.
+  for (size_t i = 0; i + 1 < q.sequence.tokens.size(); ++i)
+    EXPECT_EQ(q.sequence.targets[i], q.sequence.tokens[i + 1]);
+  QaSequenceOptions answer_only;
+  answer_only.loss_on_prompt = false;
+  const QaSequence a = qa_sequence(tok, r, answer_only);
+  for (int64_t i = 0; i + 1 < static_cast<int64_t>(a.sequence.tokens.size()); ++i)
+    EXPECT_EQ(a.sequence.targets[i] >= 0, i + 1 >= a.answer_begin) << i;
+}
+
+TEST(QaSequence, DependencyIsTheDepPromptWithTheAnswerUnderTheTask) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const RagRequest r = two_entity_request();
+  for (PositionScheme scheme : {PositionScheme::Depth, PositionScheme::Sequential}) {
+    QaSequenceOptions o;
+    o.attention = TrainAttention::Dependency;
+    o.scheme = scheme;
+    const QaSequence q = qa_sequence(tok, r, o);
+    // The served DepPrompt, with the answer appended to its task segment.
+    PromptParts parts = make_prompt_parts(tok, r);
+    const int64_t n_prompt = static_cast<int64_t>(parts.dep_prompt().size());
+    ASSERT_EQ(q.answer_begin, n_prompt);
+    const std::vector<int32_t> served = parts.dep_prompt().tokens();
+    EXPECT_EQ(slice(q.sequence.tokens, 0, n_prompt), served);
+    const std::vector<int32_t> served_positions = parts.dep_prompt().positions(scheme);
+    EXPECT_EQ(slice(q.sequence.positions, 0, n_prompt), served_positions);
+    // The answer continues the task at the next positions and sees every row before it.
+    for (int64_t i = 0; i < q.answer_size; ++i) {
+      EXPECT_EQ(q.sequence.positions[n_prompt + i], served_positions.back() + 1 + i);
+      EXPECT_EQ(q.sequence.visibility.n_visible(n_prompt + i), n_prompt + i + 1);
+    }
+    // The second entity's last token sees the system and its own tree, not the first entity's.
+    const int64_t last_of_tree = n_prompt - static_cast<int64_t>(parts.task.size()) - 1;
+    EXPECT_LT(q.sequence.visibility.n_visible(last_of_tree), last_of_tree + 1);
+    EXPECT_EQ(q.sequence.visibility.n_visible(n_prompt - 1), n_prompt) << "the task sees everything";
+    EXPECT_EQ(q.sequence.targets[n_prompt - 1], q.sequence.tokens[n_prompt])
+        << "the task's last token cues the answer";
+  }
+}
+
+TEST(QaSequence, ARequestWithoutAnAnswerIsRefused) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  RagRequest r = two_entity_request();
+  r.answers.clear();
+  EXPECT_THROW(qa_sequence(tok, r, {}), Error);
+}
+
+TEST(AnswerJudge, TheAnswerEndsAtANewlineOrEndOfGeneration) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const auto ids = [&tok](const std::string& s) { return tok.encode(s, false, false); };
+  EXPECT_EQ(generated_answer(tok, ids(" Kirat\nThe next")), "Kirat");
+  std::vector<int32_t> with_eos = ids(" Kirat");
+  with_eos.push_back(tok.eos());
+  const std::vector<int32_t> more = ids(" more");
+  with_eos.insert(with_eos.end(), more.begin(), more.end());
+  EXPECT_EQ(generated_answer(tok, with_eos), "Kirat");
+  EXPECT_EQ(generated_answer(tok, ids("  Two words  ")), "Two words");
+  EXPECT_EQ(generated_answer(tok, ids("\nKirat")), "");
+  EXPECT_TRUE(answer_matches("Kirat", {"Mezor", "Kirat"}));
+  EXPECT_FALSE(answer_matches("Kira", {"Kirat"}));
+  EXPECT_FALSE(answer_matches("kirat", {"Kirat"})) << "exact, case included";
+}
+
+}  // namespace
+}  // namespace depcache
