@@ -691,7 +691,9 @@ void add_run_command(CLI::App& app) {
                    run.evicted);
       }
       if (json)
-        for (const RequestRow& r : run.rows) json << row_json(run.name, r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+        for (const RequestRow& r : run.rows)
+          json << row_json(run.name, r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+               << '\n';
     }
     print_summary(runs, o.verify, o.fidelity);
     int64_t nonfinite = 0;
