@@ -65,6 +65,7 @@ struct RunOptions {
   bool quiet = false, verify = false, no_reuse = false, no_realign = false, fidelity = false, serial = false,
        sweep = false;
   double slo_ms = 0;
+  double recompute_ratio = 0.15;
   std::string report_path;
 };
 
@@ -170,7 +171,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   eo.kv_type = kv_type;
   eo.cache_bytes = static_cast<size_t>(o.cache_mib * 1048576.0);
   eo.policy = o.policy;
-  eo.strategy = {scheme, !o.no_reuse, !o.no_realign};
+  eo.strategy = {scheme, !o.no_reuse, !o.no_realign, o.recompute_ratio};
   eo.batch_tokens = o.batch_tokens;
   eo.max_running = o.max_running;
   eo.wait_for_shared = !o.no_wait_for_shared;
@@ -246,7 +247,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   std::unique_ptr<Strategy> reference;
   std::unique_ptr<KvCache> ref_kv;
   if (o.verify) {
-    reference = make_strategy(name, no_index, *model, kv_type, {scheme, false});
+    reference = make_strategy(name, no_index, *model, kv_type, {scheme, false, true, o.recompute_ratio});
     ref_kv = std::make_unique<KvCache>(model->config(), pool_rows, kv_type);
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -403,7 +404,7 @@ void sweep_rates(const std::vector<std::string>& names, const std::vector<RagReq
 }
 
 void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidelity) {
-  fmt::print("\n{:<9} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}{}\n",
+  fmt::print("\n{:<10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}{}\n",
              "strategy", "requests", "TTFT p50", "TTFT p99", "TTFT mean", "e2e p50", "req/s", "tok/s",
              "prompt", "computed", "reused", "hit rate", "attn pairs",
              verify ? "  max |dlogit|  top-1 agree" : "",
@@ -428,7 +429,7 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
     double mean = 0;
     for (double t : ttft) mean += t / n;
     fmt::print(
-        "{:<9} {:>8} {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.2f} {:>8.1f} {:>9} {:>10} {:>10} "
+        "{:<10} {:>8} {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.2f} {:>8.1f} {:>9} {:>10} {:>10} "
         "{:>8.1f}% "
         "{:>13}",
         run.name, run.rows.size(), percentile(ttft, 50), percentile(ttft, 99), mean, percentile(e2e, 50),
@@ -466,7 +467,7 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
     }
     if (asked > 0)
       fmt::print(
-          "{:<9} answers: {} of {} exact ({:.1f}%), greedy output up to a newline or end of generation\n",
+          "{:<10} answers: {} of {} exact ({:.1f}%), greedy output up to a newline or end of generation\n",
           run.name, right, asked, 100.0 * static_cast<double>(right) / static_cast<double>(asked));
   }
   for (const StrategyRun& run : runs) {
@@ -474,29 +475,30 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
     const int64_t nonfinite =
         std::count_if(run.rows.begin(), run.rows.end(), [](const RequestRow& r) { return !r.finite; });
     if (nonfinite > 0)
-      fmt::print("{:<9} warning: {} of {} requests gave non-finite logits (NaN or Inf)\n", run.name,
+      fmt::print("{:<10} warning: {} of {} requests gave non-finite logits (NaN or Inf)\n", run.name,
                  nonfinite, run.rows.size());
     if (s.oversized[0] > 0)
       fmt::print(
-          "{:<9} warning: {} spans were not cached: each alone is larger than the hot tier (--cache-mib)\n",
+          "{:<10} warning: {} spans were not cached: each alone is larger than the hot tier (--cache-mib)\n",
           run.name, s.oversized[0]);
     if (s.oversized[2] > 0)
       fmt::print(
-          "{:<9} warning: {} spans were dropped instead of written: each alone is larger than the disk tier "
+          "{:<10} warning: {} spans were dropped instead of written: each alone is larger than the disk tier "
           "(--disk-mib)\n",
           run.name, s.oversized[2]);
     if (s.disk_write_failures > 0)
       fmt::print(
-          "{:<9} warning: {} spans could not be written to the disk tier (disk full or not writable)\n",
+          "{:<10} warning: {} spans could not be written to the disk tier (disk full or not writable)\n",
           run.name, s.disk_write_failures);
     if (run.preemptions > 0)
       fmt::print(
-          "{:<9} note: the KV pool ({} rows) ran out {} times; the latest admitted requests gave their rows "
+          "{:<10} note: the KV pool ({} rows) ran out {} times; the latest admitted requests gave their rows "
           "back and were prefilled again (-c/--ctx-size raises it)\n",
           run.name, run.pool_rows, run.preemptions);
     if (!run.tiered) continue;
     fmt::print(
-        "{:<9} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} ms; "
+        "{:<10} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} "
+        "ms; "
         "demoted hot {} host {}; bad records dropped {}; blocks published {}; prefetched {} tokens; disk "
         "write failures {}; oversized spans hot {} disk {}\n",
         run.name, s.hit_tokens[0], s.hit_tokens[1], s.hit_tokens[2], s.hit_tokens[3],
@@ -514,8 +516,14 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
   cmd->add_option("--requests", o.requests_path, "Request file (JSONL, as `workload generate` writes)")
       ->required();
-  cmd->add_option("-s,--strategy", o.strategies, "Strategies, comma-separated: full, prefix, depcache")
+  cmd->add_option("-s,--strategy", o.strategies,
+                  fmt::format("Strategies, comma-separated: {}", fmt::join(strategy_names(), ", ")))
       ->capture_default_str();
+  cmd->add_option("--recompute-ratio", o.recompute_ratio,
+                  "cacheblend, fusionrag: fraction of the chunk tokens recomputed with attention to the "
+                  "chunks before them")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--scheme", o.scheme,
                   "depcache positions: auto (the model's depcache.position_scheme, else sequential), "
                   "sequential or stacked (closer to full attention; moved subtrees reused approximately), "
@@ -607,7 +615,7 @@ void add_run_command(CLI::App& app) {
     const auto known = strategy_names();
     for (const std::string& s : names)
       if (std::find(known.begin(), known.end(), s) == known.end())
-        fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", s);
+        fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", s, fmt::join(known, ", "));
     make_policy(o.policy);  // reject bad names before loading anything
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
@@ -681,10 +689,10 @@ void add_run_command(CLI::App& app) {
       }
       const StrategyRun& run = runs.back();
       if (!o.quiet) {
-        fmt::print("\n{:<9} {:<12} {:>9} {:>7} {:>8} {:>7} {:>12}\n", "strategy", "request", "TTFT ms",
+        fmt::print("\n{:<10} {:<12} {:>9} {:>7} {:>8} {:>7} {:>12}\n", "strategy", "request", "TTFT ms",
                    "prompt", "computed", "reused", "attn pairs");
         for (const RequestRow& r : run.rows)
-          fmt::print("{:<9} {:<12} {:>9.2f} {:>7} {:>8} {:>7} {:>12}\n", run.name, r.id.substr(0, 12),
+          fmt::print("{:<10} {:<12} {:>9.2f} {:>7} {:>8} {:>7} {:>12}\n", run.name, r.id.substr(0, 12),
                      r.ttft_ms, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens,
                      r.report.attention_pairs);
         fmt::print("index: {:.1f} MiB hot, {} nodes left the index\n", run.cached_bytes / 1048576.0,

@@ -81,10 +81,15 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--corpus-format", corpus_format, "Format of --corpus: auto, musique, hotpotqa, jsonl")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "musique", "hotpotqa", "jsonl"}));
-  cmd->add_option("--strategy", so.strategy,
-                  "Reuse strategy of requests that name none: full, prefix, depcache")
+  cmd->add_option(
+         "--strategy", so.strategy,
+         fmt::format("Reuse strategy of requests that name none: {}", fmt::join(strategy_names(), ", ")))
       ->capture_default_str()
       ->check(CLI::IsMember(strategy_names()));
+  cmd->add_option("--recompute-ratio", eo.strategy.recompute_ratio,
+                  "cacheblend, fusionrag: fraction of the chunk tokens recomputed")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("-t,--threads", eo.threads, "Compute threads (default: one per core)");
   cmd->add_option("-c,--ctx-size", pool_rows, "Rows of the KV pool shared by running requests")
       ->capture_default_str()
@@ -154,7 +159,8 @@ void add_serve_command(CLI::App& app) {
     eo.kv_type = parse_kv_type(kv_type);
     eo.cache_bytes = static_cast<size_t>(cache_mib * 1048576.0);
     eo.policy = policy;
-    eo.strategy = {default_position_scheme(model->config()), true};
+    eo.strategy.scheme = default_position_scheme(model->config());
+    eo.strategy.reuse = true;
     eo.scheduler = {scheduler, 32};
     eo.prefetch = prefetch;
     eo.tokenizer = tok;

@@ -42,8 +42,8 @@ if [ ! -f "$D/train.jsonl" ]; then
   : >"$D/train.part"
   for w in $(seq 1 "$WORLDS"); do
     world "$w" 200
-    for hops in 1 2; do for ctx in paths documents; do for e in 1 2 3 4; do
-      ask "$w" "$hops" "$ctx" "$e" 60 200 "$D/tmp.jsonl"
+    for hops in 1 2; do for ctx in paths documents; do for e in 1 2 3; do
+      ask "$w" "$hops" "$ctx" "$e" 80 200 "$D/tmp.jsonl"
       cat "$D/tmp.jsonl" >>"$D/train.part"
     done; done; done
   done
@@ -67,7 +67,7 @@ rm -f "$D/tmp.jsonl"
 [ -f "$D/eval.jsonl" ] || awk 'FNR % 5 == 0' "$D"/heldout-*.jsonl >"$D/eval.jsonl"
 log "data: $(wc -l <"$D/train.jsonl") training requests; held-out sets of $(wc -l <"$D/heldout-1-hop-paths.jsonl")"
 
-[ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size 1024 -o "$OUT/vocab.gguf"
+[ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size 2048 -o "$OUT/vocab.gguf"
 [ -f "$OUT/init.gguf" ] || "$BIN" model new --preset tiny --tied --layers 4 --embd 128 --heads 4 --heads-kv 4 \
   --ff 352 --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed 1 -o "$OUT/init.gguf"
 
@@ -77,8 +77,8 @@ train() {  # $1 output, $2 init, $3 steps, then trainer options
   [ -f "$OUT/$out" ] && return
   log "training $out ($steps steps)"
   "$BIN" train --init "$init" --requests "$D/train.jsonl" --eval "$D/eval.jsonl" --eval-limit 400 \
-    -o "$OUT/$out" --steps "$steps" --batch 32 -t "$THREADS" --log "$OUT/$out.log.jsonl" --log-every 20 \
-    --eval-every 500 --checkpoint-every 100 --resume "$@"
+    -o "$OUT/$out" --steps "$steps" --batch 16 -t "$THREADS" --log "$OUT/$out.log.jsonl" --log-every 20 \
+    --eval-every 250 --checkpoint-every 100 --resume "$@"
 }
 train causal.gguf "$OUT/init.gguf" "$STEPS" --attention causal --lr 3e-3 --warmup 200
 for scheme in depth sequential; do

@@ -158,6 +158,15 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
 std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
                                    std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
                                    int n_head_kv, int head_dim) {
+  // Targets by where they begin, for one sweep over the ascending rows.
+  std::vector<size_t> order(targets.size());
+  for (size_t t = 0; t < order.size(); ++t) order[t] = t;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return targets[a].begin < targets[b].begin; });
+  for (size_t t = 0; t < order.size(); ++t)
+    if (targets[order[t]].begin > targets[order[t]].end ||
+        (t > 0 && targets[order[t]].begin < targets[order[t - 1]].end))
+      fail(ErrorKind::Internal, "attention_mass: the targets overlap");
   const int group = n_head / n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<double> mass(targets.size(), 0.0);
@@ -180,9 +189,11 @@ std::vector<double> attention_mass(const float* q_row, std::span<const RowRange>
     }
     double total = 0;
     for (float& s : scores) total += (s = std::exp(s - m));
-    for (size_t i = 0; i < rows.size(); ++i)
-      for (size_t t = 0; t < targets.size(); ++t)
-        if (rows[i] >= targets[t].begin && rows[i] < targets[t].end) mass[t] += scores[i] / total;
+    size_t t = 0;
+    for (size_t i = 0; i < rows.size() && t < order.size(); ++i) {
+      while (t < order.size() && targets[order[t]].end <= rows[i]) ++t;
+      if (t < order.size() && rows[i] >= targets[order[t]].begin) mass[order[t]] += scores[i] / total;
+    }
   }
   for (double& x : mass) x /= n_head;
   return mass;

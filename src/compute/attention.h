@@ -67,8 +67,9 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
                const KvLayerView& kv, int n_head, int n_head_kv, int head_dim, float* out, ThreadPool& pool);
 
 // Softmax attention mass of one query row onto each of `targets`, averaged
-// over heads, given the ranges it sees. Mass outside every target is not
-// reported (the values sum to at most 1).
+// over heads, given the ranges it sees (ascending). Targets must be
+// disjoint; mass outside every target is not reported (the values sum to at
+// most 1).
 std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
                                    std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
                                    int n_head_kv, int head_dim);

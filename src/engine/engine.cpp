@@ -56,7 +56,8 @@ Engine::~Engine() = default;
 Strategy& Engine::strategy(std::string_view name) {
   const auto it = strategies_.find(name);
   if (it == strategies_.end())
-    fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", name);
+    fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", name,
+         fmt::join(strategy_names(), ", "));
   return *it->second;
 }
 
@@ -245,6 +246,42 @@ bool Engine::admit_next() {
   return false;
 }
 
+namespace {
+
+// The layer hook of a prefill pass that sits at batch indices [q0, end) of a
+// step's batch.
+struct BatchHook {
+  int64_t q0 = 0, end = 0;
+  const LayerHook* hook = nullptr;
+};
+
+// One hook for a batch: each pass's hook sees its own tokens, numbered from
+// 0 as in its pass; every other token goes on.
+LayerHook batch_hook(std::vector<BatchHook> hooks, int64_t n_embd_kv) {
+  return [hooks = std::move(hooks), n_embd_kv](const LayerKv& layer) {
+    std::vector<int64_t> keep, local;
+    size_t a = 0;
+    for (const BatchHook& h : hooks) {
+      while (a < layer.active.size() && layer.active[a] < h.q0) keep.push_back(layer.active[a++]);
+      size_t b = a;
+      local.clear();
+      while (b < layer.active.size() && layer.active[b] < h.end) local.push_back(layer.active[b++] - h.q0);
+      const LayerKv own{layer.layer,
+                        local,
+                        layer.k_fresh + static_cast<int64_t>(a) * n_embd_kv,
+                        layer.v_fresh + static_cast<int64_t>(a) * n_embd_kv,
+                        layer.kv,
+                        layer.rows.subspan(static_cast<size_t>(h.q0), static_cast<size_t>(h.end - h.q0))};
+      for (int64_t i : (*h.hook)(own)) keep.push_back(h.q0 + i);
+      a = b;
+    }
+    while (a < layer.active.size()) keep.push_back(layer.active[a++]);
+    return keep;
+  };
+}
+
+}  // namespace
+
 bool Engine::step() {
   if (waiting_.empty() && prefilling_.empty() && decoding_.empty()) return false;
   if (options_.policy == "lacr") {
@@ -265,11 +302,18 @@ bool Engine::step() {
   };
   std::vector<Piece> pieces;
   int64_t budget = options_.batch_tokens - static_cast<int64_t>(decoding_.size());
+  // A pass that must run whole (a layer hook, attention statistics) goes in
+  // a step with room for it, or first in a step of its own; one per step, so
+  // its statistics are its own.
+  bool whole_taken = false;
   for (size_t i = 0; budget > 0; ++i) {
     if (i == prefilling_.size() && !admit_next()) break;
     Sequence& s = live(prefilling_[i]);
     const auto n_q = static_cast<int64_t>(s.execution->prefill().tokens.size());
-    const int64_t end = std::min(n_q, s.prefilled + budget);
+    const bool whole = s.execution->whole_pass();
+    if (whole && (whole_taken || (!pieces.empty() && n_q > budget))) continue;
+    whole_taken = whole_taken || whole;
+    const int64_t end = whole ? n_q : std::min(n_q, s.prefilled + budget);
     pieces.push_back({&s, end, end == n_q});
     budget -= end - s.prefilled;
   }
@@ -289,6 +333,7 @@ bool Engine::step() {
     batch.logits_for.push_back(q);
     decoding.push_back(&s);
   }
+  std::vector<BatchHook> hooks;
   for (const Piece& piece : pieces) {
     const PrefillPlan& p = piece.s->execution->prefill();
     const int64_t begin = piece.s->prefilled, row0 = piece.s->rows.row0();
@@ -299,10 +344,19 @@ bool Engine::step() {
       batch.positions.push_back(p.positions[q]);
       batch.rows.push_back(row0 + p.rows[q]);
     }
-    if (piece.last) batch.logits_for.push_back(q0 + (piece.end - begin) - 1);
+    if (piece.last && piece.s->execution->final_pass())
+      batch.logits_for.push_back(q0 + (piece.end - begin) - 1);
+    // Whole passes only (begin is 0): hooks and statistics see all of it.
+    if (p.hook) hooks.push_back({q0, piece.end, &p.hook});
+    if (!p.stats_queries.empty()) {
+      for (int64_t q : p.stats_queries) batch.stats_queries.push_back(q0 + q);
+      for (const RowRange& t : p.stats_targets) batch.stats_targets.push_back({row0 + t.begin, row0 + t.end});
+      batch.stats_from_layer = p.stats_from_layer;
+    }
   }
   if (batch.tokens.empty()) return !waiting_.empty() || n_running() > 0;
   batch.visibility = Visibility(std::move(groups));
+  if (!hooks.empty()) batch.hook = batch_hook(std::move(hooks), model_->config().n_embd_kv());
 
   // Prefetching overlaps the forward pass, which does not touch the index.
   std::vector<const std::vector<Lookup>*> ahead;
@@ -350,12 +404,22 @@ bool Engine::step() {
     Sequence& s = *piece.s;
     s.prefilled = piece.end;
     if (!piece.last) continue;
+    const PassResult done{out.attention_mass, s.execution->prefill().visibility.n_pairs(), ms_per_token};
+    if (!s.execution->final_pass()) {
+      try {
+        s.execution->next_pass(pool_.kv(), s.rows.row0(), done);
+      } catch (const Error& e) {
+        retire(s.id, RequestState::Failed, e.what(), e.kind());
+        continue;
+      }
+      s.prefilled = 0;
+      continue;
+    }
     const std::span<const float> logits(out.logits.data() + at * n_vocab, n_vocab);
     ++at;
     RequestResult& r = results_.at(s.id);
-    PrefillReport report =
-        s.execution->finish(pool_.kv(), s.rows.row0(), std::vector<float>(logits.begin(), logits.end()),
-                            s.execution->prefill().visibility.n_pairs(), ms_per_token);
+    PrefillReport report = s.execution->finish(pool_.kv(), s.rows.row0(),
+                                               std::vector<float>(logits.begin(), logits.end()), done);
     if (!s.resumed) r.report = std::move(report);  // the first prefill is the request's
     s.execution.reset();
     r.finite = r.finite && all_finite(logits);

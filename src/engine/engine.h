@@ -116,7 +116,7 @@ class Engine {
   Engine(std::shared_ptr<const Model> model, const EngineOptions& options);
   ~Engine();
 
-  // strategy: full, prefix or depcache. on_token is called from step().
+  // strategy: one of strategy_names(). on_token is called from step().
   RequestId submit(std::string_view strategy, PromptParts parts, const SamplingParams& sampling,
                    std::function<void(const TokenEvent&)> on_token = {});
   // A waiting request never runs; a running one stops and frees its rows.

@@ -160,7 +160,7 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
     i = j;
   }
 
-  if (!plan.stats_queries.empty()) {
+  if (!plan.stats_queries.empty() && il >= plan.stats_from_layer) {
     auto& mass = result.attention_mass[il];
     for (int64_t query : plan.stats_queries) {
       const auto it = std::lower_bound(active_.begin(), active_.end(), query);

@@ -52,9 +52,11 @@ struct PrefillPlan {
   std::vector<int> last_layer;
   LayerHook hook;  // optional, called at every layer
   // Optional attention statistics: mass from these queries (batch indices)
-  // onto each target range, per layer.
+  // onto each target range (disjoint), per layer from
+  // stats_from_layer on (earlier layers report nothing).
   std::vector<int64_t> stats_queries;
   std::vector<RowRange> stats_targets;
+  int stats_from_layer = 0;
 };
 
 struct PrefillResult {

@@ -1,6 +1,7 @@
 #include "engine/visibility.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "util/error.h"
 
@@ -55,6 +56,28 @@ Visibility block_diagonal(std::span<const RowRange> shared, std::span<const RowR
       if (s.size() > 0) g.context.push_back(s);
     groups.push_back(std::move(g));
     first += b.size();
+  }
+  return Visibility(std::move(groups));
+}
+
+Visibility chunks_alone(std::span<const RowRange> shared, std::span<const RowRange> blocks,
+                        std::span<const int64_t> rows) {
+  std::vector<QueryGroup> groups;
+  size_t b = 0;
+  for (size_t i = 0; i < rows.size();) {
+    while (b < blocks.size() && blocks[b].end <= rows[i]) ++b;
+    const bool inside = b < blocks.size() && rows[i] >= blocks[b].begin;
+    const int64_t end = inside ? blocks[b].end : (b < blocks.size() ? blocks[b].begin : INT64_MAX);
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1 && rows[j] < end) ++j;
+    QueryGroup g{static_cast<int64_t>(i), static_cast<int64_t>(j - i), {}, 0, rows[i]};
+    if (inside) {
+      g.causal_begin = blocks[b].begin;
+      for (const RowRange& s : shared)
+        if (s.size() > 0) g.context.push_back(s);
+    }
+    groups.push_back(std::move(g));
+    i = j;
   }
   return Visibility(std::move(groups));
 }

@@ -20,6 +20,14 @@ Visibility causal_by_position(std::span<const int64_t> rows);
 // causally its own block only: chunks prefilled independently (full reuse).
 Visibility block_diagonal(std::span<const RowRange> shared, std::span<const RowRange> blocks);
 
+// Computed rows (ascending) of a prompt whose `blocks` (chunks, ascending and
+// disjoint) are prefilled as if alone: a row inside a block sees the shared
+// ranges and its block causally; any other row sees every row up to its own.
+// The first pass of the chunk strategies (chunks a lookup missed, and the
+// rest of the prompt over all chunks).
+Visibility chunks_alone(std::span<const RowRange> shared, std::span<const RowRange> blocks,
+                        std::span<const int64_t> rows);
+
 // Appends the groups of `v` to `out` for a batch that holds several
 // sequences: its queries start at batch index query0 and its rows at KV row
 // row0 (every range and row moves by row0). Sequences batched this way see

@@ -6,6 +6,7 @@
 
 #include "engine/visibility.h"
 #include "kv/pin_lease.h"
+#include "strategy/chunk_reuse.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/timing.h"
@@ -180,15 +181,18 @@ PositionScheme default_position_scheme(const ModelConfig& config) {
 }
 
 PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0)
-    : plan_(plan), index_(index), lease_(index) {
+    : plan_(plan), index_(index), lease_(index), n_layer_(kv.n_layer()) {
   const auto n = static_cast<int64_t>(plan.tokens.size());
   if (n == 0) fail(ErrorKind::InvalidInput, "an empty prompt");
   if (row0 < 0 || row0 + n > kv.n_ctx())
     fail(ErrorKind::LimitExceeded, "the prompt holds {} tokens, more than the context size {}", n,
          kv.n_ctx() - std::max<int64_t>(row0, 0));
+  if (!plan.fill_positions.empty() && (plan.fill_positions.size() != plan.tokens.size() || !plan.next_pass))
+    fail(ErrorKind::Internal, "fill positions without a next pass, or not one per token");
+  const std::vector<int32_t>& at = plan.fill_positions.empty() ? plan.positions : plan.fill_positions;
   // The plan's rows, where they sit in this assembly.
   std::vector<int64_t> kv_rows;
-  std::vector<bool> placed(n, false);
+  placed_.assign(n, false);
   if (!plan.runs.empty()) {
     const auto lk = index.lock();  // match, place and pin before anything else moves
     const uint64_t tick = index.begin_request();
@@ -197,11 +201,11 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
       add_load(report_, match);
       kv_rows.assign(run.rows.begin(), run.rows.end());
       for (int64_t& r : kv_rows) r += row0;
-      place_pieces(index, match, match.length, run.rows, kv_rows, plan.positions, plan.realign, kv, placed);
+      place_pieces(index, match, match.length, run.rows, kv_rows, at, plan.realign, kv, placed_);
       lease_.hold(match);
     }
   }
-  if (placed[n - 1]) {
+  if (placed_[n - 1]) {
     // The last token always runs (its logits start the answer), so it is not
     // reused even when cached. It ends the deepest node of its run, which is
     // in the slowest tier that run was found in (a parent is never in a
@@ -213,40 +217,133 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
         break;
       }
   }
-  placed[n - 1] = false;
-  for (int64_t r = 0; r < n; ++r)
-    if (!placed[r]) computed_.push_back(r);
-  for (int64_t r : computed_) {
-    prefill_.tokens.push_back(plan.tokens[r]);
-    prefill_.positions.push_back(plan.positions[r]);
-    prefill_.rows.push_back(r);
+  placed_[n - 1] = false;
+  std::vector<int64_t> computed;
+  if (!plan.next_pass) {
+    for (int64_t r = 0; r < n; ++r)
+      if (!placed_[r]) computed.push_back(r);
+    Visibility visibility = plan.visibility(computed);
+    set_pass({std::move(computed), std::move(visibility), {}, {}, true}, plan.positions);
+    return;
   }
-  prefill_.visibility = plan.visibility(computed_);
-  prefill_.logits_for = {static_cast<int64_t>(computed_.size()) - 1};
+  // Several passes: first the rows to fill.
+  for (int64_t r = 0; r < std::min(plan.fill_end, n - 1); ++r)
+    if (!placed_[r]) computed.push_back(r);
+  if (computed.empty()) {
+    after_fill(kv, row0, 0);
+    return;
+  }
+  filling_ = true;
+  Visibility visibility = plan.visibility(computed);
+  set_pass({std::move(computed), std::move(visibility), {}, {}, false}, at);
+}
+
+void PlanExecution::set_pass(PassPlan pass, std::span<const int32_t> positions) {
+  const auto n = static_cast<int64_t>(plan_.tokens.size());
+  if (pass.rows.empty() || !std::is_sorted(pass.rows.begin(), pass.rows.end()) || pass.rows.front() < 0 ||
+      pass.rows.back() >= n || (pass.last && pass.rows.back() != n - 1))
+    fail(ErrorKind::Internal,
+         "a pass must compute ascending prompt rows, the last one ending with the last row");
+  prefill_ = PrefillPlan{};
+  for (int64_t r : pass.rows) {
+    prefill_.tokens.push_back(plan_.tokens[r]);
+    prefill_.positions.push_back(positions[r]);
+  }
+  prefill_.rows = std::move(pass.rows);
+  prefill_.visibility = std::move(pass.visibility);
+  last_ = pass.last;
+  if (last_) prefill_.logits_for = {static_cast<int64_t>(prefill_.rows.size()) - 1};
+  scored_ = std::move(pass.scored);
+  if (!scored_.empty()) {
+    // The queries: the pass's rows after the last scored one.
+    for (size_t i = 0; i < prefill_.rows.size(); ++i)
+      if (prefill_.rows[i] >= scored_.back().end) prefill_.stats_queries.push_back(static_cast<int64_t>(i));
+    for (const RowRange& range : scored_)
+      for (int64_t r = range.begin; r < range.end; ++r) prefill_.stats_targets.push_back({r, r + 1});
+    prefill_.stats_from_layer = n_layer_ - 1;
+    if (prefill_.stats_queries.empty())
+      fail(ErrorKind::Internal, "a scoring pass without rows after the scored");
+  }
+  if (pass.hook) {
+    // Counts what the hook's choices compute, layer by layer.
+    prefill_.hook = [this, hook = std::move(pass.hook)](const LayerKv& layer) {
+      layer_tokens_ += static_cast<int64_t>(layer.active.size());
+      return hook(layer);
+    };
+  } else {
+    layer_tokens_ += static_cast<int64_t>(prefill_.rows.size()) * n_layer_;
+  }
+}
+
+void PlanExecution::insert_runs(const KvCache& kv, int64_t row0, double ms_per_token) {
+  if (inserted_ || plan_.runs.empty()) return;
+  inserted_ = true;
+  const auto lk = index_.lock();
+  // Each inserted run stays held until all are in, so one run's insert
+  // cannot evict another this request just computed.
+  std::vector<int64_t> kv_rows;
+  for (const CacheRun& run : plan_.runs) {
+    kv_rows.assign(run.rows.begin(), run.rows.end());
+    for (int64_t& r : kv_rows) r += row0;
+    RadixIndex::Match path;
+    index_.insert(run.ns, run.tokens, rows_span(kv, kv_rows), ms_per_token, &path);
+    lease_.hold(path);
+  }
+}
+
+void PlanExecution::after_fill(KvCache& kv, int64_t row0, double ms_per_token) {
+  filling_ = false;
+  insert_runs(kv, row0, ms_per_token);  // as computed alone, wherever this request puts them
+  if (!plan_.fill_positions.empty()) {
+    // Every row where the fill put it elsewhere, re-encoded at its place.
+    const auto n = static_cast<int64_t>(plan_.tokens.size());
+    for (int64_t r = 0; r < n;) {
+      if (plan_.fill_positions[r] == plan_.positions[r]) {
+        ++r;
+        continue;
+      }
+      int64_t e = r + 1;
+      while (e < n && plan_.fill_positions[e] != plan_.positions[e]) ++e;
+      std::vector<int64_t> rows;
+      for (int64_t i = r; i < e; ++i) rows.push_back(row0 + i);
+      kv.place(kv.extract(rows), 0, e - r, row0 + r,
+               std::span<const int32_t>(plan_.positions)
+                   .subspan(static_cast<size_t>(r), static_cast<size_t>(e - r)));
+      r = e;
+    }
+  }
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, done_, {}}), plan_.positions);
+  ++done_;
+}
+
+void PlanExecution::next_pass(KvCache& kv, int64_t row0, const PassResult& done) {
+  if (last_) fail(ErrorKind::Internal, "next_pass after the final pass");
+  report_.attention_pairs += done.attention_pairs;
+  if (filling_) {
+    after_fill(kv, row0, done.ms_per_token);
+    return;
+  }
+  std::vector<double> scores;
+  if (!scored_.empty()) {
+    if (done.attention_mass.size() != static_cast<size_t>(n_layer_))
+      fail(ErrorKind::Internal, "a scoring pass returned no attention statistics");
+    scores.assign(prefill_.stats_targets.size(), 0.0);
+    for (const std::vector<double>& per_query : done.attention_mass.back())
+      for (size_t t = 0; t < per_query.size() && t < scores.size(); ++t) scores[t] += per_query[t];
+  }
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, done_, scores}), plan_.positions);
+  ++done_;
 }
 
 PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector<float> logits,
-                                    int64_t attention_pairs, double ms_per_token) {
-  if (!plan_.runs.empty()) {
-    const auto lk = index_.lock();
-    // Each inserted run stays held until all are in, so one run's insert
-    // cannot evict another this request just computed.
-    std::vector<int64_t> kv_rows;
-    for (const CacheRun& run : plan_.runs) {
-      kv_rows.assign(run.rows.begin(), run.rows.end());
-      for (int64_t& r : kv_rows) r += row0;
-      RadixIndex::Match path;
-      index_.insert(run.ns, run.tokens, rows_span(kv, kv_rows), ms_per_token, &path);
-      lease_.hold(path);
-    }
-  }
+                                    const PassResult& done) {
+  insert_runs(kv, row0, done.ms_per_token);
   lease_.release();
   const auto n = static_cast<int64_t>(plan_.tokens.size());
-  const auto n_computed = static_cast<int64_t>(computed_.size());
   report_.prompt_tokens = n;
-  report_.computed_tokens = n_computed;
-  report_.reused_tokens = n - n_computed;
-  report_.attention_pairs = attention_pairs;
+  report_.computed_tokens = (layer_tokens_ + n_layer_ / 2) / std::max(n_layer_, 1);
+  report_.reused_tokens = static_cast<int64_t>(std::count(placed_.begin(), placed_.end(), true));
+  report_.attention_pairs += done.attention_pairs;
   report_.flat_tokens = plan_.flat_tokens;
   report_.logits = std::move(logits);
   return std::move(report_);
@@ -255,12 +352,19 @@ PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector
 PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
   kv.clear();
   PlanExecution ex(plan, index, kv, 0);
-  const auto t0 = Clock::now();
-  PrefillResult result = fwd.prefill(ex.prefill(), kv);
-  const double ms_per_token = ms_since(t0) / static_cast<double>(ex.prefill().tokens.size());
-  kv.set_n_past(static_cast<int64_t>(plan.tokens.size()));
-  return ex.finish(kv, 0, std::move(result.logits), result.attention_pairs / fwd.model().config().n_layer,
-                   ms_per_token);
+  const int n_layer = fwd.model().config().n_layer;
+  for (;;) {
+    const auto t0 = Clock::now();
+    PrefillResult result = fwd.prefill(ex.prefill(), kv);
+    const PassResult done{result.attention_mass, result.attention_pairs / n_layer,
+                          ms_since(t0) / static_cast<double>(ex.prefill().tokens.size())};
+    if (!ex.final_pass()) {
+      ex.next_pass(kv, 0, done);
+      continue;
+    }
+    kv.set_n_past(static_cast<int64_t>(plan.tokens.size()));
+    return ex.finish(kv, 0, std::move(result.logits), done);
+  }
 }
 
 PrefillReport Strategy::prefill(const PromptParts& parts, KvCache& kv, Forward& fwd) {
@@ -275,6 +379,22 @@ RequestPlan with_generated(const RequestPlan& plan, std::span<const int32_t> gen
   for (size_t i = 0; i < generated.size(); ++i) {
     out.tokens.push_back(generated[i]);
     out.positions.push_back(p0 + static_cast<int32_t>(i));
+  }
+  if (plan.next_pass) {
+    // They are computed by the last pass, after the prompt.
+    if (!out.fill_positions.empty())
+      out.fill_positions.insert(out.fill_positions.end(), out.positions.begin() + n, out.positions.end());
+    const auto g = static_cast<int64_t>(generated.size());
+    out.next_pass = [next = plan.next_pass, n, g](const PassState& state) {
+      PassPlan pass = next(state);
+      if (!pass.last) return pass;
+      std::vector<QueryGroup> groups = pass.visibility.groups();
+      groups.push_back({static_cast<int64_t>(pass.rows.size()), g, {}, 0, n});
+      for (int64_t i = 0; i < g; ++i) pass.rows.push_back(n + i);
+      pass.visibility = Visibility(std::move(groups));
+      return pass;
+    };
+    return out;
   }
   // The generated rows are never looked up, so they are always computed.
   out.visibility = [prompt = plan.visibility, n](std::span<const int64_t> computed) {
@@ -294,7 +414,9 @@ std::vector<Lookup> RequestPlan::lookups() const {
   return out;
 }
 
-std::vector<std::string> strategy_names() { return {"full", "prefix", "depcache"}; }
+std::vector<std::string> strategy_names() {
+  return {"full", "prefix", "depcache", "fullreuse", "cacheblend", "fusionrag"};
+}
 
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
                                         DType kv_type, const StrategyOptions& options) {
@@ -305,7 +427,15 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index
   if (name == "depcache")
     return std::make_unique<DepCacheStrategy>(index, namespace_key(fp, kv_type, "depcache"), options.scheme,
                                               options.reuse, options.realign);
-  fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected full, prefix or depcache)", name);
+  const std::pair<std::string_view, ChunkRecompute> chunk[] = {{"fullreuse", ChunkRecompute::None},
+                                                               {"cacheblend", ChunkRecompute::CacheBlend},
+                                                               {"fusionrag", ChunkRecompute::FusionRag}};
+  for (const auto& [chunk_name, recompute] : chunk)
+    if (name == chunk_name)
+      return make_chunk_strategy(name, recompute, index, namespace_key(fp, kv_type, "prefix"),
+                                 namespace_key(fp, kv_type, "chunk"), options.recompute_ratio, options.reuse);
+  fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", name,
+       fmt::join(strategy_names(), ", "));
 }
 
 }  // namespace depcache

@@ -10,6 +10,8 @@
 //   prefix:   the flat prompt, longest cached prefix reused
 //   depcache: the DepPrompt under dependency attention, each subtree's KV
 //             matched from its root and reused at its new positions
+//   fullreuse, cacheblend, fusionrag: chunks reused at any position, some
+//             of their tokens recomputed (strategy/chunk_reuse.h)
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,8 +29,11 @@
 namespace depcache {
 
 struct PrefillReport {
-  int64_t prompt_tokens = 0;                     // tokens in the assembly
-  int64_t computed_tokens = 0;                   // tokens run through the model
+  int64_t prompt_tokens = 0;  // tokens in the assembly
+  // Tokens run through the model, in whole-model equivalents ((token, layer)
+  // pairs over the layers), summed over passes: a token recomputed is
+  // counted again, one computed in 2 of 24 layers as 1/12.
+  int64_t computed_tokens = 0;
   int64_t reused_tokens = 0;                     // tokens placed from the index
   int64_t attention_pairs = 0;                   // (query, key) pairs per layer
   int64_t flat_tokens = 0;                       // tokens of the flat serialization, for reference
@@ -56,6 +61,29 @@ struct CacheRun {
 };
 std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
 
+// One forward pass over part of an assembly, in plan rows: a pass of a
+// strategy that computes in several (chunk reuse).
+struct PassPlan {
+  std::vector<int64_t> rows;  // ascending
+  Visibility visibility;      // of `rows`
+  LayerHook hook;             // optional; its batch indices index `rows`
+  // Plan rows (sorted, disjoint) whose last-layer attention from this pass's
+  // rows after the last of them (the question) the next pass gets.
+  std::vector<RowRange> scored;
+  bool last = false;  // its last row is the prompt's last, whose logits start the answer
+};
+
+// What the passes so far left, for choosing the next.
+struct PassState {
+  const KvCache& kv;
+  int64_t row0 = 0;                 // the assembly's first row in kv
+  const std::vector<bool>& placed;  // plan rows placed from the index
+  int done = 0;                     // passes made by next_pass so far
+  // Per row of the previous pass's `scored` (in order): the attention it got,
+  // summed over the querying rows, averaged over heads.
+  std::span<const double> scores;
+};
+
 // What a strategy decides for a request before anything is looked up: the
 // assembly's tokens and RoPE positions by row, the cacheable runs to match
 // (and to insert once computed; none without reuse), and the visibility of
@@ -71,35 +99,69 @@ struct RequestPlan {
   // them at the positions they were computed at, an ablation (DepCache's
   // reuse without position alignment) that shows what alignment is worth.
   bool realign = true;
+  // Strategies that compute in several passes (chunk reuse). The first pass
+  // fills rows [0, fill_end) not placed, at fill_positions (where each run
+  // sits when computed alone), seeing what `visibility` says; placed rows
+  // sit at fill_positions too. Then the runs are inserted, every row is
+  // re-encoded at `positions`, and next_pass gives each further pass until
+  // one is the last.
+  int64_t fill_end = 0;
+  std::vector<int32_t> fill_positions;  // empty: `positions`
+  std::function<PassPlan(const PassState&)> next_pass;
 
   // The sequences it will look up (none without reuse): what schedulers,
   // LACR's lookahead and prefetchers peek at before it runs.
   std::vector<Lookup> lookups() const;
 };
 
-// The one place a plan takes effect, in two halves around the forward pass
-// (which the engine batches with other requests, possibly over several
-// steps). The constructor matches every run (one access per node for the
-// request), places what is cached in `kv` at rows row0 + plan row, at the
-// plan's positions, and pins it; prefill() is the rest to compute, in plan
-// rows (the caller shifts them to where the assembly sits when it runs).
-// finish() inserts the runs from `kv`, the assembly now at row0 (it may have
-// moved in between), and releases the pins; the lease releases them on
-// every other way out too (an exception, a cancel). The plan must outlive
-// the execution.
+// What a forward pass of an execution measured.
+struct PassResult {
+  const std::vector<std::vector<std::vector<double>>>& attention_mass;  // PrefillResult's
+  int64_t attention_pairs = 0;                                          // per layer
+  double ms_per_token = 0;
+};
+
+// The one place a plan takes effect, around the forward passes (which the
+// engine batches with other requests, possibly over several steps). The
+// constructor matches every run (one access per node for the request),
+// places what is cached in `kv` at rows row0 + plan row, at the plan's
+// positions, and pins it; prefill() is the pass to compute, in plan rows
+// (the caller shifts them to where the assembly sits when it runs). After a
+// pass that is not the final one, next_pass() inserts the runs and makes the
+// second pass. finish() inserts the runs from `kv` (unless done), the
+// assembly now at row0 (it may have moved in between), and releases the
+// pins; the lease releases them on every other way out too (an exception, a
+// cancel). The plan must outlive the execution.
 class PlanExecution {
  public:
   PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0);
   const PrefillPlan& prefill() const { return prefill_; }
-  // logits: of the last prompt token; attention_pairs: per layer.
-  PrefillReport finish(const KvCache& kv, int64_t row0, std::vector<float> logits, int64_t attention_pairs,
-                       double ms_per_token);
+  // The current pass gives the answer's first logits (and is the last).
+  bool final_pass() const { return last_; }
+  // A pass with a layer hook or attention statistics runs whole, in one
+  // forward pass.
+  bool whole_pass() const { return prefill_.hook || !prefill_.stats_queries.empty(); }
+  // After a pass that is not the final one: makes the next.
+  void next_pass(KvCache& kv, int64_t row0, const PassResult& done);
+  // logits: of the last prompt token.
+  PrefillReport finish(const KvCache& kv, int64_t row0, std::vector<float> logits, const PassResult& done);
 
  private:
+  void insert_runs(const KvCache& kv, int64_t row0, double ms_per_token);
+  void set_pass(PassPlan pass, std::span<const int32_t> positions);
+  void after_fill(KvCache& kv, int64_t row0, double ms_per_token);
+
   const RequestPlan& plan_;
   RadixIndex& index_;
   PinLease lease_;
-  std::vector<int64_t> computed_;  // plan rows computed
+  std::vector<bool> placed_;  // plan rows placed from the index
+  int done_ = 0;              // passes made by plan.next_pass
+  bool filling_ = false;      // the current pass fills the runs (plan.next_pass follows)
+  bool last_ = false;
+  bool inserted_ = false;
+  int n_layer_ = 0;
+  int64_t layer_tokens_ = 0;  // (token, layer) pairs computed by passes done and by hooks so far
+  std::vector<RowRange> scored_;
   PrefillPlan prefill_;
   PrefillReport report_;
 };
@@ -140,10 +202,12 @@ struct StrategyOptions {
   PositionScheme scheme = kDefaultPositionScheme;  // depcache
   bool reuse = true;                               // prefix, depcache: look up and insert
   bool realign = true;                             // depcache: see RequestPlan::realign
+  double recompute_ratio = 0.15;                   // cacheblend, fusionrag: chunk tokens recomputed
 };
 
-// name: full, prefix or depcache. The index may be shared by several
-// strategies; their keys never collide.
+// name: one of strategy_names() (chunk strategies: strategy/chunk_reuse.h).
+// The index may be shared by several strategies; their keys never collide,
+// except where the same KV is meant (the system prompt as a prefix).
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
                                         DType kv_type, const StrategyOptions& options = {});
 std::vector<std::string> strategy_names();

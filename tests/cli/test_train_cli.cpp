@@ -101,7 +101,7 @@ TEST_F(TrainCli, TrainsLogsAndWritesAModelTheEngineRuns) {
   }
   EXPECT_EQ(n_rows, 48);
   for (const char* strategy : {"full", "depcache"})
-    EXPECT_NE(run.out.find(fmt::format("{:<9} answers: {} of 24 exact", strategy, right[strategy])),
+    EXPECT_NE(run.out.find(fmt::format("{:<10} answers: {} of 24 exact", strategy, right[strategy])),
               std::string::npos)
         << run.out;
 }

@@ -1,0 +1,185 @@
+#include "strategy/chunk_reuse.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "engine/visibility.h"
+#include "util/error.h"
+#include "util/hash.h"
+
+namespace depcache {
+
+int64_t ChunkLayout::chunk_tokens() const {
+  int64_t n = 0;
+  for (const RowRange& c : chunks) n += c.size();
+  return n;
+}
+
+ChunkLayout chunk_layout(const PromptParts& parts) {
+  ChunkLayout l;
+  int64_t at = static_cast<int64_t>(parts.system.size());
+  l.system = {0, at};
+  for (const ContextItem& item : parts.items) {
+    const int64_t begin = at;
+    for (const auto& p : item.paths) at += static_cast<int64_t>(p.size());
+    if (at > begin) l.chunks.push_back({begin, at});
+  }
+  l.tail = {at, parts.n_flat_tokens()};
+  return l;
+}
+
+std::vector<int64_t> top_fraction(std::span<const double> scores, double ratio) {
+  const auto n = static_cast<int64_t>(scores.size());
+  const auto k =
+      std::min<int64_t>(n, static_cast<int64_t>(std::ceil(std::clamp(ratio, 0.0, 1.0) * n - 1e-9)));
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  const auto higher = [&](int64_t a, int64_t b) {
+    const double x = std::isnan(scores[a]) ? INFINITY : scores[a];
+    const double y = std::isnan(scores[b]) ? INFINITY : scores[b];
+    return x > y || (x == y && a < b);
+  };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), higher);
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+namespace {
+
+// The rows of `ranges`, ascending.
+std::vector<int64_t> rows_of(std::span<const RowRange> ranges) {
+  std::vector<int64_t> rows;
+  for (const RowRange& r : ranges)
+    for (int64_t i = r.begin; i < r.end; ++i) rows.push_back(i);
+  return rows;
+}
+
+// A pass over chunk rows `picked` (ascending) and the tail: each sees every
+// row up to its own, the chunk rows not picked holding what their chunk
+// computed alone and the picked ones what they compute now.
+PassPlan recompute_pass(std::vector<int64_t> picked, RowRange tail, bool last) {
+  PassPlan pass;
+  pass.rows = std::move(picked);
+  for (int64_t r = tail.begin; r < tail.end; ++r) pass.rows.push_back(r);
+  pass.visibility = causal_by_position(pass.rows);
+  pass.last = last;
+  return pass;
+}
+
+// CacheBlend's choice at kCacheBlendSelectLayer: of the chunk tokens (the
+// pass's first n_chunk), those whose fresh K/V differ most from what was
+// placed (squared L2 over keys and values), and every later token.
+LayerHook cacheblend_hook(int64_t n_chunk, double ratio) {
+  return [n_chunk, ratio](const LayerKv& layer) -> std::vector<int64_t> {
+    if (layer.layer != kCacheBlendSelectLayer) return {layer.active.begin(), layer.active.end()};
+    const int64_t width = layer.kv->row_elems();
+    std::vector<float> k(width), v(width);
+    std::vector<double> deviation;
+    size_t i = 0;
+    for (; i < layer.active.size() && layer.active[i] < n_chunk; ++i) {
+      layer.kv->read(layer.layer, layer.rows[layer.active[i]], k.data(), v.data());
+      const float* kf = layer.k_fresh + static_cast<int64_t>(i) * width;
+      const float* vf = layer.v_fresh + static_cast<int64_t>(i) * width;
+      double d = 0;
+      for (int64_t e = 0; e < width; ++e) {
+        const double dk = kf[e] - k[e], dv = vf[e] - v[e];
+        d += dk * dk + dv * dv;
+      }
+      deviation.push_back(d);
+    }
+    std::vector<int64_t> keep;
+    for (int64_t j : top_fraction(deviation, ratio)) keep.push_back(layer.active[j]);
+    keep.insert(keep.end(), layer.active.begin() + static_cast<std::ptrdiff_t>(i), layer.active.end());
+    return keep;
+  };
+}
+
+class ChunkStrategy final : public Strategy {
+ public:
+  ChunkStrategy(std::string name, ChunkRecompute recompute, RadixIndex& index, uint64_t prefix_ns,
+                uint64_t chunk_ns, double ratio, bool reuse)
+      : Strategy(index, reuse),
+        name_(std::move(name)),
+        recompute_(recompute),
+        prefix_ns_(prefix_ns),
+        chunk_ns_(chunk_ns),
+        ratio_(ratio) {}
+  std::string_view name() const override { return name_; }
+
+  RequestPlan plan(const PromptParts& parts) const override {
+    const ChunkLayout layout = chunk_layout(parts);
+    RequestPlan p;
+    p.tokens = parts.flat();
+    const auto n = static_cast<int64_t>(p.tokens.size());
+    p.flat_tokens = n;
+    for (int64_t t = 0; t < n; ++t) p.positions.push_back(static_cast<int32_t>(t));
+    if (reuse()) {
+      const auto run_of = [&](uint64_t ns, RowRange r) {
+        CacheRun run{ns, {p.tokens.begin() + r.begin, p.tokens.begin() + r.end}, {}, -1};
+        for (int64_t i = r.begin; i < r.end; ++i) run.rows.push_back(i);
+        return run;
+      };
+      // The system prompt is a prefix of the flat prompt: shared with prefix reuse.
+      if (layout.system.size() > 0) p.runs.push_back(run_of(prefix_ns_, layout.system));
+      const uint64_t ns = hash_bytes(parts.system.data(), parts.system.size() * sizeof(int32_t), chunk_ns_);
+      for (const RowRange& c : layout.chunks) p.runs.push_back(run_of(ns, c));
+    }
+    // First every chunk not placed, computed alone after the system prompt
+    // (at the positions it has there, so what is stored never depends on
+    // where a request put it), then the passes of the strategy.
+    p.fill_end = layout.chunks.empty() ? layout.system.end : layout.chunks.back().end;
+    p.fill_positions = p.positions;
+    for (const RowRange& c : layout.chunks)
+      for (int64_t r = c.begin; r < c.end; ++r)
+        p.fill_positions[r] = static_cast<int32_t>(layout.system.end + r - c.begin);
+    p.visibility = [layout](std::span<const int64_t> computed) {
+      return chunks_alone(std::span<const RowRange>(&layout.system, 1), layout.chunks, computed);
+    };
+    const ChunkRecompute recompute = layout.chunks.empty() ? ChunkRecompute::None : recompute_;
+    p.next_pass = [layout, recompute, ratio = ratio_](const PassState& state) {
+      switch (recompute) {
+        case ChunkRecompute::None:
+          return recompute_pass({}, layout.tail, true);
+        case ChunkRecompute::CacheBlend: {
+          PassPlan pass = recompute_pass(rows_of(layout.chunks), layout.tail, true);
+          pass.hook = cacheblend_hook(layout.chunk_tokens(), ratio);
+          return pass;
+        }
+        case ChunkRecompute::FusionRag:
+          break;
+      }
+      if (state.done == 0) {  // the question over the placed chunks, scoring them
+        PassPlan pass = recompute_pass({}, layout.tail, false);
+        pass.scored = layout.chunks;
+        return pass;
+      }
+      const std::vector<int64_t> rows = rows_of(layout.chunks);
+      std::vector<int64_t> picked;
+      for (int64_t i : top_fraction(state.scores, ratio)) picked.push_back(rows[static_cast<size_t>(i)]);
+      return recompute_pass(std::move(picked), layout.tail, true);
+    };
+    return p;
+  }
+
+ private:
+  std::string name_;
+  ChunkRecompute recompute_;
+  uint64_t prefix_ns_, chunk_ns_;
+  double ratio_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute,
+                                              RadixIndex& index, uint64_t prefix_ns, uint64_t chunk_ns,
+                                              double ratio, bool reuse) {
+  if (!(ratio >= 0 && ratio <= 1))
+    fail(ErrorKind::InvalidInput, "the recompute ratio must be in [0, 1], not {}", ratio);
+  return std::make_unique<ChunkStrategy>(std::string(name), recompute, index, prefix_ns, chunk_ns, ratio,
+                                         reuse);
+}
+
+}  // namespace depcache

@@ -1,0 +1,187 @@
+// Chunk reuse on a random-weight model: a chunk's KV is what it computes
+// alone after the system prompt, wherever it is placed; recomputing every
+// chunk token gives full prefill, recomputing none gives full reuse; the
+// recompute passes compute what their ratio says; selection picks the
+// highest scores.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/forward.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "strategy/chunk_reuse.h"
+#include "strategy/strategy.h"
+#include "test_support.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+const RequestDocument kBark{"d1", "Dogs", "Dogs bark at night and chase cats through the garden."};
+const RequestDocument kPurr{"d2", "Cats", "Cats purr when they are content and sleep in the sun."};
+const RequestDocument kHoot{"d3", "Owls", "Owls hunt mice at night and sleep through the day."};
+
+RagRequest doc_request(std::vector<RequestDocument> docs, const std::string& question) {
+  RagRequest r;
+  r.documents = std::move(docs);
+  r.question = question;
+  return r;
+}
+
+struct Rig {
+  std::shared_ptr<const Model> model;
+  Tokenizer tok{Vocab::builtin_bytes()};
+  ThreadPool pool{2};
+  Forward fwd;
+  RadixIndex index{64 << 20};
+  DType kv_type;
+  explicit Rig(const std::string& preset = "tiny", DType kv = DType::F32)
+      : model(test::random_model(preset, DType::F32)), fwd(model, pool), kv_type(kv) {}
+  PrefillReport run(const std::string& strategy, const RagRequest& r, double ratio = 0.15,
+                    bool reuse = true) {
+    KvCache kv(model->config(), 2048, kv_type);
+    StrategyOptions o;
+    o.reuse = reuse;
+    o.recompute_ratio = ratio;
+    return make_strategy(strategy, index, *model, kv_type, o)->prefill(make_prompt_parts(tok, r), kv, fwd);
+  }
+};
+
+TEST(ChunkReuse, LayoutFollowsTheFlatPrompt) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const PromptParts parts = make_prompt_parts(tok, doc_request({kBark, kPurr}, "Who purrs?"));
+  const ChunkLayout l = chunk_layout(parts);
+  ASSERT_EQ(l.chunks.size(), 2u);
+  EXPECT_EQ(l.system, (RowRange{0, static_cast<int64_t>(parts.system.size())}));
+  EXPECT_EQ(l.chunks[0].begin, l.system.end);
+  EXPECT_EQ(l.chunks[0].size(), static_cast<int64_t>(parts.items[0].paths[0].size()));
+  EXPECT_EQ(l.chunks[1].begin, l.chunks[0].end);
+  EXPECT_EQ(l.tail.end, parts.n_flat_tokens());
+  EXPECT_EQ(l.tail.size(), static_cast<int64_t>(parts.task.size()));
+  EXPECT_EQ(l.chunk_tokens(), l.chunks[0].size() + l.chunks[1].size());
+}
+
+TEST(ChunkReuse, TopFractionTakesTheHighestScoresInRowOrder) {
+  const std::vector<double> s = {0.1, 0.9, 0.5, 0.9, 0.2, NAN, 0.0};
+  EXPECT_EQ(top_fraction(s, 0.0), (std::vector<int64_t>{}));
+  EXPECT_EQ(top_fraction(s, 0.3), (std::vector<int64_t>{1, 3, 5}));  // ceil(2.1) = 3; NaN counts as highest
+  EXPECT_EQ(top_fraction(s, 2.0 / 7.0), (std::vector<int64_t>{1, 5}));  // of the tied 1 and 3, the earlier
+  EXPECT_EQ(top_fraction(s, 1.0).size(), s.size());
+  EXPECT_TRUE(top_fraction({}, 0.5).empty());
+}
+
+// One chunk after the system prompt: block-diagonal is causal, so full reuse
+// is full prefill, computed or placed.
+TEST(ChunkReuse, FullReuseOfOneChunkEqualsFullPrefill) {
+  for (DType kv : {DType::F32, DType::F16}) {
+    Rig rig("tiny", kv);
+    const RagRequest r = doc_request({kBark}, "Who barks?");
+    const PrefillReport full = rig.run("full", r);
+    const PrefillReport first = rig.run("fullreuse", r);
+    const PrefillReport second = rig.run("fullreuse", doc_request({kBark}, "When do dogs bark?"));
+    EXPECT_EQ(first.reused_tokens, 0);
+    EXPECT_LT(test::max_abs_diff(first.logits, full.logits, "first vs full"), 1e-4);
+    const auto parts = make_prompt_parts(rig.tok, r);
+    EXPECT_EQ(second.reused_tokens,
+              static_cast<int64_t>(parts.system.size() + parts.items[0].paths[0].size()));
+    const PrefillReport full2 = rig.run("full", doc_request({kBark}, "When do dogs bark?"));
+    EXPECT_LT(test::max_abs_diff(second.logits, full2.logits, "second vs full"),
+              kv == DType::F32 ? 1e-4 : 2e-3);
+  }
+}
+
+// A chunk placed somewhere else holds what it computed alone: reuse equals
+// computing every chunk alone in this request (keys rotated to the new
+// positions: rounding only).
+TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
+  Rig rig("tiny-qwen2");
+  rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
+  const RagRequest moved = doc_request({kHoot, kPurr, kBark}, "Who sleeps?");
+  const PrefillReport with = rig.run("fullreuse", moved);
+  const PrefillReport without = rig.run("fullreuse", moved, 0, false);
+  const auto parts = make_prompt_parts(rig.tok, moved);
+  EXPECT_EQ(with.reused_tokens, static_cast<int64_t>(parts.system.size() + parts.items[1].paths[0].size() +
+                                                     parts.items[2].paths[0].size()));
+  EXPECT_EQ(without.reused_tokens, 0);
+  EXPECT_LT(test::max_abs_diff(with.logits, without.logits, "reused vs computed alone"), 1e-4);
+  // ...and differs from full attention, which the recompute strategies restore.
+  const PrefillReport full = rig.run("full", moved);
+  EXPECT_GT(test::max_abs_diff(with.logits, full.logits, "full reuse vs full"), 1e-3);
+}
+
+// Recomputing every chunk token is full prefill; recomputing none in
+// FusionRAG is full reuse.
+TEST(ChunkReuse, FullRecomputeEqualsFullPrefillAndNoneEqualsFullReuse) {
+  for (const char* preset : {"tiny", "tiny-qwen2"}) {
+    Rig rig(preset);
+    rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
+    const RagRequest moved = doc_request({kHoot, kPurr, kBark}, "Who sleeps?");
+    const PrefillReport full = rig.run("full", moved);
+    const PrefillReport reuse = rig.run("fullreuse", moved);
+    for (const char* strategy : {"cacheblend", "fusionrag"}) {
+      const PrefillReport all = rig.run(strategy, moved, 1.0);
+      EXPECT_GT(all.reused_tokens, 0) << strategy;
+      EXPECT_LT(test::max_abs_diff(all.logits, full.logits, std::string(strategy) + " 100% vs full"), 1e-4)
+          << preset;
+    }
+    const PrefillReport none = rig.run("fusionrag", moved, 0.0);
+    EXPECT_LT(test::max_abs_diff(none.logits, reuse.logits, "fusionrag 0% vs fullreuse"), 1e-4) << preset;
+  }
+}
+
+// What each pass computes, in whole-model token equivalents, when every
+// chunk is cached: FusionRAG runs the question over the placed chunks, then
+// the chosen fraction and the question again; CacheBlend runs every chunk
+// token through layers 0-1 and the chosen fraction (and the question) on to
+// the end.
+TEST(ChunkReuse, ComputedTokensFollowTheRatio) {
+  Rig rig("tiny");
+  const RagRequest r = doc_request({kBark, kPurr, kHoot}, "Who hunts?");
+  rig.run("fullreuse", r);  // every chunk cached
+  const auto parts = make_prompt_parts(rig.tok, r);
+  const ChunkLayout l = chunk_layout(parts);
+  const int64_t chunk = l.chunk_tokens(), tail = l.tail.size();
+  const int n_layer = rig.model->config().n_layer;
+  for (double ratio : {0.0, 0.15, 0.5}) {
+    const auto k = static_cast<int64_t>(std::ceil(ratio * static_cast<double>(chunk) - 1e-9));
+    const PrefillReport fusion = rig.run("fusionrag", r, ratio);
+    EXPECT_EQ(fusion.reused_tokens, static_cast<int64_t>(parts.system.size()) + chunk);
+    EXPECT_EQ(fusion.computed_tokens, 2 * tail + k) << ratio;
+    const PrefillReport blend = rig.run("cacheblend", r, ratio);
+    const int64_t pairs = (chunk + tail) * (kCacheBlendSelectLayer + 1)  // everything up to selection
+                          + (k + tail) * (n_layer - kCacheBlendSelectLayer - 1);
+    EXPECT_EQ(blend.computed_tokens, (pairs + n_layer / 2) / n_layer) << ratio;
+  }
+}
+
+// A chunk missed by the lookup is stored as computed alone, even by a
+// strategy that then recomputes part of it for its own request.
+TEST(ChunkReuse, WhatIsStoredIsTheChunkAlone) {
+  Rig rig("tiny-qwen2");
+  const RagRequest r = doc_request({kHoot, kBark}, "Who?");
+  rig.run("cacheblend", r, 0.5);  // stores both chunks
+  const RagRequest again = doc_request({kHoot, kBark}, "Who hunts?");
+  const PrefillReport reused = rig.run("fullreuse", again);
+  EXPECT_GT(reused.reused_tokens, 0);
+  const PrefillReport alone = rig.run("fullreuse", again, 0, false);
+  EXPECT_LT(test::max_abs_diff(reused.logits, alone.logits, "stored by cacheblend vs alone"), 1e-4);
+}
+
+TEST(ChunkReuse, RejectsARatioOutsideZeroToOne) {
+  Rig rig;
+  StrategyOptions o;
+  o.recompute_ratio = 1.5;
+  EXPECT_THROW(make_strategy("cacheblend", rig.index, *rig.model, DType::F32, o), Error);
+  try {
+    make_strategy("chunky", rig.index, *rig.model, DType::F32);
+    FAIL() << "an unknown strategy was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fusionrag"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace depcache
