@@ -607,8 +607,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
   cmd->add_flag("-q,--quiet", o.quiet, "Print only the summary (no per-request lines)");
   cmd->add_flag("--no-realign", o.no_realign,
-                "depcache: reuse cached KV at the positions it was computed at, without re-encoding the keys "
-                "at their new positions (an ablation: what position alignment is worth)");
+                "depcache and the chunk strategies: reuse cached KV at the positions it was computed at, "
+                "without re-encoding the keys at their new positions (an ablation: what position alignment "
+                "is worth)");
   cmd->callback([] {
     const std::vector<std::string> names = split_list(o.strategies);
     if (names.empty()) throw CLI::ValidationError("--strategy", "give at least one strategy");

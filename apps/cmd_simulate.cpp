@@ -29,7 +29,7 @@ namespace {
 
 struct SimulateOptions {
   std::string requests_path, kg_path, workload = "zipf", vocab_path, capacity = "20%", policies = "lru",
-                                      scheme = "depth";
+                                      scheme = "depth", strategy = "depcache";
   std::string report_path;
   size_t n_requests = 500, window = 32;
   double alpha = 0.2;
@@ -62,11 +62,12 @@ int64_t parse_capacity(const std::string& s, int64_t distinct) {
   return static_cast<int64_t>(v);
 }
 
-std::vector<DepPrompt> prompts_of(const std::vector<RagRequest>& reqs, const Tokenizer& tok) {
-  std::vector<DepPrompt> out;
-  out.reserve(reqs.size());
-  for (const RagRequest& r : reqs) out.push_back(make_prompt_parts(tok, r).dep_prompt());
-  return out;
+std::vector<SimulatedRequest> prompts_of(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
+                                         const std::string& strategy, PositionScheme scheme) {
+  std::vector<PromptParts> parts;
+  parts.reserve(reqs.size());
+  for (const RagRequest& r : reqs) parts.push_back(make_prompt_parts(tok, r));
+  return simulated_requests(parts, strategy, scheme);
 }
 
 std::vector<RagRequest> graph_stream(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
@@ -96,8 +97,9 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
   const std::vector<double> fractions = {0.10, 0.20, 0.40};
   std::map<std::tuple<std::string, double, std::string>, Cell> cells;
   for (const std::string& wl : workloads) {
-    const std::vector<DepPrompt> prompts = prompts_of(graph_stream(kg, qa, wl, o), tok);
-    const int64_t distinct = distinct_kv_tokens(prompts, scheme);
+    const std::vector<SimulatedRequest> prompts =
+        prompts_of(graph_stream(kg, qa, wl, o), tok, o.strategy, scheme);
+    const int64_t distinct = distinct_kv_tokens(prompts);
     for (double f : fractions)
       for (const std::string& spec : specs) {
         const auto [policy, scheduler] = parse_policy_spec(spec);
@@ -191,6 +193,10 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--alpha", o.alpha, "LACR's α (history weight)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--strategy", o.strategy,
+                  fmt::format("Strategy whose lookups are replayed: {}", fmt::join(strategy_names(), ", ")))
+      ->capture_default_str()
+      ->check(CLI::IsMember(strategy_names()));
   cmd->add_option("--scheme", o.scheme, "Position scheme of the keys: depth, sequential or stacked")
       ->capture_default_str()
       ->check(CLI::IsMember({"depth", "sequential", "stacked"}));
@@ -214,8 +220,8 @@ void add_simulate_command(CLI::App& app) {
       qopt.seed = o.seed;
       reqs = graph_stream(graph, make_graph_qa(graph, qopt), o.workload, o);
     }
-    const std::vector<DepPrompt> prompts = prompts_of(reqs, tok);
-    const int64_t distinct = distinct_kv_tokens(prompts, scheme);
+    const std::vector<SimulatedRequest> prompts = prompts_of(reqs, tok, o.strategy, scheme);
+    const int64_t distinct = distinct_kv_tokens(prompts);
     const int64_t capacity = parse_capacity(o.capacity, distinct);
     if (!o.json)
       fmt::print("{} requests; distinct KV {} tokens; capacity {} tokens ({:.1f}%)\n", reqs.size(), distinct,

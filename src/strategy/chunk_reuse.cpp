@@ -100,13 +100,14 @@ LayerHook cacheblend_hook(int64_t n_chunk, double ratio) {
 class ChunkStrategy final : public Strategy {
  public:
   ChunkStrategy(std::string name, ChunkRecompute recompute, RadixIndex& index, uint64_t prefix_ns,
-                uint64_t chunk_ns, double ratio, bool reuse)
-      : Strategy(index, reuse),
+                uint64_t chunk_ns, const StrategyOptions& options)
+      : Strategy(index, options.reuse),
         name_(std::move(name)),
         recompute_(recompute),
         prefix_ns_(prefix_ns),
         chunk_ns_(chunk_ns),
-        ratio_(ratio) {}
+        ratio_(options.recompute_ratio),
+        realign_(options.realign) {}
   std::string_view name() const override { return name_; }
 
   RequestPlan plan(const PromptParts& parts) const override {
@@ -115,17 +116,19 @@ class ChunkStrategy final : public Strategy {
     p.tokens = parts.flat();
     const auto n = static_cast<int64_t>(p.tokens.size());
     p.flat_tokens = n;
+    p.realign = realign_;
     for (int64_t t = 0; t < n; ++t) p.positions.push_back(static_cast<int32_t>(t));
     if (reuse()) {
-      const auto run_of = [&](uint64_t ns, RowRange r) {
-        CacheRun run{ns, {p.tokens.begin() + r.begin, p.tokens.begin() + r.end}, {}, -1};
+      const auto run_of = [&](uint64_t ns, RowRange r, int32_t item) {
+        CacheRun run{ns, {p.tokens.begin() + r.begin, p.tokens.begin() + r.end}, {}, item};
         for (int64_t i = r.begin; i < r.end; ++i) run.rows.push_back(i);
         return run;
       };
       // The system prompt is a prefix of the flat prompt: shared with prefix reuse.
-      if (layout.system.size() > 0) p.runs.push_back(run_of(prefix_ns_, layout.system));
+      if (layout.system.size() > 0) p.runs.push_back(run_of(prefix_ns_, layout.system, -1));
       const uint64_t ns = hash_bytes(parts.system.data(), parts.system.size() * sizeof(int32_t), chunk_ns_);
-      for (const RowRange& c : layout.chunks) p.runs.push_back(run_of(ns, c));
+      for (size_t c = 0; c < layout.chunks.size(); ++c)
+        p.runs.push_back(run_of(ns, layout.chunks[c], static_cast<int32_t>(c)));
     }
     // First every chunk not placed, computed alone after the system prompt
     // (at the positions it has there, so what is stored never depends on
@@ -169,17 +172,17 @@ class ChunkStrategy final : public Strategy {
   ChunkRecompute recompute_;
   uint64_t prefix_ns_, chunk_ns_;
   double ratio_;
+  bool realign_;
 };
 
 }  // namespace
 
 std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute,
                                               RadixIndex& index, uint64_t prefix_ns, uint64_t chunk_ns,
-                                              double ratio, bool reuse) {
-  if (!(ratio >= 0 && ratio <= 1))
-    fail(ErrorKind::InvalidInput, "the recompute ratio must be in [0, 1], not {}", ratio);
-  return std::make_unique<ChunkStrategy>(std::string(name), recompute, index, prefix_ns, chunk_ns, ratio,
-                                         reuse);
+                                              const StrategyOptions& options) {
+  if (!(options.recompute_ratio >= 0 && options.recompute_ratio <= 1))
+    fail(ErrorKind::InvalidInput, "the recompute ratio must be in [0, 1], not {}", options.recompute_ratio);
+  return std::make_unique<ChunkStrategy>(std::string(name), recompute, index, prefix_ns, chunk_ns, options);
 }
 
 }  // namespace depcache

@@ -48,9 +48,11 @@ inline constexpr int kCacheBlendSelectLayer = 1;
 
 // prefix_ns: the flat strategies' namespace (the system prompt is the prefix
 // of both); chunk_ns: the namespace chunks are stored under, before the
-// system prompt is mixed in.
+// system prompt is mixed in. Options: reuse, realign (false: chunks keep the
+// positions they were computed at, Cache-Craft's "no RoPE fix" ablation) and
+// recompute_ratio.
 std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute,
                                               RadixIndex& index, uint64_t prefix_ns, uint64_t chunk_ns,
-                                              double ratio, bool reuse);
+                                              const StrategyOptions& options);
 
 }  // namespace depcache

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 #include "kv/pin_lease.h"
@@ -19,15 +21,49 @@ namespace {
 constexpr size_t kBytesPerToken = 1;
 
 struct Prepared {
-  std::vector<CacheRun> runs;
-  std::vector<Lookup> lookups;  // the runs as the scheduler and lookahead see them
-  int64_t tokens = 0;
-  std::vector<int32_t> items;  // tree segments (context items)
+  std::vector<Lookup> lookups;              // the runs as the scheduler and lookahead see them
+  std::vector<std::vector<int64_t>> items;  // rows of each context item
 };
 
 }  // namespace
 
+std::vector<SimulatedRequest> simulated_requests(const std::vector<PromptParts>& parts,
+                                                 std::string_view strategy, PositionScheme scheme) {
+  RadixIndex none(0);
+  StrategyOptions o;
+  o.scheme = scheme;
+  const auto s = make_strategy(strategy, none, 0, DType::F16, o);
+  std::vector<SimulatedRequest> out;
+  out.reserve(parts.size());
+  for (const PromptParts& p : parts) {
+    RequestPlan plan = s->plan(p);
+    out.push_back({std::move(plan.runs), static_cast<int64_t>(plan.tokens.size())});
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<SimulatedRequest> depcache_requests(const std::vector<DepPrompt>& prompts,
+                                                PositionScheme scheme) {
+  std::vector<SimulatedRequest> out;
+  out.reserve(prompts.size());
+  for (const DepPrompt& p : prompts)
+    out.push_back({dependency_runs(p, 0, scheme), static_cast<int64_t>(p.size())});
+  return out;
+}
+
+}  // namespace
+
 SimulationResult simulate(const std::vector<DepPrompt>& prompts, const SimulationOptions& o) {
+  return simulate(depcache_requests(prompts, o.scheme), o);
+}
+
+int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme scheme) {
+  return distinct_kv_tokens(depcache_requests(prompts, scheme));
+}
+
+SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const SimulationOptions& o) {
   check_scheduler(o.scheduler);
   if (o.capacity_tokens < 0) fail(ErrorKind::InvalidInput, "capacity must not be negative");
   PolicyOptions po;
@@ -35,28 +71,29 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
   RadixIndex index(static_cast<size_t>(o.capacity_tokens) * kBytesPerToken, make_policy(o.policy, po));
   const bool lookahead = o.policy == "lacr";
 
-  std::vector<Prepared> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].runs = dependency_runs(prompts[i], 0, o.scheme);
-    for (const CacheRun& run : reqs[i].runs) reqs[i].lookups.push_back({run.ns, run.tokens});
-    reqs[i].tokens = static_cast<int64_t>(prompts[i].size());
-    for (int32_t s = 0; s < static_cast<int32_t>(prompts[i].segments().size()); ++s)
-      if (prompts[i].segments()[s].kind == SegmentKind::Tree) reqs[i].items.push_back(s);
+  std::vector<Prepared> reqs(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::map<int32_t, std::set<int64_t>> items;
+    for (const CacheRun& run : requests[i].runs) {
+      reqs[i].lookups.push_back({run.ns, run.tokens});
+      if (run.segment >= 0) items[run.segment].insert(run.rows.begin(), run.rows.end());
+    }
+    for (const auto& [segment, rows] : items) reqs[i].items.emplace_back(rows.begin(), rows.end());
   }
 
   SimulationResult r;
-  r.n_requests = prompts.size();
+  r.n_requests = requests.size();
   double hit_sum = 0;
   int64_t items = 0, items_hit = 0;
   std::vector<size_t> queue;  // pending requests, in arrival order
-  std::vector<int> passed_over(prompts.size(), 0);
+  std::vector<int> passed_over(requests.size(), 0);
   size_t next_arrival = 0;
-  while (r.order.size() < prompts.size()) {
-    while (queue.size() < std::max<size_t>(o.window, 1) && next_arrival < prompts.size())
+  while (r.order.size() < requests.size()) {
+    while (queue.size() < std::max<size_t>(o.window, 1) && next_arrival < requests.size())
       queue.push_back(next_arrival++);
     // Pick the next request: the engine's scheduler over the window.
     std::vector<WaitingRequest> waiting;
-    for (size_t q : queue) waiting.push_back({&reqs[q].lookups, reqs[q].tokens, passed_over[q]});
+    for (size_t q : queue) waiting.push_back({&reqs[q].lookups, requests[q].tokens, passed_over[q]});
     const size_t pick = pick_next({o.scheduler, o.starvation_bound}, waiting, index);
     for (size_t q = 0; q < queue.size(); ++q)
       if (q != pick) ++passed_over[queue[q]];
@@ -75,7 +112,7 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
     refresh_lookahead();
 
     // Serve it: match every run (what is cached), then insert what was not.
-    const Prepared& req = reqs[id];
+    const SimulatedRequest& req = requests[id];
     PinLease lease(index);
     std::vector<bool> cached_row(static_cast<size_t>(req.tokens), false);
     const uint64_t tick = index.begin_request();  // a node shared by the request's paths counts once
@@ -87,12 +124,9 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
     int64_t cached = 0;
     for (bool c : cached_row) cached += c;
     cached = std::min(cached, req.tokens - 1);  // the last token always runs
-    for (int32_t s : req.items) {
-      const TokenRange t = prompts[id].segments()[s].tokens;
-      bool all = true;
-      for (int32_t row = t.begin; row < t.end && all; ++row) all = cached_row[row];
+    for (const std::vector<int64_t>& rows : reqs[id].items) {
       ++items;
-      items_hit += all;
+      items_hit += std::all_of(rows.begin(), rows.end(), [&](int64_t row) { return cached_row[row]; });
     }
     // Recompute cost per token grows with the context a token attends to.
     const double cost = 1.0 + static_cast<double>(req.tokens) / 4096.0;
@@ -111,17 +145,16 @@ SimulationResult simulate(const std::vector<DepPrompt>& prompts, const Simulatio
     hit_sum += static_cast<double>(cached) / static_cast<double>(std::max<int64_t>(req.tokens, 1));
     r.order.push_back(id);
   }
-  r.token_hit_rate = prompts.empty() ? 0 : hit_sum / static_cast<double>(prompts.size());
+  r.token_hit_rate = requests.empty() ? 0 : hit_sum / static_cast<double>(requests.size());
   r.item_hit_rate = items ? static_cast<double>(items_hit) / static_cast<double>(items) : 0;
   r.evicted_nodes = index.n_evicted();
   return r;
 }
 
-int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme scheme) {
+int64_t distinct_kv_tokens(const std::vector<SimulatedRequest>& requests) {
   RadixIndex index(std::numeric_limits<size_t>::max());
-  for (const DepPrompt& p : prompts)
-    for (const CacheRun& run : dependency_runs(p, 0, scheme))
-      index.insert_virtual(run.ns, run.tokens, kBytesPerToken);
+  for (const SimulatedRequest& r : requests)
+    for (const CacheRun& run : r.runs) index.insert_virtual(run.ns, run.tokens, kBytesPerToken);
   return static_cast<int64_t>(index.bytes() / kBytesPerToken);
 }
 

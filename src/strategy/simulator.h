@@ -1,14 +1,16 @@
 #pragma once
 // The cache simulator: replays a request stream through the real radix index
 // and replacement policies with virtual nodes (token counts, no K/V and no
-// model), keyed exactly as the depcache strategy keys them, with an optional
+// model), keyed exactly as a strategy keys them (depcache by default), with an optional
 // cache-aware scheduler over a pending-request window.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "prompt/dep_prompt.h"
 #include "strategy/prompt_parts.h"
+#include "strategy/strategy.h"
 
 namespace depcache {
 
@@ -37,10 +39,26 @@ struct SimulationResult {
   std::vector<size_t> order;  // requests in the order served
 };
 
+// A request as the simulator replays it: the runs its strategy looks up and
+// inserts (a run's segment names the context item it belongs to, -1 none)
+// and its prompt length.
+struct SimulatedRequest {
+  std::vector<CacheRun> runs;
+  int64_t tokens = 0;
+};
+
+// Each request as `strategy` (one of strategy_names()) plans it, keyed as the
+// engine keys it for one model.
+std::vector<SimulatedRequest> simulated_requests(const std::vector<PromptParts>& parts,
+                                                 std::string_view strategy, PositionScheme scheme);
+
+SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const SimulationOptions& options);
+// The depcache strategy's requests (options.scheme).
 SimulationResult simulate(const std::vector<DepPrompt>& prompts, const SimulationOptions& options);
 
 // Tokens of KV a cache must hold to keep every distinct run of the stream
 // (the merged tries of all requests): the base for relative capacities.
+int64_t distinct_kv_tokens(const std::vector<SimulatedRequest>& requests);
 int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme scheme);
 
 }  // namespace depcache

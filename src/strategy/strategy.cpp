@@ -294,8 +294,9 @@ void PlanExecution::insert_runs(const KvCache& kv, int64_t row0, double ms_per_t
 void PlanExecution::after_fill(KvCache& kv, int64_t row0, double ms_per_token) {
   filling_ = false;
   insert_runs(kv, row0, ms_per_token);  // as computed alone, wherever this request puts them
-  if (!plan_.fill_positions.empty()) {
-    // Every row where the fill put it elsewhere, re-encoded at its place.
+  if (!plan_.fill_positions.empty() && plan_.realign) {
+    // Every row where the fill put it elsewhere, re-encoded at its place
+    // (without realign, an ablation, they stay where they were computed).
     const auto n = static_cast<int64_t>(plan_.tokens.size());
     for (int64_t r = 0; r < n;) {
       if (plan_.fill_positions[r] == plan_.positions[r]) {
@@ -420,7 +421,11 @@ std::vector<std::string> strategy_names() {
 
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
                                         DType kv_type, const StrategyOptions& options) {
-  const uint64_t fp = model.fingerprint();
+  return make_strategy(name, index, model.fingerprint(), kv_type, options);
+}
+
+std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, uint64_t fp, DType kv_type,
+                                        const StrategyOptions& options) {
   if (name == "full" || name == "prefix")
     return std::make_unique<FlatStrategy>(std::string(name), index, namespace_key(fp, kv_type, "prefix"),
                                           name == "prefix" && options.reuse);
@@ -433,7 +438,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index
   for (const auto& [chunk_name, recompute] : chunk)
     if (name == chunk_name)
       return make_chunk_strategy(name, recompute, index, namespace_key(fp, kv_type, "prefix"),
-                                 namespace_key(fp, kv_type, "chunk"), options.recompute_ratio, options.reuse);
+                                 namespace_key(fp, kv_type, "chunk"), options);
   fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", name,
        fmt::join(strategy_names(), ", "));
 }

@@ -49,10 +49,11 @@ struct Lookup {
   std::vector<int32_t> tokens;
 };
 
-// A cacheable run of a DepPrompt under depcache: tokens matched from the
-// root of namespace `ns` (which holds everything their KV depends on besides
-// themselves) and the prompt rows they fill. segment: the tree segment, or
-// -1 for the leading linear run (system prompt, plain text).
+// A cacheable run of a plan: tokens matched from the root of namespace `ns`
+// (which holds everything their KV depends on besides themselves) and the
+// prompt rows they fill. segment: the context item the run belongs to (under
+// depcache its tree segment, for chunks the chunk), or -1 (system prompt,
+// plain text, a whole flat prompt).
 struct CacheRun {
   uint64_t ns = 0;
   std::vector<int32_t> tokens;
@@ -201,7 +202,7 @@ PositionScheme default_position_scheme(const ModelConfig& config);
 struct StrategyOptions {
   PositionScheme scheme = kDefaultPositionScheme;  // depcache
   bool reuse = true;                               // prefix, depcache: look up and insert
-  bool realign = true;                             // depcache: see RequestPlan::realign
+  bool realign = true;                             // depcache, chunk strategies: see RequestPlan::realign
   double recompute_ratio = 0.15;                   // cacheblend, fusionrag: chunk tokens recomputed
 };
 
@@ -209,6 +210,9 @@ struct StrategyOptions {
 // The index may be shared by several strategies; their keys never collide,
 // except where the same KV is meant (the system prompt as a prefix).
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
+                                        DType kv_type, const StrategyOptions& options = {});
+// The same keyed by a model fingerprint alone (what the simulator plans with).
+std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, uint64_t model_fingerprint,
                                         DType kv_type, const StrategyOptions& options = {});
 std::vector<std::string> strategy_names();
 

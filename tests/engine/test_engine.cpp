@@ -354,7 +354,7 @@ TEST(Engine, HitRateEqualsTheSimulators) {
   pool.push_back(entity("bee", {"bee -makes-> honey", "bee -lives in-> hive -part of-> garden"}));
   std::mt19937 rng(11);
   std::vector<RagRequest> reqs;
-  std::vector<DepPrompt> prompts;
+  std::vector<PromptParts> parts;
   for (int i = 0; i < 40; ++i) {
     std::vector<RequestEntity> picked;
     const size_t k = 1 + rng() % 3;
@@ -364,42 +364,45 @@ TEST(Engine, HitRateEqualsTheSimulators) {
       picked.push_back(pool[at]);
     }
     reqs.push_back(graph_request(picked, i % 2 ? "Which animals?" : "What do they eat?"));
-    prompts.push_back(make_prompt_parts(tok, reqs.back()).dep_prompt());
+    parts.push_back(make_prompt_parts(tok, reqs.back()));
   }
-  const int64_t distinct = distinct_kv_tokens(prompts, PositionScheme::Depth);
   KvCache one(model->config(), 1, DType::F32);
   const int64_t row = 0;
   const size_t bytes_per_token = one.extract({&row, 1}).bytes();
-  for (const char* policy : {"lru", "lfu"})
-    for (const char* order : {"fifo", "lpm"}) {
-      SimulationOptions so;
-      so.policy = policy;
-      so.scheduler = order;
-      so.capacity_tokens = distinct * 2 / 5;
-      so.window = 8;
-      so.scheme = PositionScheme::Depth;
-      const SimulationResult sim = simulate(prompts, so);
-      EngineOptions eo = engine_options();
-      eo.policy = policy;
-      eo.scheduler = {order, so.starvation_bound};
-      eo.window = so.window;
-      eo.max_running = 1;
-      eo.cache_bytes = static_cast<size_t>(so.capacity_tokens) * bytes_per_token;
-      Engine e(model, eo);
-      std::vector<RequestId> ids;
-      for (const RagRequest& r : reqs)
-        ids.push_back(e.submit("depcache", make_prompt_parts(tok, r), greedy(1)));
-      e.run_until_idle();
-      double hit = 0;
-      for (RequestId id : ids) {
-        const PrefillReport& rep = e.result(id).report;
-        hit += static_cast<double>(rep.reused_tokens) / static_cast<double>(rep.prompt_tokens);
+  for (const char* strategy : {"depcache", "fullreuse"}) {
+    const std::vector<SimulatedRequest> prompts = simulated_requests(parts, strategy, PositionScheme::Depth);
+    const int64_t distinct = distinct_kv_tokens(prompts);
+    for (const char* policy : {"lru", "lfu"})
+      for (const char* order : {"fifo", "lpm"}) {
+        SimulationOptions so;
+        so.policy = policy;
+        so.scheduler = order;
+        so.capacity_tokens = distinct * 2 / 5;
+        so.window = 8;
+        so.scheme = PositionScheme::Depth;
+        const SimulationResult sim = simulate(prompts, so);
+        EngineOptions eo = engine_options();
+        eo.policy = policy;
+        eo.scheduler = {order, so.starvation_bound};
+        eo.window = so.window;
+        eo.max_running = 1;
+        eo.cache_bytes = static_cast<size_t>(so.capacity_tokens) * bytes_per_token;
+        Engine e(model, eo);
+        std::vector<RequestId> ids;
+        for (const RagRequest& r : reqs)
+          ids.push_back(e.submit(strategy, make_prompt_parts(tok, r), greedy(1)));
+        e.run_until_idle();
+        double hit = 0;
+        for (RequestId id : ids) {
+          const PrefillReport& rep = e.result(id).report;
+          hit += static_cast<double>(rep.reused_tokens) / static_cast<double>(rep.prompt_tokens);
+        }
+        hit /= static_cast<double>(ids.size());
+        EXPECT_NEAR(hit, sim.token_hit_rate, 1e-12) << strategy << " " << policy << " " << order;
+        EXPECT_GT(sim.evicted_nodes, 0) << "the capacity must force evictions";
+        EXPECT_GT(sim.token_hit_rate, 0.1);
       }
-      hit /= static_cast<double>(ids.size());
-      EXPECT_NEAR(hit, sim.token_hit_rate, 1e-12) << policy << " " << order;
-      EXPECT_GT(sim.evicted_nodes, 0) << "the capacity must force evictions";
-      EXPECT_GT(sim.token_hit_rate, 0.1);
-    }
+  }
 }
 
 // A pool too small for everything at once: requests wait for rows and all
