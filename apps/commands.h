@@ -25,5 +25,6 @@ void add_serve_command(CLI::App& app);
 void add_loadgen_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_vocab_commands(CLI::App& app);
+void add_chunks_commands(CLI::App& app);
 
 }  // namespace depcache::cli

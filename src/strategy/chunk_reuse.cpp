@@ -97,50 +97,82 @@ LayerHook cacheblend_hook(int64_t n_chunk, double ratio) {
   };
 }
 
+// Where a chunk's runs live: under the model, the KV type and the system
+// prompt (what a chunk's KV depends on besides itself).
+uint64_t chunk_namespace(const PromptParts& parts, uint64_t fp, DType kv_type, std::string_view kind) {
+  return hash_bytes(parts.system.data(), parts.system.size() * sizeof(int32_t),
+                    strategy_namespace(fp, kv_type, kind));
+}
+
+// A fused cache depends on neighbours its key does not name, so even its
+// first tokens are no one else's: each chunk's namespace is its own.
+uint64_t fused_namespace(const PromptParts& parts, const std::vector<int32_t>& tokens, RowRange chunk,
+                         uint64_t fp, DType kv_type) {
+  return hash_bytes(tokens.data() + chunk.begin, static_cast<size_t>(chunk.size()) * sizeof(int32_t),
+                    chunk_namespace(parts, fp, kv_type, "fused-chunk"));
+}
+
+CacheRun run_of(const std::vector<int32_t>& tokens, uint64_t ns, RowRange r, int32_t item, RunInsert insert) {
+  CacheRun run{ns, {tokens.begin() + r.begin, tokens.begin() + r.end}, {}, item, insert};
+  for (int64_t i = r.begin; i < r.end; ++i) run.rows.push_back(i);
+  return run;
+}
+
+// The flat prompt with every chunk to be filled as computed alone after the
+// system prompt: tokens, positions, the runs of the system prompt and of the
+// chunks (with reuse), and the fill.
+RequestPlan chunk_plan(const PromptParts& parts, const ChunkLayout& layout, uint64_t fp, DType kv_type,
+                       bool reuse, bool fused_first) {
+  RequestPlan p;
+  p.tokens = parts.flat();
+  const auto n = static_cast<int64_t>(p.tokens.size());
+  p.flat_tokens = n;
+  for (int64_t t = 0; t < n; ++t) p.positions.push_back(static_cast<int32_t>(t));
+  if (reuse) {
+    if (layout.system.size() > 0)
+      p.runs.push_back(run_of(p.tokens, strategy_namespace(fp, kv_type, "prefix"), layout.system, -1,
+                              RunInsert::AfterFill));
+    const uint64_t plain = chunk_namespace(parts, fp, kv_type, "chunk");
+    for (size_t c = 0; c < layout.chunks.size(); ++c) {
+      const auto item = static_cast<int32_t>(c);
+      if (fused_first)
+        p.runs.push_back(run_of(p.tokens, fused_namespace(parts, p.tokens, layout.chunks[c], fp, kv_type),
+                                layout.chunks[c], item, RunInsert::Never));
+      p.runs.push_back(run_of(p.tokens, plain, layout.chunks[c], item, RunInsert::AfterFill));
+    }
+  }
+  // First every chunk not placed, computed alone after the system prompt
+  // (at the positions it has there, so what is stored never depends on
+  // where a request put it), then the passes of the strategy.
+  p.fill_end = layout.chunks.empty() ? layout.system.end : layout.chunks.back().end;
+  p.fill_positions = p.positions;
+  for (const RowRange& c : layout.chunks)
+    for (int64_t r = c.begin; r < c.end; ++r)
+      p.fill_positions[r] = static_cast<int32_t>(layout.system.end + r - c.begin);
+  p.visibility = [layout](std::span<const int64_t> computed) {
+    return chunks_alone(std::span<const RowRange>(&layout.system, 1), layout.chunks, computed);
+  };
+  return p;
+}
+
 class ChunkStrategy final : public Strategy {
  public:
-  ChunkStrategy(std::string name, ChunkRecompute recompute, RadixIndex& index, uint64_t prefix_ns,
-                uint64_t chunk_ns, const StrategyOptions& options)
+  ChunkStrategy(std::string name, ChunkRecompute recompute, RadixIndex& index, uint64_t fp, DType kv_type,
+                const StrategyOptions& options)
       : Strategy(index, options.reuse),
         name_(std::move(name)),
         recompute_(recompute),
-        prefix_ns_(prefix_ns),
-        chunk_ns_(chunk_ns),
+        fp_(fp),
+        kv_type_(kv_type),
         ratio_(options.recompute_ratio),
         realign_(options.realign) {}
   std::string_view name() const override { return name_; }
 
   RequestPlan plan(const PromptParts& parts) const override {
     const ChunkLayout layout = chunk_layout(parts);
-    RequestPlan p;
-    p.tokens = parts.flat();
-    const auto n = static_cast<int64_t>(p.tokens.size());
-    p.flat_tokens = n;
+    RequestPlan p =
+        chunk_plan(parts, layout, fp_, kv_type_, reuse(), recompute_ == ChunkRecompute::FusionRag);
     p.realign = realign_;
-    for (int64_t t = 0; t < n; ++t) p.positions.push_back(static_cast<int32_t>(t));
-    if (reuse()) {
-      const auto run_of = [&](uint64_t ns, RowRange r, int32_t item) {
-        CacheRun run{ns, {p.tokens.begin() + r.begin, p.tokens.begin() + r.end}, {}, item};
-        for (int64_t i = r.begin; i < r.end; ++i) run.rows.push_back(i);
-        return run;
-      };
-      // The system prompt is a prefix of the flat prompt: shared with prefix reuse.
-      if (layout.system.size() > 0) p.runs.push_back(run_of(prefix_ns_, layout.system, -1));
-      const uint64_t ns = hash_bytes(parts.system.data(), parts.system.size() * sizeof(int32_t), chunk_ns_);
-      for (size_t c = 0; c < layout.chunks.size(); ++c)
-        p.runs.push_back(run_of(ns, layout.chunks[c], static_cast<int32_t>(c)));
-    }
-    // First every chunk not placed, computed alone after the system prompt
-    // (at the positions it has there, so what is stored never depends on
-    // where a request put it), then the passes of the strategy.
-    p.fill_end = layout.chunks.empty() ? layout.system.end : layout.chunks.back().end;
-    p.fill_positions = p.positions;
-    for (const RowRange& c : layout.chunks)
-      for (int64_t r = c.begin; r < c.end; ++r)
-        p.fill_positions[r] = static_cast<int32_t>(layout.system.end + r - c.begin);
-    p.visibility = [layout](std::span<const int64_t> computed) {
-      return chunks_alone(std::span<const RowRange>(&layout.system, 1), layout.chunks, computed);
-    };
     const ChunkRecompute recompute = layout.chunks.empty() ? ChunkRecompute::None : recompute_;
     p.next_pass = [layout, recompute, ratio = ratio_](const PassState& state) {
       switch (recompute) {
@@ -170,7 +202,8 @@ class ChunkStrategy final : public Strategy {
  private:
   std::string name_;
   ChunkRecompute recompute_;
-  uint64_t prefix_ns_, chunk_ns_;
+  uint64_t fp_;
+  DType kv_type_;
   double ratio_;
   bool realign_;
 };
@@ -178,11 +211,32 @@ class ChunkStrategy final : public Strategy {
 }  // namespace
 
 std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute,
-                                              RadixIndex& index, uint64_t prefix_ns, uint64_t chunk_ns,
+                                              RadixIndex& index, uint64_t fp, DType kv_type,
                                               const StrategyOptions& options) {
   if (!(options.recompute_ratio >= 0 && options.recompute_ratio <= 1))
     fail(ErrorKind::InvalidInput, "the recompute ratio must be in [0, 1], not {}", options.recompute_ratio);
-  return std::make_unique<ChunkStrategy>(std::string(name), recompute, index, prefix_ns, chunk_ns, options);
+  return std::make_unique<ChunkStrategy>(std::string(name), recompute, index, fp, kv_type, options);
+}
+
+CacheRun fused_run(const PromptParts& parts, size_t item, uint64_t fp, DType kv_type) {
+  const ChunkLayout layout = chunk_layout(parts);
+  if (item >= layout.chunks.size()) fail(ErrorKind::Internal, "fused_run: no chunk {}", item);
+  const std::vector<int32_t> tokens = parts.flat();
+  return run_of(tokens, fused_namespace(parts, tokens, layout.chunks[item], fp, kv_type), layout.chunks[item],
+                static_cast<int32_t>(item), RunInsert::AtEnd);
+}
+
+RequestPlan fusion_plan(const PromptParts& parts, uint64_t fp, DType kv_type) {
+  if (!parts.text.empty() || !parts.task.empty() || parts.items.empty())
+    fail(ErrorKind::Internal, "fusion_plan: the parts must be chunks only");
+  const ChunkLayout all = chunk_layout(parts);
+  ChunkLayout neighbours = all;
+  neighbours.chunks.pop_back();  // the one to fuse is not filled alone
+  RequestPlan p = chunk_plan(parts, neighbours, fp, kv_type, true, false);
+  if (p.fill_end == 0) p.fill_end = all.chunks.back().begin;  // no system prompt, no neighbours
+  p.runs.push_back(fused_run(parts, parts.items.size() - 1, fp, kv_type));
+  p.next_pass = [target = all.chunks.back()](const PassState&) { return recompute_pass({}, target, true); };
+  return p;
 }
 
 }  // namespace depcache

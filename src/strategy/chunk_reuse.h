@@ -46,13 +46,23 @@ enum class ChunkRecompute { None, CacheBlend, FusionRag };
 // is recomputed up to and including it).
 inline constexpr int kCacheBlendSelectLayer = 1;
 
-// prefix_ns: the flat strategies' namespace (the system prompt is the prefix
-// of both); chunk_ns: the namespace chunks are stored under, before the
-// system prompt is mixed in. Options: reuse, realign (false: chunks keep the
-// positions they were computed at, Cache-Craft's "no RoPE fix" ablation) and
-// recompute_ratio.
+// Options: reuse, realign (false: chunks keep the positions they were
+// computed at, Cache-Craft's "no RoPE fix" ablation) and recompute_ratio.
+// The system prompt is stored where prefix reuse stores it (it is the
+// prefix of both). fusionrag looks up a chunk's fused cache first and, on a
+// miss, its plain one (FusionRAG's alternative path).
 std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute,
-                                              RadixIndex& index, uint64_t prefix_ns, uint64_t chunk_ns,
+                                              RadixIndex& index, uint64_t model_fingerprint, DType kv_type,
                                               const StrategyOptions& options);
+
+// FusionRAG's offline step as a plan: the system prompt, the neighbour
+// chunks (parts.items but the last) each computed alone (and stored so),
+// then the last item, the chunk to fuse, computed over all of them at the
+// next positions; its rows are stored as its fused cache, which fusionrag
+// finds before the plain one. parts.text and parts.task must be empty.
+RequestPlan fusion_plan(const PromptParts& parts, uint64_t model_fingerprint, DType kv_type);
+
+// The run a chunk's fused cache is looked up (and stored) as.
+CacheRun fused_run(const PromptParts& parts, size_t item, uint64_t model_fingerprint, DType kv_type);
 
 }  // namespace depcache

@@ -133,6 +133,7 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
     // The request's own runs stay pinned until all are in (it is using
     // them); then the index goes back to its budget.
     for (const CacheRun& run : req.runs) {
+      if (run.insert == RunInsert::Never) continue;  // looked up only
       RadixIndex::Match path;
       index.insert_virtual(run.ns, run.tokens, kBytesPerToken, cost, &path);
       lease.hold(path);

@@ -16,20 +16,14 @@ namespace {
 
 uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) { return hash_bytes(v.data(), v.size_bytes(), h); }
 
-uint64_t namespace_key(uint64_t fingerprint, DType kv_type, std::string_view kind) {
-  uint64_t h = hash_bytes(&fingerprint, sizeof fingerprint);
-  const auto t = static_cast<int32_t>(kv_type);
-  h = hash_bytes(&t, sizeof t, h);
-  return hash_string(kind, h);
-}
-
 // Places index pieces covering sequence tokens [0, m) at the rows of those
 // tokens (rows[i] of the plan for token i, kv_rows[i] in the assembly), each
 // at its prompt position (indexed by plan row), or, without realign, at the
 // position it was cached at; rows of a piece may be split in runs.
 void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64_t m,
                   std::span<const int64_t> rows, std::span<const int64_t> kv_rows,
-                  std::span<const int32_t> positions, bool realign, KvCache& kv, std::vector<bool>& placed) {
+                  std::span<const int32_t> positions, bool realign, KvCache& kv, std::vector<bool>& placed,
+                  std::vector<uint64_t>& placed_ns, uint64_t ns) {
   int64_t at = 0;
   for (const RadixIndex::Piece& p : match.pieces) {
     const int64_t len = std::min(p.length, m - at);
@@ -44,7 +38,10 @@ void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64
       kv.place(span, p.offset + i, j - i, kv_rows[at + i],
                realign ? positions.subspan(rows[at + i], j - i)
                        : std::span<const int32_t>(span.positions()).subspan(p.offset + i, j - i));
-      for (int64_t r = i; r < j; ++r) placed[rows[at + r]] = true;
+      for (int64_t r = i; r < j; ++r) {
+        placed[rows[at + r]] = true;
+        placed_ns[rows[at + r]] = ns;
+      }
       i = j;
     }
     at += len;
@@ -117,6 +114,13 @@ class DepCacheStrategy final : public Strategy {
 };
 
 }  // namespace
+
+uint64_t strategy_namespace(uint64_t fingerprint, DType kv_type, std::string_view kind) {
+  uint64_t h = hash_bytes(&fingerprint, sizeof fingerprint);
+  const auto t = static_cast<int32_t>(kv_type);
+  h = hash_bytes(&t, sizeof t, h);
+  return hash_string(kind, h);
+}
 
 std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme) {
   std::vector<CacheRun> runs;
@@ -193,6 +197,7 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
   // The plan's rows, where they sit in this assembly.
   std::vector<int64_t> kv_rows;
   placed_.assign(n, false);
+  placed_ns_.assign(n, 0);
   if (!plan.runs.empty()) {
     const auto lk = index.lock();  // match, place and pin before anything else moves
     const uint64_t tick = index.begin_request();
@@ -201,7 +206,8 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
       add_load(report_, match);
       kv_rows.assign(run.rows.begin(), run.rows.end());
       for (int64_t& r : kv_rows) r += row0;
-      place_pieces(index, match, match.length, run.rows, kv_rows, at, plan.realign, kv, placed_);
+      place_pieces(index, match, match.length, run.rows, kv_rows, at, plan.realign, kv, placed_, placed_ns_,
+                   run.ns);
       lease_.hold(match);
     }
   }
@@ -275,14 +281,17 @@ void PlanExecution::set_pass(PassPlan pass, std::span<const int32_t> positions) 
   }
 }
 
-void PlanExecution::insert_runs(const KvCache& kv, int64_t row0, double ms_per_token) {
-  if (inserted_ || plan_.runs.empty()) return;
-  inserted_ = true;
+void PlanExecution::insert_runs(const KvCache& kv, int64_t row0, double ms_per_token, RunInsert when) {
+  if (plan_.runs.empty()) return;
   const auto lk = index_.lock();
   // Each inserted run stays held until all are in, so one run's insert
   // cannot evict another this request just computed.
   std::vector<int64_t> kv_rows;
   for (const CacheRun& run : plan_.runs) {
+    if (run.insert != when) continue;
+    if (std::any_of(run.rows.begin(), run.rows.end(),
+                    [&](int64_t r) { return placed_[r] && placed_ns_[r] != run.ns; }))
+      continue;
     kv_rows.assign(run.rows.begin(), run.rows.end());
     for (int64_t& r : kv_rows) r += row0;
     RadixIndex::Match path;
@@ -293,7 +302,8 @@ void PlanExecution::insert_runs(const KvCache& kv, int64_t row0, double ms_per_t
 
 void PlanExecution::after_fill(KvCache& kv, int64_t row0, double ms_per_token) {
   filling_ = false;
-  insert_runs(kv, row0, ms_per_token);  // as computed alone, wherever this request puts them
+  insert_runs(kv, row0, ms_per_token,
+              RunInsert::AfterFill);  // as computed alone, wherever this request puts them
   if (!plan_.fill_positions.empty() && plan_.realign) {
     // Every row where the fill put it elsewhere, re-encoded at its place
     // (without realign, an ablation, they stay where they were computed).
@@ -338,7 +348,8 @@ void PlanExecution::next_pass(KvCache& kv, int64_t row0, const PassResult& done)
 
 PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector<float> logits,
                                     const PassResult& done) {
-  insert_runs(kv, row0, done.ms_per_token);
+  if (!plan_.next_pass) insert_runs(kv, row0, done.ms_per_token, RunInsert::AfterFill);
+  insert_runs(kv, row0, done.ms_per_token, RunInsert::AtEnd);
   lease_.release();
   const auto n = static_cast<int64_t>(plan_.tokens.size());
   report_.prompt_tokens = n;
@@ -427,18 +438,16 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, uint64_t fp, DType kv_type,
                                         const StrategyOptions& options) {
   if (name == "full" || name == "prefix")
-    return std::make_unique<FlatStrategy>(std::string(name), index, namespace_key(fp, kv_type, "prefix"),
+    return std::make_unique<FlatStrategy>(std::string(name), index, strategy_namespace(fp, kv_type, "prefix"),
                                           name == "prefix" && options.reuse);
   if (name == "depcache")
-    return std::make_unique<DepCacheStrategy>(index, namespace_key(fp, kv_type, "depcache"), options.scheme,
-                                              options.reuse, options.realign);
+    return std::make_unique<DepCacheStrategy>(index, strategy_namespace(fp, kv_type, "depcache"),
+                                              options.scheme, options.reuse, options.realign);
   const std::pair<std::string_view, ChunkRecompute> chunk[] = {{"fullreuse", ChunkRecompute::None},
                                                                {"cacheblend", ChunkRecompute::CacheBlend},
                                                                {"fusionrag", ChunkRecompute::FusionRag}};
   for (const auto& [chunk_name, recompute] : chunk)
-    if (name == chunk_name)
-      return make_chunk_strategy(name, recompute, index, namespace_key(fp, kv_type, "prefix"),
-                                 namespace_key(fp, kv_type, "chunk"), options);
+    if (name == chunk_name) return make_chunk_strategy(name, recompute, index, fp, kv_type, options);
   fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", name,
        fmt::join(strategy_names(), ", "));
 }

@@ -54,12 +54,23 @@ struct Lookup {
 // prompt rows they fill. segment: the context item the run belongs to (under
 // depcache its tree segment, for chunks the chunk), or -1 (system prompt,
 // plain text, a whole flat prompt).
+// When: after the fill pass of a multi-pass plan (or at the end of a
+// one-pass plan), at the end, or never (looked up only). A run is not
+// inserted when a run of another namespace placed any of its rows: a
+// namespace holds only what was computed or found for it.
+enum class RunInsert { AfterFill, AtEnd, Never };
 struct CacheRun {
   uint64_t ns = 0;
   std::vector<int32_t> tokens;
   std::vector<int64_t> rows;
   int32_t segment = -1;
+  RunInsert insert = RunInsert::AfterFill;
 };
+
+// The namespace of a kind of run ("prefix", "depcache", "chunk", ...) for a
+// model and KV type: KV computed by another model or stored in another type
+// never matches.
+uint64_t strategy_namespace(uint64_t model_fingerprint, DType kv_type, std::string_view kind);
 std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
 
 // One forward pass over part of an assembly, in plan rows: a pass of a
@@ -148,18 +159,18 @@ class PlanExecution {
   PrefillReport finish(const KvCache& kv, int64_t row0, std::vector<float> logits, const PassResult& done);
 
  private:
-  void insert_runs(const KvCache& kv, int64_t row0, double ms_per_token);
+  void insert_runs(const KvCache& kv, int64_t row0, double ms_per_token, RunInsert when);
   void set_pass(PassPlan pass, std::span<const int32_t> positions);
   void after_fill(KvCache& kv, int64_t row0, double ms_per_token);
 
   const RequestPlan& plan_;
   RadixIndex& index_;
   PinLease lease_;
-  std::vector<bool> placed_;  // plan rows placed from the index
-  int done_ = 0;              // passes made by plan.next_pass
-  bool filling_ = false;      // the current pass fills the runs (plan.next_pass follows)
+  std::vector<bool> placed_;         // plan rows placed from the index
+  std::vector<uint64_t> placed_ns_;  // the namespace each placed row came from
+  int done_ = 0;                     // passes made by plan.next_pass
+  bool filling_ = false;             // the current pass fills the runs (plan.next_pass follows)
   bool last_ = false;
-  bool inserted_ = false;
   int n_layer_ = 0;
   int64_t layer_tokens_ = 0;  // (token, layer) pairs computed by passes done and by hooks so far
   std::vector<RowRange> scored_;

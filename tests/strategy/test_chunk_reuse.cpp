@@ -244,6 +244,34 @@ TEST(ChunkReuse, RecomputingRestoresWhatFullReuseLosesOnATrainedModel) {
   EXPECT_LT(kl["fusionrag " + std::to_string(1.0)], 1e-6);
 }
 
+// FusionRAG's offline step: a chunk fused after one neighbour holds what it
+// computes after the system prompt and that neighbour, so a request with
+// both, in that order, is full prefill with nothing recomputed; the chunk's
+// plain cache (what fullreuse finds) is untouched by it.
+TEST(ChunkReuse, AFusedChunkAfterItsNeighbourIsFullPrefill) {
+  for (const char* preset : {"tiny", "tiny-qwen2"}) {
+    Rig rig(preset);
+    PromptParts fuse = make_prompt_parts(rig.tok, doc_request({kPurr, kBark}, "x"));
+    fuse.task.clear();
+    KvCache kv(rig.model->config(), 2048, rig.kv_type);
+    const PrefillReport fused =
+        apply_plan(fusion_plan(fuse, rig.model->fingerprint(), rig.kv_type), rig.index, kv, rig.fwd);
+    EXPECT_EQ(fused.reused_tokens, 0);
+    const RagRequest r = doc_request({kPurr, kBark}, "Who barks?");
+    const PrefillReport got = rig.run("fusionrag", r, 0.0);
+    const auto parts = make_prompt_parts(rig.tok, r);
+    EXPECT_EQ(got.reused_tokens, parts.n_flat_tokens() - static_cast<int64_t>(parts.task.size()));
+    const PrefillReport full = rig.run("full", r);
+    EXPECT_LT(test::max_abs_diff(got.logits, full.logits, std::string(preset) + " fused vs full"), 1e-4);
+    // fullreuse finds the plain caches: the chunk as computed alone.
+    const PrefillReport plain = rig.run("fullreuse", r);
+    const PrefillReport alone = rig.run("fullreuse", r, 0, false);
+    EXPECT_LT(plain.reused_tokens, got.reused_tokens) << "the chunk fused was not stored plain";
+    EXPECT_LT(test::max_abs_diff(plain.logits, alone.logits, "plain cache after fusion"), 1e-4);
+    EXPECT_GT(test::max_abs_diff(plain.logits, full.logits, "plain vs full"), 1e-3);
+  }
+}
+
 TEST(ChunkReuse, RejectsARatioOutsideZeroToOne) {
   Rig rig;
   StrategyOptions o;

@@ -1,0 +1,66 @@
+// `depcache chunks fuse` as a user runs it: the chunks of a document stream
+// fused into a disk tier, found again (not recomputed) by a second fuse, and
+// served from there by `run -s fusionrag` with the same tier; a fuse without
+// a persistent tier is refused.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+
+#include "test_support.h"
+
+namespace depcache {
+namespace {
+
+using test::run_cli;
+
+TEST(ChunksCli, FusesIntoTheDiskTierThatFusionRagReadsFrom) {
+  const auto dir = test::temp_path("chunks-cli");
+  std::filesystem::create_directories(dir);
+  const std::string model = (dir / "m.gguf").string(), requests = (dir / "r.jsonl").string(),
+                    cache = (dir / "cache").string();
+  auto r = run_cli("model new --preset tiny --seed 4 -o " + model);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<std::pair<std::string, std::string>> docs = {{"a", "Dogs bark at night and chase cats."},
+                                                                 {"b", "Cats purr and sleep in the sun."},
+                                                                 {"c", "Owls hunt mice at night."},
+                                                                 {"d", "Dogs and owls are awake at night."},
+                                                                 {"e", "Cats chase mice in the barn."}};
+  {
+    std::ofstream out(requests);
+    const int picks[][3] = {{0, 1, 2}, {3, 0, 4}, {2, 4, 1}, {1, 3, 0}};
+    for (int i = 0; i < 4; ++i) {
+      nlohmann::json j{{"id", std::to_string(i)}, {"question", "Who is awake at night?"}};
+      for (int k : picks[i]) j["documents"].push_back({{"id", docs[k].first}, {"text", docs[k].second}});
+      out << j.dump() << "\n";
+    }
+  }
+  r = run_cli(fmt::format("chunks fuse -m {} --requests {} --neighbours 2 --cache-dir {} -t 2", model,
+                          requests, cache));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("fused 5 chunks (0 already fused)"), std::string::npos) << r.out;
+  r = run_cli(fmt::format("chunks fuse -m {} --requests {} --neighbours 2 --cache-dir {} -t 2", model,
+                          requests, cache));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("fused 0 chunks (5 already fused)"), std::string::npos) << r.out;
+  // Every chunk of every request is found on disk, fused or plain (the
+  // neighbours' plain caches are stored too).
+  r = run_cli(fmt::format("run -m {} --requests {} -s fusionrag --cache-dir {} -q -n 2 -t 2", model, requests,
+                          cache));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("matched tokens hot (\\d+) / host \\d+ / disk (\\d+)")))
+      << r.out;
+  EXPECT_GT(std::stoll(m[2]), 0) << r.out;
+  r = run_cli(fmt::format("chunks fuse -m {} --requests {}", model, requests));
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("--cache-dir or --redis"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace depcache
