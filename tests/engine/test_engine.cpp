@@ -213,7 +213,7 @@ TEST(Engine, ChunkedPrefillEqualsWholePrefill) {
 // admitted give theirs back and are prefilled again later with what they
 // generated, and each request still answers what it answers alone.
 TEST(Engine, PreemptedRequestsResumeWithTheSameTokens) {
-  for (const char* strategy : {"full", "depcache"}) {
+  for (const char* strategy : {"full", "depcache", "cacheblend", "fusionrag"}) {
     const auto model = test::random_model("tiny", DType::F32);
     const Tokenizer tok(Vocab::builtin_bytes());
     const auto js = jobs();

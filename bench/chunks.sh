@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Chunk reuse at any position against full attention, on MuSiQue and
+# HotpotQA BM25 top-5 streams with Zipf skew (../shared/data).
+#   quality: the trained stories260K model (64-token chunks, so five fit its
+#     512 positions), every strategy and the recompute-ratio sweep; fidelity
+#     to full attention (first token, KL, identical continuation, ROUGE-L),
+#     tokens computed (whole-model equivalents over passes), hit rate; then
+#     FusionRAG with its offline fusion (chunks fuse) and Cache-Craft's
+#     Table 3 ablation (RoPE fix = realignment on/off x recompute on/off).
+#   speed: qwen2-0.5b preset, F16, random weights (256-token chunks), every
+#     chunk already in the store and each question once (new combinations):
+#     TTFT p50/p99 and tokens computed per strategy.
+#   bash bench/chunks.sh [quality|speed|all] [requests]      (default: all, 40)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}
+N=${2:-40}
+BIN=./build/depcache
+SHARED=${DEPCACHE_SHARED:-../shared}
+STORIES="$SHARED/models/stories260K-f32.v1.gguf"
+QWEN=build/bench-models/qwen2-0.5b-f16.gguf
+D=build/bench-chunks
+mkdir -p "$D" "$(dirname "$QWEN")"
+[ -f "$STORIES" ] || { echo "needs $STORIES (the ../shared reference material)" >&2; exit 4; }
+
+stream() {  # dataset, model (its tokenizer chunks), chunk tokens, requests -> file
+  local set=$1 model=$2 tokens=$3 n=$4 out="$D/$1-$3-$4.jsonl"
+  [ -f "$out" ] || $BIN workload generate --corpus "$SHARED/data/$set/${set}_train_corpus.json" \
+    --questions "$SHARED/data/$set/${set}_train.json" --pattern zipf --requests "$n" --top-k 5 \
+    --chunk-tokens "$tokens" --overlap 0 --vocab "$model" --seed 7 --out "$out" >/dev/null
+  echo "$out"
+}
+
+# One summary row: label, model, request file, strategy, then run options.
+row() {
+  local label=$1 model=$2 requests=$3 strategy=$4
+  shift 4
+  $BIN run --serial -m "$model" --requests "$requests" -s "$strategy" -q "$@" 2>/dev/null |
+    grep -E "^$strategy +[0-9]" | awk -v label="$label" '{
+      # name requests p50 p99 mean e2e req/s tok/s prompt computed reused hit pairs [1st KL identical ROUGE]
+      if (NF >= 17) printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, $12, $10, $3, $(NF-3), $(NF-2), $(NF-1), $NF;
+      else printf "| %s | %s | %s | %s | %s | %s |\n", label, $12, $10, $3, $4, $9;
+    }'
+}
+
+quality() {
+  echo "## Quality: stories260K, $N requests per set, top-5 chunks of 64 tokens, 16 greedy tokens, KV f32"
+  for set in musique hotpotqa; do
+    local f
+    f=$(stream "$set" "$STORIES" 64 "$N")
+    local q=(-n 16 --kv-type f32 --fidelity)
+    echo
+    echo "### $set"
+    echo
+    echo "| strategy | hit rate | computed | TTFT p50 | same first token | KL mean | identical | ROUGE-L |"
+    echo "|---|---|---|---|---|---|---|---|"
+    row "full" "$STORIES" "$f" full "${q[@]}"
+    row "prefix" "$STORIES" "$f" prefix "${q[@]}"
+    row "fullreuse (0%)" "$STORIES" "$f" fullreuse "${q[@]}"
+    for r in 0.05 0.10 0.15 0.30 1.0; do
+      for s in cacheblend fusionrag; do row "$s $r" "$STORIES" "$f" "$s" --recompute-ratio "$r" "${q[@]}"; done
+    done
+    # FusionRAG with its offline step: every chunk of the stream fused after
+    # its 10 nearest (as many as fit the context).
+    rm -rf "$D/fused-$set"
+    $BIN chunks fuse -m "$STORIES" --requests "$f" --kv-type f32 --cache-dir "$D/fused-$set" >&2
+    for r in 0.0 0.15; do
+      row "fusionrag $r + offline fusion" "$STORIES" "$f" fusionrag --recompute-ratio "$r" --cache-dir "$D/fused-$set" \
+        "${q[@]}"
+    done
+    rm -rf "$D/fused-$set"
+    # Cache-Craft's Table 3: RoPE fix (realignment) x recompute (CacheBlend's 15%).
+    row "no RoPE fix, no recompute" "$STORIES" "$f" fullreuse --no-realign "${q[@]}"
+    row "RoPE fix, no recompute" "$STORIES" "$f" fullreuse "${q[@]}"
+    row "no RoPE fix, recompute 15%" "$STORIES" "$f" cacheblend --recompute-ratio 0.15 --no-realign "${q[@]}"
+    row "RoPE fix, recompute 15%" "$STORIES" "$f" cacheblend --recompute-ratio 0.15 "${q[@]}"
+  done
+}
+
+speed() {
+  [ -f "$QWEN" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$QWEN" >/dev/null
+  local n=$((N < 20 ? N : 20))
+  echo "## Speed: qwen2-0.5b F16 (random weights), $n distinct questions per set, top-5 chunks of 256 tokens"
+  echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) threads; one request at a time"
+  echo
+  echo "Every chunk is in the store before the stream (a disk tier filled by one fullreuse pass, copied for"
+  echo "each row, loads included in TTFT); each question comes once, so prompts are new combinations and prefix"
+  echo "reuse finds the system prompt only. FusionRAG + fusion: its offline step filled the store instead."
+  for set in musique hotpotqa; do
+    local f="$D/$set-256-distinct-$n.jsonl"
+    [ -f "$f" ] || $BIN workload generate --corpus "$SHARED/data/$set/${set}_train_corpus.json" \
+      --questions "$SHARED/data/$set/${set}_train.json" --pattern dataset --requests "$n" --top-k 5 \
+      --chunk-tokens 256 --overlap 0 --vocab "$QWEN" --out "$f" >/dev/null
+    local store="$D/store-$set" fused="$D/fused-store-$set"
+    rm -rf "$store" "$fused"
+    $BIN run --serial -m "$QWEN" --requests "$f" -s fullreuse -n 1 -q --cache-dir "$store" >/dev/null 2>&1
+    $BIN chunks fuse -m "$QWEN" --requests "$f" --cache-dir "$fused" >/dev/null
+    echo
+    echo "### $set"
+    echo
+    echo "| strategy | hit rate | computed | TTFT p50 | TTFT p99 | prompt |"
+    echo "|---|---|---|---|---|---|"
+    local rows=("full" "prefix" "fullreuse" "cacheblend 0.15" "fusionrag 0.15" "cacheblend 0.30" "fusionrag 0.30")
+    for spec in "${rows[@]}"; do
+      read -r s r <<<"$spec"
+      rm -rf "$D/tmp-store" && cp -r "$store" "$D/tmp-store"
+      row "$spec" "$QWEN" "$f" "$s" --recompute-ratio "${r:-0.15}" -n 1 --cache-dir "$D/tmp-store"
+    done
+    rm -rf "$D/tmp-store" && cp -r "$fused" "$D/tmp-store"
+    row "fusionrag 0.15 + fusion" "$QWEN" "$f" fusionrag --recompute-ratio 0.15 -n 1 --cache-dir "$D/tmp-store"
+    rm -rf "$D/tmp-store" "$store" "$fused"
+  done
+}
+
+case $WHAT in
+  quality) quality ;;
+  speed) speed ;;
+  all) quality && echo && speed ;;
+  *) echo "usage: bash bench/chunks.sh [quality|speed|all] [requests]" >&2; exit 2 ;;
+esac
