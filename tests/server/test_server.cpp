@@ -388,6 +388,16 @@ TEST(Server, RagRequestsReuseTheirContextAsTheirStrategyAllows) {
   const json moved_prefix = ask(documents_rag("prefix", {2, 0, 1}));
   EXPECT_GT(moved["usage"]["reused_tokens"].get<int64_t>(),
             moved_prefix["usage"]["reused_tokens"].get<int64_t>() + 40);
+  // The chunk strategies too: each document stored as computed alone, found
+  // in any order, whichever chunk strategy stored it.
+  ask(documents_rag("fusionrag", {0, 1, 2}));
+  for (const char* strategy : {"fusionrag", "cacheblend", "fullreuse"}) {
+    const json chunked = ask(documents_rag(strategy, {2, 0, 1}));
+    ASSERT_FALSE(chunked.is_null()) << strategy;
+    EXPECT_GT(chunked["usage"]["reused_tokens"].get<int64_t>(),
+              moved_prefix["usage"]["reused_tokens"].get<int64_t>() + 40)
+        << strategy;
+  }
   // In a chat, the documents sit inside the user's turn and are reused the same way.
   ask(documents_rag("depcache", {1, 2}), "/v1/chat/completions");
   const json chat = ask(documents_rag("depcache", {2, 1}), "/v1/chat/completions");
