@@ -271,7 +271,8 @@ LayerHook batch_hook(std::vector<BatchHook> hooks, int64_t n_embd_kv) {
                         layer.k_fresh + static_cast<int64_t>(a) * n_embd_kv,
                         layer.v_fresh + static_cast<int64_t>(a) * n_embd_kv,
                         layer.kv,
-                        layer.rows.subspan(static_cast<size_t>(h.q0), static_cast<size_t>(h.end - h.q0))};
+                        layer.rows.subspan(static_cast<size_t>(h.q0), static_cast<size_t>(h.end - h.q0)),
+                        layer.mass};  // one whole pass a step: the statistics are its own
       for (int64_t i : (*h.hook)(own)) keep.push_back(h.q0 + i);
       a = b;
     }

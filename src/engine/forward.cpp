@@ -135,7 +135,8 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
   // the last layer only the tokens whose logits are wanted.
   std::vector<int64_t> next = active_;
   if (plan.hook) {
-    next = plan.hook(LayerKv{il, active_, k_.data(), v_.data(), &kv, plan.rows});
+    next = plan.hook(LayerKv{il, active_, k_.data(), v_.data(), &kv, plan.rows,
+                             plan.stats_queries.empty() ? nullptr : &result.attention_mass});
     if (!std::is_sorted(next.begin(), next.end()) ||
         !std::includes(active_.begin(), active_.end(), next.begin(), next.end()))
       fail(ErrorKind::Internal,

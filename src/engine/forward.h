@@ -23,6 +23,9 @@ enum class Logits { Last, All };
 // indices, ascending), their freshly computed K/V (after RoPE, before they
 // are written), and the assembly, whose rows still hold the cached K/V of
 // those tokens when the plan placed any.
+// Attention mass [layer][statistics query][target], averaged over heads.
+using AttentionMass = std::vector<std::vector<std::vector<double>>>;
+
 struct LayerKv {
   int layer = 0;
   std::span<const int64_t> active;
@@ -30,6 +33,9 @@ struct LayerKv {
   const float* v_fresh = nullptr;
   const KvCache* kv = nullptr;
   std::span<const int64_t> rows;  // KV row of every batch token
+  // The plan's attention statistics of the layers before this one (null
+  // without statistics), for hooks that decide from where attention goes.
+  const AttentionMass* mass = nullptr;
 };
 
 // Returns the tokens to keep computing after this layer (a subset of
@@ -63,8 +69,7 @@ struct PrefillResult {
   std::vector<float> logits;              // (logits_for.size(), n_vocab)
   int64_t attention_pairs = 0;            // (query, key) pairs computed, summed over layers
   std::vector<int64_t> active_per_layer;  // tokens computed in each layer
-  // mass[layer][query][target], averaged over heads.
-  std::vector<std::vector<std::vector<double>>> attention_mass;
+  AttentionMass attention_mass;           // empty without statistics
 };
 
 class Forward {

@@ -135,6 +135,14 @@ void RadixIndex::set_lookahead(std::unordered_map<int32_t, double> weights) {
   lookahead_nodes_ = std::move(nodes);
 }
 
+void RadixIndex::set_fix_overhead(const Match& m, double cfo) {
+  auto lk = lock();
+  for (const Piece& p : m.pieces) {
+    policy_->set_fix_overhead(p.node, cfo);
+    touch(p.node);
+  }
+}
+
 void RadixIndex::rekey_all() {
   for (auto& c : candidates_) c.clear();
   for (Node& n : nodes_) n.keyed = false;

@@ -143,6 +143,9 @@ class RadixIndex {
   // LACR's lookahead weights (node -> weight of the pending requests that
   // will use it): re-ranks only the nodes whose weight changed.
   void set_lookahead(std::unordered_map<int32_t, double> weights);
+  // Cache-Craft's fix overhead of reusing the matched nodes (the policy's
+  // set_fix_overhead), before the access that reuses them.
+  void set_fix_overhead(const Match& m, double cfo);
   // The policy, to feed it (lookahead weights, fix overheads): what the
   // caller sets may change any priority, so the candidates are re-ranked
   // before the next eviction.

@@ -47,9 +47,6 @@ std::vector<int64_t> top_fraction(std::span<const double> scores, double ratio) 
   return order;
 }
 
-namespace {
-
-// The rows of `ranges`, ascending.
 std::vector<int64_t> rows_of(std::span<const RowRange> ranges) {
   std::vector<int64_t> rows;
   for (const RowRange& r : ranges)
@@ -57,9 +54,6 @@ std::vector<int64_t> rows_of(std::span<const RowRange> ranges) {
   return rows;
 }
 
-// A pass over chunk rows `picked` (ascending) and the tail: each sees every
-// row up to its own, the chunk rows not picked holding what their chunk
-// computed alone and the picked ones what they compute now.
 PassPlan recompute_pass(std::vector<int64_t> picked, RowRange tail, bool last) {
   PassPlan pass;
   pass.rows = std::move(picked);
@@ -68,6 +62,8 @@ PassPlan recompute_pass(std::vector<int64_t> picked, RowRange tail, bool last) {
   pass.last = last;
   return pass;
 }
+
+namespace {
 
 // CacheBlend's choice at kCacheBlendSelectLayer: of the chunk tokens (the
 // pass's first n_chunk), those whose fresh K/V differ most from what was
@@ -97,12 +93,20 @@ LayerHook cacheblend_hook(int64_t n_chunk, double ratio) {
   };
 }
 
-// Where a chunk's runs live: under the model, the KV type and the system
-// prompt (what a chunk's KV depends on besides itself).
+}  // namespace
+
+CacheRun run_of(const std::vector<int32_t>& tokens, uint64_t ns, RowRange r, int32_t item, RunInsert insert) {
+  CacheRun run{ns, {tokens.begin() + r.begin, tokens.begin() + r.end}, {}, item, insert};
+  for (int64_t i = r.begin; i < r.end; ++i) run.rows.push_back(i);
+  return run;
+}
+
 uint64_t chunk_namespace(const PromptParts& parts, uint64_t fp, DType kv_type, std::string_view kind) {
   return hash_bytes(parts.system.data(), parts.system.size() * sizeof(int32_t),
                     strategy_namespace(fp, kv_type, kind));
 }
+
+namespace {
 
 // A fused cache depends on neighbours its key does not name, so even its
 // first tokens are no one else's: each chunk's namespace is its own.
@@ -110,12 +114,6 @@ uint64_t fused_namespace(const PromptParts& parts, const std::vector<int32_t>& t
                          uint64_t fp, DType kv_type) {
   return hash_bytes(tokens.data() + chunk.begin, static_cast<size_t>(chunk.size()) * sizeof(int32_t),
                     chunk_namespace(parts, fp, kv_type, "fused-chunk"));
-}
-
-CacheRun run_of(const std::vector<int32_t>& tokens, uint64_t ns, RowRange r, int32_t item, RunInsert insert) {
-  CacheRun run{ns, {tokens.begin() + r.begin, tokens.begin() + r.end}, {}, item, insert};
-  for (int64_t i = r.begin; i < r.end; ++i) run.rows.push_back(i);
-  return run;
 }
 
 // The flat prompt with every chunk to be filled as computed alone after the
@@ -186,14 +184,19 @@ class ChunkStrategy final : public Strategy {
         case ChunkRecompute::FusionRag:
           break;
       }
+      const std::vector<int64_t> rows = rows_of(layout.chunks);
       if (state.done == 0) {  // the question over the placed chunks, scoring them
         PassPlan pass = recompute_pass({}, layout.tail, false);
-        pass.scored = layout.chunks;
+        pass.probe.queries = rows_of(std::span<const RowRange>(&layout.tail, 1));
+        for (int64_t r : rows) pass.probe.targets.push_back({r, r + 1});
         return pass;
       }
-      const std::vector<int64_t> rows = rows_of(layout.chunks);
+      // Each chunk token's last-layer attention from the question.
+      std::vector<double> scores(rows.size(), 0.0);
+      for (const std::vector<double>& per_query : state.mass->back())
+        for (size_t t = 0; t < per_query.size() && t < scores.size(); ++t) scores[t] += per_query[t];
       std::vector<int64_t> picked;
-      for (int64_t i : top_fraction(state.scores, ratio)) picked.push_back(rows[static_cast<size_t>(i)]);
+      for (int64_t i : top_fraction(scores, ratio)) picked.push_back(rows[static_cast<size_t>(i)]);
       return recompute_pass(std::move(picked), layout.tail, true);
     };
     return p;

@@ -40,6 +40,19 @@ ChunkLayout chunk_layout(const PromptParts& parts);
 // earlier index, a NaN score counts as the highest.
 std::vector<int64_t> top_fraction(std::span<const double> scores, double ratio);
 
+// Helpers of the chunk planners.
+std::vector<int64_t> rows_of(std::span<const RowRange> ranges);  // ascending
+// A last pass (or not) over chunk rows `picked` (ascending) and the tail:
+// each sees every row up to its own, the chunk rows not picked holding what
+// was placed there and the picked ones what they compute now.
+PassPlan recompute_pass(std::vector<int64_t> picked, RowRange tail, bool last);
+// The run of prompt rows r (their tokens of the flat prompt `tokens`).
+CacheRun run_of(const std::vector<int32_t>& tokens, uint64_t ns, RowRange r, int32_t item, RunInsert insert);
+// Where a kind of chunk run lives: under the model, the KV type and the
+// system prompt (what a chunk's KV depends on besides itself).
+uint64_t chunk_namespace(const PromptParts& parts, uint64_t model_fingerprint, DType kv_type,
+                         std::string_view kind);
+
 enum class ChunkRecompute { None, CacheBlend, FusionRag };
 
 // The layer whose K/V deviation CacheBlend ranks tokens by (every chunk token

@@ -202,6 +202,15 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
     const auto lk = index.lock();  // match, place and pin before anything else moves
     const uint64_t tick = index.begin_request();
     for (const CacheRun& run : plan.runs) {
+      if (run.whole) {
+        if (std::any_of(run.rows.begin(), run.rows.end(), [&](int64_t r) { return placed_[r]; })) continue;
+        const auto whole = static_cast<int64_t>(run.tokens.size());
+        RadixIndex::Match peeked = index.peek(run.ns, run.tokens);
+        if (peeked.length < whole && index.prefetch(run.ns, run.tokens) > 0)  // from the remote store
+          peeked = index.peek(run.ns, run.tokens);
+        if (peeked.length < whole) continue;
+        if (run.fix_overhead >= 0) index.set_fix_overhead(peeked, run.fix_overhead);
+      }
       const RadixIndex::Match match = index.match(run.ns, run.tokens, tick);
       add_load(report_, match);
       kv_rows.assign(run.rows.begin(), run.rows.end());
@@ -259,16 +268,15 @@ void PlanExecution::set_pass(PassPlan pass, std::span<const int32_t> positions) 
   prefill_.visibility = std::move(pass.visibility);
   last_ = pass.last;
   if (last_) prefill_.logits_for = {static_cast<int64_t>(prefill_.rows.size()) - 1};
-  scored_ = std::move(pass.scored);
-  if (!scored_.empty()) {
-    // The queries: the pass's rows after the last scored one.
-    for (size_t i = 0; i < prefill_.rows.size(); ++i)
-      if (prefill_.rows[i] >= scored_.back().end) prefill_.stats_queries.push_back(static_cast<int64_t>(i));
-    for (const RowRange& range : scored_)
-      for (int64_t r = range.begin; r < range.end; ++r) prefill_.stats_targets.push_back({r, r + 1});
-    prefill_.stats_from_layer = n_layer_ - 1;
-    if (prefill_.stats_queries.empty())
-      fail(ErrorKind::Internal, "a scoring pass without rows after the scored");
+  if (!pass.probe.queries.empty()) {
+    for (int64_t q : pass.probe.queries) {
+      const auto it = std::lower_bound(prefill_.rows.begin(), prefill_.rows.end(), q);
+      if (it == prefill_.rows.end() || *it != q)
+        fail(ErrorKind::Internal, "a probe query the pass does not compute");
+      prefill_.stats_queries.push_back(it - prefill_.rows.begin());
+    }
+    prefill_.stats_targets = std::move(pass.probe.targets);
+    prefill_.stats_from_layer = pass.probe.from_layer < 0 ? n_layer_ - 1 : pass.probe.from_layer;
   }
   if (pass.hook) {
     // Counts what the hook's choices compute, layer by layer.
@@ -323,7 +331,7 @@ void PlanExecution::after_fill(KvCache& kv, int64_t row0, double ms_per_token) {
       r = e;
     }
   }
-  set_pass(plan_.next_pass(PassState{kv, row0, placed_, done_, {}}), plan_.positions);
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, nullptr}), plan_.positions);
   ++done_;
 }
 
@@ -334,22 +342,22 @@ void PlanExecution::next_pass(KvCache& kv, int64_t row0, const PassResult& done)
     after_fill(kv, row0, done.ms_per_token);
     return;
   }
-  std::vector<double> scores;
-  if (!scored_.empty()) {
-    if (done.attention_mass.size() != static_cast<size_t>(n_layer_))
-      fail(ErrorKind::Internal, "a scoring pass returned no attention statistics");
-    scores.assign(prefill_.stats_targets.size(), 0.0);
-    for (const std::vector<double>& per_query : done.attention_mass.back())
-      for (size_t t = 0; t < per_query.size() && t < scores.size(); ++t) scores[t] += per_query[t];
-  }
-  set_pass(plan_.next_pass(PassState{kv, row0, placed_, done_, scores}), plan_.positions);
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, probed(done)}), plan_.positions);
   ++done_;
+}
+
+const AttentionMass* PlanExecution::probed(const PassResult& done) const {
+  if (prefill_.stats_queries.empty()) return nullptr;
+  if (done.attention_mass.size() != static_cast<size_t>(n_layer_))
+    fail(ErrorKind::Internal, "a probing pass returned no attention statistics");
+  return &done.attention_mass;
 }
 
 PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector<float> logits,
                                     const PassResult& done) {
   if (!plan_.next_pass) insert_runs(kv, row0, done.ms_per_token, RunInsert::AfterFill);
   insert_runs(kv, row0, done.ms_per_token, RunInsert::AtEnd);
+  if (plan_.learn) plan_.learn(PassState{kv, row0, placed_, placed_ns_, done_, probed(done)});
   lease_.release();
   const auto n = static_cast<int64_t>(plan_.tokens.size());
   report_.prompt_tokens = n;

@@ -58,6 +58,11 @@ struct Lookup {
 // one-pass plan), at the end, or never (looked up only). A run is not
 // inserted when a run of another namespace placed any of its rows: a
 // namespace holds only what was computed or found for it.
+// whole: placed only when every token is cached and none of its rows was
+// placed by an earlier run; otherwise not looked up at all (alternative
+// versions of the same rows, such as Cache-Craft's chunk variants).
+// fix_overhead: Cache-Craft's CFO of reusing it, told to the replacement
+// policy before the access (negative: none).
 enum class RunInsert { AfterFill, AtEnd, Never };
 struct CacheRun {
   uint64_t ns = 0;
@@ -65,6 +70,8 @@ struct CacheRun {
   std::vector<int64_t> rows;
   int32_t segment = -1;
   RunInsert insert = RunInsert::AfterFill;
+  bool whole = false;
+  double fix_overhead = -1;
 };
 
 // The namespace of a kind of run ("prefix", "depcache", "chunk", ...) for a
@@ -79,21 +86,28 @@ struct PassPlan {
   std::vector<int64_t> rows;  // ascending
   Visibility visibility;      // of `rows`
   LayerHook hook;             // optional; its batch indices index `rows`
-  // Plan rows (sorted, disjoint) whose last-layer attention from this pass's
-  // rows after the last of them (the question) the next pass gets.
-  std::vector<RowRange> scored;
+  // Attention to measure (none without queries): from each query (plan rows
+  // of this pass) to each target (plan row ranges, sorted and disjoint), per
+  // layer from from_layer (-1: the last layer only). The hook sees the
+  // layers done so far; the next pass (or RequestPlan::learn) all of it.
+  struct Probe {
+    std::vector<int64_t> queries;
+    std::vector<RowRange> targets;
+    int from_layer = -1;
+  } probe;
   bool last = false;  // its last row is the prompt's last, whose logits start the answer
 };
 
 // What the passes so far left, for choosing the next.
 struct PassState {
   const KvCache& kv;
-  int64_t row0 = 0;                 // the assembly's first row in kv
-  const std::vector<bool>& placed;  // plan rows placed from the index
-  int done = 0;                     // passes made by next_pass so far
-  // Per row of the previous pass's `scored` (in order): the attention it got,
-  // summed over the querying rows, averaged over heads.
-  std::span<const double> scores;
+  int64_t row0 = 0;                     // the assembly's first row in kv
+  const std::vector<bool>& placed;      // plan rows placed from the index
+  const std::vector<uint64_t>& source;  // the namespace each placed row came from
+  int done = 0;                         // passes made by next_pass so far
+  // The previous pass's probe: [layer][query][target] in its order (layers
+  // before from_layer empty); null when it had none.
+  const AttentionMass* mass = nullptr;
 };
 
 // What a strategy decides for a request before anything is looked up: the
@@ -120,6 +134,9 @@ struct RequestPlan {
   int64_t fill_end = 0;
   std::vector<int32_t> fill_positions;  // empty: `positions`
   std::function<PassPlan(const PassState&)> next_pass;
+  // Optional, after the final pass: what a strategy keeps of the request's
+  // computation (Cache-Craft's attention metadata of the chunks it computed).
+  std::function<void(const PassState&)> learn;
 
   // The sequences it will look up (none without reuse): what schedulers,
   // LACR's lookahead and prefetchers peek at before it runs.
@@ -128,8 +145,8 @@ struct RequestPlan {
 
 // What a forward pass of an execution measured.
 struct PassResult {
-  const std::vector<std::vector<std::vector<double>>>& attention_mass;  // PrefillResult's
-  int64_t attention_pairs = 0;                                          // per layer
+  const AttentionMass& attention_mass;  // PrefillResult's
+  int64_t attention_pairs = 0;          // per layer
   double ms_per_token = 0;
 };
 
@@ -162,6 +179,7 @@ class PlanExecution {
   void insert_runs(const KvCache& kv, int64_t row0, double ms_per_token, RunInsert when);
   void set_pass(PassPlan pass, std::span<const int32_t> positions);
   void after_fill(KvCache& kv, int64_t row0, double ms_per_token);
+  const AttentionMass* probed(const PassResult& done) const;
 
   const RequestPlan& plan_;
   RadixIndex& index_;
@@ -173,7 +191,6 @@ class PlanExecution {
   bool last_ = false;
   int n_layer_ = 0;
   int64_t layer_tokens_ = 0;  // (token, layer) pairs computed by passes done and by hooks so far
-  std::vector<RowRange> scored_;
   PrefillPlan prefill_;
   PrefillReport report_;
 };
