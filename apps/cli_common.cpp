@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -16,6 +17,28 @@ namespace depcache::cli {
 
 Tokenizer tokenizer_from(const std::string& gguf_path) {
   return Tokenizer(gguf_path.empty() ? Vocab::builtin_bytes() : Vocab::from_gguf(GgufFile::open(gguf_path)));
+}
+
+void add_chunk_options(CLI::App* cmd, StrategyOptions& so) {
+  cmd->add_option("--recompute-ratio", so.recompute_ratio,
+                  "cacheblend, fusionrag: fraction of the chunk tokens recomputed with attention to the "
+                  "chunks before them")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--cachecraft-alpha", so.cachecraft_alpha,
+                  "cachecraft: scale of the cache-fix overhead (fraction of a chunk recomputed = alpha x "
+                  "CCI x (1 - beta'), at most 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--chunk-variants", so.chunk_variants,
+                  "cachecraft: variants (computed after different chunks) kept per chunk")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--focus-window", so.focus_window,
+                  "cachecraft: layers the question's focused chunks must stay the same before the other "
+                  "chunks stop being fixed (0: fix them in every layer)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
 }
 
 std::string tokenizer_name(const std::string& gguf_path) {

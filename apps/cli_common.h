@@ -9,8 +9,17 @@
 
 #include "compute/dtype.h"
 #include "model/tokenizer.h"
+#include "strategy/strategy.h"
+
+namespace CLI {
+class App;
+}
 
 namespace depcache::cli {
+
+// The options of the chunk strategies (recompute ratio; Cache-Craft's
+// alpha, variants per chunk and focus window), for run and serve.
+void add_chunk_options(CLI::App* cmd, StrategyOptions& so);
 
 // The tokenizer of a GGUF file, or the built-in byte vocab when path is empty.
 Tokenizer tokenizer_from(const std::string& gguf_path);

@@ -65,7 +65,7 @@ struct RunOptions {
   bool quiet = false, verify = false, no_reuse = false, no_realign = false, fidelity = false, serial = false,
        sweep = false;
   double slo_ms = 0;
-  double recompute_ratio = 0.15;
+  StrategyOptions chunk;  // the chunk strategies' options
   std::string report_path;
 };
 
@@ -171,7 +171,10 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   eo.kv_type = kv_type;
   eo.cache_bytes = static_cast<size_t>(o.cache_mib * 1048576.0);
   eo.policy = o.policy;
-  eo.strategy = {scheme, !o.no_reuse, !o.no_realign, o.recompute_ratio};
+  eo.strategy = o.chunk;
+  eo.strategy.scheme = scheme;
+  eo.strategy.reuse = !o.no_reuse;
+  eo.strategy.realign = !o.no_realign;
   eo.batch_tokens = o.batch_tokens;
   eo.max_running = o.max_running;
   eo.wait_for_shared = !o.no_wait_for_shared;
@@ -247,7 +250,10 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   std::unique_ptr<Strategy> reference;
   std::unique_ptr<KvCache> ref_kv;
   if (o.verify) {
-    reference = make_strategy(name, no_index, *model, kv_type, {scheme, false, true, o.recompute_ratio});
+    StrategyOptions so = o.chunk;
+    so.scheme = scheme;
+    so.reuse = false;
+    reference = make_strategy(name, no_index, *model, kv_type, so);
     ref_kv = std::make_unique<KvCache>(model->config(), pool_rows, kv_type);
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -519,11 +525,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("-s,--strategy", o.strategies,
                   fmt::format("Strategies, comma-separated: {}", fmt::join(strategy_names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--recompute-ratio", o.recompute_ratio,
-                  "cacheblend, fusionrag: fraction of the chunk tokens recomputed with attention to the "
-                  "chunks before them")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+  add_chunk_options(cmd, o.chunk);
   cmd->add_option("--scheme", o.scheme,
                   "depcache positions: auto (the model's depcache.position_scheme, else sequential), "
                   "sequential or stacked (closer to full attention; moved subtrees reused approximately), "

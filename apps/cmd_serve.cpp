@@ -86,10 +86,7 @@ void add_serve_command(CLI::App& app) {
          fmt::format("Reuse strategy of requests that name none: {}", fmt::join(strategy_names(), ", ")))
       ->capture_default_str()
       ->check(CLI::IsMember(strategy_names()));
-  cmd->add_option("--recompute-ratio", eo.strategy.recompute_ratio,
-                  "cacheblend, fusionrag: fraction of the chunk tokens recomputed")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+  add_chunk_options(cmd, eo.strategy);
   cmd->add_option("-t,--threads", eo.threads, "Compute threads (default: one per core)");
   cmd->add_option("-c,--ctx-size", pool_rows, "Rows of the KV pool shared by running requests")
       ->capture_default_str()

@@ -6,6 +6,7 @@
 
 #include "engine/visibility.h"
 #include "kv/pin_lease.h"
+#include "strategy/cache_craft.h"
 #include "strategy/chunk_reuse.h"
 #include "util/error.h"
 #include "util/hash.h"
@@ -435,7 +436,7 @@ std::vector<Lookup> RequestPlan::lookups() const {
 }
 
 std::vector<std::string> strategy_names() {
-  return {"full", "prefix", "depcache", "fullreuse", "cacheblend", "fusionrag"};
+  return {"full", "prefix", "depcache", "fullreuse", "cacheblend", "fusionrag", "cachecraft"};
 }
 
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
@@ -451,6 +452,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index
   if (name == "depcache")
     return std::make_unique<DepCacheStrategy>(index, strategy_namespace(fp, kv_type, "depcache"),
                                               options.scheme, options.reuse, options.realign);
+  if (name == "cachecraft") return make_cache_craft(index, fp, kv_type, options);
   const std::pair<std::string_view, ChunkRecompute> chunk[] = {{"fullreuse", ChunkRecompute::None},
                                                                {"cacheblend", ChunkRecompute::CacheBlend},
                                                                {"fusionrag", ChunkRecompute::FusionRag}};

@@ -12,6 +12,8 @@
 //             matched from its root and reused at its new positions
 //   fullreuse, cacheblend, fusionrag: chunks reused at any position, some
 //             of their tokens recomputed (strategy/chunk_reuse.h)
+//   cachecraft: chunk variants chosen by context, fixed by their own
+//             metadata (strategy/cache_craft.h)
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -232,6 +234,12 @@ struct StrategyOptions {
   bool reuse = true;                               // prefix, depcache: look up and insert
   bool realign = true;                             // depcache, chunk strategies: see RequestPlan::realign
   double recompute_ratio = 0.15;                   // cacheblend, fusionrag: chunk tokens recomputed
+  // cachecraft (strategy/cache_craft.h): alpha scales the cache-fix
+  // overhead; variants kept per chunk; layers the focused chunks must hold
+  // before the others stop being fixed (0: never stop early).
+  double cachecraft_alpha = 1.0;
+  int chunk_variants = 5;
+  int focus_window = 3;
 };
 
 // name: one of strategy_names() (chunk strategies: strategy/chunk_reuse.h).

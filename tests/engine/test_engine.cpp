@@ -61,7 +61,13 @@ std::vector<Job> jobs() {
           {"fusionrag", swapped},
           {"fullreuse", graph_request({kOwl, kDog}, "Which?")},
           {"fusionrag", docs},
-          {"cacheblend", swapped}};
+          {"cacheblend", swapped},
+          // Cache-Craft: one pass with statistics from every layer, and a
+          // focus hook once a variant placed in another context is fixed.
+          {"cachecraft", docs},
+          {"cachecraft", swapped},
+          {"cachecraft", graph_request({kOwl, kCat, kDog}, "Which?")},
+          {"cachecraft", graph_request({kCat, kDog, kOwl}, "Which?")}};
 }
 
 // Each request alone (a fresh engine each, so nothing is reused across
@@ -201,7 +207,7 @@ TEST(Engine, ChunkedPrefillEqualsWholePrefill) {
     }
     int64_t computed = 0;  // by strategies whose passes may be cut (not the whole ones of recompute)
     for (size_t i = 0; i < js.size(); ++i)
-      if (js[i].strategy != "cacheblend" && js[i].strategy != "fusionrag")
+      if (js[i].strategy != "cacheblend" && js[i].strategy != "fusionrag" && js[i].strategy != "cachecraft")
         computed += cut.result(b[i]).report.computed_tokens;
     EXPECT_GE(steps, computed / budget) << "no step computed more than the budget";
     EXPECT_EQ(cut.pool().n_free(), cut.pool().n_rows());
@@ -213,7 +219,7 @@ TEST(Engine, ChunkedPrefillEqualsWholePrefill) {
 // admitted give theirs back and are prefilled again later with what they
 // generated, and each request still answers what it answers alone.
 TEST(Engine, PreemptedRequestsResumeWithTheSameTokens) {
-  for (const char* strategy : {"full", "depcache", "cacheblend", "fusionrag"}) {
+  for (const char* strategy : {"full", "depcache", "cacheblend", "fusionrag", "cachecraft"}) {
     const auto model = test::random_model("tiny", DType::F32);
     const Tokenizer tok(Vocab::builtin_bytes());
     const auto js = jobs();

@@ -389,9 +389,11 @@ TEST(Server, RagRequestsReuseTheirContextAsTheirStrategyAllows) {
   EXPECT_GT(moved["usage"]["reused_tokens"].get<int64_t>(),
             moved_prefix["usage"]["reused_tokens"].get<int64_t>() + 40);
   // The chunk strategies too: each document stored as computed alone, found
-  // in any order, whichever chunk strategy stored it.
+  // in any order, whichever chunk strategy stored it; Cache-Craft's variants
+  // (computed in the context of the request that first had them) likewise.
   ask(documents_rag("fusionrag", {0, 1, 2}));
-  for (const char* strategy : {"fusionrag", "cacheblend", "fullreuse"}) {
+  ask(documents_rag("cachecraft", {0, 1, 2}));
+  for (const char* strategy : {"fusionrag", "cacheblend", "fullreuse", "cachecraft"}) {
     const json chunked = ask(documents_rag(strategy, {2, 0, 1}));
     ASSERT_FALSE(chunked.is_null()) << strategy;
     EXPECT_GT(chunked["usage"]["reused_tokens"].get<int64_t>(),

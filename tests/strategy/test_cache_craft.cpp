@@ -1,0 +1,244 @@
+// Cache-Craft on a random-weight model: a chunk missed is computed in the
+// request's context (so the first request is full prefill) and stored as a
+// variant keyed by the chunks before it; the same context again is prefix
+// caching; another context places the best variant and fixes ceil(CFO * n)
+// of its tokens; CFO 1 everywhere is full prefill. The scores follow the
+// paper's formulas.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "engine/fidelity.h"
+#include "engine/forward.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "strategy/cache_craft.h"
+#include "strategy/strategy.h"
+#include "test_support.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+const RequestDocument kBark{"d1", "Dogs", "Dogs bark at night and chase cats through the garden."};
+const RequestDocument kPurr{"d2", "Cats", "Cats purr when they are content and sleep in the sun."};
+const RequestDocument kHoot{"d3", "Owls", "Owls hunt mice at night and sleep through the day."};
+const RequestDocument kSwim{"d4", "Fish", "Fish swim in schools and sleep with their eyes open."};
+
+RagRequest doc_request(std::vector<RequestDocument> docs, const std::string& question) {
+  RagRequest r;
+  r.documents = std::move(docs);
+  r.question = question;
+  return r;
+}
+
+struct Rig {
+  std::shared_ptr<const Model> model = test::random_model("tiny-qwen2", DType::F32);
+  Tokenizer tok{Vocab::builtin_bytes()};
+  ThreadPool pool{2};
+  Forward fwd{model, pool};
+  RadixIndex index{64 << 20};
+  std::unique_ptr<Strategy> craft;
+  explicit Rig(double alpha = 1.0, int window = 0) {
+    StrategyOptions o;
+    o.cachecraft_alpha = alpha;
+    o.focus_window = window;
+    craft = make_strategy("cachecraft", index, *model, DType::F32, o);
+  }
+  PrefillReport run(const RagRequest& r) {
+    KvCache kv(model->config(), 2048, DType::F32);
+    return craft->prefill(make_prompt_parts(tok, r), kv, fwd);
+  }
+  PrefillReport full(const RagRequest& r) {
+    KvCache kv(model->config(), 2048, DType::F32);
+    RadixIndex none(0);
+    return make_strategy("full", none, *model, DType::F32)->prefill(make_prompt_parts(tok, r), kv, fwd);
+  }
+  int64_t chunk_tokens(const RagRequest& r) const {
+    int64_t n = 0;
+    for (const auto& item : make_prompt_parts(tok, r).items)
+      for (const auto& p : item.paths) n += static_cast<int64_t>(p.size());
+    return n;
+  }
+};
+
+TEST(CacheCraft, FitFollowsThePaper) {
+  const ChunkVariant v{1, {10, 20, 30}, {1, 2, 1}, 0.7, {}};
+  // A and C of A, B, C present: beta = (1 + 1) / 4; in the same order.
+  VariantFit f = fit_variant(v, std::vector<uint64_t>{10, 30, 40}, 0.5);
+  EXPECT_DOUBLE_EQ(f.beta, 0.5);
+  EXPECT_DOUBLE_EQ(f.gamma, 0.0);
+  EXPECT_DOUBLE_EQ(f.score, 0.7 * 0.5);
+  EXPECT_DOUBLE_EQ(f.cfo, 0.5 * 0.7 * 0.5);
+  // Reversed: their one pair is discordant, beta' = 0.
+  f = fit_variant(v, std::vector<uint64_t>{30, 10}, 0.5);
+  EXPECT_DOUBLE_EQ(f.gamma, 1.0);
+  EXPECT_DOUBLE_EQ(f.beta_adjusted, 0.0);
+  EXPECT_DOUBLE_EQ(f.cfo, 0.35);
+  // All three, one pair of three swapped.
+  f = fit_variant(v, std::vector<uint64_t>{20, 10, 30}, 1.0);
+  EXPECT_DOUBLE_EQ(f.beta, 1.0);
+  EXPECT_NEAR(f.gamma, 1.0 / 3.0, 1e-12);
+  // The same context: reused as is; CFO is clamped to 1.
+  EXPECT_DOUBLE_EQ(fit_variant(v, std::vector<uint64_t>{10, 20, 30}, 1.0).cfo, 0.0);
+  EXPECT_DOUBLE_EQ(fit_variant(v, std::vector<uint64_t>{}, 5.0).cfo, 1.0);
+  // Computed first: any context now is new to it.
+  const ChunkVariant first{2, {}, {}, 0.5, {}};
+  EXPECT_DOUBLE_EQ(fit_variant(first, std::vector<uint64_t>{}, 1.0).beta, 1.0);
+  EXPECT_DOUBLE_EQ(fit_variant(first, std::vector<uint64_t>{10}, 1.0).cfo, 0.5);
+}
+
+TEST(CacheCraft, FocusedChunksAreCutByTheEntropyOfTheGaps) {
+  // Two chunks well above the other two.
+  EXPECT_EQ(focused_chunks(std::vector<double>{0.9, 0.1, 0.85, 0.05}), (std::vector<int>{0, 2}));
+  // One far above the rest.
+  EXPECT_EQ(focused_chunks(std::vector<double>{0.1, 0.12, 0.9, 0.11, 0.1}), (std::vector<int>{2}));
+  // Too few to cut, or nothing to tell apart: all focused.
+  EXPECT_EQ(focused_chunks(std::vector<double>{0.9, 0.1}), (std::vector<int>{0, 1}));
+  EXPECT_EQ(focused_chunks(std::vector<double>{0.3, 0.3, 0.3}), (std::vector<int>{0, 1, 2}));
+}
+
+TEST(CacheCraft, VariantsKeepTheNewestPerChunk) {
+  ChunkVariants store(2);
+  store.add(7, {1, {}, {}, 0.5, {}});
+  store.add(7, {2, {}, {}, 0.5, {}});
+  store.add(7, {1, {}, {}, 0.6, {}});  // replaces ns 1, now the newest
+  store.add(7, {3, {}, {}, 0.5, {}});
+  const std::vector<ChunkVariant> vs = store.of(7);
+  ASSERT_EQ(vs.size(), 2u);
+  EXPECT_EQ(vs[0].ns, 1u);
+  EXPECT_DOUBLE_EQ(vs[0].cci, 0.6);
+  EXPECT_EQ(vs[1].ns, 3u);
+  EXPECT_TRUE(store.of(8).empty());
+}
+
+// A chunk missed is computed in this request's context: the first request
+// is full prefill, and the same chunks in the same order again are exact.
+TEST(CacheCraft, ChunksComputedInContextAndReusedInTheSameContextAreExact) {
+  Rig rig;
+  const RagRequest first = doc_request({kBark, kPurr, kHoot}, "Who purrs?");
+  const PrefillReport a = rig.run(first);
+  EXPECT_EQ(a.reused_tokens, 0);
+  EXPECT_LT(test::max_abs_diff(a.logits, rig.full(first).logits, "first vs full"), 1e-4);
+  const RagRequest again = doc_request({kBark, kPurr, kHoot}, "Who hunts at night?");
+  const PrefillReport b = rig.run(again);
+  const PromptParts parts = make_prompt_parts(rig.tok, again);
+  EXPECT_EQ(b.reused_tokens, static_cast<int64_t>(parts.system.size()) + rig.chunk_tokens(again));
+  EXPECT_LT(test::max_abs_diff(b.logits, rig.full(again).logits, "same context vs full"), 1e-4);
+}
+
+// In another context the placed variants are fixed by ceil(CFO * n) of their
+// tokens: none at alpha 0; all at CFO 1, which is full prefill again.
+TEST(CacheCraft, ChunksInAnotherContextAreFixedAsTheirCfoSays) {
+  const RagRequest seen = doc_request({kBark, kPurr, kHoot}, "Who purrs?");
+  // No chunk's old context is all here (beta = 0 for each).
+  const RagRequest moved = doc_request({kSwim, kHoot, kPurr, kBark}, "Who sleeps?");
+  int64_t computed[3] = {};
+  double diff[3] = {};
+  const double alphas[3] = {0.0, 1.0, 1e6};
+  for (int i = 0; i < 3; ++i) {
+    Rig rig(alphas[i]);
+    rig.run(seen);
+    const PrefillReport r = rig.run(moved);
+    computed[i] = r.computed_tokens;
+    diff[i] = test::max_abs_diff(r.logits, rig.full(moved).logits, "moved vs full");
+    for (float x : r.logits) ASSERT_TRUE(std::isfinite(x));
+    if (i < 2) {
+      EXPECT_GT(r.reused_tokens, rig.chunk_tokens(moved) / 2);
+    }
+  }
+  EXPECT_LT(computed[0], computed[1]);
+  EXPECT_LT(computed[1], computed[2]);
+  EXPECT_GT(diff[0], 1e-3);  // reused as is: not full attention
+  EXPECT_LT(diff[2], 1e-4);  // every variant needs a full fix: none is placed
+}
+
+// On a trained model (stories260K, 5 layers): chunks moved to other
+// contexts, fixed as their metadata says, come closer to full attention than
+// chunks reused as computed alone (fullreuse); once the question's focused
+// chunks hold for a layer, the other chunks stop being fixed: fewer tokens
+// computed, the quality about the same.
+TEST(CacheCraft, FixingRestoresQualityOnATrainedModelAndFocusCutsWork) {
+  DEPCACHE_REQUIRE_SHARED(path, "models/stories260K-f32.v1.gguf");
+  const auto model = Model::load(path);
+  const Tokenizer tok(Vocab::from_gguf(model->file()));
+  ThreadPool pool(2);
+  Forward fwd(model, pool);
+  const std::vector<RequestDocument> docs = {
+      {"a", "", "Lily had a red ball. She liked to throw it to her dog Max in the park."},
+      {"b", "", "Tom was sad because it rained all day. His mom made him a warm cup of milk."},
+      {"c", "", "The little bird could not fly. A kind girl found it and gave it some water."},
+      {"d", "", "Ben and Sue built a big castle of sand. Then a wave came and took it away."},
+      {"e", "", "One day a cat saw a fish in the pond. The cat wanted the fish very much."}};
+  const std::vector<std::vector<int>> seen = {{0, 1, 2}, {3, 4, 0}, {1, 3, 2, 4}};
+  const std::vector<std::vector<int>> asked = {{2, 0, 3}, {4, 3, 1}, {1, 4, 0}, {3, 2, 4}, {2, 1, 0, 4}};
+  const auto request = [&](const std::vector<int>& order) {
+    std::vector<RequestDocument> ds;
+    for (int i : order) ds.push_back(docs[i]);
+    return doc_request(ds, "What did they do?");
+  };
+  struct Arm {
+    std::string name;
+    int window;
+    RadixIndex index{64 << 20};
+    std::unique_ptr<Strategy> strategy;
+    double kl = 0;
+    int64_t computed = 0;
+  };
+  std::vector<std::unique_ptr<Arm>> arms;
+  for (const auto& [name, window] :
+       std::vector<std::pair<std::string, int>>{{"fullreuse", 0}, {"cachecraft", 0}, {"cachecraft", 1}}) {
+    auto arm = std::make_unique<Arm>();
+    arm->name = name;
+    arm->window = window;
+    StrategyOptions o;
+    o.focus_window = window;
+    arm->strategy = make_strategy(name, arm->index, *model, DType::F32, o);
+    arms.push_back(std::move(arm));
+  }
+  const auto prefill = [&](Strategy& s, const RagRequest& r) {
+    KvCache kv(model->config(), 512, DType::F32);
+    return s.prefill(make_prompt_parts(tok, r), kv, fwd);
+  };
+  RadixIndex none(0);
+  const auto full = make_strategy("full", none, *model, DType::F32);
+  for (auto& arm : arms)
+    for (const auto& order : seen) prefill(*arm->strategy, request(order));
+  for (const auto& order : asked) {
+    const RagRequest r = request(order);
+    const PrefillReport want = prefill(*full, r);
+    for (auto& arm : arms) {
+      const PrefillReport got = prefill(*arm->strategy, r);
+      EXPECT_GT(got.reused_tokens, 0) << arm->name;
+      const double d = kl_divergence_of_logits(want.logits, got.logits);
+      ASSERT_TRUE(std::isfinite(d)) << arm->name;
+      arm->kl += d / static_cast<double>(asked.size());
+      arm->computed += got.computed_tokens;
+    }
+  }
+  for (const auto& arm : arms)
+    std::printf("[check] stories260K %s (focus window %d): mean KL %.3g, %lld tokens computed\n",
+                arm->name.c_str(), arm->window, arm->kl, static_cast<long long>(arm->computed));
+  EXPECT_LT(arms[1]->kl, arms[0]->kl / 2);
+  EXPECT_LT(arms[2]->computed, arms[1]->computed);
+  EXPECT_LT(arms[2]->kl, arms[0]->kl);
+}
+
+TEST(CacheCraft, RejectsBadOptions) {
+  Rig rig;
+  StrategyOptions o;
+  o.cachecraft_alpha = -1;
+  EXPECT_THROW(make_strategy("cachecraft", rig.index, *rig.model, DType::F32, o), Error);
+  o = {};
+  o.chunk_variants = 0;
+  EXPECT_THROW(make_strategy("cachecraft", rig.index, *rig.model, DType::F32, o), Error);
+  o = {};
+  o.focus_window = -2;
+  EXPECT_THROW(make_strategy("cachecraft", rig.index, *rig.model, DType::F32, o), Error);
+}
+
+}  // namespace
+}  // namespace depcache
