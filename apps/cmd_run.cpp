@@ -67,6 +67,7 @@ struct RunOptions {
   double slo_ms = 0;
   StrategyOptions chunk;  // the chunk strategies' options
   std::string report_path;
+  std::string warmup_path;
 };
 
 // Full attention's answer to a request (--fidelity): what every strategy is
@@ -164,7 +165,8 @@ RadixIndex::Stats stats_of(const RadixIndex& index) {
 StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs,
                          const std::vector<PromptParts>& parts, const std::shared_ptr<const Model>& model,
                          Forward& fwd, const RunOptions& o, int64_t pool_rows, PositionScheme scheme,
-                         const std::vector<FullAnswer>* full) {
+                         const std::vector<FullAnswer>* full,
+                         const std::vector<PromptParts>* warmup = nullptr) {
   const DType kv_type = parse_kv_type(o.kv_type);
   EngineOptions eo;
   eo.pool_rows = pool_rows;
@@ -200,6 +202,21 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   SamplingParams sampling;
   sampling.max_tokens = o.max_tokens;
   sampling.stop_at_eog = false;  // exactly -n tokens, for comparable figures
+  if (warmup != nullptr && !warmup->empty()) {
+    // Served before the stream, one at a time and unmeasured: what they
+    // leave in the caches (and, for cachecraft, the variants' metadata) is
+    // what the stream starts from.
+    Progress warming(name + " warm-up", warmup->size());
+    size_t n = 0;
+    for (const PromptParts& p : *warmup) {
+      const RequestId id = engine.submit(name, p, sampling);
+      engine.run_until_idle();
+      if (engine.result(id).state != RequestState::Finished)
+        fail(ErrorKind::Internal, "a warm-up request did not finish: {}", engine.result(id).error);
+      engine.forget(id);
+      warming.step(++n);
+    }
+  }
   StrategyRun run{name, {}, 0, 0, {}, o.tiers.any()};
   run.rows.resize(reqs.size());
   std::vector<RequestId> ids(reqs.size(), 0);
@@ -598,6 +615,9 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--limit", o.limit, "Process at most this many requests (0: all)")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup_path,
+                  "Request file served first, one at a time and unmeasured, by each strategy on its own "
+                  "engine (fills the caches the stream starts from)");
   cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
   cmd->add_flag("--no-reuse", o.no_reuse,
                 "Never look up or insert KV (depcache: dependency attention alone)");
@@ -622,6 +642,8 @@ void add_run_command(CLI::App& app) {
     make_policy(o.policy);  // reject bad names before loading anything
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
+    const std::vector<RagRequest> warm_reqs =
+        o.warmup_path.empty() ? std::vector<RagRequest>{} : read_requests(o.warmup_path);
     // Arrival times: the file's (scaled), or Poisson at --rate; in order.
     if (o.rate > 0) {
       const std::vector<double> at = poisson_arrivals(reqs.size(), o.rate, o.seed);
@@ -645,6 +667,14 @@ void add_run_command(CLI::App& app) {
           o.max_tokens - 1;
       if (n > need) need = n, largest = r.id;
       all += n;
+    }
+    std::vector<PromptParts> warm;
+    for (const RagRequest& r : warm_reqs) {
+      warm.push_back(make_prompt_parts(tok, r));
+      const int64_t n =
+          std::max(warm.back().n_flat_tokens(), static_cast<int64_t>(warm.back().dep_prompt().size())) +
+          o.max_tokens - 1;
+      if (n > need) need = n, largest = "warm-up " + r.id;
     }
     const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::max(need, std::min(all, 8 * need));
     if (need > n_ctx)
@@ -683,7 +713,7 @@ void add_run_command(CLI::App& app) {
     if (o.sweep) return sweep_rates(names, reqs, parts, model, fwd, o, n_ctx, scheme);
     for (const std::string& name : names) {
       runs.push_back(
-          run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr));
+          run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr, &warm));
       for (size_t i = 0; i < reqs.size(); ++i) {
         if (reqs[i].answers.empty()) continue;
         RequestRow& row = runs.back().rows[i];

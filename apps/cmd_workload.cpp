@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <unordered_map>
 
 #include "cli_common.h"
@@ -36,6 +37,7 @@ struct GenerateOptions {
   // chunk RAG
   size_t top_k = 5;
   ChunkOptions chunking;
+  bool shuffle_chunks = false;
 };
 
 std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
@@ -99,6 +101,7 @@ std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
   }
   const std::vector<double> arrivals = poisson_arrivals(order.size(), o.rate, o.seed ^ 0x9E3779B97F4A7C15ULL);
   std::vector<RagRequest> out;
+  std::mt19937_64 rng(o.seed ^ 0x5EEDC0DEULL);
   for (size_t i = 0; i < order.size(); ++i) {
     const QaItem& q = qa[order[i]];
     RagRequest r;
@@ -107,6 +110,7 @@ std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
     r.question = q.question;
     r.answers = q.answers;
     r.documents = retrieved[order[i]];
+    if (o.shuffle_chunks) std::shuffle(r.documents.begin(), r.documents.end(), rng);
     out.push_back(std::move(r));
   }
   return out;
@@ -166,6 +170,10 @@ void add_generate(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{100000}));
   cmd->add_option("--top-k", o.top_k, "Chunk RAG: chunks per request")->capture_default_str();
+  cmd->add_flag(
+      "--shuffle-chunks", o.shuffle_chunks,
+      "Chunk RAG: each request's chunks in a random order (seeded), as when the same documents come "
+      "back ranked differently");
   cmd->add_option("--chunk-tokens", o.chunking.chunk_tokens, "Chunk RAG: tokens per chunk")
       ->capture_default_str();
   cmd->add_option("--overlap", o.chunking.overlap, "Chunk RAG: tokens shared by neighbouring chunks")

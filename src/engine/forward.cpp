@@ -163,16 +163,18 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
 
   if (!plan.stats_queries.empty() && il >= plan.stats_from_layer) {
     auto& mass = result.attention_mass[il];
-    for (int64_t query : plan.stats_queries) {
-      const auto it = std::lower_bound(active_.begin(), active_.end(), query);
-      if (it == active_.end() || *it != query) {
-        mass.emplace_back();  // not computed in this layer
-        continue;
+    mass.assign(plan.stats_queries.size(), {});  // empty: not computed in this layer
+    const auto n_stats = static_cast<int64_t>(plan.stats_queries.size());
+    constexpr int64_t kPerTask = 16;
+    pool_.parallel_for((n_stats + kPerTask - 1) / kPerTask, [&](int64_t task, int) {
+      for (int64_t s = task * kPerTask; s < std::min(n_stats, (task + 1) * kPerTask); ++s) {
+        const int64_t query = plan.stats_queries[s];
+        const auto it = std::lower_bound(active_.begin(), active_.end(), query);
+        if (it == active_.end() || *it != query) continue;
+        mass[s] = attention_mass(q_.data() + (it - active_.begin()) * q_width, plan.visibility.visible(query),
+                                 plan.stats_targets, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim);
       }
-      mass.push_back(attention_mass(q_.data() + (it - active_.begin()) * q_width,
-                                    plan.visibility.visible(query), plan.stats_targets, kv.layer(il),
-                                    c.n_head, c.n_head_kv, c.head_dim));
-    }
+    });
   }
 
   // Attention and the FFN for the tokens that go on only.
