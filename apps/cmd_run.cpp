@@ -92,6 +92,7 @@ struct RequestRow {
   std::optional<Fidelity> fidelity;   // --fidelity: against full attention
   std::optional<std::string> answer;  // what the output answers, for requests with reference answers
   bool exact_match = false;
+  double f1 = 0;
 };
 
 struct StrategyRun {
@@ -329,6 +330,7 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
   if (r.answer) {
     j["answer"] = *r.answer;
     j["exact_match"] = r.exact_match;
+    j["f1"] = r.f1;
   }
   if (r.fidelity) {
     const Fidelity& f = *r.fidelity;
@@ -482,16 +484,35 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
         "fidelity, against full attention on the flat prompt: same first token; KL(full || strategy) of the "
         "first-token distributions (mean); identical greedy continuations; token ROUGE-L of the "
         "continuations (mean).\n");
+  std::map<std::string, double> f1_of;
   for (const StrategyRun& run : runs) {
     int64_t asked = 0, right = 0;
+    double f1 = 0;
     for (const RequestRow& r : run.rows) {
       asked += r.answer.has_value();
       right += r.exact_match;
+      f1 += r.f1;
     }
-    if (asked > 0)
-      fmt::print(
-          "{:<10} answers: {} of {} exact ({:.1f}%), greedy output up to a newline or end of generation\n",
-          run.name, right, asked, 100.0 * static_cast<double>(right) / static_cast<double>(asked));
+    if (asked == 0) continue;
+    f1 /= static_cast<double>(asked);
+    f1_of[run.name] = f1;
+    fmt::print(
+        "{:<10} answers: {} of {} exact ({:.1f}%), token F1 {:.3f}; greedy output up to a newline or end of "
+        "generation\n",
+        run.name, right, asked, 100.0 * static_cast<double>(right) / static_cast<double>(asked), f1);
+  }
+  // FusionRAG's normalized F1: where a strategy sits between full reuse (0)
+  // and full attention (1).
+  if (f1_of.count("full") && f1_of.count("fullreuse")) {
+    const double span = f1_of["full"] - f1_of["fullreuse"];
+    for (const auto& [name, f1] : f1_of) {
+      if (name == "full" || name == "fullreuse") continue;
+      if (std::abs(span) < 1e-9)
+        fmt::print("{:<10} normalized F1: undefined (full and fullreuse score the same F1)\n", name);
+      else
+        fmt::print("{:<10} normalized F1 (F1 - F1 fullreuse) / (F1 full - F1 fullreuse): {:.3f}\n", name,
+                   (f1 - f1_of["fullreuse"]) / span);
+    }
   }
   for (const StrategyRun& run : runs) {
     const RadixIndex::Stats& s = run.stats;
@@ -719,6 +740,7 @@ void add_run_command(CLI::App& app) {
         RequestRow& row = runs.back().rows[i];
         row.answer = generated_answer(tok, row.output);
         row.exact_match = answer_matches(*row.answer, reqs[i].answers);
+        row.f1 = answer_f1(*row.answer, reqs[i].answers);
       }
       const StrategyRun& run = runs.back();
       if (!o.quiet) {

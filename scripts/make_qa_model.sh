@@ -18,7 +18,7 @@ BIN=${BIN:-build/depcache}
 OUT=${OUT:-build/qa-model}
 STEPS=${STEPS:-6000}
 FT_STEPS=${FT_STEPS:-600}
-WORLDS=${WORLDS:-40}
+WORLDS=${WORLDS:-400}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT/data"
 D=$OUT/data
@@ -43,7 +43,7 @@ if [ ! -f "$D/train.jsonl" ]; then
   for w in $(seq 1 "$WORLDS"); do
     world "$w" 200
     for hops in 1 2; do for ctx in paths documents; do for e in 1 2 3; do
-      ask "$w" "$hops" "$ctx" "$e" 80 200 "$D/tmp.jsonl"
+      ask "$w" "$hops" "$ctx" "$e" 8 200 "$D/tmp.jsonl"
       cat "$D/tmp.jsonl" >>"$D/train.part"
     done; done; done
   done

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "util/error.h"
+
 namespace depcache {
 namespace {
 
@@ -63,6 +65,34 @@ Fidelity compare_to_full(std::span<const float> full_first_logits, std::span<con
   f.identical = std::equal(full_tokens.begin(), full_tokens.end(), tokens.begin(), tokens.end());
   f.rouge_l = rouge_l(full_tokens, tokens);
   return f;
+}
+
+std::vector<LayerDeviation> kv_deviation(const KvCache& full, const KvCache& got, int64_t n_rows) {
+  if (full.n_layer() != got.n_layer() || full.row_elems() != got.row_elems() || n_rows > full.n_ctx() ||
+      n_rows > got.n_ctx())
+    fail(ErrorKind::InvalidInput, "kv_deviation: the two caches are not of the same model and size");
+  const int64_t width = full.row_elems();
+  std::vector<float> fk(width), fv(width), gk(width), gv(width);
+  std::vector<LayerDeviation> out;
+  for (int il = 0; il < full.n_layer(); ++il) {
+    double dk = 0, dv = 0, nk = 0, nv = 0;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      full.read(il, r, fk.data(), fv.data());
+      got.read(il, r, gk.data(), gv.data());
+      for (int64_t e = 0; e < width; ++e) {
+        dk += (static_cast<double>(gk[e]) - fk[e]) * (static_cast<double>(gk[e]) - fk[e]);
+        dv += (static_cast<double>(gv[e]) - fv[e]) * (static_cast<double>(gv[e]) - fv[e]);
+        nk += static_cast<double>(fk[e]) * fk[e];
+        nv += static_cast<double>(fv[e]) * fv[e];
+      }
+    }
+    const auto relative = [](double d, double n) {
+      if (!std::isfinite(d) || !std::isfinite(n)) return std::numeric_limits<double>::infinity();
+      return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    };
+    out.push_back({relative(dk, nk), relative(dv, nv)});
+  }
+  return out;
 }
 
 }  // namespace depcache

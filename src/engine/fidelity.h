@@ -8,6 +8,8 @@
 #include <span>
 #include <vector>
 
+#include "engine/kv_cache.h"
+
 namespace depcache {
 
 struct Fidelity {
@@ -31,5 +33,14 @@ double rouge_l(std::span<const int32_t> reference, std::span<const int32_t> cand
 // either side agree with nothing (KL +inf, ROUGE-L 0).
 Fidelity compare_to_full(std::span<const float> full_first_logits, std::span<const int32_t> full_tokens,
                          std::span<const float> first_logits, std::span<const int32_t> tokens);
+
+// Per layer, how far a strategy's K and V moved from full prefill's over the
+// same prompt rows [0, n_rows) of two assemblies of the same flat prompt:
+// ||got - full|| / ||full|| over those rows (Frobenius). +inf where a value
+// is not finite.
+struct LayerDeviation {
+  double k = 0, v = 0;
+};
+std::vector<LayerDeviation> kv_deviation(const KvCache& full, const KvCache& got, int64_t n_rows);
 
 }  // namespace depcache

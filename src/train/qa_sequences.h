@@ -45,4 +45,9 @@ std::string generated_answer(const Tokenizer& tok, const std::vector<int32_t>& t
 // Exact match: the generated answer equals one of the reference answers.
 bool answer_matches(const std::string& generated, const std::vector<std::string>& answers);
 
+// Token F1 against the best-matching reference answer, SQuAD-style: both
+// lower-cased, punctuation and the articles a/an/the dropped, split at
+// white space, F1 of the bags of words. 1 when both are empty, 0 when one is.
+double answer_f1(const std::string& generated, const std::vector<std::string>& answers);
+
 }  // namespace depcache

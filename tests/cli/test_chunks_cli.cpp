@@ -62,5 +62,48 @@ TEST(ChunksCli, FusesIntoTheDiskTierThatFusionRagReadsFrom) {
   std::filesystem::remove_all(dir);
 }
 
+// run --warmup: the warm-up requests go through each strategy's engine
+// first, unmeasured, so the stream's first request already finds its chunks
+// (here: the same documents in another order); a missing file is exit 4.
+TEST(ChunksCli, AWarmUpFillsTheCachesTheStreamStartsFrom) {
+  const auto dir = test::temp_path("warmup-cli");
+  std::filesystem::create_directories(dir);
+  const std::string model = (dir / "m.gguf").string(), warm = (dir / "w.jsonl").string(),
+                    stream = (dir / "s.jsonl").string(), rows = (dir / "rows.jsonl").string();
+  ASSERT_EQ(run_cli("model new --preset tiny --seed 4 -o " + model).code, 0);
+  const auto write = [](const std::string& path, std::vector<std::string> texts) {
+    nlohmann::json j{{"id", "0"}, {"question", "Who is awake at night?"}};
+    for (size_t k = 0; k < texts.size(); ++k)
+      j["documents"].push_back({{"id", std::to_string(k)}, {"text", texts[k]}});
+    std::ofstream(path) << j.dump() << "\n";
+  };
+  write(warm, {"Dogs bark at night and chase cats.", "Cats purr and sleep in the sun.", "Owls hunt mice."});
+  write(stream, {"Owls hunt mice.", "Dogs bark at night and chase cats.", "Cats purr and sleep in the sun."});
+  for (const char* warmup : {"", "--warmup "}) {
+    const std::string cmd =
+        fmt::format("run -m {} --requests {} -s fullreuse,cachecraft,prefix -q -n 1 -t 2 --json {}{}", model,
+                    stream, rows, *warmup ? " --warmup " + warm : "");
+    const auto r = run_cli(cmd);
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::ifstream in(rows);
+    int n = 0;
+    for (std::string line; std::getline(in, line); ++n) {
+      const auto j = nlohmann::json::parse(line);
+      const auto reused = j["reused_tokens"].get<int64_t>();
+      if (!*warmup || j["strategy"] == "prefix") {
+        EXPECT_LT(reused, 40) << j.dump();  // the system prompt at most
+      } else {
+        EXPECT_GT(reused, 60) << j.dump();  // every chunk
+      }
+    }
+    EXPECT_EQ(n, 3);
+  }
+  EXPECT_EQ(run_cli(fmt::format("run -m {} --requests {} -q --warmup {}", model, stream,
+                                (dir / "none.jsonl").string()))
+                .code,
+            4);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace depcache

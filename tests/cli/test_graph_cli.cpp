@@ -1,6 +1,7 @@
 // `depcache kg paths` and `depcache workload generate|stats` as a user runs them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -133,7 +134,28 @@ TEST(ChunkWorkloadCli, MusiqueRetrievalLocality) {
   const auto rep = nlohmann::json::parse(s.out);
   EXPECT_EQ(rep["requests"], 100);
   EXPECT_EQ(rep["item_uses"], 500);
+  // --shuffle-chunks: the same chunks per question, in another order for some.
+  const auto shuffled = test::temp_path("musique-shuffled") += ".jsonl";
+  ASSERT_EQ(run_cli("workload generate --corpus " + corpus.string() + " --questions " + questions.string() +
+                    " --pattern dataset --top-k 5 --shuffle-chunks --seed 3 --out " + shuffled.string())
+                .code,
+            0);
+  std::ifstream a(out), b(shuffled);
+  int reordered = 0, lines = 0;
+  for (std::string x, y; std::getline(a, x) && std::getline(b, y); ++lines) {
+    const auto jx = nlohmann::json::parse(x), jy = nlohmann::json::parse(y);
+    std::vector<std::string> ix, iy;
+    for (const auto& d : jx["documents"]) ix.push_back(d["id"]);
+    for (const auto& d : jy["documents"]) iy.push_back(d["id"]);
+    reordered += ix != iy;
+    std::sort(ix.begin(), ix.end());
+    std::sort(iy.begin(), iy.end());
+    EXPECT_EQ(ix, iy) << "line " << lines;
+  }
+  EXPECT_EQ(lines, 100);
+  EXPECT_GT(reordered, 80);
   std::filesystem::remove(out);
+  std::filesystem::remove(shuffled);
 }
 
 }  // namespace

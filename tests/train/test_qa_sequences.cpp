@@ -100,5 +100,16 @@ TEST(AnswerJudge, TheAnswerEndsAtANewlineOrEndOfGeneration) {
   EXPECT_FALSE(answer_matches("kirat", {"Kirat"})) << "exact, case included";
 }
 
+TEST(AnswerJudge, TokenF1IsSquadStyleAgainstTheBestAnswer) {
+  EXPECT_DOUBLE_EQ(answer_f1("The Kirat!", {"kirat"}), 1.0);  // case, punctuation and articles aside
+  // "Kirat river" vs "the Kirat": precision 1/2, recall 1 -> 2/3.
+  EXPECT_NEAR(answer_f1("Kirat river", {"the Kirat"}), 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(answer_f1("Kirat river", {"Mezor", "Kirat River delta"}), 0.8, 1e-12);  // the best answer
+  EXPECT_DOUBLE_EQ(answer_f1("Mezor", {"Kirat"}), 0.0);
+  EXPECT_DOUBLE_EQ(answer_f1("", {"Kirat"}), 0.0);
+  EXPECT_DOUBLE_EQ(answer_f1("the", {"a"}), 1.0);  // both empty once articles go
+  EXPECT_DOUBLE_EQ(answer_f1("Kirat Kirat", {"Kirat"}), 2.0 / 3.0);  // bags: one of two words matches
+}
+
 }  // namespace
 }  // namespace depcache
