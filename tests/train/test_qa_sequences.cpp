@@ -107,7 +107,7 @@ TEST(AnswerJudge, TokenF1IsSquadStyleAgainstTheBestAnswer) {
   EXPECT_NEAR(answer_f1("Kirat river", {"Mezor", "Kirat River delta"}), 0.8, 1e-12);  // the best answer
   EXPECT_DOUBLE_EQ(answer_f1("Mezor", {"Kirat"}), 0.0);
   EXPECT_DOUBLE_EQ(answer_f1("", {"Kirat"}), 0.0);
-  EXPECT_DOUBLE_EQ(answer_f1("the", {"a"}), 1.0);  // both empty once articles go
+  EXPECT_DOUBLE_EQ(answer_f1("the", {"a"}), 1.0);                    // both empty once articles go
   EXPECT_DOUBLE_EQ(answer_f1("Kirat Kirat", {"Kirat"}), 2.0 / 3.0);  // bags: one of two words matches
 }
 
