@@ -189,6 +189,10 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   RadixIndex& index = engine.index();
   // Lower tiers: the stores outlive nothing but this run.
   const LowerTiers tiers(index, o.tiers, fmt::format("[{}] ", name));
+  if (tiers.disk())
+    if (const size_t dropped = engine.load_strategy_state(o.tiers.cache_dir); dropped > 0)
+      fmt::print(stderr, "[{}] warning: {} unreadable strategy records in {} dropped\n", name, dropped,
+                 o.tiers.cache_dir);
   if (o.policy == "pgdsf" && !o.no_reuse && name != "full") {
     // PGDSF's cost of a node: the measured time to recompute its tokens after its context.
     const int64_t n_ctx = std::min<int64_t>(pool_rows, 4096);
@@ -302,7 +306,10 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   run.preemptions = engine.preemptions();
   run.cached_bytes = index.bytes();
   run.evicted = index.n_evicted();
-  if (tiers.disk()) index.persist();  // the next process starts from what this one computed
+  if (tiers.disk()) {  // the next process starts from what this one computed
+    index.persist();
+    engine.save_strategy_state(o.tiers.cache_dir);
+  }
   run.stats = index.stats();
   return run;
 }

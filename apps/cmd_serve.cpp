@@ -165,11 +165,18 @@ void add_serve_command(CLI::App& app) {
     std::unique_ptr<LowerTiers> lower;
     EngineLoop loop(
         model, eo,
-        [&](Engine& e) { lower = std::make_unique<LowerTiers>(e.index(), tiers, "depcache serve: "); },
+        [&](Engine& e) {
+          lower = std::make_unique<LowerTiers>(e.index(), tiers, "depcache serve: ");
+          if (lower->disk())
+            if (const size_t dropped = e.load_strategy_state(tiers.cache_dir); dropped > 0)
+              fmt::print(stderr, "depcache serve: warning: {} unreadable strategy records in {} dropped\n",
+                         dropped, tiers.cache_dir);
+        },
         [&](Engine& e) {
           if (!lower || !lower->disk()) return;
           try {
             e.index().persist();  // the next server starts from what this one computed
+            e.save_strategy_state(tiers.cache_dir);
           } catch (const std::exception& err) {
             fmt::print(stderr, "depcache serve: warning: the disk tier was not saved: {}\n", err.what());
           }

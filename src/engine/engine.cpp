@@ -61,6 +61,16 @@ Strategy& Engine::strategy(std::string_view name) {
   return *it->second;
 }
 
+void Engine::save_strategy_state(const std::filesystem::path& dir) const {
+  for (const auto& [name, s] : strategies_) s->save_state(dir);
+}
+
+size_t Engine::load_strategy_state(const std::filesystem::path& dir) {
+  size_t dropped = 0;
+  for (const auto& [name, s] : strategies_) dropped += s->load_state(dir);
+  return dropped;
+}
+
 RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, const SamplingParams& sampling,
                          std::function<void(const TokenEvent&)> on_token) {
   if (sampling.max_tokens < 1) fail(ErrorKind::InvalidInput, "max_tokens must be at least 1");

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -136,6 +137,10 @@ class Engine {
   RadixIndex& index() { return index_; }
   KvPool& pool() { return pool_; }
   Forward& forward() { return fwd_; }
+  // Every strategy's state beside a persistent tier (Strategy::save_state);
+  // call while no request runs. Load returns the records dropped.
+  void save_strategy_state(const std::filesystem::path& dir) const;
+  size_t load_strategy_state(const std::filesystem::path& dir);
 
  private:
   struct Sequence;

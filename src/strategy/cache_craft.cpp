@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 
@@ -99,6 +101,50 @@ size_t ChunkVariants::size() const {
   size_t n = 0;
   for (const auto& [chunk, vs] : by_chunk_) n += vs.size();
   return n;
+}
+
+void ChunkVariants::save(const std::filesystem::path& file) const {
+  std::lock_guard lk(mu_);
+  std::filesystem::path tmp = file;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) fail(ErrorKind::Unavailable, "cannot write {}", tmp.string());
+    for (const auto& [chunk, vs] : by_chunk_)
+      for (const ChunkVariant& v : vs)
+        out << nlohmann::json{{"chunk", chunk},   {"ns", v.ns},   {"context", v.context},
+                              {"inter", v.inter}, {"cci", v.cci}, {"ranked", v.ranked}}
+                   .dump()
+            << '\n';
+    if (!out.flush()) fail(ErrorKind::Unavailable, "cannot write {} (disk full?)", tmp.string());
+  }
+  std::filesystem::rename(tmp, file);
+}
+
+size_t ChunkVariants::load(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return 0;
+  size_t dropped = 0;
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      ChunkVariant v;
+      v.ns = j.at("ns").get<uint64_t>();
+      v.context = j.at("context").get<std::vector<uint64_t>>();
+      v.inter = j.at("inter").get<std::vector<double>>();
+      v.cci = j.at("cci").get<double>();
+      v.ranked = j.at("ranked").get<std::vector<int32_t>>();
+      if (v.inter.size() != v.context.size() || !std::isfinite(v.cci) ||
+          std::any_of(v.ranked.begin(), v.ranked.end(), [](int32_t r) { return r < 0; })) {
+        ++dropped;
+        continue;
+      }
+      add(j.at("chunk").get<uint64_t>(), std::move(v));
+    } catch (const nlohmann::json::exception&) {
+      ++dropped;
+    }
+  }
+  return dropped;
 }
 
 namespace {
@@ -284,6 +330,12 @@ class CacheCraftStrategy final : public Strategy {
         window_(options.focus_window),
         store_(std::make_shared<ChunkVariants>(static_cast<size_t>(options.chunk_variants))) {}
   std::string_view name() const override { return "cachecraft"; }
+  void save_state(const std::filesystem::path& dir) const override {
+    if (reuse()) store_->save(dir / kCacheCraftStateFile);
+  }
+  size_t load_state(const std::filesystem::path& dir) override {
+    return store_->load(dir / kCacheCraftStateFile);
+  }
 
   RequestPlan plan(const PromptParts& parts) const override {
     auto cp = std::make_shared<CraftPlan>();

@@ -25,9 +25,11 @@
 // than two shared chunks; the focused-chunk cut needs three chunks (fewer:
 // all are focused); an exact variant (same earlier chunks in the same
 // order) has CFO 0 and is reused as is; a chunk keeps its newest
-// `variants` variants' metadata (the KV itself is evicted by the index).
+// `variants` variants' metadata (the KV itself is evicted by the index),
+// saved beside a disk tier (kCacheCraftStateFile) for the next process.
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -69,12 +71,19 @@ class ChunkVariants {
   // Replaces a variant with the same ns; beyond per_chunk the oldest goes.
   void add(uint64_t chunk, ChunkVariant v);
   size_t size() const;
+  // One JSON line per variant, written whole (a temporary file renamed);
+  // load adds what it reads and returns the lines dropped as unreadable. A
+  // missing file is an empty store.
+  void save(const std::filesystem::path& file) const;
+  size_t load(const std::filesystem::path& file);
 
  private:
   mutable std::mutex mu_;
   size_t per_chunk_;
   std::unordered_map<uint64_t, std::deque<ChunkVariant>> by_chunk_;
 };
+
+inline constexpr const char* kCacheCraftStateFile = "cachecraft-variants.jsonl";
 
 std::unique_ptr<Strategy> make_cache_craft(RadixIndex& index, uint64_t model_fingerprint, DType kv_type,
                                            const StrategyOptions& options);

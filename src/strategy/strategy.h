@@ -15,6 +15,7 @@
 //   cachecraft: chunk variants chosen by context, fixed by their own
 //             metadata (strategy/cache_craft.h)
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -216,6 +217,12 @@ class Strategy {
   // plan + apply_plan.
   PrefillReport prefill(const PromptParts& parts, KvCache& kv, Forward& fwd);
   bool reuse() const { return reuse_; }
+  // What a strategy keeps beside the KV it stores (Cache-Craft's variant
+  // metadata), saved into and loaded from a persistent tier's directory so
+  // the next process finds it with the KV. Load returns the records dropped
+  // as unreadable. Default: nothing to keep.
+  virtual void save_state(const std::filesystem::path& /*dir*/) const {}
+  virtual size_t load_state(const std::filesystem::path& /*dir*/) { return 0; }
 
  private:
   RadixIndex& index_;

@@ -105,5 +105,46 @@ TEST(ChunksCli, AWarmUpFillsTheCachesTheStreamStartsFrom) {
   std::filesystem::remove_all(dir);
 }
 
+// cachecraft with a disk tier: the next process finds the variants' KV on
+// disk and their metadata beside it, so chunks met again in another order
+// are placed and fixed rather than recomputed; without the metadata file
+// only variants of the very same context could be used.
+TEST(ChunksCli, CacheCraftVariantsOutliveTheProcess) {
+  const auto dir = test::temp_path("cachecraft-cli");
+  std::filesystem::create_directories(dir);
+  const std::string model = (dir / "m.gguf").string(), first = (dir / "a.jsonl").string(),
+                    second = (dir / "b.jsonl").string(), rows = (dir / "rows.jsonl").string(),
+                    cache = (dir / "cache").string();
+  ASSERT_EQ(run_cli("model new --preset tiny --seed 4 -o " + model).code, 0);
+  const auto write = [](const std::string& path, std::vector<std::string> texts) {
+    nlohmann::json j{{"id", "0"}, {"question", "Who is awake at night?"}};
+    for (size_t k = 0; k < texts.size(); ++k)
+      j["documents"].push_back({{"id", std::to_string(k)}, {"text", texts[k]}});
+    std::ofstream(path) << j.dump() << "\n";
+  };
+  write(first, {"Dogs bark at night and chase cats.", "Cats purr and sleep in the sun.", "Owls hunt mice."});
+  write(second, {"Owls hunt mice.", "Cats purr and sleep in the sun.", "Dogs bark at night and chase cats."});
+  const auto reused = [&](const std::string& requests) {
+    const auto r =
+        run_cli(fmt::format("run -m {} --requests {} -s cachecraft -q -n 1 -t 2 --cache-dir {} --json {}",
+                            model, requests, cache, rows));
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::ifstream in(rows);
+    std::string line;
+    std::getline(in, line);
+    return nlohmann::json::parse(line)["reused_tokens"].get<int64_t>();
+  };
+  EXPECT_LT(reused(first), 40);  // nothing but the system prompt could be there
+  ASSERT_TRUE(std::filesystem::exists(std::filesystem::path(cache) / "cachecraft-variants.jsonl"));
+  const int64_t with_metadata = reused(second);
+  // Again from the first process's state, without its metadata.
+  std::filesystem::remove_all(cache);
+  reused(first);
+  std::filesystem::remove(std::filesystem::path(cache) / "cachecraft-variants.jsonl");
+  const int64_t without = reused(second);
+  EXPECT_GT(with_metadata, without + 40) << with_metadata << " vs " << without;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace depcache

@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "engine/fidelity.h"
 #include "engine/forward.h"
@@ -113,6 +115,38 @@ TEST(CacheCraft, VariantsKeepTheNewestPerChunk) {
   EXPECT_DOUBLE_EQ(vs[0].cci, 0.6);
   EXPECT_EQ(vs[1].ns, 3u);
   EXPECT_TRUE(store.of(8).empty());
+}
+
+// Saved beside a disk tier for the next process: what is read back is what
+// was saved; unreadable lines are dropped and counted; no file, no variants.
+TEST(CacheCraft, VariantsSurviveASaveAndLoad) {
+  const auto file = test::temp_path("variants") += ".jsonl";
+  ChunkVariants store(5);
+  store.add(7, {11, {3, 4}, {0.25, 0.5}, 0.75, {2, 0, 1}});
+  store.add(8, {12, {}, {}, 0.5, {0}});
+  store.save(file);
+  {
+    std::ofstream out(file, std::ios::app);
+    out << "{\"chunk\": 9, \"ns\": 1}\n"  // fields missing
+        << "not json\n"                   // garbage
+        << R"({"chunk": 9, "ns": 2, "context": [1], "inter": [], "cci": 0.5, "ranked": []})"  // sizes
+                                                                                              // disagree
+        << "\n";
+  }
+  ChunkVariants back(5);
+  EXPECT_EQ(back.load(file), 3u);
+  EXPECT_EQ(back.size(), 2u);
+  const std::vector<ChunkVariant> vs = back.of(7);
+  ASSERT_EQ(vs.size(), 1u);
+  EXPECT_EQ(vs[0].ns, 11u);
+  EXPECT_EQ(vs[0].context, (std::vector<uint64_t>{3, 4}));
+  EXPECT_EQ(vs[0].inter, (std::vector<double>{0.25, 0.5}));
+  EXPECT_DOUBLE_EQ(vs[0].cci, 0.75);
+  EXPECT_EQ(vs[0].ranked, (std::vector<int32_t>{2, 0, 1}));
+  ChunkVariants none(5);
+  EXPECT_EQ(none.load(test::temp_path("no-such-file")), 0u);
+  EXPECT_EQ(none.size(), 0u);
+  std::filesystem::remove(file);
 }
 
 // A chunk missed is computed in this request's context: the first request
