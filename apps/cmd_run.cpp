@@ -687,21 +687,20 @@ void add_run_command(CLI::App& app) {
     // merged, whichever the strategies build) plus the generated tokens.
     int64_t need = 0, all = 0;
     std::string largest;
+    const auto rows_needed = [&](const PromptParts& p) {
+      return std::max(p.n_flat_tokens(), static_cast<int64_t>(p.dep_prompt().size())) + o.max_tokens - 1;
+    };
     std::vector<PromptParts> parts;
     for (const RagRequest& r : reqs) {
       parts.push_back(make_prompt_parts(tok, r));
-      const int64_t n =
-          std::max(parts.back().n_flat_tokens(), static_cast<int64_t>(parts.back().dep_prompt().size())) +
-          o.max_tokens - 1;
+      const int64_t n = rows_needed(parts.back());
       if (n > need) need = n, largest = r.id;
       all += n;
     }
     std::vector<PromptParts> warm;
     for (const RagRequest& r : warm_reqs) {
       warm.push_back(make_prompt_parts(tok, r));
-      const int64_t n =
-          std::max(warm.back().n_flat_tokens(), static_cast<int64_t>(warm.back().dep_prompt().size())) +
-          o.max_tokens - 1;
+      const int64_t n = rows_needed(warm.back());
       if (n > need) need = n, largest = "warm-up " + r.id;
     }
     const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::max(need, std::min(all, 8 * need));

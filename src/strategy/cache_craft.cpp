@@ -190,9 +190,9 @@ LayerHook focus_hook(std::vector<std::vector<int64_t>> fixing, size_t first_ques
   return [focus, fixing = std::move(fixing), first_question, window](const LayerKv& layer) {
     Focus& f = *focus;
     if (!f.settled && layer.layer > 0 && layer.mass != nullptr) {
-      const std::vector<std::vector<double>>& prev = (*layer.mass)[static_cast<size_t>(layer.layer - 1)];
-      for (size_t q = first_question; q < prev.size(); ++q)
-        for (size_t c = 0; c < prev[q].size() && c < f.cumulative.size(); ++c) f.cumulative[c] += prev[q][c];
+      const std::vector<double> prev = summed_mass((*layer.mass)[static_cast<size_t>(layer.layer - 1)],
+                                                   first_question, f.cumulative.size());
+      for (size_t c = 0; c < prev.size(); ++c) f.cumulative[c] += prev[c];
       f.history.push_back(focused_chunks(f.cumulative));
       const auto w = static_cast<size_t>(window);
       if (f.history.size() >= w &&
@@ -246,8 +246,7 @@ PassPlan craft_pass(const CraftPlan& cp, const PassState& state) {
   }
   // The prompt's last row always runs (its logits start the answer), also
   // when it ends a placed chunk.
-  const int64_t last = l.tail.size() > 0 ? l.tail.end - 1 : -1;
-  if (last < 0 && !l.chunks.empty() && !state.placed[l.chunks.back().end - 1])
+  if (l.tail.size() == 0 && !l.chunks.empty() && !state.placed[l.chunks.back().end - 1])
     rows.push_back(l.chunks.back().end - 1);
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());

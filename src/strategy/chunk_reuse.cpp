@@ -54,6 +54,14 @@ std::vector<int64_t> rows_of(std::span<const RowRange> ranges) {
   return rows;
 }
 
+std::vector<double> summed_mass(const std::vector<std::vector<double>>& layer, size_t first_query,
+                                size_t n_targets) {
+  std::vector<double> sum(n_targets, 0.0);
+  for (size_t q = first_query; q < layer.size(); ++q)
+    for (size_t t = 0; t < layer[q].size() && t < n_targets; ++t) sum[t] += layer[q][t];
+  return sum;
+}
+
 PassPlan recompute_pass(std::vector<int64_t> picked, RowRange tail, bool last) {
   PassPlan pass;
   pass.rows = std::move(picked);
@@ -192,9 +200,7 @@ class ChunkStrategy final : public Strategy {
         return pass;
       }
       // Each chunk token's last-layer attention from the question.
-      std::vector<double> scores(rows.size(), 0.0);
-      for (const std::vector<double>& per_query : state.mass->back())
-        for (size_t t = 0; t < per_query.size() && t < scores.size(); ++t) scores[t] += per_query[t];
+      const std::vector<double> scores = summed_mass(state.mass->back(), 0, rows.size());
       std::vector<int64_t> picked;
       for (int64_t i : top_fraction(scores, ratio)) picked.push_back(rows[static_cast<size_t>(i)]);
       return recompute_pass(std::move(picked), layout.tail, true);

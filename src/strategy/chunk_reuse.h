@@ -42,6 +42,11 @@ std::vector<int64_t> top_fraction(std::span<const double> scores, double ratio);
 
 // Helpers of the chunk planners.
 std::vector<int64_t> rows_of(std::span<const RowRange> ranges);  // ascending
+// One layer of a probe ([query][target]): each of n_targets targets' mass
+// summed over the queries from first_query on (a query not computed in that
+// layer adds nothing).
+std::vector<double> summed_mass(const std::vector<std::vector<double>>& layer, size_t first_query,
+                                size_t n_targets);
 // A last pass (or not) over chunk rows `picked` (ascending) and the tail:
 // each sees every row up to its own, the chunk rows not picked holding what
 // was placed there and the picked ones what they compute now.

@@ -62,6 +62,14 @@ TEST(ChunksCli, FusesIntoTheDiskTierThatFusionRagReadsFrom) {
   std::filesystem::remove_all(dir);
 }
 
+// A request file of one question over these documents, in this order.
+void write_request(const std::string& path, const std::vector<std::string>& texts) {
+  nlohmann::json j{{"id", "0"}, {"question", "Who is awake at night?"}};
+  for (size_t k = 0; k < texts.size(); ++k)
+    j["documents"].push_back({{"id", std::to_string(k)}, {"text", texts[k]}});
+  std::ofstream(path) << j.dump() << "\n";
+}
+
 // run --warmup: the warm-up requests go through each strategy's engine
 // first, unmeasured, so the stream's first request already finds its chunks
 // (here: the same documents in another order); a missing file is exit 4.
@@ -71,14 +79,10 @@ TEST(ChunksCli, AWarmUpFillsTheCachesTheStreamStartsFrom) {
   const std::string model = (dir / "m.gguf").string(), warm = (dir / "w.jsonl").string(),
                     stream = (dir / "s.jsonl").string(), rows = (dir / "rows.jsonl").string();
   ASSERT_EQ(run_cli("model new --preset tiny --seed 4 -o " + model).code, 0);
-  const auto write = [](const std::string& path, std::vector<std::string> texts) {
-    nlohmann::json j{{"id", "0"}, {"question", "Who is awake at night?"}};
-    for (size_t k = 0; k < texts.size(); ++k)
-      j["documents"].push_back({{"id", std::to_string(k)}, {"text", texts[k]}});
-    std::ofstream(path) << j.dump() << "\n";
-  };
-  write(warm, {"Dogs bark at night and chase cats.", "Cats purr and sleep in the sun.", "Owls hunt mice."});
-  write(stream, {"Owls hunt mice.", "Dogs bark at night and chase cats.", "Cats purr and sleep in the sun."});
+  write_request(warm,
+                {"Dogs bark at night and chase cats.", "Cats purr and sleep in the sun.", "Owls hunt mice."});
+  write_request(stream,
+                {"Owls hunt mice.", "Dogs bark at night and chase cats.", "Cats purr and sleep in the sun."});
   for (const char* warmup : {"", "--warmup "}) {
     const std::string cmd =
         fmt::format("run -m {} --requests {} -s fullreuse,cachecraft,prefix -q -n 1 -t 2 --json {}{}", model,
@@ -116,14 +120,10 @@ TEST(ChunksCli, CacheCraftVariantsOutliveTheProcess) {
                     second = (dir / "b.jsonl").string(), rows = (dir / "rows.jsonl").string(),
                     cache = (dir / "cache").string();
   ASSERT_EQ(run_cli("model new --preset tiny --seed 4 -o " + model).code, 0);
-  const auto write = [](const std::string& path, std::vector<std::string> texts) {
-    nlohmann::json j{{"id", "0"}, {"question", "Who is awake at night?"}};
-    for (size_t k = 0; k < texts.size(); ++k)
-      j["documents"].push_back({{"id", std::to_string(k)}, {"text", texts[k]}});
-    std::ofstream(path) << j.dump() << "\n";
-  };
-  write(first, {"Dogs bark at night and chase cats.", "Cats purr and sleep in the sun.", "Owls hunt mice."});
-  write(second, {"Owls hunt mice.", "Cats purr and sleep in the sun.", "Dogs bark at night and chase cats."});
+  write_request(first,
+                {"Dogs bark at night and chase cats.", "Cats purr and sleep in the sun.", "Owls hunt mice."});
+  write_request(second,
+                {"Owls hunt mice.", "Cats purr and sleep in the sun.", "Dogs bark at night and chase cats."});
   const auto reused = [&](const std::string& requests) {
     const auto r =
         run_cli(fmt::format("run -m {} --requests {} -s cachecraft -q -n 1 -t 2 --cache-dir {} --json {}",

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "chunk_documents.h"
 #include "engine/fidelity.h"
 #include "engine/forward.h"
 #include "model/model.h"
@@ -25,17 +26,11 @@
 namespace depcache {
 namespace {
 
-const RequestDocument kBark{"d1", "Dogs", "Dogs bark at night and chase cats through the garden."};
-const RequestDocument kPurr{"d2", "Cats", "Cats purr when they are content and sleep in the sun."};
-const RequestDocument kHoot{"d3", "Owls", "Owls hunt mice at night and sleep through the day."};
-const RequestDocument kSwim{"d4", "Fish", "Fish swim in schools and sleep with their eyes open."};
-
-RagRequest doc_request(std::vector<RequestDocument> docs, const std::string& question) {
-  RagRequest r;
-  r.documents = std::move(docs);
-  r.question = question;
-  return r;
-}
+using test::doc_request;
+using test::kBark;
+using test::kHoot;
+using test::kPurr;
+using test::kSwim;
 
 struct Rig {
   std::shared_ptr<const Model> model = test::random_model("tiny-qwen2", DType::F32);
@@ -201,12 +196,7 @@ TEST(CacheCraft, FixingRestoresQualityOnATrainedModelAndFocusCutsWork) {
   const Tokenizer tok(Vocab::from_gguf(model->file()));
   ThreadPool pool(2);
   Forward fwd(model, pool);
-  const std::vector<RequestDocument> docs = {
-      {"a", "", "Lily had a red ball. She liked to throw it to her dog Max in the park."},
-      {"b", "", "Tom was sad because it rained all day. His mom made him a warm cup of milk."},
-      {"c", "", "The little bird could not fly. A kind girl found it and gave it some water."},
-      {"d", "", "Ben and Sue built a big castle of sand. Then a wave came and took it away."},
-      {"e", "", "One day a cat saw a fish in the pond. The cat wanted the fish very much."}};
+  const std::vector<RequestDocument>& docs = test::kStories;
   const std::vector<std::vector<int>> seen = {{0, 1, 2}, {3, 4, 0}, {1, 3, 2, 4}};
   const std::vector<std::vector<int>> asked = {{2, 0, 3}, {4, 3, 1}, {1, 4, 0}, {3, 2, 4}, {2, 1, 0, 4}};
   const auto request = [&](const std::vector<int>& order) {
