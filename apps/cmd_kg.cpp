@@ -63,6 +63,11 @@ void add_import_command(CLI::App* kg) {
                   "Synthetic: facts (distinct relations) per entity")
       ->capture_default_str()
       ->needs(synthetic_opt);
+  cmd->add_option("--name-pool", so.name_pool,
+                  "Synthetic: draw names from one fixed pool of N made-up names shared by every world "
+                  "(0: each world makes up its own)")
+      ->capture_default_str()
+      ->needs(synthetic_opt);
   cmd->add_option("--seed", so.seed, "Synthetic: seed of the world")
       ->capture_default_str()
       ->needs(synthetic_opt);

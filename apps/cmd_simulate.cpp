@@ -14,7 +14,11 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "engine/cost_profile.h"
+#include "engine/forward.h"
+#include "engine/kv_cache.h"
 #include "kv/policy.h"
+#include "model/model.h"
 #include "retrieval/knowledge_graph.h"
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
@@ -22,6 +26,7 @@
 #include "strategy/scheduler.h"
 #include "strategy/simulator.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 #include "util/timing.h"
 
 namespace depcache::cli {
@@ -30,8 +35,9 @@ namespace {
 struct SimulateOptions {
   std::string requests_path, kg_path, workload = "zipf", vocab_path, capacity = "20%", policies = "lru",
                                       scheme = "depth", strategy = "depcache";
-  std::string report_path;
+  std::string report_path, cost_model_path, host_capacity = "0";
   size_t n_requests = 500, window = 32;
+  int threads = 0;
   double alpha = 0.2;
   uint64_t seed = 1;
   bool grid = false, json = false;
@@ -79,11 +85,43 @@ std::vector<RagRequest> graph_stream(const KnowledgeGraph& kg, const std::vector
   return make_graph_workload(kg, qa, w);
 }
 
+// PGDSF's cost model: the prefill cost table profiled on the engine with the
+// given model, as `run` profiles it (none without a model).
+std::function<double(int64_t, int64_t)> profiled_cost_model(const SimulateOptions& o) {
+  if (o.cost_model_path.empty()) return {};
+  const auto model = Model::load(o.cost_model_path);
+  ThreadPool pool(o.threads);
+  Forward fwd(model, pool);
+  KvCache scratch(model->config(), std::clamp<int64_t>(model->config().n_ctx_train, 256, 4096), DType::F16);
+  const auto t0 = Clock::now();
+  PrefillCostTable table = profile_prefill_cost(fwd, scratch, scratch.n_ctx());
+  fmt::print(stderr, "PGDSF prefill cost table of {} ({:.1f} s to measure):\n{}", o.cost_model_path,
+             seconds_since(t0), table.to_string());
+  return table;
+}
+
+SimulationOptions simulation_options(const SimulateOptions& o, const std::string& spec, int64_t capacity,
+                                     int64_t distinct, PositionScheme scheme,
+                                     const std::function<double(int64_t, int64_t)>& cost) {
+  const auto [policy, scheduler] = parse_policy_spec(spec);
+  SimulationOptions so;
+  so.policy = policy;
+  so.scheduler = scheduler;
+  so.capacity_tokens = capacity;
+  so.host_tokens = parse_capacity(o.host_capacity, distinct);
+  so.window = o.window;
+  so.lacr_alpha = o.alpha;
+  so.scheme = scheme;
+  so.cost_model = cost;
+  return so;
+}
+
 struct Cell {
   double token_hit = 0, item_hit = 0;
 };
 
-void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme scheme) {
+void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme scheme,
+              const std::function<double(int64_t, int64_t)>& cost) {
   if (o.kg_path.empty()) throw CLI::ValidationError("--grid", "needs --kg to generate the three workloads");
   std::ofstream report;
   if (!o.report_path.empty()) report = open_output(o.report_path);  // fail before the long run
@@ -102,9 +140,8 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
     const int64_t distinct = distinct_kv_tokens(prompts);
     for (double f : fractions)
       for (const std::string& spec : specs) {
-        const auto [policy, scheduler] = parse_policy_spec(spec);
-        SimulationOptions so{policy,   scheduler, static_cast<int64_t>(f * static_cast<double>(distinct)),
-                             o.window, o.alpha,   scheme};
+        const SimulationOptions so = simulation_options(
+            o, spec, static_cast<int64_t>(f * static_cast<double>(distinct)), distinct, scheme, cost);
         const auto t0 = Clock::now();
         const SimulationResult r = simulate(prompts, so);
         cells[{wl, f, spec}] = {r.token_hit_rate, r.item_hit_rate};
@@ -187,6 +224,16 @@ void add_simulate_command(CLI::App& app) {
                   "or +ragcache "
                   "scheduling (a scheduler alone uses lru)")
       ->capture_default_str();
+  cmd->add_option("--host-capacity", o.host_capacity,
+                  "A host tier below the index: tokens, or a percentage of the stream's distinct KV tokens "
+                  "(0: none); hits in either tier count")
+      ->capture_default_str();
+  cmd->add_option("--cost-model", o.cost_model_path,
+                  "GGUF model whose prefill cost table (T(cached, new), profiled on this machine) PGDSF "
+                  "ranks by; required by pgdsf")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-t,--threads", o.threads, "Threads of the profiling (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--window", o.window, "Pending requests seen by schedulers and LACR's lookahead")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{4096}));
@@ -209,7 +256,12 @@ void add_simulate_command(CLI::App& app) {
   cmd->callback([] {
     const Tokenizer tok = tokenizer_from(o.vocab_path);
     const PositionScheme scheme = *parse_position_scheme(o.scheme);
-    if (o.grid) return run_grid(o, tok, scheme);
+    for (const std::string& spec : split_list(o.grid ? "pgdsf" : o.policies))
+      if (parse_policy_spec(spec).first == "pgdsf" && o.cost_model_path.empty())
+        throw CLI::ValidationError("--cost-model",
+                                   "pgdsf ranks by a profiled prefill cost table: give a model");
+    const auto cost = profiled_cost_model(o);
+    if (o.grid) return run_grid(o, tok, scheme, cost);
     if (o.requests_path.empty() && o.kg_path.empty()) throw CLI::ValidationError("give --requests or --kg");
     std::vector<RagRequest> reqs;
     if (!o.requests_path.empty()) {
@@ -228,8 +280,8 @@ void add_simulate_command(CLI::App& app) {
                  capacity,
                  distinct ? 100.0 * static_cast<double>(capacity) / static_cast<double>(distinct) : 0.0);
     for (const std::string& spec : split_list(o.policies)) {
-      const auto [policy, scheduler] = parse_policy_spec(spec);
-      const SimulationResult r = simulate(prompts, {policy, scheduler, capacity, o.window, o.alpha, scheme});
+      const SimulationResult r =
+          simulate(prompts, simulation_options(o, spec, capacity, distinct, scheme, cost));
       if (o.json) {
         fmt::print("{}\n", nlohmann::json{{"policy", spec},
                                           {"requests", r.n_requests},

@@ -11,7 +11,7 @@
 #   bash scripts/make_qa_model.sh            (hours on 2 cores; nice it)
 # Environment: OUT (work folder, default build/qa-model), STEPS (causal
 # steps), FT_STEPS (fine-tuning steps per scheme), WORLDS (training worlds),
-# THREADS, BIN.
+# NAME_POOL (names every world draws from), VOCAB (vocabulary size), THREADS, BIN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/depcache}
@@ -19,14 +19,20 @@ OUT=${OUT:-build/qa-model}
 STEPS=${STEPS:-6000}
 FT_STEPS=${FT_STEPS:-600}
 WORLDS=${WORLDS:-400}
+NAME_POOL=${NAME_POOL:-1000}
+VOCAB=${VOCAB:-4096}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT/data"
 D=$OUT/data
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
-# World $1 with $2 entities, 12 of the 20 relation words, 3 facts each.
+# World $1 with $2 entities, 12 of the 20 relation words, 3 facts each. Names
+# come from one pool shared by every world (held-out ones too), so the
+# vocabulary learns each as one token, while which name stands for what is new
+# in every world: the model must read its context. (Names made up per world
+# took 2-3 tokens each and the model learned far slower.)
 world() { [ -f "$D/world$1.dkg" ] || "$BIN" kg import --synthetic --entities "$2" --relations 12 \
-  --facts-per-entity 3 --seed "$1" -o "$D/world$1.dkg" >/dev/null; }
+  --facts-per-entity 3 --name-pool "$NAME_POOL" --seed "$1" -o "$D/world$1.dkg" >/dev/null; }
 # Requests over world $1: $2 hops asked, $3 = paths|documents, $4 entities
 # per request, $5 requests (0: every QA item once), $6 QA items, into $7.
 ask() {
@@ -67,7 +73,7 @@ rm -f "$D/tmp.jsonl"
 [ -f "$D/eval.jsonl" ] || awk 'FNR % 5 == 0' "$D"/heldout-*.jsonl >"$D/eval.jsonl"
 log "data: $(wc -l <"$D/train.jsonl") training requests; held-out sets of $(wc -l <"$D/heldout-1-hop-paths.jsonl")"
 
-[ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size 2048 -o "$OUT/vocab.gguf"
+[ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size "$VOCAB" -o "$OUT/vocab.gguf"
 [ -f "$OUT/init.gguf" ] || "$BIN" model new --preset tiny --tied --layers 4 --embd 128 --heads 4 --heads-kv 4 \
   --ff 352 --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed 1 -o "$OUT/init.gguf"
 

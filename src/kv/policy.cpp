@@ -39,38 +39,95 @@ class Lfu final : public ReplacementPolicy {
   double priority(const NodeView& n) const override { return static_cast<double>(n.hits); }
 };
 
-// GDSF and PGDSF differ only in the per-token cost. A node's clock term is
-// the clock at its last access: what was not used since evictions raised
-// the clock ranks below what was (aging).
+// GDSF: Clock + Frequency / Size, the frequency the index's access count. A
+// node's clock term is the clock at its last access: what was not used
+// since evictions raised the clock ranks below what was (aging).
 class Gdsf final : public ReplacementPolicy {
  public:
-  explicit Gdsf(bool profiled) : profiled_(profiled) {}
-  std::string_view name() const override { return profiled_ ? "pgdsf" : "gdsf"; }
-  void on_split(int32_t head, int32_t from) override { state_.copy(from, head); }
-  void on_insert(int32_t node, double cost_per_token) override { state_[node] = {clock_[0], cost_per_token}; }
-  void on_access(int32_t node) override { state_[node].base = clock_[0]; }
+  std::string_view name() const override { return "gdsf"; }
+  void on_split(int32_t head, int32_t from, uint64_t) override { base_.copy(from, head); }
+  void on_insert(int32_t node, double, uint64_t) override { base_[node] = clock_[0]; }
+  void on_access(int32_t node) override { base_[node] = clock_[0]; }
   void on_evict(int32_t, double priority, Tier from) override {
     double& c = clock_[static_cast<int>(from)];
     c = std::max(c, priority);
   }
   // A node entering a tier competes from that tier's clock.
-  void on_tier_change(int32_t node, Tier to) override { state_[node].base = clock_[static_cast<int>(to)]; }
+  void on_tier_change(int32_t node, Tier to) override { base_[node] = clock_[static_cast<int>(to)]; }
   double priority(const NodeView& n) const override {
-    const State* s = state_.find(n.id);
-    const double base = s ? s->base : 0.0;
-    const double freq = static_cast<double>(n.hits);
-    if (!profiled_) return base + freq / static_cast<double>(std::max<int64_t>(n.tokens, 1));
-    return base + freq * (s ? s->cost_per_token : 1.0);
+    const double* base = base_.find(n.id);
+    return (base ? *base : 0.0) +
+           static_cast<double>(n.hits) / static_cast<double>(std::max<int64_t>(n.tokens, 1));
   }
 
  private:
-  struct State {
-    double base = 0;            // the clock at the last access
-    double cost_per_token = 1;  // recompute time per token when it was computed
+  double clock_[4] = {};  // per tier
+  PerNode<double> base_;
+};
+
+// PGDSF keeps its own frequency and mean cost per node, and keeps them by
+// content key when the node leaves the index, so the next computation of
+// the same KV continues them (the accesses that found it uncached are what
+// the mean is over).
+class Pgdsf final : public ReplacementPolicy {
+ public:
+  std::string_view name() const override { return "pgdsf"; }
+  void on_split(int32_t head, int32_t from, uint64_t head_key) override {
+    state_.copy(from, head);
+    state_[head].key = head_key;
+  }
+  void on_insert(int32_t node, double cost_per_token, uint64_t key) override {
+    State s;
+    if (const auto it = history_.find(key); it != history_.end()) {
+      s.history = it->second;
+      history_.erase(it);
+    }
+    s.key = key;
+    s.base = clock_[0];
+    s.history.frequency += 1;
+    s.history.cost_sum += cost_per_token;
+    s.history.uncached += 1;
+    state_[node] = s;
+  }
+  void on_access(int32_t node) override {
+    State& s = state_[node];
+    s.base = clock_[0];
+    s.history.frequency += 1;
+  }
+  void on_evict(int32_t, double priority, Tier from) override {
+    double& c = clock_[static_cast<int>(from)];
+    c = std::max(c, priority);
+  }
+  void on_tier_change(int32_t node, Tier to) override { state_[node].base = clock_[static_cast<int>(to)]; }
+  void on_remove(int32_t node) override {
+    // A bounded memory: past the bound the history starts afresh (the
+    // paper's frequency counts within a time window it leaves open).
+    if (history_.size() >= kHistoryBound) history_.clear();
+    const State& s = state_[node];
+    history_[s.key] = s.history;
+  }
+  double priority(const NodeView& n) const override {
+    const State* s = state_.find(n.id);
+    if (!s) return 0.0;
+    const History& h = s->history;
+    return s->base + h.frequency * (h.cost_sum / std::max(h.uncached, 1.0));
+  }
+
+ private:
+  static constexpr size_t kHistoryBound = size_t{1} << 20;
+  struct History {
+    double frequency = 0;  // accesses, the computations included
+    double cost_sum = 0;   // of the request's cost per token, over the computations
+    double uncached = 0;   // computations (accesses that found it uncached)
   };
-  bool profiled_;
+  struct State {
+    double base = 0;  // the clock at the last access
+    uint64_t key = 0;
+    History history;
+  };
   double clock_[4] = {};  // per tier
   PerNode<State> state_;
+  std::unordered_map<uint64_t, History> history_;  // of nodes that left, by content key
 };
 
 class Lacr final : public ReplacementPolicy {
@@ -84,7 +141,7 @@ class Lacr final : public ReplacementPolicy {
     lookahead_ = std::move(weights);
   }
   // The head of a split is used by every request that uses the tail.
-  void on_split(int32_t head, int32_t from) override {
+  void on_split(int32_t head, int32_t from, uint64_t) override {
     const auto it = lookahead_.find(from);
     if (it != lookahead_.end()) lookahead_[head] = it->second;
   }
@@ -102,8 +159,8 @@ class Lacr final : public ReplacementPolicy {
 class CacheCraft final : public ReplacementPolicy {
  public:
   std::string_view name() const override { return "cachecraft"; }
-  void on_insert(int32_t node, double) override { state_[node] = {1.0, 1.0}; }
-  void on_split(int32_t head, int32_t from) override { state_.copy(from, head); }
+  void on_insert(int32_t node, double, uint64_t) override { state_[node] = {1.0, 1.0}; }
+  void on_split(int32_t head, int32_t from, uint64_t) override { state_.copy(from, head); }
   void set_fix_overhead(int32_t node, double cfo) override { state_[node].cfo = std::clamp(cfo, 0.0, 1.0); }
   void on_access(int32_t node) override {
     State& s = state_[node];
@@ -143,8 +200,8 @@ std::vector<std::string> policy_names() { return {"lru", "lfu", "gdsf", "pgdsf",
 std::unique_ptr<ReplacementPolicy> make_policy(std::string_view name, const PolicyOptions& options) {
   if (name == "lru") return std::make_unique<Lru>();
   if (name == "lfu") return std::make_unique<Lfu>();
-  if (name == "gdsf") return std::make_unique<Gdsf>(false);
-  if (name == "pgdsf") return std::make_unique<Gdsf>(true);
+  if (name == "gdsf") return std::make_unique<Gdsf>();
+  if (name == "pgdsf") return std::make_unique<Pgdsf>();
   if (name == "lacr") return std::make_unique<Lacr>(options.lacr_alpha);
   if (name == "cachecraft") return std::make_unique<CacheCraft>();
   fail(ErrorKind::InvalidInput,

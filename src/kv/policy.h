@@ -6,9 +6,13 @@
 //   lru       last access
 //   lfu       hit count
 //   gdsf      Clock + Frequency / Size (cost 1 per node)
-//   pgdsf     Clock + Frequency × Cost / Size, with Cost / Size the node's
-//             recompute time per token (RAGCache); one Clock per tier,
-//             raised to the priority of what leaves the tier
+//   pgdsf     Clock + Frequency × Cost / Size (RAGCache, Eq. 2 and 4):
+//             Cost / Size is the mean, over the accesses that found the node
+//             uncached, of the recompute time per token of the request
+//             (T(cached, new) / new); one Clock per tier, raised to the
+//             priority of what leaves the tier. Frequency and cost outlive
+//             the node's KV: a node computed again resumes them (RAGCache's
+//             "free segment" of the knowledge tree)
 //   lacr      α·Frequency + (1 − α)·Lookahead (DepCache), the lookahead being
 //             the weighted count of pending requests that will use the node
 //   cachecraft  f += 1 / CFO per access (Cache-Craft's reuse score)
@@ -42,12 +46,16 @@ class ReplacementPolicy {
 
   // A node was created (inserted, or split off as `head` of `from`).
   // cost_per_token: recompute time per token of the request that made it
-  // (any consistent unit; 1 when unknown).
-  virtual void on_insert(int32_t /*node*/, double /*cost_per_token*/) {}
-  virtual void on_split(int32_t /*head*/, int32_t /*from*/) {}
+  // (any consistent unit; 1 when unknown). key: what the node holds (its
+  // namespace and every token up to its end), the same whenever the same KV
+  // is computed again, for policies that remember nodes after they leave.
+  virtual void on_insert(int32_t /*node*/, double /*cost_per_token*/, uint64_t /*key*/) {}
+  virtual void on_split(int32_t /*head*/, int32_t /*from*/, uint64_t /*head_key*/) {}
   virtual void on_access(int32_t /*node*/) {}
   // The node left `from` (down a tier, or out of the index from the last).
   virtual void on_evict(int32_t /*node*/, double /*priority*/, Tier /*from*/) {}
+  // The node left the index (its id may be reused by the next insert).
+  virtual void on_remove(int32_t /*node*/) {}
   // The node now lives in tier `to` (promoted or demoted).
   virtual void on_tier_change(int32_t /*node*/, Tier /*to*/) {}
   // Lower is evicted first; equal priorities go least recently used first.

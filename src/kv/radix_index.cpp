@@ -32,6 +32,12 @@ void RadixIndex::set_cost_model(std::function<double(int64_t, int64_t)> cost) {
   cost_model_ = std::move(cost);
 }
 
+double RadixIndex::cost_per_token(int64_t cached, int64_t fresh, double measured) const {
+  auto lk = lock();
+  if (!cost_model_ || fresh <= 0) return measured;
+  return cost_model_(cached, fresh) / static_cast<double>(fresh);
+}
+
 void RadixIndex::attach_disk(DiskSpanStore& store) {
   auto lk = lock();
   tiers_.attach_disk(store);
@@ -69,7 +75,7 @@ void RadixIndex::attach_disk(DiskSpanStore& store) {
           node.last_used = clock_;
           nodes_[parent].children.emplace(node.tokens.front(), id);
           tiers_.add(node.slot);
-          policy_->on_insert(id, 1.0);
+          policy_->on_insert(id, 1.0, f.key);
           policy_->on_tier_change(id, Tier::Disk);
           touch(id);
           touch(parent);
@@ -338,7 +344,7 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   n.start += at;
   n.parent = head;
   h.children.emplace(n.tokens.front(), node);
-  policy_->on_split(head, node);
+  policy_->on_split(head, node, span_content_key(h.ns, path_tokens(head)));
   lookahead_nodes_.push_back(head);  // it may have inherited a lookahead weight
   touch(node);                       // fewer tokens
   touch(head);                       // a child in its tier: not a candidate
@@ -413,8 +419,7 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
       l.hits = 1;
       tiers_.add(l.slot);
       nodes_[at].children.emplace(tokens[pos], leaf);
-      const double cost = cost_model_ ? cost_model_(pos, added) / static_cast<double>(added) : cost_per_token;
-      policy_->on_insert(leaf, cost);
+      policy_->on_insert(leaf, cost_per_token, span_content_key(ns, tokens));
       touch(leaf);
       touch(at);  // no longer a leaf of its tier
       *new_from = pos;
@@ -463,6 +468,7 @@ void RadixIndex::unpin_locked(const Match& m, bool evict) {
 
 void RadixIndex::remove_leaf(NodeId id) {
   untouch(id);
+  policy_->on_remove(id);
   Node& n = nodes_[id];
   const NodeId parent = n.parent;
   nodes_[parent].children.erase(n.tokens.front());

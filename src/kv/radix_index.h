@@ -102,9 +102,13 @@ class RadixIndex {
   // far as its budget allows), so the next process finds them; for a clean
   // shutdown.
   void persist();
-  // Recompute time of n tokens after `cached` ones (any unit), for
-  // cost-aware policies; replaces the cost the caller passes to insert.
+  // Prefill time of n tokens after `cached` ones (any unit; RAGCache's
+  // profiled T(cached, new)), for cost-aware policies: see cost_per_token.
   void set_cost_model(std::function<double(int64_t cached, int64_t n)> cost);
+  // The recompute time per token a request with `cached` tokens found and
+  // `fresh` computed passes to insert: T(cached, fresh) / fresh with a cost
+  // model, else `measured`.
+  double cost_per_token(int64_t cached, int64_t fresh, double measured) const;
 
   // Longest cached prefix of `tokens` in namespace ns; counts an access of
   // every node used. Pieces stay valid until the next insert (which may

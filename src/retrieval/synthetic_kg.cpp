@@ -5,6 +5,7 @@
 #include <random>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "util/error.h"
 
@@ -34,6 +35,20 @@ std::string made_up_name(std::mt19937_64& rng) {
   return name;
 }
 
+// `n` distinct made-up names from `rng`.
+std::vector<std::string> made_up_names(size_t n, std::mt19937_64& rng) {
+  std::unordered_set<std::string> used;
+  std::vector<std::string> names;
+  while (names.size() < n) {
+    std::string name = made_up_name(rng);
+    if (used.insert(name).second) names.push_back(std::move(name));
+  }
+  return names;
+}
+
+// The pool is the same for every world: its seed is fixed, not the world's.
+constexpr uint64_t kNamePoolSeed = 0x6e616d65706f6f6cULL;
+
 }  // namespace
 
 size_t synthetic_relation_count() { return kRelations.size(); }
@@ -46,15 +61,21 @@ KnowledgeGraph make_synthetic_kg(const SyntheticKgOptions& o) {
   if (o.facts_per_entity > o.n_relations)
     fail(ErrorKind::InvalidInput, "{} facts per entity need as many relations (there are {})",
          o.facts_per_entity, o.n_relations);
+  if (o.name_pool != 0 && o.name_pool < o.n_entities)
+    fail(ErrorKind::InvalidInput, "a pool of {} names cannot name {} entities", o.name_pool, o.n_entities);
   std::mt19937_64 rng(o.seed);
-  KnowledgeGraph kg;
-  std::unordered_set<std::string> used;
-  std::vector<EntityId> entities;
-  while (entities.size() < o.n_entities) {
-    std::string name = made_up_name(rng);
-    if (!used.insert(name).second) continue;
-    entities.push_back(kg.add_entity(name));
+  std::vector<std::string> names;
+  if (o.name_pool == 0) {
+    names = made_up_names(o.n_entities, rng);
+  } else {
+    std::mt19937_64 pool_rng(kNamePoolSeed);
+    names = made_up_names(o.name_pool, pool_rng);
+    std::shuffle(names.begin(), names.end(), rng);
+    names.resize(o.n_entities);
   }
+  KnowledgeGraph kg;
+  std::vector<EntityId> entities;
+  for (const std::string& name : names) entities.push_back(kg.add_entity(name));
   // The relations of this world: a seeded choice from the list.
   std::vector<size_t> order(kRelations.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -14,6 +14,11 @@ struct SyntheticKgOptions {
   size_t n_relations = 12;      // drawn from a fixed list of relation words
   size_t facts_per_entity = 3;  // distinct relations per entity
   uint64_t seed = 1;
+  // 0: every world makes up its own names. N: every world draws its names
+  // from one fixed pool of N made-up names, assigned to entities at random,
+  // so a name recurs across worlds (a vocabulary can learn it as one token)
+  // while what it stands for does not (nothing to memorise).
+  size_t name_pool = 0;
 };
 
 KnowledgeGraph make_synthetic_kg(const SyntheticKgOptions& options);

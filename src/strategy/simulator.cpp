@@ -35,9 +35,19 @@ std::vector<SimulatedRequest> simulated_requests(const std::vector<PromptParts>&
   const auto s = make_strategy(strategy, none, 0, DType::F16, o);
   std::vector<SimulatedRequest> out;
   out.reserve(parts.size());
+  const bool flat = strategy == "full" || strategy == "prefix" || strategy == "ragcache";
   for (const PromptParts& p : parts) {
     RequestPlan plan = s->plan(p);
-    out.push_back({std::move(plan.runs), static_cast<int64_t>(plan.tokens.size())});
+    SimulatedRequest r{std::move(plan.runs), static_cast<int64_t>(plan.tokens.size()), {}};
+    if (flat) {  // the flat prompt: the system prompt, then the items in order
+      auto at = static_cast<int64_t>(p.system.size());
+      for (const ContextItem& item : p.items) {
+        const int64_t begin = at;
+        for (const auto& path : item.paths) at += static_cast<int64_t>(path.size());
+        r.item_rows.emplace_back(begin, at);
+      }
+    }
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -65,10 +75,16 @@ int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme
 
 SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const SimulationOptions& o) {
   check_scheduler(o.scheduler);
-  if (o.capacity_tokens < 0) fail(ErrorKind::InvalidInput, "capacity must not be negative");
+  if (o.capacity_tokens < 0 || o.host_tokens < 0)
+    fail(ErrorKind::InvalidInput, "capacity must not be negative");
+  if (o.policy == "pgdsf" && !o.cost_model)
+    fail(ErrorKind::InvalidInput,
+         "pgdsf ranks by the profiled prefill cost table: give the simulator one (simulate --cost-model)");
   PolicyOptions po;
   po.lacr_alpha = o.lacr_alpha;
   RadixIndex index(static_cast<size_t>(o.capacity_tokens) * kBytesPerToken, make_policy(o.policy, po));
+  if (o.host_tokens > 0) index.attach_host(static_cast<size_t>(o.host_tokens) * kBytesPerToken);
+  if (o.cost_model) index.set_cost_model(o.cost_model);
   const bool lookahead = o.policy == "lacr";
 
   std::vector<Prepared> reqs(requests.size());
@@ -79,6 +95,10 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
       if (run.segment >= 0) items[run.segment].insert(run.rows.begin(), run.rows.end());
     }
     for (const auto& [segment, rows] : items) reqs[i].items.emplace_back(rows.begin(), rows.end());
+    for (const auto& [begin, end] : requests[i].item_rows) {
+      reqs[i].items.emplace_back();
+      for (int64_t row = begin; row < end; ++row) reqs[i].items.back().push_back(row);
+    }
   }
 
   SimulationResult r;
@@ -117,7 +137,7 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
     std::vector<bool> cached_row(static_cast<size_t>(req.tokens), false);
     const uint64_t tick = index.begin_request();  // a node shared by the request's paths counts once
     for (const CacheRun& run : req.runs) {
-      RadixIndex::Match m = index.match(run.ns, run.tokens, tick);
+      RadixIndex::Match m = match_run(index, run, tick);
       for (int64_t t = 0; t < m.length; ++t) cached_row[run.rows[t]] = true;
       lease.hold(m);
     }
@@ -128,14 +148,14 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
       ++items;
       items_hit += std::all_of(rows.begin(), rows.end(), [&](int64_t row) { return cached_row[row]; });
     }
-    // Recompute cost per token grows with the context a token attends to.
-    const double cost = 1.0 + static_cast<double>(req.tokens) / 4096.0;
+    // The request's cost per computed token, from the profiled table.
+    const double cost = index.cost_per_token(cached, req.tokens - cached, 1.0);
     // The request's own runs stay pinned until all are in (it is using
     // them); then the index goes back to its budget.
     for (const CacheRun& run : req.runs) {
       if (run.insert == RunInsert::Never) continue;  // looked up only
       RadixIndex::Match path;
-      index.insert_virtual(run.ns, run.tokens, kBytesPerToken, cost, &path);
+      insert_run(index, run, nullptr, kBytesPerToken, cost, &path);
       lease.hold(path);
     }
     refresh_lookahead();

@@ -4,8 +4,10 @@
 // model), keyed exactly as a strategy keys them (depcache by default), with an optional
 // cache-aware scheduler over a pending-request window.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "prompt/dep_prompt.h"
@@ -18,11 +20,15 @@ struct SimulationOptions {
   std::string policy = "lru";      // see make_policy
   std::string scheduler = "fifo";  // fifo, lpm (longest prefix match first), lsp (longest shared prefix
                                    // groups), ragcache (highest cached / to-compute ratio first)
-  int64_t capacity_tokens = 0;     // index budget, in tokens of KV
+  int64_t capacity_tokens = 0;     // index budget (the hot tier), in tokens of KV
+  int64_t host_tokens = 0;         // a host tier below it (0: none)
   size_t window = 32;              // pending requests the scheduler and LACR's lookahead see
   double lacr_alpha = 0.2;
   PositionScheme scheme = PositionScheme::Depth;
   int starvation_bound = 32;  // a request passed over this often goes next
+  // PGDSF's T(cached, fresh): the prefill cost table profiled on the engine
+  // (required by pgdsf, which ranks by it; unused by the other policies).
+  std::function<double(int64_t cached, int64_t fresh)> cost_model;
 };
 
 struct SimulationResult {
@@ -45,6 +51,9 @@ struct SimulationResult {
 struct SimulatedRequest {
   std::vector<CacheRun> runs;
   int64_t tokens = 0;
+  // Rows [begin, end) of each context item in a flat prompt; empty: the
+  // items are the runs' segments.
+  std::vector<std::pair<int64_t, int64_t>> item_rows{};
 };
 
 // Each request as `strategy` (one of strategy_names()) plans it, keyed as the

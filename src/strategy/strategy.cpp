@@ -62,23 +62,33 @@ RadixIndex::SpanMaker rows_span(const KvCache& kv, std::span<const int64_t> rows
 }
 
 // The flat prompt, causal, with the longest cached prefix placed; without
-// reuse this is plain full prefill (the `full` strategy).
+// reuse this is plain full prefill (the `full` strategy). As a knowledge
+// tree (`ragcache`) the run is the system prompt and the documents, with a
+// stop after each: the question is never stored and a document is reused
+// whole or not at all.
 class FlatStrategy final : public Strategy {
  public:
-  FlatStrategy(std::string name, RadixIndex& index, uint64_t ns, bool reuse)
-      : Strategy(index, reuse), name_(std::move(name)), ns_(ns) {}
+  FlatStrategy(std::string name, RadixIndex& index, uint64_t ns, bool reuse, bool knowledge_tree)
+      : Strategy(index, reuse), name_(std::move(name)), ns_(ns), knowledge_tree_(knowledge_tree) {}
   std::string_view name() const override { return name_; }
   RequestPlan plan(const PromptParts& parts) const override {
     RequestPlan p;
     p.tokens = parts.flat();
     const auto n = static_cast<int64_t>(p.tokens.size());
     p.flat_tokens = n;
+    for (int64_t t = 0; t < n; ++t) p.positions.push_back(static_cast<int32_t>(t));
     CacheRun run{ns_, p.tokens, {}, -1};
-    for (int64_t t = 0; t < n; ++t) {
-      p.positions.push_back(static_cast<int32_t>(t));
-      run.rows.push_back(t);
+    if (knowledge_tree_) {
+      int64_t end = static_cast<int64_t>(parts.system.size());
+      if (end > 0) run.stops.push_back(end);
+      for (const ContextItem& item : parts.items) {
+        for (const auto& path : item.paths) end += static_cast<int64_t>(path.size());
+        if (run.stops.empty() || run.stops.back() < end) run.stops.push_back(end);
+      }
+      run.tokens.resize(static_cast<size_t>(end));
     }
-    if (reuse()) p.runs.push_back(std::move(run));
+    for (int64_t t = 0; t < static_cast<int64_t>(run.tokens.size()); ++t) run.rows.push_back(t);
+    if (reuse() && !run.tokens.empty()) p.runs.push_back(std::move(run));
     // What is placed is a prefix: the rest is a causal chain after it.
     p.visibility = [](std::span<const int64_t> computed) {
       return causal_chain(static_cast<int64_t>(computed.size()), computed.front());
@@ -89,6 +99,7 @@ class FlatStrategy final : public Strategy {
  private:
   std::string name_;
   uint64_t ns_;
+  bool knowledge_tree_;
 };
 
 class DepCacheStrategy final : public Strategy {
@@ -115,6 +126,47 @@ class DepCacheStrategy final : public Strategy {
 };
 
 }  // namespace
+
+RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick) {
+  if (run.stops.empty()) return index.match(run.ns, run.tokens, request_tick);
+  // The longest cached run of whole stops, matched (one access per node it uses).
+  const auto stop_at_or_before = [&run](int64_t length) {
+    const auto it = std::upper_bound(run.stops.begin(), run.stops.end(), length);
+    return it == run.stops.begin() ? int64_t{0} : *std::prev(it);
+  };
+  const int64_t cut = stop_at_or_before(index.peek(run.ns, run.tokens).length);
+  if (cut == 0) return {};
+  RadixIndex::Match m = index.match(run.ns, std::span<const int32_t>(run.tokens).first(cut), request_tick);
+  // A lower tier's bad record may end the match early: still whole stops only.
+  if (m.length < cut) {
+    const int64_t keep = stop_at_or_before(m.length);
+    int64_t at = 0;
+    size_t i = 0;
+    for (; i < m.pieces.size() && at < keep; ++i) {
+      m.pieces[i].length = std::min(m.pieces[i].length, keep - at);
+      at += m.pieces[i].length;
+    }
+    m.pieces.resize(i);
+    m.length = keep;
+  }
+  return m;
+}
+
+void insert_run(RadixIndex& index, const CacheRun& run, const RadixIndex::SpanMaker* make_span,
+                size_t bytes_per_token, double cost_per_token, RadixIndex::Match* path) {
+  const std::span<const int32_t> all(run.tokens);
+  const auto insert = [&](std::span<const int32_t> tokens) {
+    if (make_span)
+      index.insert(run.ns, tokens, *make_span, cost_per_token, path);
+    else
+      index.insert_virtual(run.ns, tokens, bytes_per_token, cost_per_token, path);
+  };
+  // A node per stop: each insert adds the next one under the last (what is
+  // cached already is walked, not added).
+  for (int64_t stop : run.stops)
+    if (stop < static_cast<int64_t>(all.size())) insert(all.first(static_cast<size_t>(stop)));
+  insert(all);
+}
 
 uint64_t strategy_namespace(uint64_t fingerprint, DType kv_type, std::string_view kind) {
   uint64_t h = hash_bytes(&fingerprint, sizeof fingerprint);
@@ -212,7 +264,7 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
         if (peeked.length < whole) continue;
         if (run.fix_overhead >= 0) index.set_fix_overhead(peeked, run.fix_overhead);
       }
-      const RadixIndex::Match match = index.match(run.ns, run.tokens, tick);
+      const RadixIndex::Match match = match_run(index, run, tick);
       add_load(report_, match);
       kv_rows.assign(run.rows.begin(), run.rows.end());
       for (int64_t& r : kv_rows) r += row0;
@@ -293,6 +345,11 @@ void PlanExecution::set_pass(PassPlan pass, std::span<const int32_t> positions) 
 void PlanExecution::insert_runs(const KvCache& kv, int64_t row0, double ms_per_token, RunInsert when) {
   if (plan_.runs.empty()) return;
   const auto lk = index_.lock();
+  // Every node this request computed is charged the request's cost per
+  // computed token (RAGCache's Cost_i / NewSize_i).
+  const auto cached = static_cast<int64_t>(std::count(placed_.begin(), placed_.end(), true));
+  const double cost_per_token =
+      index_.cost_per_token(cached, static_cast<int64_t>(placed_.size()) - cached, ms_per_token);
   // Each inserted run stays held until all are in, so one run's insert
   // cannot evict another this request just computed.
   std::vector<int64_t> kv_rows;
@@ -304,7 +361,8 @@ void PlanExecution::insert_runs(const KvCache& kv, int64_t row0, double ms_per_t
     kv_rows.assign(run.rows.begin(), run.rows.end());
     for (int64_t& r : kv_rows) r += row0;
     RadixIndex::Match path;
-    index_.insert(run.ns, run.tokens, rows_span(kv, kv_rows), ms_per_token, &path);
+    const RadixIndex::SpanMaker make_span = rows_span(kv, kv_rows);
+    insert_run(index_, run, &make_span, 0, cost_per_token, &path);
     lease_.hold(path);
   }
 }
@@ -436,7 +494,7 @@ std::vector<Lookup> RequestPlan::lookups() const {
 }
 
 std::vector<std::string> strategy_names() {
-  return {"full", "prefix", "depcache", "fullreuse", "cacheblend", "fusionrag", "cachecraft"};
+  return {"full", "prefix", "ragcache", "depcache", "fullreuse", "cacheblend", "fusionrag", "cachecraft"};
 }
 
 std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
@@ -448,7 +506,12 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index
                                         const StrategyOptions& options) {
   if (name == "full" || name == "prefix")
     return std::make_unique<FlatStrategy>(std::string(name), index, strategy_namespace(fp, kv_type, "prefix"),
-                                          name == "prefix" && options.reuse);
+                                          name == "prefix" && options.reuse, false);
+  // Its own namespace: a knowledge tree's nodes end at documents, a prefix
+  // tree's anywhere (sharing one tree would let either split the other's).
+  if (name == "ragcache")
+    return std::make_unique<FlatStrategy>(std::string(name), index,
+                                          strategy_namespace(fp, kv_type, "ragcache"), options.reuse, true);
   if (name == "depcache")
     return std::make_unique<DepCacheStrategy>(index, strategy_namespace(fp, kv_type, "depcache"),
                                               options.scheme, options.reuse, options.realign);

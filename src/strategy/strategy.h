@@ -8,6 +8,10 @@
 // they give.
 //   full:     the flat prompt, causal, no reuse (the baseline)
 //   prefix:   the flat prompt, longest cached prefix reused
+//   ragcache: the flat prompt over RAGCache's knowledge tree: the system
+//             prompt at the root, each document a node in the context of
+//             the documents before it, reused only whole, the question
+//             never stored
 //   depcache: the DepPrompt under dependency attention, each subtree's KV
 //             matched from its root and reused at its new positions
 //   fullreuse, cacheblend, fusionrag: chunks reused at any position, some
@@ -66,6 +70,9 @@ struct Lookup {
 // versions of the same rows, such as Cache-Craft's chunk variants).
 // fix_overhead: Cache-Craft's CFO of reusing it, told to the replacement
 // policy before the access (negative: none).
+// stops: token counts (ascending) at which a match of the run may end, and
+// at which its insert ends a node (RAGCache's documents: a node per
+// document, reused only whole); empty: anywhere, one node for what is new.
 enum class RunInsert { AfterFill, AtEnd, Never };
 struct CacheRun {
   uint64_t ns = 0;
@@ -75,7 +82,17 @@ struct CacheRun {
   RunInsert insert = RunInsert::AfterFill;
   bool whole = false;
   double fix_overhead = -1;
+  std::vector<int64_t> stops{};
 };
+
+// A run's match and insert, as every caller of the index makes them (the
+// executor and the simulator): the match ends at a stop, the insert puts a
+// node end at each.
+RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick);
+// Inserts run.tokens (a span maker for real KV, or bytes_per_token > 0 for
+// virtual nodes); *path receives the nodes holding the run.
+void insert_run(RadixIndex& index, const CacheRun& run, const RadixIndex::SpanMaker* make_span,
+                size_t bytes_per_token, double cost_per_token, RadixIndex::Match* path);
 
 // The namespace of a kind of run ("prefix", "depcache", "chunk", ...) for a
 // model and KV type: KV computed by another model or stored in another type

@@ -27,13 +27,16 @@ TEST(SimulateCli, ReplaysATraceUnderEveryPolicy) {
         << "\n";
   }
   const std::string trace = (dir / "trace.jsonl").string();
+  const std::string model = (dir / "model.gguf").string();
+  ASSERT_EQ(run_cli("model new --preset tiny --seed 3 -o " + model).code, 0);
   auto r = run_cli(
-      "simulate --requests " + trace +
+      "simulate --requests " + trace + " --cost-model " + model +
       " --capacity 50% --json --policy lru,lfu,gdsf,pgdsf,lacr,cachecraft,lpm,lsp,lacr+lpm,lacr+ragcache");
   ASSERT_EQ(r.code, 0) << r.out;
   std::istringstream lines(r.out);
   int n = 0;
   for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;  // the cost table, on stderr
     const auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["requests"], 40);
     EXPECT_GT(j["token_hit_rate"].get<double>(), 0.0);
@@ -41,6 +44,23 @@ TEST(SimulateCli, ReplaysATraceUnderEveryPolicy) {
     ++n;
   }
   EXPECT_EQ(n, 10);
+  // PGDSF ranks by the profiled table: without one it is a usage error.
+  r = run_cli("simulate --requests " + trace + " --policy pgdsf");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--cost-model"), std::string::npos) << r.out;
+
+  // RAGCache's knowledge tree: documents hit whole; a host tier below a
+  // small hot tier finds more of them than the hot tier alone.
+  const auto document_hits = [&](const std::string& extra) {
+    const auto res =
+        run_cli("simulate --requests " + trace + " --strategy ragcache --capacity 30% --json" + extra);
+    EXPECT_EQ(res.code, 0) << res.out;
+    return res.code == 0 ? nlohmann::json::parse(res.out)["item_hit_rate"].get<double>() : -1.0;
+  };
+  const double hot_only = document_hits(""), with_host = document_hits(" --host-capacity 70%");
+  EXPECT_GE(hot_only, 0.0);
+  EXPECT_GT(with_host, hot_only);
+  EXPECT_LE(with_host, 1.0);
   r = run_cli("simulate --requests " + trace + " --capacity 100%");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("capacity"), std::string::npos) << r.out;

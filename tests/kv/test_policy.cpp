@@ -70,16 +70,37 @@ TEST(Policy, GdsfClockAgesOldEntries) {
   for (const char* name : {"gdsf", "pgdsf"}) {
     auto policy = make_policy(name);
     ReplacementPolicy& p = *policy;
-    p.on_insert(1, 1.0);
+    p.on_insert(1, 1.0, 11);
     p.on_access(1);
     p.on_evict(7, 10.0, Tier::Hot);  // clock = 10
-    p.on_insert(2, 1.0);
+    p.on_insert(2, 1.0, 12);
     const NodeView old{1, 1, 2, 1}, fresh{2, 1, 1, 99};
     EXPECT_NEAR(p.priority(old), 2.0, 1e-9) << name;
     EXPECT_NEAR(p.priority(fresh), 11.0, 1e-9) << name;
-    p.on_access(1);  // used again: catches up with the clock
-    EXPECT_NEAR(p.priority(old), 12.0, 1e-9) << name;
+    p.on_access(1);  // used again: catches up with the clock (PGDSF counts the access itself)
+    EXPECT_NEAR(p.priority(old), std::string_view(name) == "pgdsf" ? 13.0 : 12.0, 1e-9) << name;
   }
+}
+
+// PGDSF as RAGCache publishes it: Frequency counts every access, Cost/Size
+// is the mean of the request's cost per token over the accesses that found
+// the node uncached, and both survive the node leaving the index.
+TEST(Policy, PgdsfAveragesCostOverUncachedAccessesAndRemembersNodesThatLeft) {
+  auto policy = make_policy("pgdsf");
+  ReplacementPolicy& p = *policy;
+  p.on_insert(1, 5.0, 42);  // computed: frequency 1, mean cost 5
+  EXPECT_NEAR(p.priority({1, 2, 1, 0}), 5.0, 1e-9);
+  p.on_access(1);  // found cached: frequency 2, the mean unchanged
+  EXPECT_NEAR(p.priority({1, 2, 1, 0}), 10.0, 1e-9);
+  p.on_remove(1);
+  p.on_insert(1, 2.0, 43);  // the id reused by other content starts afresh
+  EXPECT_NEAR(p.priority({1, 2, 1, 0}), 2.0, 1e-9);
+  p.on_insert(3, 1.0, 42);  // the first content computed again: frequency 3, mean (5 + 1) / 2
+  EXPECT_NEAR(p.priority({3, 2, 1, 0}), 9.0, 1e-9);
+  p.on_split(4, 3, 44);  // the head of a split inherits, under its own key
+  p.on_remove(4);
+  p.on_insert(5, 3.0, 44);
+  EXPECT_NEAR(p.priority({5, 2, 1, 0}), 4.0 * 3.0, 1e-9);  // frequency 4, mean (5 + 1 + 3) / 3
 }
 
 // LACR: a node the pending queue will use outranks a more frequent one
@@ -111,38 +132,38 @@ TEST(Policy, CacheCraftFavoursChunksThatNeedLittleFixing) {
   EXPECT_FALSE(cached(index, {2, 2}));
 }
 
-// With a cost model set (PGDSF's profiled table in `run`), the index charges
-// a new node T(tokens before it, its tokens) / its tokens per token, in
-// place of what the caller passes; every node created is charged.
-TEST(Policy, TheIndexChargesTheCostModelPerNewNode) {
+// The index gives the policy a key per node that depends on its content
+// only: a node computed again after it left, or split off, is known again.
+// With a cost model set (PGDSF's profiled table), a request's cost per
+// token is T(cached, fresh) / fresh; without one, what was measured.
+TEST(Policy, TheIndexKeysNodesByContentAndPricesRequestsByTheCostModel) {
   struct Recording final : ReplacementPolicy {
-    std::map<int32_t, double>* costs;
-    explicit Recording(std::map<int32_t, double>* c) : costs(c) {}
+    std::vector<std::pair<uint64_t, double>>* inserted;
+    explicit Recording(std::vector<std::pair<uint64_t, double>>* v) : inserted(v) {}
     std::string_view name() const override { return "recording"; }
-    void on_insert(int32_t node, double cost_per_token) override { (*costs)[node] = cost_per_token; }
+    void on_insert(int32_t, double cost_per_token, uint64_t key) override {
+      inserted->emplace_back(key, cost_per_token);
+    }
     double priority(const NodeView& n) const override { return static_cast<double>(n.last_used); }
   };
-  std::map<int32_t, double> costs;
-  RadixIndex index(1000 * kTokenBytes, std::make_unique<Recording>(&costs));
-  std::vector<std::pair<int64_t, int64_t>> asked;
-  index.set_cost_model([&asked](int64_t cached, int64_t n) {
-    asked.emplace_back(cached, n);
+  std::vector<std::pair<uint64_t, double>> inserted;
+  RadixIndex index(2 * kTokenBytes, std::make_unique<Recording>(&inserted));
+  index.insert_virtual(1, Tokens{1, 2}, kTokenBytes, 7.0);
+  index.insert_virtual(1, Tokens{3, 4}, kTokenBytes, 1.0);  // {1, 2} leaves
+  index.insert_virtual(1, Tokens{1, 2}, kTokenBytes, 1.0);  // and comes back
+  index.insert_virtual(2, Tokens{1, 2}, kTokenBytes, 1.0);  // another namespace
+  ASSERT_EQ(inserted.size(), 4u);
+  EXPECT_EQ(inserted[0].first, inserted[2].first);
+  EXPECT_NE(inserted[0].first, inserted[1].first);
+  EXPECT_NE(inserted[0].first, inserted[3].first);
+  EXPECT_EQ(inserted[0].second, 7.0) << "the caller's cost";
+
+  EXPECT_EQ(index.cost_per_token(4, 2, 99.0), 99.0) << "no cost model: what was measured";
+  index.set_cost_model([](int64_t cached, int64_t n) {
     return 10.0 * static_cast<double>(cached) + 3.0 * static_cast<double>(n);
   });
-  index.insert_virtual(1, Tokens{1, 2, 3, 4}, kTokenBytes, /*cost_per_token=*/99.0);
-  ASSERT_EQ(costs.size(), 1u);
-  EXPECT_EQ(costs.begin()->second, (10.0 * 0 + 3.0 * 4) / 4);  // not the caller's 99
-  costs.clear();
-  index.insert_virtual(1, Tokens{1, 2, 3, 4, 5, 6}, kTokenBytes, 99.0);  // 2 new after 4 cached
-  ASSERT_EQ(costs.size(), 1u);
-  EXPECT_EQ(costs.begin()->second, (10.0 * 4 + 3.0 * 2) / 2);
-  EXPECT_EQ(asked, (std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 2}}));
-  // Without a cost model the caller's figure is charged.
-  costs.clear();
-  RadixIndex plain(1000 * kTokenBytes, std::make_unique<Recording>(&costs));
-  plain.insert_virtual(1, Tokens{7, 8}, kTokenBytes, 2.5);
-  ASSERT_EQ(costs.size(), 1u);
-  EXPECT_EQ(costs.begin()->second, 2.5);
+  EXPECT_EQ(index.cost_per_token(4, 2, 99.0), (10.0 * 4 + 3.0 * 2) / 2);
+  EXPECT_EQ(index.cost_per_token(4, 0, 99.0), 99.0) << "nothing computed";
 }
 
 TEST(Policy, UnknownNamesAndBadAlphaAreErrors) {

@@ -185,6 +185,32 @@ TEST(GraphQa, SyntheticWorldsAskQuestionsWithOneAnswer) {
   EXPECT_THROW(make_synthetic_kg(so), Error) << "more facts than relations";
 }
 
+// A name pool: every world's names come from the same N names, in another
+// assignment, so names recur across worlds while their facts do not.
+TEST(GraphQa, SyntheticWorldsCanShareANamePool) {
+  SyntheticKgOptions so;
+  so.n_entities = 40;
+  so.name_pool = 50;
+  std::set<std::string> all;
+  std::vector<std::vector<std::string>> worlds;
+  for (uint64_t seed : {1, 2, 3}) {
+    so.seed = seed;
+    const KnowledgeGraph kg = make_synthetic_kg(so);
+    std::vector<std::string> names;
+    for (EntityId e = 0; e < kg.n_entities(); ++e) names.emplace_back(kg.entity_name(e));
+    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), 40u) << "distinct names";
+    all.insert(names.begin(), names.end());
+    worlds.push_back(names);
+  }
+  EXPECT_LE(all.size(), 50u) << "every name from the pool";
+  EXPECT_GT(all.size(), 40u) << "worlds draw different subsets";
+  EXPECT_NE(worlds[0], worlds[1]) << "another assignment per world";
+  so.seed = 1;
+  EXPECT_EQ(make_synthetic_kg(so).entity_name(7), worlds[0][7]) << "deterministic";
+  so.name_pool = 39;
+  EXPECT_THROW(make_synthetic_kg(so), Error) << "a pool smaller than the world";
+}
+
 TEST(GraphWorkload, EntitiesAsDocumentsOfFactSentences) {
   SyntheticKgOptions so;
   so.n_entities = 30;

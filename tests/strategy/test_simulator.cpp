@@ -40,6 +40,41 @@ TEST(Simulator, InfiniteCapacityReusesEverythingSeenBefore) {
   EXPECT_EQ(simulate(prompts, o).cached_tokens, 0);
 }
 
+PromptParts parts_with(const Tokenizer& tok, const std::vector<std::string>& docs, const std::string& q) {
+  RagRequest r;
+  r.question = q;
+  for (const std::string& d : docs) r.entities.push_back({d, d, {d + " -rel-> a thing of some length"}});
+  return make_prompt_parts(tok, r);
+}
+
+// RAGCache's knowledge tree: [S, D1, D2] then [S, D1, D3] reuses S and D1
+// (a document in the context of those before it); [S, D2, D1] reuses S only
+// (order matters); the question is never stored, so asking the same
+// documents again reuses everything but the question; and a document is
+// reused whole or not at all, even when its first tokens are cached (D1x
+// begins like D1).
+TEST(Simulator, KnowledgeTreeReusesWholeDocumentsInTheirContext) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const std::vector<PromptParts> parts = {
+      parts_with(tok, {"d1", "d2"}, "first?"), parts_with(tok, {"d1", "d3"}, "second?"),
+      parts_with(tok, {"d2", "d1"}, "third?"), parts_with(tok, {"d1", "d3"}, "fourth?"),
+      parts_with(tok, {"d1x", "d2"}, "fifth?")};
+  const auto len = [](const std::vector<int32_t>& v) { return static_cast<int64_t>(v.size()); };
+  const auto doc = [&](size_t r, size_t i) { return len(parts[r].items[i].paths[0]); };
+  const int64_t sys = len(parts[0].system);
+  const std::vector<SimulatedRequest> reqs = simulated_requests(parts, "ragcache", PositionScheme::Depth);
+  ASSERT_EQ(reqs.size(), parts.size());
+  EXPECT_EQ(reqs[0].runs.size(), 1u);
+  EXPECT_EQ(reqs[0].runs[0].stops, (std::vector<int64_t>{sys, sys + doc(0, 0), sys + doc(0, 0) + doc(0, 1)}));
+  EXPECT_EQ(len(reqs[0].runs[0].tokens), sys + doc(0, 0) + doc(0, 1)) << "no question";
+  SimulationOptions o;
+  o.capacity_tokens = 1 << 30;
+  const SimulationResult r = simulate(reqs, o);
+  const int64_t want = 0 + (sys + doc(1, 0)) + sys + (sys + doc(3, 0) + doc(3, 1)) + sys;
+  EXPECT_EQ(r.cached_tokens, want);
+  EXPECT_DOUBLE_EQ(r.item_hit_rate, 3.0 / 10.0);  // d1 in the second, d1 and d3 in the fourth
+}
+
 // e0 e1 e2 e0 e1 e2 ... with room for less than the three entities: LRU
 // always evicts the one needed next; LACR's lookahead keeps what the queue is
 // about to use.

@@ -65,6 +65,28 @@ TEST(Strategies, PrefixReuseEqualsFullPrefill) {
   }
 }
 
+// RAGCache's knowledge tree on the engine: the system prompt and whole
+// documents in their context are reused, the question never is, and the
+// logits equal full prefill's.
+TEST(Strategies, KnowledgeTreeReuseEqualsFullPrefill) {
+  Rig rig;
+  const RagRequest a = graph_request({kDog, kCat}, "What is a dog?");
+  const RagRequest b = graph_request({kDog, kOwl}, "What is a dog?");
+  const PromptParts pb = make_prompt_parts(rig.tok, b);
+  int64_t dog = 0;
+  for (const auto& path : pb.items[0].paths) dog += static_cast<int64_t>(path.size());
+  EXPECT_EQ(rig.run("ragcache", a).reused_tokens, 0);
+  const PrefillReport second = rig.run("ragcache", b);
+  EXPECT_EQ(second.reused_tokens, static_cast<int64_t>(pb.system.size()) + dog) << "system and dog, not owl";
+  const PrefillReport full = rig.run("full", b);
+  EXPECT_EQ(second.computed_tokens + second.reused_tokens, full.prompt_tokens);
+  EXPECT_LT(test::max_abs_diff(second.logits, full.logits, "ragcache vs full"), 1e-3);
+  // Again: everything but the question (never stored).
+  const PrefillReport third = rig.run("ragcache", b);
+  EXPECT_EQ(third.computed_tokens, static_cast<int64_t>(pb.task.size()));
+  EXPECT_LT(test::max_abs_diff(third.logits, full.logits, "ragcache again vs full"), 1e-3);
+}
+
 TEST(Strategies, DependencyAttentionOnAChainEqualsCausalAttention) {
   Rig rig("tiny-qwen2");
   // One entity with one path: system → path → task is a chain, and both
@@ -269,7 +291,7 @@ TEST(Strategies, PositionSchemeMetadataSetsTheDefault) {
 // a token the model does not have, found by the forward pass) leaves no pin
 // behind: the request's lease releases them, and the index can evict again.
 TEST(Strategies, AFailedPrefillLeavesNoPin) {
-  for (const char* name : {"prefix", "depcache"}) {
+  for (const char* name : {"prefix", "ragcache", "depcache"}) {
     Rig rig("tiny");
     const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
     rig.run(name, r);  // cached now
