@@ -36,6 +36,7 @@ struct SimulateOptions {
   std::string requests_path, kg_path, workload = "zipf", vocab_path, capacity = "20%", policies = "lru",
                                       scheme = "depth", strategy = "depcache";
   std::string report_path, cost_model_path, host_capacity = "0";
+  bool swap_out_once = false;
   size_t n_requests = 500, window = 32;
   int threads = 0;
   double alpha = 0.2;
@@ -109,6 +110,7 @@ SimulationOptions simulation_options(const SimulateOptions& o, const std::string
   so.scheduler = scheduler;
   so.capacity_tokens = capacity;
   so.host_tokens = parse_capacity(o.host_capacity, distinct);
+  so.swap_out_once = o.swap_out_once;
   so.window = o.window;
   so.lacr_alpha = o.alpha;
   so.scheme = scheme;
@@ -228,6 +230,8 @@ void add_simulate_command(CLI::App& app) {
                   "A host tier below the index: tokens, or a percentage of the stream's distinct KV tokens "
                   "(0: none); hits in either tier count")
       ->capture_default_str();
+  cmd->add_flag("--swap-out-once", o.swap_out_once,
+                "The host tier keeps a copy of what it gave back to the hot tier (RAGCache)");
   cmd->add_option("--cost-model", o.cost_model_path,
                   "GGUF model whose prefill cost table (T(cached, new), profiled on this machine) PGDSF "
                   "ranks by; required by pgdsf")
@@ -291,11 +295,16 @@ void add_simulate_command(CLI::App& app) {
                                           {"item_hit_rate", r.item_hit_rate},
                                           {"prompt_tokens", r.prompt_tokens},
                                           {"cached_tokens", r.cached_tokens},
-                                          {"evicted_nodes", r.evicted_nodes}}
+                                          {"evicted_nodes", r.evicted_nodes},
+                                          {"swapped_out_tokens", r.swapped_out_tokens},
+                                          {"swap_outs_saved", r.swap_outs_saved}}
                                .dump());
       } else {
-        fmt::print("{:<10} token hit rate {:5.1f}%   document hit rate {:5.1f}%   ({} nodes evicted)\n", spec,
+        fmt::print("{:<10} token hit rate {:5.1f}%   document hit rate {:5.1f}%   ({} nodes evicted", spec,
                    100 * r.token_hit_rate, 100 * r.item_hit_rate, r.evicted_nodes);
+        if (o.host_capacity != "0")
+          fmt::print("; {} tokens swapped out, {} swap-outs saved", r.swapped_out_tokens, r.swap_outs_saved);
+        fmt::print(")\n");
       }
     }
   });

@@ -8,6 +8,9 @@ void add_tier_options(CLI::App& cmd, TierOptions& o) {
   cmd.add_option("--host-mib", o.host_mib, "Host tier budget in MiB (0: none; hot spans evicted go here)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1048576.0));
+  cmd.add_flag("--swap-out-once", o.swap_out_once,
+               "Host tier: a span brought back to the hot tier keeps its host copy, so evicting it again "
+               "copies nothing (RAGCache); the copies count against --host-mib");
   cmd.add_option("--cache-dir", o.cache_dir,
                  "Disk tier directory: spans evicted from memory are kept here across runs");
   cmd.add_option("--disk-mib", o.disk_mib, "Disk tier budget in MiB")
@@ -30,7 +33,7 @@ void add_tier_options(CLI::App& cmd, TierOptions& o) {
 }
 
 LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::string& log_prefix) {
-  if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0));
+  if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0), o.swap_out_once);
   if (!o.cache_dir.empty()) {
     disk_ = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0));
     index.attach_disk(*disk_);

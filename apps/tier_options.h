@@ -16,6 +16,7 @@ struct TierOptions {
   double host_mib = 0, disk_mib = 4096;
   std::string cache_dir, redis;
   int64_t redis_block = 32;
+  bool swap_out_once = false;
   bool any() const { return host_mib > 0 || !cache_dir.empty() || !redis.empty(); }
 };
 void add_tier_options(CLI::App& cmd, TierOptions& o);

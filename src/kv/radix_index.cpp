@@ -17,9 +17,9 @@ RadixIndex::RadixIndex(size_t byte_budget, std::unique_ptr<ReplacementPolicy> po
 
 RadixIndex::~RadixIndex() = default;
 
-void RadixIndex::attach_host(size_t byte_budget) {
+void RadixIndex::attach_host(size_t byte_budget, bool swap_out_once) {
   auto lk = lock();
-  tiers_.attach_host(byte_budget);
+  tiers_.attach_host(byte_budget, swap_out_once);
 }
 
 void RadixIndex::attach_remote(RemoteStore& store, int64_t block_tokens) {
@@ -497,6 +497,8 @@ void RadixIndex::evict_to(size_t target) {
 
 void RadixIndex::make_room(Tier t) {
   if (keys_dirty_) rekey_all();
+  // Host copies of hot nodes go first: dropping one loses nothing cached.
+  if (t == Tier::Host) drop_host_copies();
   auto& candidates = candidates_[static_cast<int>(t)];
   while (tiers_.over_budget(t)) {
     if (candidates.empty()) return;  // everything left is pinned
@@ -513,7 +515,12 @@ void RadixIndex::demote(NodeId id) {
     drop_subtree(id);  // the last tier: a leaf (its children were in this tier or gone)
     return;
   }
-  if (*to == Tier::Host || nodes_[id].slot.span.n_tokens() == 0) {  // virtual nodes only change tier
+  if (*to == Tier::Host) {
+    swap_out(id);
+    make_room(*to);
+    return;
+  }
+  if (nodes_[id].slot.span.n_tokens() == 0) {  // virtual nodes only change tier
     set_tier(id, *to);
     make_room(*to);
     return;
@@ -543,6 +550,36 @@ void RadixIndex::demote(NodeId id) {
   }
 }
 
+void RadixIndex::swap_out(NodeId id) {
+  const bool saved = nodes_[id].slot.has_host_copy;
+  size_t copied = 0;
+  retier(id, [&](SpanSlot& slot) {
+    copied = tiers_.swap_out(slot);
+    return true;
+  });
+  stats_.swapped_out_bytes += static_cast<int64_t>(copied);
+  stats_.swap_outs_saved += saved;
+}
+
+void RadixIndex::drop_host_copies() {
+  while (tiers_.over_budget(Tier::Host)) {
+    NodeId lowest = -1;
+    double lowest_priority = 0;
+    for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
+      const Node& n = nodes_[id];
+      if (!n.live || !n.slot.has_host_copy) continue;
+      const double p =
+          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.slot.tier});
+      if (lowest < 0 || p < lowest_priority) {
+        lowest = id;
+        lowest_priority = p;
+      }
+    }
+    if (lowest < 0) return;
+    tiers_.drop_host_copy(nodes_[lowest].slot);
+  }
+}
+
 void RadixIndex::persist() {
   auto lk = lock();
   if (!tiers_.disk()) return;
@@ -557,7 +594,7 @@ void RadixIndex::persist() {
   for (const auto& [start, id] : order) {
     if (!nodes_[id].live || tier(id) == Tier::Disk) continue;
     nodes_[id].pins = 0;  // shutting down: nothing is in use
-    if (tier(id) == Tier::Hot && tiers_.below(Tier::Hot) == Tier::Host) set_tier(id, Tier::Host);
+    if (tier(id) == Tier::Hot && tiers_.below(Tier::Hot) == Tier::Host) swap_out(id);
     demote(id);
   }
 }
@@ -570,6 +607,11 @@ void RadixIndex::check_invariants() const {
     if (!n.live) continue;
     ++live;
     bytes[static_cast<int>(n.slot.tier)] += n.slot.tier_bytes();
+    if (n.slot.has_host_copy) {
+      if (n.slot.tier != Tier::Hot)
+        fail(ErrorKind::Internal, "radix node {} outside the hot tier has a host copy", id);
+      bytes[static_cast<int>(Tier::Host)] += n.slot.memory_bytes();
+    }
     if (n.parent < 0) {
       if (!n.tokens.empty()) fail(ErrorKind::Internal, "radix root {} has tokens", id);
     } else {

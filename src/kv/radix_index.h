@@ -77,6 +77,8 @@ class RadixIndex {
     int64_t hit_tokens[kTiers] = {};  // matched tokens by tier found in
     int64_t demoted[kTiers] = {};     // nodes moved down out of each tier
     int64_t promoted_bytes = 0;       // bytes brought to the hot tier
+    int64_t swapped_out_bytes = 0;    // bytes copied from the hot tier to the host tier
+    int64_t swap_outs_saved = 0;      // evictions from the hot tier that found a host copy (swap-out-once)
     double load_ms = 0;               // time spent doing so
     int64_t dropped_bad = 0;          // disk or remote records found corrupt and dropped
     int64_t remote_published = 0;     // blocks offered to the remote tier
@@ -95,7 +97,10 @@ class RadixIndex {
   // from an earlier process (those whose context is on disk too; the others
   // are orphans and deleted). The remote store is shared with other
   // processes. The index does not own the stores.
-  void attach_host(size_t byte_budget);
+  // Swap-out-once (RAGCache): a span keeps its host copy when brought back
+  // to the hot tier, so evicting it again copies nothing; the copies count
+  // against the host budget and are the first to go when it needs room.
+  void attach_host(size_t byte_budget, bool swap_out_once = false);
   void attach_disk(DiskSpanStore& store);
   void attach_remote(RemoteStore& store, int64_t block_tokens = 32);
   // Moves every span still in memory to the disk tier, children first (as
@@ -228,6 +233,10 @@ class RadixIndex {
   void unpin_locked(const Match& m, bool evict);
   void make_room(Tier t);
   void demote(NodeId node);
+  void swap_out(NodeId node);  // hot to host
+  // Frees host copies of hot nodes, lowest priority first, until the host
+  // tier is within budget (or none is left).
+  void drop_host_copies();
   void drop_subtree(NodeId node);
   NodeId split(NodeId node, int64_t at);  // node keeps [at, end); returns the new parent with [0, at)
   int64_t insert_impl(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,

@@ -13,6 +13,11 @@ SpanSlot SpanSlot::take_front(int64_t at) {
     head.span = span.slice(0, at);
     span = span.slice(at, span.n_tokens());
   }
+  head.has_host_copy = has_host_copy;
+  if (host_copy.n_tokens() > 0) {
+    head.host_copy = host_copy.slice(0, at);
+    host_copy = host_copy.slice(at, host_copy.n_tokens());
+  }
   n_tokens -= at;
   return head;
 }
@@ -24,6 +29,7 @@ std::optional<Tier> SpanTiers::below(Tier t) const {
 }
 
 void SpanTiers::remove(SpanSlot& s) {
+  drop_host_copy(s);
   bytes_[static_cast<int>(s.tier)] -= s.tier_bytes();
   if (s.tier == Tier::Disk && disk_ && s.disk_bytes > 0) disk_->remove(s.disk_key);
 }
@@ -35,9 +41,44 @@ void SpanTiers::set_tier(SpanSlot& s, Tier t, const std::function<void(SpanSlot&
   bytes_[static_cast<int>(t)] += s.tier_bytes();
 }
 
+void SpanTiers::drop_host_copy(SpanSlot& s) {
+  if (!s.has_host_copy) return;
+  bytes_[static_cast<int>(Tier::Host)] -= s.memory_bytes();
+  s.host_copy = KvSpan();
+  s.has_host_copy = false;
+}
+
+size_t SpanTiers::swap_out(SpanSlot& s) {
+  if (s.has_host_copy) {  // the copy becomes the slot's span: nothing moves
+    bytes_[static_cast<int>(Tier::Host)] -= s.memory_bytes();
+    set_tier(s, Tier::Host, [](SpanSlot& slot) {
+      if (slot.host_copy.n_tokens() > 0) slot.span = std::move(slot.host_copy);
+      slot.host_copy = KvSpan();
+      slot.has_host_copy = false;
+    });
+    return 0;
+  }
+  set_tier(s, Tier::Host, [](SpanSlot& slot) {
+    if (slot.span.n_tokens() > 0) slot.span = KvSpan(slot.span);
+  });
+  return s.memory_bytes();
+}
+
 bool SpanTiers::promote(SpanSlot& s, uint64_t ns, std::span<const int32_t> path, int64_t start,
                         int64_t* promoted_bytes) {
   if (s.tier == Tier::Hot) return true;
+  if (s.tier == Tier::Host && swap_out_once_) {
+    set_tier(s, Tier::Hot, [](SpanSlot& slot) {
+      if (slot.span.n_tokens() > 0) {
+        slot.host_copy = std::move(slot.span);
+        slot.span = KvSpan(slot.host_copy);
+      }
+      slot.has_host_copy = true;
+    });
+    bytes_[static_cast<int>(Tier::Host)] += s.memory_bytes();
+    *promoted_bytes += static_cast<int64_t>(s.memory_bytes());
+    return true;
+  }
   if (s.tier == Tier::Host || s.is_virtual() || !disk_) {
     // Host to hot is a copy in the papers' setting (host to GPU memory); it
     // is done for real, so its cost shows in the time to first token.

@@ -30,6 +30,11 @@ struct SpanSlot {
   Tier tier = Tier::Hot;
   uint64_t disk_key = 0;  // on disk: the file's key
   size_t disk_bytes = 0;  // on disk: the file's size
+  // Swap-out-once (RAGCache): a hot slot's copy in the host tier, kept since
+  // it was first swapped out, so evicting it again copies nothing. It
+  // counts memory_bytes() in the host tier. (A virtual slot has the flag only.)
+  KvSpan host_copy;
+  bool has_host_copy = false;
 
   bool is_virtual() const { return span.n_tokens() == 0 && bytes_per_token > 0; }
   size_t memory_bytes() const { return static_cast<size_t>(n_tokens) * bytes_per_token; }
@@ -45,10 +50,12 @@ class SpanTiers {
   static constexpr int kTiers = 4;  // Tier values; Remote holds no slots
 
   explicit SpanTiers(size_t hot_budget) { budget_[0] = hot_budget; }
-  void attach_host(size_t budget) {
+  void attach_host(size_t budget, bool swap_out_once = false) {
     host_ = budget > 0;
+    swap_out_once_ = host_ && swap_out_once;
     budget_[static_cast<int>(Tier::Host)] = budget;
   }
+  bool swap_out_once() const { return swap_out_once_; }
   void attach_disk(DiskSpanStore& store) {
     disk_ = &store;
     budget_[static_cast<int>(Tier::Disk)] = store.budget();
@@ -69,7 +76,15 @@ class SpanTiers {
   // bytes leave the old tier as they were and enter the new one as they are.
   void set_tier(SpanSlot& s, Tier t, const std::function<void(SpanSlot&)>& change = {});
 
-  // Brings a slot to the hot tier. path: the sequence up to the slot's end,
+  // Moves a hot slot to the host tier: a copy (host memory is another
+  // device in the papers' setting), unless it kept its host copy. Returns
+  // the bytes copied.
+  size_t swap_out(SpanSlot& s);
+  // Frees a hot slot's host copy (the slot stays hot).
+  void drop_host_copy(SpanSlot& s);
+
+  // Brings a slot to the hot tier. From the host tier under swap-out-once
+  // the host copy stays. path: the sequence up to the slot's end,
   // starting `start` tokens before it (how its disk record is checked).
   // False when its disk file is missing or corrupt (the caller drops it).
   // *promoted_bytes: the bytes copied or read.
@@ -89,6 +104,7 @@ class SpanTiers {
   size_t budget_[kTiers] = {};
   size_t bytes_[kTiers] = {};
   bool host_ = false;
+  bool swap_out_once_ = false;
   DiskSpanStore* disk_ = nullptr;
 };
 

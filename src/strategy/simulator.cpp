@@ -83,7 +83,8 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
   PolicyOptions po;
   po.lacr_alpha = o.lacr_alpha;
   RadixIndex index(static_cast<size_t>(o.capacity_tokens) * kBytesPerToken, make_policy(o.policy, po));
-  if (o.host_tokens > 0) index.attach_host(static_cast<size_t>(o.host_tokens) * kBytesPerToken);
+  if (o.host_tokens > 0)
+    index.attach_host(static_cast<size_t>(o.host_tokens) * kBytesPerToken, o.swap_out_once);
   if (o.cost_model) index.set_cost_model(o.cost_model);
   const bool lookahead = o.policy == "lacr";
 
@@ -169,6 +170,8 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
   r.token_hit_rate = requests.empty() ? 0 : hit_sum / static_cast<double>(requests.size());
   r.item_hit_rate = items ? static_cast<double>(items_hit) / static_cast<double>(items) : 0;
   r.evicted_nodes = index.n_evicted();
+  r.swapped_out_tokens = index.stats().swapped_out_bytes / static_cast<int64_t>(kBytesPerToken);
+  r.swap_outs_saved = index.stats().swap_outs_saved;
   return r;
 }
 

@@ -22,6 +22,7 @@ struct SimulationOptions {
                                    // groups), ragcache (highest cached / to-compute ratio first)
   int64_t capacity_tokens = 0;     // index budget (the hot tier), in tokens of KV
   int64_t host_tokens = 0;         // a host tier below it (0: none)
+  bool swap_out_once = false;      // the host tier keeps copies (RAGCache)
   size_t window = 32;              // pending requests the scheduler and LACR's lookahead see
   double lacr_alpha = 0.2;
   PositionScheme scheme = PositionScheme::Depth;
@@ -42,7 +43,9 @@ struct SimulationResult {
   // cached, over all context items served.
   double item_hit_rate = 0;
   int64_t evicted_nodes = 0;
-  std::vector<size_t> order;  // requests in the order served
+  int64_t swapped_out_tokens = 0;  // copied from the hot tier to the host tier
+  int64_t swap_outs_saved = 0;     // hot evictions that found a host copy
+  std::vector<size_t> order;       // requests in the order served
 };
 
 // A request as the simulator replays it: the runs its strategy looks up and

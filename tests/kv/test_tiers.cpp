@@ -114,6 +114,47 @@ TEST_F(Tiers, SpansMoveDownAndComeBackIntact) {
   index.check_invariants();
 }
 
+// Swap-out-once (RAGCache): the first eviction from the hot tier copies a
+// span to the host tier; brought back, the span keeps that copy, so the
+// next eviction copies nothing. Without it every eviction copies. The K/V
+// served is the same either way; the copies count against the host budget
+// and go first when it is short (the span stays hot).
+TEST_F(Tiers, SwapOutOnceCopiesASpanToTheHostTierOnlyOnce) {
+  const size_t tb = token_bytes();
+  const Tokens a = sequence(1, 10), b = sequence(2, 10), c = sequence(3, 10);
+  for (bool once : {false, true}) {
+    RadixIndex index(10 * tb);
+    index.attach_host(20 * tb, once);
+    index.insert(1, a, maker(a));
+    index.insert(1, b, maker(b));  // a swapped out: one copy
+    EXPECT_EQ(index.stats().swapped_out_bytes, static_cast<int64_t>(10 * tb));
+    for (int round = 0; round < 3; ++round) {
+      const RadixIndex::Match m = index.match(1, a);  // a back in, b out
+      EXPECT_EQ(m.length, 10);
+      expect_served_correctly(index, m, a);
+      index.check_invariants();
+      const RadixIndex::Match n = index.match(1, b);  // b back in, a out
+      expect_served_correctly(index, n, b);
+      index.check_invariants();
+      EXPECT_LE(index.bytes(Tier::Host), index.budget(Tier::Host));
+    }
+    // 7 evictions in all (b, then a and b three times each): each copies
+    // without swap-out-once; with it only the first of each span does.
+    EXPECT_EQ(index.stats().swapped_out_bytes, static_cast<int64_t>((once ? 2 : 7) * 10 * tb)) << once;
+    EXPECT_EQ(index.stats().swap_outs_saved, once ? 5 : 0);
+    if (!once) continue;
+    // b is hot with its copy; a in the host tier: the host tier is full.
+    EXPECT_EQ(index.bytes(Tier::Host), 20 * tb);
+    index.insert(1, c, maker(c));  // b goes down onto its copy; c hot
+    index.check_invariants();
+    const RadixIndex::Match m = index.match(1, a);  // a up with its copy, c down: a copy is dropped for it
+    expect_served_correctly(index, m, a);
+    index.check_invariants();
+    EXPECT_LE(index.bytes(Tier::Host), index.budget(Tier::Host));
+    EXPECT_EQ(index.peek(1, b).length + index.peek(1, c).length, 20) << "nothing cached was lost";
+  }
+}
+
 TEST_F(Tiers, DiskTierSurvivesARestart) {
   const size_t tb = token_bytes();
   std::vector<Tokens> seqs;
@@ -286,11 +327,13 @@ TEST_F(Tiers, KilledWriterLeavesNothingWrongBehind) {
 // right, and the index agrees with the disk store after every step.
 TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
   const size_t tb = token_bytes();
-  for (const char* policy : {"lru", "lfu", "pgdsf", "lacr"}) {
+  for (const std::string policy :
+       {"lru", "lfu", "pgdsf", "lacr", "lru+swap-out-once", "pgdsf+swap-out-once"}) {
     std::filesystem::remove_all(dir_);
     DiskSpanStore disk(dir_, 300 * DiskSpanStore::file_bytes(1, expected_span({1}, 0, 1)));
-    RadixIndex index(60 * tb, make_policy(policy));
-    index.attach_host(60 * tb);
+    const bool once = policy.find("+swap-out-once") != std::string::npos;
+    RadixIndex index(60 * tb, make_policy(policy.substr(0, policy.find('+'))));
+    index.attach_host(60 * tb, once);
     index.attach_disk(disk);
     std::mt19937 rng(42);
     struct Pinned {
