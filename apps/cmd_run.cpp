@@ -35,6 +35,7 @@
 #include "strategy/lookahead.h"
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
+#include "strategy/subgcache.h"
 #include "tier_options.h"
 #include "train/qa_sequences.h"
 #include "util/error.h"
@@ -68,6 +69,8 @@ struct RunOptions {
   StrategyOptions chunk;  // the chunk strategies' options
   std::string report_path;
   std::string warmup_path;
+  SubgcacheOptions subgcache;
+  std::string linkage = "ward", subgraph_embedding = "ids";
 };
 
 // Full attention's answer to a request (--fidelity): what every strategy is
@@ -169,6 +172,9 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
                          const std::vector<FullAnswer>* full,
                          const std::vector<PromptParts>* warmup = nullptr) {
   const DType kv_type = parse_kv_type(o.kv_type);
+  // SubGCache's queries arrive rewritten (their cluster's representative
+  // subgraph as context, in cluster order): the engine reuses it as a prefix.
+  const std::string engine_strategy = name == "subgcache" ? "prefix" : name;
   EngineOptions eo;
   eo.pool_rows = pool_rows;
   eo.kv_type = kv_type;
@@ -214,7 +220,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     Progress warming(name + " warm-up", warmup->size());
     size_t n = 0;
     for (const PromptParts& p : *warmup) {
-      const RequestId id = engine.submit(name, p, sampling);
+      const RequestId id = engine.submit(engine_strategy, p, sampling);
       engine.run_until_idle();
       if (engine.result(id).state != RequestState::Finished)
         fail(ErrorKind::Internal, "a warm-up request did not finish: {}", engine.result(id).error);
@@ -251,7 +257,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     arrived[i] = o.serial ? Clock::now()
                           : start + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(reqs[i].arrival_s));
-    ids[i] = engine.submit(name, parts[i], sampling, on_token(i));
+    ids[i] = engine.submit(engine_strategy, parts[i], sampling, on_token(i));
   };
   while (next < reqs.size() || engine.n_waiting() + engine.n_running() > 0) {
     if (o.serial) {
@@ -275,7 +281,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
     StrategyOptions so = o.chunk;
     so.scheme = scheme;
     so.reuse = false;
-    reference = make_strategy(name, no_index, *model, kv_type, so);
+    reference = make_strategy(engine_strategy, no_index, *model, kv_type, so);
     ref_kv = std::make_unique<KvCache>(model->config(), pool_rows, kv_type);
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -570,10 +576,29 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
   cmd->add_option("--requests", o.requests_path, "Request file (JSONL, as `workload generate` writes)")
       ->required();
-  cmd->add_option("-s,--strategy", o.strategies,
-                  fmt::format("Strategies, comma-separated: {}", fmt::join(strategy_names(), ", ")))
+  cmd->add_option(
+         "-s,--strategy", o.strategies,
+         fmt::format("Strategies, comma-separated: {}, subgcache (query batches clustered by subgraph, "
+                     "one prefill per cluster; every other strategy then sees each query's subgraph "
+                     "as CSV too)",
+                     fmt::join(strategy_names(), ", ")))
       ->capture_default_str();
   add_chunk_options(cmd, o.chunk);
+  cmd->add_option("--clusters", o.subgcache.clusters, "subgcache: clusters per query batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--linkage", o.linkage, "subgcache: ward, single, average, complete or centroid")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ward", "single", "average", "complete", "centroid"}));
+  cmd->add_option("--subgraph-embedding", o.subgraph_embedding,
+                  "subgcache: ids (a bag of node and edge ids) or text (hashed words of the subgraph's CSV)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ids", "text"}));
+  cmd->add_option("--query-batch", o.subgcache.batch,
+                  "subgcache: queries clustered together (consecutive in arrival order; a batch is served "
+                  "once its last query has arrived)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--scheme", o.scheme,
                   "depcache positions: auto (the model's depcache.position_scheme, else sequential), "
                   "sequential or stacked (closer to full attention; moved subtrees reused approximately), "
@@ -666,10 +691,14 @@ void add_run_command(CLI::App& app) {
   cmd->callback([] {
     const std::vector<std::string> names = split_list(o.strategies);
     if (names.empty()) throw CLI::ValidationError("--strategy", "give at least one strategy");
-    const auto known = strategy_names();
+    auto known = strategy_names();
+    known.push_back("subgcache");  // a batch mode of run over the prefix strategy
     for (const std::string& s : names)
       if (std::find(known.begin(), known.end(), s) == known.end())
         fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", s, fmt::join(known, ", "));
+    const bool subgcache = std::find(names.begin(), names.end(), "subgcache") != names.end();
+    if (subgcache && o.sweep)
+      throw CLI::ValidationError("--sweep-rate", "subgcache serves query batches; sweep the others");
     make_policy(o.policy);  // reject bad names before loading anything
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
@@ -684,6 +713,18 @@ void add_run_command(CLI::App& app) {
     }
     std::stable_sort(reqs.begin(), reqs.end(),
                      [](const RagRequest& a, const RagRequest& b) { return a.arrival_s < b.arrival_s; });
+    // SubGCache: the batches clustered; every other strategy then sees each
+    // query's own subgraph in the same CSV form (the per-query baseline).
+    SubgcachePlan subg;
+    std::vector<RagRequest> subg_reqs;
+    if (subgcache) {
+      o.subgcache.linkage = *parse_linkage(o.linkage);
+      o.subgcache.embedding =
+          o.subgraph_embedding == "text" ? SubgraphEmbedding::Text : SubgraphEmbedding::Ids;
+      subg = plan_subgcache(reqs, o.subgcache);
+      for (size_t i : subg.order) subg_reqs.push_back(subg.requests[i]);
+      for (RagRequest& r : reqs) r = with_subgraph_csv(r, request_subgraph(r));
+    }
     const auto model = Model::load(o.model_path);
     const Tokenizer tok(Vocab::from_gguf(model->file()));
     // Every request must fit the assembly before any runs: prompt (flat or
@@ -699,6 +740,12 @@ void add_run_command(CLI::App& app) {
       const int64_t n = rows_needed(parts.back());
       if (n > need) need = n, largest = r.id;
       all += n;
+    }
+    std::vector<PromptParts> subg_parts;
+    for (const RagRequest& r : subg_reqs) {
+      subg_parts.push_back(make_prompt_parts(tok, r));
+      const int64_t n = rows_needed(subg_parts.back());
+      if (n > need) need = n, largest = r.id + " (its cluster's subgraph)";
     }
     std::vector<PromptParts> warm;
     for (const RagRequest& r : warm_reqs) {
@@ -742,8 +789,28 @@ void add_run_command(CLI::App& app) {
     if (o.fidelity) full = full_answers(reqs, tok, *model, fwd, parse_kv_type(o.kv_type), need, o.max_tokens);
     if (o.sweep) return sweep_rates(names, reqs, parts, model, fwd, o, n_ctx, scheme);
     for (const std::string& name : names) {
-      runs.push_back(
-          run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme, o.fidelity ? &full : nullptr, &warm));
+      if (name == "subgcache") {
+        // Served in cluster order; the rows go back to the stream's order.
+        std::vector<FullAnswer> full_in_order;
+        for (size_t i : subg.order)
+          if (o.fidelity) full_in_order.push_back(full[i]);
+        StrategyRun run = run_strategy(name, subg_reqs, subg_parts, model, fwd, o, n_ctx, scheme,
+                                       o.fidelity ? &full_in_order : nullptr, &warm);
+        std::vector<RequestRow> rows(run.rows.size());
+        for (size_t k = 0; k < subg.order.size(); ++k) rows[subg.order[k]] = std::move(run.rows[k]);
+        run.rows = std::move(rows);
+        fmt::print(
+            "subgcache: {} queries in {} batches of up to {}, {} clusters ({} linkage, {} embedding); "
+            "clustering {:.1f} ms ({:.2f}% of its run's {:.1f} s)\n",
+            reqs.size(), (reqs.size() + o.subgcache.batch - 1) / o.subgcache.batch, o.subgcache.batch,
+            subg.n_clusters, o.linkage, o.subgraph_embedding, subg.clustering_ms,
+            100.0 * subg.clustering_ms / 1000.0 / std::max(run.wall_s + subg.clustering_ms / 1000.0, 1e-9),
+            run.wall_s);
+        runs.push_back(std::move(run));
+      } else {
+        runs.push_back(run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme,
+                                    o.fidelity ? &full : nullptr, &warm));
+      }
       for (size_t i = 0; i < reqs.size(); ++i) {
         if (reqs[i].answers.empty()) continue;
         RequestRow& row = runs.back().rows[i];

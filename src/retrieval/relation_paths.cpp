@@ -89,6 +89,8 @@ struct Walker {
   }
 };
 
+}  // namespace
+
 std::string csv_field(std::string_view s) {
   if (s.find_first_of(",\"\n\r") == std::string_view::npos) return std::string(s);
   std::string q = "\"";
@@ -98,8 +100,6 @@ std::string csv_field(std::string_view s) {
   }
   return q + '"';
 }
-
-}  // namespace
 
 PathSet enumerate_paths(const KnowledgeGraph& kg, EntityId root, const PathLimits& limits) {
   if (root >= kg.n_entities())

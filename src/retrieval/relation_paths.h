@@ -59,6 +59,9 @@ std::string triplet_text(const KnowledgeGraph& kg, const std::vector<RelationPat
 // The same triples as a short document: "The <relation> of <head> is <tail>." each.
 std::string fact_sentences(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths);
 
+// A CSV field: quoted (quotes doubled) when it holds a comma, quote or line break.
+std::string csv_field(std::string_view s);
+
 // G-Retriever's textual graph (the SubGCache form): "node_id,node_attr" rows,
 // a blank line, then "src,edge_attr,dst" rows; node ids local to the subgraph.
 std::string graph_csv_text(const KnowledgeGraph& kg, const std::vector<RelationPath>& paths);

@@ -364,6 +364,73 @@ TEST_F(RunCli, KvAllocationFailureIsALimitError) {
   }
 }
 
+// SubGCache as a batch mode of run: with a cluster per query every query
+// sees exactly its own subgraph, so its answer is full attention's on the
+// per-query prompt (the prefix reuse is exact); with one cluster per batch
+// the representative is computed once per batch and the queries compute
+// little more than their questions.
+TEST_F(RunCli, SubgcacheServesQueryBatchesByCluster) {
+  ASSERT_EQ(run_cli("kg import --synthetic --entities 12 --relations 4 --facts-per-entity 2 --seed 2 -o " +
+                    file("sg.dkg"))
+                .code,
+            0);
+  const auto g =
+      run_cli("workload generate --kg " + file("sg.dkg") +
+              " --pattern zipf --requests 8 --qa-items 20 --entities-per-request 1 --paths-per-entity 3 "
+              "--min-paths 1 --hops 2 --question-hops 1 --seed 3 --out " +
+              file("sg.jsonl"));
+  ASSERT_EQ(g.code, 0) << g.out;
+  const auto rows_of = [](const std::string& path) {
+    std::map<std::string, std::vector<nlohmann::json>> by_strategy;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      by_strategy[j["strategy"].get<std::string>()].push_back(j);
+    }
+    return by_strategy;
+  };
+  const std::string base = "run --serial -m " + file("model.gguf") + " --requests " + file("sg.jsonl") +
+                           " -s full,subgcache -n 3 --fidelity --query-batch 4 --json ";
+  auto r = run_cli(base + file("sg-own.jsonl") + " --clusters 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("subgcache: 8 queries in 2 batches of up to 4, 8 clusters"), std::string::npos)
+      << r.out;
+  auto rows = rows_of(file("sg-own.jsonl"));
+  ASSERT_EQ(rows["subgcache"].size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    const auto& sg = rows["subgcache"][i];
+    EXPECT_EQ(sg["id"], rows["full"][i]["id"]) << "rows in the stream's order";
+    EXPECT_EQ(sg["prompt_tokens"], rows["full"][i]["prompt_tokens"]) << "its own subgraph, as CSV";
+    EXPECT_TRUE(sg["fidelity"]["identical_continuation"].get<bool>()) << sg.dump();
+    EXPECT_LT(sg["fidelity"]["kl_first_token"].get<double>(), 1e-6) << sg.dump();
+  }
+  r = run_cli(base + file("sg-one.jsonl") + " --clusters 1 --linkage average --subgraph-embedding text");
+  ASSERT_EQ(r.code, 0) << r.out;
+  rows = rows_of(file("sg-one.jsonl"));
+  int64_t computed = 0, full_computed = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    computed += rows["subgcache"][i]["computed_tokens"].get<int64_t>();
+    full_computed += rows["full"][i]["computed_tokens"].get<int64_t>();
+    EXPECT_GE(rows["subgcache"][i]["prompt_tokens"].get<int64_t>(),
+              rows["full"][i]["prompt_tokens"].get<int64_t>())
+        << "the union holds every member's subgraph";
+  }
+  EXPECT_LT(computed, full_computed);
+
+  // Two clusters per batch: served cluster by cluster, reported in the stream's order.
+  r = run_cli(base + file("sg-two.jsonl") + " --clusters 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  rows = rows_of(file("sg-two.jsonl"));
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(rows["subgcache"][i]["id"], rows["full"][i]["id"]);
+
+  EXPECT_EQ(run_cli(base + file("x.jsonl") + " --linkage median").code, 2);
+  EXPECT_EQ(run_cli(base + file("x.jsonl") + " --clusters 0").code, 2);
+  // Documents are not a subgraph: a clear error.
+  r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") + " -s subgcache");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("SubGCache clusters GraphRAG subgraphs"), std::string::npos) << r.out;
+}
+
 TEST_F(RunCli, Errors) {
   const std::string base = "run -m " + file("model.gguf") + " --requests " + file("requests.jsonl");
   EXPECT_EQ(run_cli("run --help").code, 0);

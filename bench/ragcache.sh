@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# RAGCache at this machine's scale, on MuSiQue and HotpotQA BM25 top-2
+# streams with Zipf skew (../shared/data), 256-token chunks of the
+# qwen2-0.5b tokenizer:
+#   policies: document hit rate of the knowledge tree (strategy ragcache)
+#     against host-tier capacity for PGDSF, GDSF, LRU and LFU, with a small
+#     hot tier and swap-out-once; PGDSF ranks by the prefill cost table
+#     profiled with qwen2-0.5b on this machine (RAGCache Table 2 analog).
+#   ttft: full, prefix and ragcache on qwen2-0.5b F16 (random weights) under
+#     Poisson arrivals: TTFT p50/p99 and tokens computed; then ragcache under
+#     overload with and without cache-aware reordering.
+#   bash bench/ragcache.sh [policies|ttft|all] [requests]   (default: all, 2000 / 40)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}
+BIN=./build/depcache
+SHARED=${DEPCACHE_SHARED:-../shared}
+QWEN=build/bench-models/qwen2-0.5b-f16.gguf
+D=build/bench-ragcache
+mkdir -p "$D" "$(dirname "$QWEN")"
+[ -d "$SHARED/data/musique" ] || { echo "needs $SHARED/data (the ../shared reference material)" >&2; exit 4; }
+[ -f "$QWEN" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$QWEN" >/dev/null
+
+stream() {  # dataset, requests, rate -> file
+  local set=$1 n=$2 rate=$3 out="$D/$1-$2-$3.jsonl"
+  [ -f "$out" ] || $BIN workload generate --corpus "$SHARED/data/$set/${set}_train_corpus.json" \
+    --questions "$SHARED/data/$set/${set}_train.json" --pattern zipf --requests "$n" --top-k 2 \
+    --chunk-tokens 256 --overlap 0 --vocab "$QWEN" --rate "$rate" --seed 7 --out "$out" >/dev/null
+  echo "$out"
+}
+
+policies() {
+  local n=${1:-2000}
+  echo "## Document hit rate (%) of the knowledge tree, $n requests, hot tier 5% of the distinct KV, swap-out-once"
+  for set in musique hotpotqa; do
+    local f
+    f=$(stream "$set" "$n" 0)
+    echo
+    echo "### $set"
+    echo
+    echo "| host tier | pgdsf | gdsf | lru | lfu |"
+    echo "|---|---|---|---|---|"
+    for host in 0 5% 10% 20% 40%; do
+      # One run for the four policies (the cost table is profiled once per run).
+      $BIN simulate --requests "$f" --vocab "$QWEN" --strategy ragcache --capacity 5% \
+        --host-capacity "$host" --swap-out-once --policy pgdsf,gdsf,lru,lfu --cost-model "$QWEN" \
+        --json 2>/dev/null |
+        sed -n 's/.*"item_hit_rate":\([0-9.e-]*\).*/\1/p' |
+        awk -v host="$host" '{ line = line sprintf(" %.1f |", 100 * $1) } END { print "| " host " |" line }'
+    done
+  done
+}
+
+# One summary row: label, request file, strategy, then run options.
+row() {
+  local label=$1 requests=$2 strategy=$3
+  shift 3
+  $BIN run -m "$QWEN" --requests "$requests" -s "$strategy" -n 1 -q "$@" 2>/dev/null |
+    grep -E "^$strategy +[0-9]" | awk -v label="$label" '{
+      # name requests p50 p99 mean e2e req/s tok/s prompt computed reused hit pairs
+      printf "| %s | %s | %s | %s | %s | %s |\n", label, $3, $4, $9, $10, $12;
+    }'
+}
+
+ttft() {
+  local n=${1:-40}
+  echo "## TTFT (ms) on qwen2-0.5b F16, $n requests, top-2 chunks of 256 tokens, PGDSF, 64 MiB hot + 256 MiB host"
+  for set in musique hotpotqa; do
+    local f o
+    f=$(stream "$set" "$n" 0.2)
+    o=$(stream "$set" "$n" 2)
+    echo
+    echo "### $set"
+    echo
+    echo "| strategy, load | TTFT p50 | TTFT p99 | prompt tokens | computed | hit rate |"
+    echo "|---|---|---|---|---|---|"
+    for s in full prefix ragcache; do
+      row "$s, 0.2 req/s" "$f" "$s" --policy pgdsf --cache-mib 64 --host-mib 256 --swap-out-once
+    done
+    row "ragcache, 2 req/s, fifo" "$o" ragcache --policy pgdsf --cache-mib 64 --host-mib 256 --swap-out-once \
+      --scheduler fifo --max-running 1
+    row "ragcache, 2 req/s, reordered" "$o" ragcache --policy pgdsf --cache-mib 64 --host-mib 256 \
+      --swap-out-once --scheduler ragcache --max-running 1
+  done
+}
+
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) threads"
+case $WHAT in
+  policies) policies "${2:-2000}" ;;
+  ttft) ttft "${2:-40}" ;;
+  all) policies && ttft ;;
+  *) echo "usage: bash bench/ragcache.sh [policies|ttft|all] [requests]" >&2; exit 2 ;;
+esac
