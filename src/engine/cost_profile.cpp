@@ -33,6 +33,10 @@ PrefillCostTable profile_prefill_cost(Forward& fwd, KvCache& kv, int64_t max_tok
     p.logits_for = {n - 1};
     return p;
   };
+  // One untimed pass first: the first touches every weight page (a mapped
+  // file is read in then), which would inflate the first point.
+  kv.clear();
+  fwd.prefill(plan_at(fresh.back(), 0), kv);
   std::vector<double> ms;
   for (int64_t c : cached) {
     kv.clear();
