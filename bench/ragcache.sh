@@ -10,12 +10,16 @@
 #     Poisson arrivals: TTFT p50/p99 and tokens computed; then ragcache under
 #     overload with and without cache-aware reordering.
 #   bash bench/ragcache.sh [policies|ttft|all] [requests]   (default: all, 2000 / 40)
+#   SETS="musique hotpotqa" (the data sets), LIGHT=0.3 and HEAVY=2 (req/s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
 BIN=./build/depcache
 SHARED=${DEPCACHE_SHARED:-../shared}
 QWEN=build/bench-models/qwen2-0.5b-f16.gguf
+SETS=${SETS:-musique hotpotqa}
+LIGHT=${LIGHT:-0.3}
+HEAVY=${HEAVY:-2}
 D=build/bench-ragcache
 mkdir -p "$D" "$(dirname "$QWEN")"
 [ -d "$SHARED/data/musique" ] || { echo "needs $SHARED/data (the ../shared reference material)" >&2; exit 4; }
@@ -32,7 +36,7 @@ stream() {  # dataset, requests, rate -> file
 policies() {
   local n=${1:-2000}
   echo "## Document hit rate (%) of the knowledge tree, $n requests, hot tier 5% of the distinct KV, swap-out-once"
-  for set in musique hotpotqa; do
+  for set in $SETS; do
     local f
     f=$(stream "$set" "$n" 0)
     echo
@@ -65,21 +69,21 @@ row() {
 ttft() {
   local n=${1:-40}
   echo "## TTFT (ms) on qwen2-0.5b F16, $n requests, top-2 chunks of 256 tokens, PGDSF, 64 MiB hot + 256 MiB host"
-  for set in musique hotpotqa; do
+  for set in $SETS; do
     local f o
-    f=$(stream "$set" "$n" 0.2)
-    o=$(stream "$set" "$n" 2)
+    f=$(stream "$set" "$n" "$LIGHT")
+    o=$(stream "$set" "$n" "$HEAVY")
     echo
     echo "### $set"
     echo
     echo "| strategy, load | TTFT p50 | TTFT p99 | prompt tokens | computed | hit rate |"
     echo "|---|---|---|---|---|---|"
     for s in full prefix ragcache; do
-      row "$s, 0.2 req/s" "$f" "$s" --policy pgdsf --cache-mib 64 --host-mib 256 --swap-out-once
+      row "$s, $LIGHT req/s" "$f" "$s" --policy pgdsf --cache-mib 64 --host-mib 256 --swap-out-once
     done
-    row "ragcache, 2 req/s, fifo" "$o" ragcache --policy pgdsf --cache-mib 64 --host-mib 256 --swap-out-once \
+    row "ragcache, $HEAVY req/s, fifo" "$o" ragcache --policy pgdsf --cache-mib 64 --host-mib 256 --swap-out-once \
       --scheduler fifo --max-running 1
-    row "ragcache, 2 req/s, reordered" "$o" ragcache --policy pgdsf --cache-mib 64 --host-mib 256 \
+    row "ragcache, $HEAVY req/s, reordered" "$o" ragcache --policy pgdsf --cache-mib 64 --host-mib 256 \
       --swap-out-once --scheduler ragcache --max-running 1
   done
 }

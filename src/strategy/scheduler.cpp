@@ -11,7 +11,7 @@ namespace {
 
 int64_t matched_tokens(const RadixIndex& index, const WaitingRequest& r) {
   int64_t n = 0;
-  for (const Lookup& l : *r.lookups) n += index.peek(l.ns, l.tokens).length;
+  for (const Lookup& l : *r.lookups) n += cached_length(index, l);
   return n;
 }
 

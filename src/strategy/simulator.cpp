@@ -92,7 +92,7 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
   for (size_t i = 0; i < requests.size(); ++i) {
     std::map<int32_t, std::set<int64_t>> items;
     for (const CacheRun& run : requests[i].runs) {
-      reqs[i].lookups.push_back({run.ns, run.tokens});
+      reqs[i].lookups.push_back({run.ns, run.tokens, run.stops});
       if (run.segment >= 0) items[run.segment].insert(run.rows.begin(), run.rows.end());
     }
     for (const auto& [segment, rows] : items) reqs[i].items.emplace_back(rows.begin(), rows.end());

@@ -127,19 +127,25 @@ class DepCacheStrategy final : public Strategy {
 
 }  // namespace
 
+int64_t whole_stops(std::span<const int64_t> stops, int64_t length) {
+  if (stops.empty()) return length;
+  const auto it = std::upper_bound(stops.begin(), stops.end(), length);
+  return it == stops.begin() ? int64_t{0} : *std::prev(it);
+}
+
+int64_t cached_length(const RadixIndex& index, const Lookup& lookup) {
+  return whole_stops(lookup.stops, index.peek(lookup.ns, lookup.tokens).length);
+}
+
 RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick) {
   if (run.stops.empty()) return index.match(run.ns, run.tokens, request_tick);
   // The longest cached run of whole stops, matched (one access per node it uses).
-  const auto stop_at_or_before = [&run](int64_t length) {
-    const auto it = std::upper_bound(run.stops.begin(), run.stops.end(), length);
-    return it == run.stops.begin() ? int64_t{0} : *std::prev(it);
-  };
-  const int64_t cut = stop_at_or_before(index.peek(run.ns, run.tokens).length);
+  const int64_t cut = whole_stops(run.stops, index.peek(run.ns, run.tokens).length);
   if (cut == 0) return {};
   RadixIndex::Match m = index.match(run.ns, std::span<const int32_t>(run.tokens).first(cut), request_tick);
   // A lower tier's bad record may end the match early: still whole stops only.
   if (m.length < cut) {
-    const int64_t keep = stop_at_or_before(m.length);
+    const int64_t keep = whole_stops(run.stops, m.length);
     int64_t at = 0;
     size_t i = 0;
     for (; i < m.pieces.size() && at < keep; ++i) {
@@ -489,7 +495,7 @@ RequestPlan with_generated(const RequestPlan& plan, std::span<const int32_t> gen
 
 std::vector<Lookup> RequestPlan::lookups() const {
   std::vector<Lookup> out;
-  for (const CacheRun& run : runs) out.push_back({run.ns, run.tokens});
+  for (const CacheRun& run : runs) out.push_back({run.ns, run.tokens, run.stops});
   return out;
 }
 

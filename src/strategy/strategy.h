@@ -54,7 +54,15 @@ struct PrefillReport {
 struct Lookup {
   uint64_t ns = 0;
   std::vector<int32_t> tokens;
+  std::vector<int64_t> stops{};  // CacheRun::stops
 };
+
+// The longest prefix of `length` tokens that ends at a stop (length itself
+// when there are none).
+int64_t whole_stops(std::span<const int64_t> stops, int64_t length);
+// What a lookup would find cached now (peek: no access, nothing moves), in
+// whole stops.
+int64_t cached_length(const RadixIndex& index, const Lookup& lookup);
 
 // A cacheable run of a plan: tokens matched from the root of namespace `ns`
 // (which holds everything their KV depends on besides themselves) and the

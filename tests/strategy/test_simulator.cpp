@@ -73,6 +73,16 @@ TEST(Simulator, KnowledgeTreeReusesWholeDocumentsInTheirContext) {
   const int64_t want = 0 + (sys + doc(1, 0)) + sys + (sys + doc(3, 0) + doc(3, 1)) + sys;
   EXPECT_EQ(r.cached_tokens, want);
   EXPECT_DOUBLE_EQ(r.item_hit_rate, 3.0 / 10.0);  // d1 in the second, d1 and d3 in the fourth
+
+  // What schedulers see of a knowledge-tree lookup: whole documents only.
+  RadixIndex index(1 << 20);
+  const CacheRun& run = reqs[0].runs[0];
+  index.insert_virtual(run.ns, std::span<const int32_t>(run.tokens).first(run.stops[1] + 2), 1);
+  const Lookup lookup{run.ns, run.tokens, run.stops};
+  EXPECT_EQ(index.peek(run.ns, run.tokens).length, run.stops[1] + 2);
+  EXPECT_EQ(cached_length(index, lookup), run.stops[1]) << "two tokens into d2 are not d2";
+  EXPECT_EQ(whole_stops({}, 7), 7);
+  EXPECT_EQ(whole_stops(std::vector<int64_t>{5, 9}, 4), 0);
 }
 
 // e0 e1 e2 e0 e1 e2 ... with room for less than the three entities: LRU
