@@ -2,7 +2,9 @@
 # Installs and builds depcache, then runs the main job on an embedded default:
 # GraphRAG over WordNet (from Debian's wordnet-base) with a random-weight
 # model the project makes itself, comparing full prefill, prefix caching and
-# DepCache (dependency attention + subgraph KV reuse) on a Zipfian stream.
+# DepCache (dependency attention + subgraph KV reuse) on a Zipfian stream;
+# then the shipped question-answering model answers questions about a world it
+# never saw.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,6 +20,15 @@ $BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet 
   --qa-items 100 --paths-per-entity 10 --seed 1 --out "$D/requests.jsonl"
 $BIN workload stats --requests "$D/requests.jsonl"
 $BIN run -m "$D/model.gguf" --requests "$D/requests.jsonl" --strategy full,prefix,depcache --serial --quiet
+# The question-answering model the project trains and ships, on a world it
+# never saw: exact match of its greedy answers per strategy.
+QA=models/depcache-qa.gguf
+[ -f "$D/qa-world.dkg" ] || $BIN kg import --synthetic --entities 300 --name-pool 1000 --seed 9101 \
+  -o "$D/qa-world.dkg" >/dev/null
+[ -f "$D/qa.jsonl" ] || $BIN workload generate --kg "$D/qa-world.dkg" --pattern dataset --qa-items 60 \
+  --entities-per-request 3 --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --seed 77 \
+  --out "$D/qa.jsonl" >/dev/null
+$BIN run -m "$QA" --requests "$D/qa.jsonl" --strategy full,prefix,depcache -n 12 --quiet
 # With the reference material beside the clone, also show a real trained model.
 STORIES=../shared/models/stories260K-f32.v1.gguf
 if [ -f "$STORIES" ]; then
