@@ -39,21 +39,33 @@ class Lfu final : public ReplacementPolicy {
   double priority(const NodeView& n) const override { return static_cast<double>(n.hits); }
 };
 
-// GDSF: Clock + Frequency / Size, the frequency the index's access count. A
-// node's clock term is the clock at its last access: what was not used
-// since evictions raised the clock ranks below what was (aging).
-class Gdsf final : public ReplacementPolicy {
+// The Greedy-Dual clocks of GDSF and PGDSF: one per tier, raised to the
+// priority of each node that leaves the tier.
+class TierClocks : public ReplacementPolicy {
  public:
-  std::string_view name() const override { return "gdsf"; }
-  void on_split(int32_t head, int32_t from, uint64_t) override { base_.copy(from, head); }
-  void on_insert(int32_t node, double, uint64_t) override { base_[node] = clock_[0]; }
-  void on_access(int32_t node) override { base_[node] = clock_[0]; }
   void on_evict(int32_t, double priority, Tier from) override {
     double& c = clock_[static_cast<int>(from)];
     c = std::max(c, priority);
   }
+
+ protected:
+  double clock(Tier t) const { return clock_[static_cast<int>(t)]; }
+
+ private:
+  double clock_[4] = {};
+};
+
+// GDSF: Clock + Frequency / Size, the frequency the index's access count. A
+// node's clock term is the clock at its last access: what was not used
+// since evictions raised the clock ranks below what was (aging).
+class Gdsf final : public TierClocks {
+ public:
+  std::string_view name() const override { return "gdsf"; }
+  void on_split(int32_t head, int32_t from, uint64_t) override { base_.copy(from, head); }
+  void on_insert(int32_t node, double, uint64_t) override { base_[node] = clock(Tier::Hot); }
+  void on_access(int32_t node) override { base_[node] = clock(Tier::Hot); }
   // A node entering a tier competes from that tier's clock.
-  void on_tier_change(int32_t node, Tier to) override { base_[node] = clock_[static_cast<int>(to)]; }
+  void on_tier_change(int32_t node, Tier to) override { base_[node] = clock(to); }
   double priority(const NodeView& n) const override {
     const double* base = base_.find(n.id);
     return (base ? *base : 0.0) +
@@ -61,7 +73,6 @@ class Gdsf final : public ReplacementPolicy {
   }
 
  private:
-  double clock_[4] = {};  // per tier
   PerNode<double> base_;
 };
 
@@ -69,7 +80,7 @@ class Gdsf final : public ReplacementPolicy {
 // content key when the node leaves the index, so the next computation of
 // the same KV continues them (the accesses that found it uncached are what
 // the mean is over).
-class Pgdsf final : public ReplacementPolicy {
+class Pgdsf final : public TierClocks {
  public:
   std::string_view name() const override { return "pgdsf"; }
   void on_split(int32_t head, int32_t from, uint64_t head_key) override {
@@ -83,7 +94,7 @@ class Pgdsf final : public ReplacementPolicy {
       history_.erase(it);
     }
     s.key = key;
-    s.base = clock_[0];
+    s.base = clock(Tier::Hot);
     s.history.frequency += 1;
     s.history.cost_sum += cost_per_token;
     s.history.uncached += 1;
@@ -91,14 +102,10 @@ class Pgdsf final : public ReplacementPolicy {
   }
   void on_access(int32_t node) override {
     State& s = state_[node];
-    s.base = clock_[0];
+    s.base = clock(Tier::Hot);
     s.history.frequency += 1;
   }
-  void on_evict(int32_t, double priority, Tier from) override {
-    double& c = clock_[static_cast<int>(from)];
-    c = std::max(c, priority);
-  }
-  void on_tier_change(int32_t node, Tier to) override { state_[node].base = clock_[static_cast<int>(to)]; }
+  void on_tier_change(int32_t node, Tier to) override { state_[node].base = clock(to); }
   void on_remove(int32_t node) override {
     // A bounded memory: past the bound the history starts afresh (the
     // paper's frequency counts within a time window it leaves open).
@@ -125,7 +132,6 @@ class Pgdsf final : public ReplacementPolicy {
     uint64_t key = 0;
     History history;
   };
-  double clock_[4] = {};  // per tier
   PerNode<State> state_;
   std::unordered_map<uint64_t, History> history_;  // of nodes that left, by content key
 };
