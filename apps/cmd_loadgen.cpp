@@ -30,6 +30,7 @@ using nlohmann::json;
 struct LoadOptions {
   std::string url = "http://127.0.0.1:8080", requests_path, strategy = "depcache", api_key, json_path;
   size_t limit = 0, concurrency = 32, plain_every = 0;
+  size_t retrieve = 0;  // > 0: the server searches its corpus for this many chunks
   double rate = 0, rate_scale = 0, slo_ms = 0, timeout_s = 600;
   int max_tokens = 4;
   uint64_t seed = 1;
@@ -43,6 +44,10 @@ struct Outcome {
   double server_ttft_ms = -1, server_total_ms = -1;  // the server's own, from its "timings"
   int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
   bool plain = false;
+  // The server's corpus search (timings.search), when it ran one.
+  double search_ms = -1, non_overlapped_ms = -1;
+  int speculations = 0;
+  bool accepted = false;
 };
 
 json request_body(const RagRequest& r, const LoadOptions& o, bool plain) {
@@ -57,6 +62,10 @@ json request_body(const RagRequest& r, const LoadOptions& o, bool plain) {
   else
     body["prompt"] = question;
   if (plain) return body;
+  if (o.retrieve > 0) {
+    body["rag"] = {{"strategy", o.strategy}, {"retrieve", {{"from", "corpus"}, {"top_k", o.retrieve}}}};
+    return body;
+  }
   json rag = request_to_json(r);
   for (const char* k : {"id", "arrival_s", "question", "answers"}) rag.erase(k);
   if (r.question.empty()) rag.erase("text");  // the text is the question
@@ -111,6 +120,13 @@ Outcome send(httplib::Client& client, const std::string& path, const httplib::He
         const json& t = j["timings"];
         if (t.contains("ttft_ms") && t["ttft_ms"].is_number()) out.server_ttft_ms = t["ttft_ms"];
         if (t.contains("total_ms") && t["total_ms"].is_number()) out.server_total_ms = t["total_ms"];
+        if (t.contains("search") && t["search"].is_object()) {
+          const json& sj = t["search"];
+          out.search_ms = sj.value("search_ms", -1.0);
+          out.non_overlapped_ms = sj.value("non_overlapped_ms", -1.0);
+          out.speculations = sj.value("speculations", 0);
+          out.accepted = sj.value("accepted", false);
+        }
       }
       if (j.contains("usage") && j["usage"].is_object()) {
         const json& u = j["usage"];
@@ -194,7 +210,8 @@ void run(const LoadOptions& o) {
   // TTFT to the first token: the wait before the request could be sent plus
   // the server's own TTFT (a token that completes no character yet sends no
   // text, so with byte-level tokens the first text can come much later).
-  std::vector<double> ttft, token_ttft, e2e, server_ttft, http_ms;
+  std::vector<double> ttft, token_ttft, e2e, server_ttft, http_ms, search_ms, non_overlapped_ms;
+  int64_t speculations = 0, accepted = 0;
   std::map<std::string, size_t> errors;
   int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -211,6 +228,12 @@ void run(const LoadOptions& o) {
     }
     if (r.server_total_ms >= 0) http_ms.push_back((r.end_s - r.start_s) * 1000 - r.server_total_ms);
     prompt += r.prompt, computed += r.computed, reused += r.reused, generated += r.generated;
+    if (r.search_ms >= 0) {
+      search_ms.push_back(r.search_ms);
+      non_overlapped_ms.push_back(r.non_overlapped_ms);
+      speculations += r.speculations;
+      accepted += r.accepted ? 1 : 0;
+    }
   }
   const size_t n_failed = reqs.size() - ttft.size();
   fmt::print("{} requests to {}{} ({}, {} clients, {}): {} answered, {} failed\n", reqs.size(), o.url, path,
@@ -245,6 +268,21 @@ void run(const LoadOptions& o) {
                generated / wall_s, wall_s);
     fmt::print("prompt tokens {}: computed {}, reused {} ({:.1f}%)\n", prompt, computed, reused,
                prompt ? 100.0 * reused / prompt : 0.0);
+    if (!search_ms.empty()) {
+      const auto mean = [](const std::vector<double>& v) {
+        double sum = 0;
+        for (double x : v) sum += x;
+        return sum / static_cast<double>(v.size());
+      };
+      fmt::print("server search ms:     mean {:.2f} p50 {:.2f} p99 {:.2f}\n", mean(search_ms),
+                 percentile(search_ms, 50), percentile(search_ms, 99));
+      fmt::print(
+          "non-overlapped ms:    mean {:.2f} p50 {:.2f} p99 {:.2f} (search time before the answering "
+          "prefill started)\n",
+          mean(non_overlapped_ms), percentile(non_overlapped_ms, 50), percentile(non_overlapped_ms, 99));
+      fmt::print("speculation: {} prefills started, {} of {} searches answered by one\n", speculations,
+                 accepted, search_ms.size());
+    }
     if (slo > 0)
       fmt::print("within the SLO (TTFT to the {} <= {} ms): {:.1f}%\n",
                  &slo_ttft == &token_ttft ? "first token" : "first text", slo, 100.0 * within / ttft.size());
@@ -269,7 +307,11 @@ void run(const LoadOptions& o) {
                    {"prompt_tokens", r.prompt},
                    {"computed_tokens", r.computed},
                    {"reused_tokens", r.reused},
-                   {"generated_tokens", r.generated}})
+                   {"generated_tokens", r.generated},
+                   {"search_ms", r.search_ms},
+                   {"non_overlapped_ms", r.non_overlapped_ms},
+                   {"speculations", r.speculations},
+                   {"accepted", r.accepted}})
                  .dump()
           << "\n";
     }
@@ -292,6 +334,10 @@ void add_loadgen_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--plain-every", o.plain_every,
                   "Send every Kth request as a plain completion of its question, without context (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--retrieve", o.retrieve,
+                  "Send only each question and let the server search its corpus (serve --corpus) for this "
+                  "many chunks (0: send the file's context)")
       ->capture_default_str();
   cmd->add_flag("--stop-at-eos", o.stop_at_eos,
                 "Let the model end an answer early (default: exactly --max-tokens, as run generates)");

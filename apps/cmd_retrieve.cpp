@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -64,6 +65,7 @@ void print_hits(const ChunkIndex& index, const std::vector<ChunkHit>& hits) {
 struct Options {
   std::string corpus_path, format = "auto", question, qa_path, vocab_path;
   size_t limit = 0, top_k = 5, staged = 0;
+  StageOrder stage_order = StageOrder::Documents;
   ChunkOptions chunking;
   bool json = false;
 };
@@ -75,10 +77,13 @@ std::vector<ChunkHit> run_query(const ChunkIndex& index, const Options& o, const
   const Clock::time_point t0 = Clock::now();
   std::vector<ChunkHit> hits;
   if (o.staged > 0) {
-    hits = index.search_staged(question, o.top_k, o.staged, [&](const SearchStage& s) {
-      if (show_stages) stages.push_back(s);
-      return true;
-    });
+    hits = index.search_staged(
+        question, o.top_k, o.staged,
+        [&](const SearchStage& s) {
+          if (show_stages) stages.push_back(s);
+          return true;
+        },
+        o.stage_order);
   } else {
     hits = index.search(question, o.top_k);
   }
@@ -90,10 +95,14 @@ std::vector<ChunkHit> run_query(const ChunkIndex& index, const Options& o, const
       stages_json->push_back({{"stage", s.stage + 1},
                               {"n_stages", s.n_stages},
                               {"n_scanned", s.n_scanned},
+                              {"n_terms", s.n_terms},
                               {"top", hits_json(index, top)}});
     } else {
-      fmt::print("stage {}/{} ({} of {} chunks scanned):\n", s.stage + 1, s.n_stages, s.n_scanned,
-                 index.chunks().size());
+      if (o.stage_order == StageOrder::Terms)
+        fmt::print("stage {}/{} ({} rarest query terms applied):\n", s.stage + 1, s.n_stages, s.n_terms);
+      else
+        fmt::print("stage {}/{} ({} of {} chunks scanned):\n", s.stage + 1, s.n_stages, s.n_scanned,
+                   index.chunks().size());
       print_hits(index, top);
     }
   }
@@ -243,8 +252,13 @@ void add_retrieve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--vocab", o.vocab_path,
                   "GGUF file whose tokenizer cuts the chunks (default: built-in bytes)");
-  cmd->add_option("--staged", o.staged, "Search in N doc-id stages and print each stage's top-k")
+  cmd->add_option("--staged", o.staged, "Search in N stages and print each stage's top-k")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--stage-order", o.stage_order,
+                  "How --staged splits the search: documents (doc-id ranges, like shards) or terms (the "
+                  "rarest query terms first, over every chunk); default documents")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, StageOrder>{
+          {"documents", StageOrder::Documents}, {"terms", StageOrder::Terms}}));
   cmd->add_flag("--json", o.json, "Print one JSON object instead of text");
   cmd->callback([] { run(o); });
 }

@@ -3,8 +3,10 @@
 #include <fmt/ranges.h>
 #include <pthread.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <map>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -81,6 +83,28 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--corpus-format", corpus_format, "Format of --corpus: auto, musique, hotpotqa, jsonl")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "musique", "hotpotqa", "jsonl"}));
+  static double stage_latency_ms = 0;
+  cmd->add_option("--search-stages", so.search.stages,
+                  "Stages of a corpus search (each stage's top-k is what --speculate starts a prefill from)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  cmd->add_option("--search-stage-order", so.search.order,
+                  "How a corpus search is staged: terms (the rarest query terms first, over every chunk) or "
+                  "documents (chunk-id ranges, like shards); default terms")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, StageOrder>{
+          {"documents", StageOrder::Documents}, {"terms", StageOrder::Terms}}));
+  cmd->add_flag("--speculate", so.search.speculate,
+                "Dynamic speculative pipelining (RAGCache): prefill from each stage's top-k while the search "
+                "goes on, keep it when the final list is the same (needs --search-stages 2 or more)");
+  cmd->add_option("--max-prefill-bs", so.search.max_prefill_bs,
+                  "Speculative prefills in flight at once, over every request")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{0}, size_t{1} << 20));
+  cmd->add_option("--search-stage-latency-ms", stage_latency_ms,
+                  "Added to every search stage: stands for a retriever slower than in-memory BM25 (a remote "
+                  "vector database), to measure how much of its time speculation hides")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 60000.0));
   cmd->add_option(
          "--strategy", so.strategy,
          fmt::format("Reuse strategy of requests that name none: {}", fmt::join(strategy_names(), ", ")))
@@ -123,6 +147,9 @@ void add_serve_command(CLI::App& app) {
     sigaddset(&stop_signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+    so.search.stage_latency = std::chrono::microseconds(std::llround(stage_latency_ms * 1000));
+    if (so.search.speculate && so.search.stages < 2)
+      throw CLI::ValidationError("--speculate", "needs --search-stages 2 or more");
     HttpServer http(so);
     const int port = http.listen();
     fmt::print(stderr, "depcache serve: listening on http://{}:{} (loading {})\n", so.host, port, model_path);

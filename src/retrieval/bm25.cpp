@@ -162,6 +162,8 @@ std::vector<uint32_t> Bm25Index::resolve(const std::vector<std::string>& terms) 
     // Queries are short, so a linear duplicate check beats a set.
     if (std::find(ids.begin(), ids.end(), it->second) == ids.end()) ids.push_back(it->second);
   }
+  std::sort(ids.begin(), ids.end(),
+            [&](uint32_t a, uint32_t b) { return idf_[a] > idf_[b] || (idf_[a] == idf_[b] && a < b); });
   return ids;
 }
 
@@ -200,11 +202,12 @@ std::vector<ScoredDoc> Bm25Index::search_terms(const std::vector<std::string>& q
   return hits;
 }
 
-std::vector<ScoredDoc> Bm25Index::search_staged(
-    std::string_view query, size_t k, size_t n_stages,
-    const std::function<bool(const SearchStage&)>& on_stage) const {
+std::vector<ScoredDoc> Bm25Index::search_staged(std::string_view query, size_t k, size_t n_stages,
+                                                const std::function<bool(const SearchStage&)>& on_stage,
+                                                StageOrder order) const {
   require_finalized("search_staged");
   const std::vector<uint32_t> terms = resolve(index_terms(query));
+  if (order == StageOrder::Terms) return staged_by_terms(terms, k, n_stages, on_stage);
   const size_t n_docs = size();
   // Even an empty index reports one (empty) stage, so callers always see a last stage.
   n_stages = std::clamp<size_t>(n_stages, 1, std::max<size_t>(n_docs, 1));
@@ -241,6 +244,33 @@ std::vector<ScoredDoc> Bm25Index::search_staged(
     if (on_stage && !on_stage(stage)) return std::move(stage.top);
   }
   return top.sorted();
+}
+
+std::vector<ScoredDoc> Bm25Index::staged_by_terms(
+    const std::vector<uint32_t>& terms, size_t k, size_t n_stages,
+    const std::function<bool(const SearchStage&)>& on_stage) const {
+  n_stages = std::clamp<size_t>(n_stages, 1, std::max<size_t>(terms.size(), 1));
+  // Sums persist over stages, so this search has an accumulator of its own
+  // (on_stage may search with the thread's).
+  Accumulator acc;
+  acc.prepare(size());
+  SearchStage stage;
+  stage.n_stages = n_stages;
+  stage.n_scanned = static_cast<uint32_t>(size());
+  for (size_t s = 0; s < n_stages; ++s) {
+    // Stage s applies terms [s T / N, (s + 1) T / N): sizes differ by at most one.
+    const size_t end = (s + 1) * terms.size() / n_stages;
+    for (size_t i = s * terms.size() / n_stages; i < end; ++i)
+      for (size_t p = offsets_[terms[i]]; p < offsets_[terms[i] + 1]; ++p)
+        acc.add(post_doc_[p], post_weight_[p]);
+    TopK top(k);
+    for (uint32_t d : acc.touched) top.offer({d, acc.score[d]});
+    stage.stage = s;
+    stage.n_terms = end;
+    stage.top = top.sorted();
+    if (on_stage && !on_stage(stage)) break;
+  }
+  return std::move(stage.top);
 }
 
 double Bm25Index::score(std::string_view query, uint32_t doc) const {

@@ -20,12 +20,20 @@ struct ScoredDoc {
   double score = 0;
 };
 
-// One intermediate result of a staged search: the best k among the first
-// n_scanned documents (doc ids [0, n_scanned)).
+// How a staged search splits its work. Documents: contiguous doc-id ranges,
+// like shards searched in turn; an early top-k only knows some documents.
+// Terms: the query's terms one group at a time, highest IDF first, over every
+// document; the rarest terms weigh most in BM25, so an early top-k is usually
+// the final one (the analogue of an IVF search probing its nearest clusters
+// first).
+enum class StageOrder { Documents, Terms };
+
+// One intermediate result of a staged search: the best k after this stage.
 struct SearchStage {
   size_t stage = 0;  // 0-based
   size_t n_stages = 0;
-  uint32_t n_scanned = 0;
+  uint32_t n_scanned = 0;      // Documents: doc ids [0, n_scanned) scanned
+  size_t n_terms = 0;          // Terms: the first n_terms query terms (by IDF) applied
   std::vector<ScoredDoc> top;  // best first
 };
 
@@ -48,14 +56,16 @@ class Bm25Index {
   std::vector<ScoredDoc> search(std::string_view query, size_t k) const;
   std::vector<ScoredDoc> search_terms(const std::vector<std::string>& query_terms, size_t k) const;
 
-  // The same result as search(), computed over n_stages contiguous doc-id
-  // ranges; after each range on_stage sees the top-k so far, which is what a
-  // speculative prefill can start from. on_stage returning false stops the
-  // scan early and the partial top-k is returned. n_stages is clamped to
-  // [1, size()]; an empty index still reports one (empty) stage. on_stage may
-  // be empty, and may itself search this index.
+  // The same result as search() (bit-identical scores), computed in n_stages
+  // stages split by `order`; after each stage on_stage sees the top-k so far,
+  // which is what a speculative prefill can start from. on_stage returning
+  // false stops the search early and the partial top-k is returned. n_stages
+  // is clamped to [1, documents] or [1, query terms]; an empty index or query
+  // still reports one (empty) stage. on_stage may be empty, and may itself
+  // search this index.
   std::vector<ScoredDoc> search_staged(std::string_view query, size_t k, size_t n_stages,
-                                       const std::function<bool(const SearchStage&)>& on_stage) const;
+                                       const std::function<bool(const SearchStage&)>& on_stage,
+                                       StageOrder order = StageOrder::Documents) const;
 
   // BM25 score of one document for a query (0 when no term matches).
   double score(std::string_view query, uint32_t doc) const;
@@ -72,9 +82,12 @@ class Bm25Index {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   void require_finalized(const char* what) const;
-  // Query terms resolved to term ids, first occurrence order, duplicates and
-  // unknown terms dropped.
+  // Query terms resolved to term ids, duplicates and unknown terms dropped,
+  // highest IDF first (ties: lower id). Every search adds a document's
+  // weights in this order, so their scores are bit-identical.
   std::vector<uint32_t> resolve(const std::vector<std::string>& terms) const;
+  std::vector<ScoredDoc> staged_by_terms(const std::vector<uint32_t>& terms, size_t k, size_t n_stages,
+                                         const std::function<bool(const SearchStage&)>& on_stage) const;
 
   Bm25Params params_;
   bool finalized_ = false;

@@ -339,10 +339,10 @@ std::vector<ChunkHit> ChunkIndex::search(std::string_view question, size_t k) co
   return to_hits(bm25_.search(question, k));
 }
 
-std::vector<ChunkHit> ChunkIndex::search_staged(
-    std::string_view question, size_t k, size_t n_stages,
-    const std::function<bool(const SearchStage&)>& on_stage) const {
-  return to_hits(bm25_.search_staged(question, k, n_stages, on_stage));
+std::vector<ChunkHit> ChunkIndex::search_staged(std::string_view question, size_t k, size_t n_stages,
+                                                const std::function<bool(const SearchStage&)>& on_stage,
+                                                StageOrder order) const {
+  return to_hits(bm25_.search_staged(question, k, n_stages, on_stage, order));
 }
 
 }  // namespace depcache

@@ -97,7 +97,8 @@ class ChunkIndex {
   std::vector<ChunkHit> search(std::string_view question, size_t k) const;
   // Bm25Index::search_staged over chunk ids (SearchStage::top[i].doc is a chunk index).
   std::vector<ChunkHit> search_staged(std::string_view question, size_t k, size_t n_stages,
-                                      const std::function<bool(const SearchStage&)>& on_stage) const;
+                                      const std::function<bool(const SearchStage&)>& on_stage,
+                                      StageOrder order = StageOrder::Documents) const;
 
   const Corpus& corpus() const { return corpus_; }
   const std::vector<Chunk>& chunks() const { return chunks_; }

@@ -47,8 +47,12 @@ std::vector<RequestEntity> GraphRetriever::retrieve(std::string_view question,
 
 std::vector<RequestDocument> retrieve_documents(const ChunkIndex& index, std::string_view question,
                                                 size_t k) {
+  return request_documents(index, index.search(question, k));
+}
+
+std::vector<RequestDocument> request_documents(const ChunkIndex& index, const std::vector<ChunkHit>& hits) {
   std::vector<RequestDocument> out;
-  for (const ChunkHit& hit : index.search(question, k)) {
+  for (const ChunkHit& hit : hits) {
     const Chunk& c = index.chunk(hit.chunk);
     const Document& d = index.doc_of(hit.chunk);
     // The first chunk's text begins with the title (chunk_corpus tokenizes "title\ntext").

@@ -52,5 +52,7 @@ class GraphRetriever {
 // The k best chunks for the question as request documents; a chunk's id
 // (document id and chunk number) names the same text every time.
 std::vector<RequestDocument> retrieve_documents(const ChunkIndex& index, std::string_view question, size_t k);
+// Search hits as request documents, in their order.
+std::vector<RequestDocument> request_documents(const ChunkIndex& index, const std::vector<ChunkHit>& hits);
 
 }  // namespace depcache

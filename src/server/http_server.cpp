@@ -52,30 +52,12 @@ Usage usage_of(const RequestResult& r) {
 
 std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
-// The server's own times of a request, from its arrival at the handler (after
-// HTTP parsing): what a client's measured latency minus these spent outside
-// the engine, in the HTTP layer and the network.
-json timings_json(const RequestResult& r, Clock::time_point arrived) {
-  const auto ms = [&](Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(t - arrived).count();
-  };
-  return {{"ttft_ms", r.tokens.empty() ? json(nullptr) : json(ms(r.first_token))}, {"total_ms", ms(r.done)}};
-}
-
-// The final response or chunk: OpenAI's, plus the server's timings.
-json final_json(ApiKind kind, bool chunk, const std::string& id, int64_t created, const std::string& model,
-                const RequestResult& r, bool include_usage, Clock::time_point arrived) {
-  json j = completion_json(kind, chunk, id, created, model, chunk ? "" : r.text, r.finish_reason,
-                           include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt);
-  j["timings"] = timings_json(r, arrived);
-  return j;
-}
-
-// Times a request's tokens for the latency histograms.
+// Times a request's tokens for the latency histograms, and its corpus search.
 struct TokenClock {
   Clock::time_point arrived, last;
   bool any = false;
-  bool reported = false;  // finished() was called
+  bool reported = false;                  // finished() was called
+  std::optional<RetrievalReport> search;  // when the server searched its corpus
   void tick(ServerMetrics& m) {
     const auto now = Clock::now();
     if (any)
@@ -86,6 +68,34 @@ struct TokenClock {
     last = now;
   }
 };
+
+// The server's own times of a request, from its arrival at the handler (after
+// HTTP parsing): what a client's measured latency minus these spent outside
+// the engine, in the HTTP layer and the network. A speculative prefill's
+// first token counts from when the search confirmed it.
+json timings_json(const RequestResult& r, const TokenClock& clock) {
+  const auto ms = [&](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t - clock.arrived).count();
+  };
+  const Clock::time_point first =
+      clock.search ? std::max(r.first_token, clock.search->decided) : r.first_token;
+  const Clock::time_point done = clock.search ? std::max(r.done, clock.search->decided) : r.done;
+  json j = {{"ttft_ms", r.tokens.empty() ? json(nullptr) : json(ms(first))}, {"total_ms", ms(done)}};
+  if (const auto& s = clock.search)
+    j["search"] = {{"search_ms", s->search_ms}, {"non_overlapped_ms", s->non_overlapped_ms},
+                   {"stages", s->stages},       {"speculations", s->speculations},
+                   {"discarded", s->discarded}, {"accepted", s->accepted}};
+  return j;
+}
+
+// The final response or chunk: OpenAI's, plus the server's timings.
+json final_json(ApiKind kind, bool chunk, const std::string& id, int64_t created, const std::string& model,
+                const RequestResult& r, bool include_usage, const TokenClock& clock) {
+  json j = completion_json(kind, chunk, id, created, model, chunk ? "" : r.text, r.finish_reason,
+                           include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt);
+  j["timings"] = timings_json(r, clock);
+  return j;
+}
 
 const char* state_name(RequestState s) {
   switch (s) {
@@ -144,6 +154,7 @@ int HttpServer::listen() {
 void HttpServer::ready(ServedModel model, EngineLoop& loop) {
   model_ = std::move(model);
   loop_ = &loop;
+  if (model_.corpus) search_ = std::make_unique<SpeculativeSearch>(loop, *model_.corpus, options_.search);
   ready_.store(true, std::memory_order_release);
 }
 
@@ -272,27 +283,43 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         404,
         fmt::format("the model '{}' is not served here (this server serves '{}')", cr.model, model_.name),
         "invalid_request_error", "model", "model_not_found");
-  const PromptParts parts =
-      request_prompt(cr, {model_.tokenizer.get(), model_.chat, model_.corpus, model_.graph});
-  const int64_t n_prompt = parts.n_flat_tokens();
-  if (n_prompt + cr.sampling.max_tokens > model_.n_ctx)
-    throw ApiError(400,
-                   fmt::format("the prompt holds {} tokens and max_tokens is {}: more than the context of {}",
-                               n_prompt, cr.sampling.max_tokens, model_.n_ctx),
-                   "invalid_request_error", "max_tokens", "context_length_exceeded");
   if (options_.max_queue > 0 && loop_->snapshot().waiting >= options_.max_queue)
     throw ApiError(
         429,
         fmt::format("the server is at capacity ({} requests waiting); retry shortly", options_.max_queue),
         "server_error", {}, "queue_full");
+  const PromptSources sources{model_.tokenizer.get(), model_.chat, model_.corpus, model_.graph};
+  const auto fits = [&](const PromptParts& parts) {
+    const int64_t n_prompt = parts.n_flat_tokens();
+    if (n_prompt + cr.sampling.max_tokens > model_.n_ctx)
+      throw ApiError(
+          400,
+          fmt::format("the prompt holds {} tokens and max_tokens is {}: more than the context of {}",
+                      n_prompt, cr.sampling.max_tokens, model_.n_ctx),
+          "invalid_request_error", "max_tokens", "context_length_exceeded");
+    return parts;
+  };
   const std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
+  const auto clock = std::make_shared<TokenClock>();
+  clock->arrived = clock->last = arrived;
   std::shared_ptr<void> writing = writing_.hold();  // until the response is written
-  std::shared_ptr<RequestStream> stream = loop_->submit(strategy, parts, cr.sampling);
+  std::shared_ptr<RequestStream> stream;
+  if (const std::optional<CorpusSearch> search = corpus_search(cr, sources)) {
+    // Searched here, in stages, so that speculative prefills overlap it.
+    SpeculativeSearch::Submitted s = search_->submit(
+        search->question, search->top_k,
+        [&](const std::vector<RequestDocument>& docs) { return fits(request_prompt(cr, sources, &docs)); },
+        strategy, cr.sampling);
+    stream = std::move(s.stream);
+    clock->search = s.report;
+    metrics_.search(s.report);
+  } else {
+    stream = loop_->submit(strategy, fits(request_prompt(cr, sources)), cr.sampling);
+  }
   const std::string id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
   const int64_t created = std::time(nullptr);
   const ApiKind kind = cr.kind;
   const bool streaming = cr.stream, include_usage = cr.include_usage;
-  const auto clock = std::make_shared<TokenClock>(TokenClock{arrived, arrived});
   if (!streaming) {
     // Until the first token the status is open: a request that ends before
     // it (a failure, usually) is answered with its own status.
@@ -302,7 +329,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
       const RequestResult r = stream->result();
       finished(id, strategy, r, arrived);
       if (r.state != RequestState::Finished) throw engine_error(r);
-      return send_json(res, 200, final_json(kind, false, id, created, model_.name, r, true, arrived));
+      return send_json(res, 200, final_json(kind, false, id, created, model_.name, r, true, *clock));
     }
   }
   res.set_header("Cache-Control", "no-cache");
@@ -338,13 +365,13 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         if (!streaming) {
           // The status is sent; a failure this late is told in the body.
           out = (r.state == RequestState::Finished
-                     ? final_json(kind, false, id, created, model_.name, r, true, clock->arrived)
+                     ? final_json(kind, false, id, created, model_.name, r, true, *clock)
                      : error_body(engine_error(r)))
                     .dump();
         } else {
-          out += event(r.state == RequestState::Finished ? final_json(kind, true, id, created, model_.name, r,
-                                                                      include_usage, clock->arrived)
-                                                         : error_body(engine_error(r)));
+          out += event(r.state == RequestState::Finished
+                           ? final_json(kind, true, id, created, model_.name, r, include_usage, *clock)
+                           : error_body(engine_error(r)));
           out += "data: [DONE]\n\n";
         }
         if (!sink.write(out.data(), out.size())) return false;

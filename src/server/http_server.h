@@ -24,6 +24,7 @@
 #include "retrieval/retriever.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/speculation.h"
 #include "util/timing.h"
 
 namespace httplib {
@@ -41,6 +42,7 @@ struct ServerOptions {
   int http_threads = 64;            // requests served at once (a streaming client holds one)
   std::string strategy = "prefix";  // of requests that name none
   size_t max_queue = 256;           // requests waiting for the engine; more: 429 with Retry-After
+  SpeculationOptions search;        // how corpus searches run (stages, speculative pipelining)
 };
 
 // The model being served and what requests may draw their prompts from.
@@ -103,6 +105,7 @@ class HttpServer {
   std::atomic<bool> ready_{false}, draining_{false};
   ServedModel model_;
   EngineLoop* loop_ = nullptr;
+  std::unique_ptr<SpeculativeSearch> search_;  // with a corpus
   std::atomic<int64_t> next_id_{1};
   int64_t started_ = 0;  // unix time, for /v1/models
   ServerMetrics metrics_;

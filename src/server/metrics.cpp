@@ -45,7 +45,21 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
                      count_);
 }
 
-ServerMetrics::ServerMetrics() : ttft_(kLatencyBounds), e2e_(kLatencyBounds), itl_(kTokenGapBounds) {}
+ServerMetrics::ServerMetrics()
+    : ttft_(kLatencyBounds),
+      e2e_(kLatencyBounds),
+      itl_(kTokenGapBounds),
+      search_(kTokenGapBounds),
+      non_overlapped_(kTokenGapBounds) {}
+
+void ServerMetrics::search(const RetrievalReport& r) {
+  std::lock_guard lk(mu_);
+  search_.observe(r.search_ms / 1000);
+  non_overlapped_.observe(r.non_overlapped_ms / 1000);
+  speculations_ += r.speculations;
+  discarded_ += r.discarded;
+  accepted_ += r.accepted ? 1 : 0;
+}
 
 void ServerMetrics::first_token(double seconds) {
   std::lock_guard lk(mu_);
@@ -78,6 +92,15 @@ std::string ServerMetrics::render(const EngineSnapshot& e) const {
   ttft_.render(out, "depcache_time_to_first_token_seconds",
                "Time from a request's arrival to its first token.");
   e2e_.render(out, "depcache_request_duration_seconds", "Time from a request's arrival to its last token.");
+  search_.render(out, "depcache_search_seconds", "Corpus searches: from the first stage to the final list.");
+  non_overlapped_.render(out, "depcache_search_non_overlapped_seconds",
+                         "Corpus search time before the prefill that answered was submitted.");
+  metric(out, "depcache_speculative_prefills_total", "counter",
+         "Speculative prefills started from an intermediate search result.", speculations_);
+  metric(out, "depcache_speculative_prefills_discarded_total", "counter",
+         "Speculative prefills stopped because the search's list changed.", discarded_);
+  metric(out, "depcache_speculations_accepted_total", "counter",
+         "Searches whose final list was the one being speculated on.", accepted_);
   itl_.render(out, "depcache_inter_token_seconds", "Time between consecutive tokens of a request.");
   metric(out, "depcache_prompt_tokens_total", "counter", "Prompt tokens of ended requests.", prompt_tokens_);
   metric(out, "depcache_computed_tokens_total", "counter", "Prompt tokens run through the model.",

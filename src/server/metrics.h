@@ -4,7 +4,8 @@
 // token counters (prompt, computed, reused, reused by the tier the KV came
 // from), HTTP responses by status, and the engine's state at its last step
 // (queue depth, running sequences, pool rows, pins, bytes per tier, index
-// hits by tier, requests ended by outcome). Thread-safe: request threads
+// hits by tier, requests ended by outcome), and the corpus searches (their
+// time, the part no prefill overlapped, speculative prefills). Thread-safe: request threads
 // record, the scrape renders.
 #include <cstdint>
 #include <map>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "engine/engine_loop.h"
+#include "server/speculation.h"
 
 namespace depcache {
 
@@ -38,11 +40,14 @@ class ServerMetrics {
   // A request that ran on the engine ended (any outcome).
   void request_done(const RequestResult& r, double seconds);
   void response(int http_status);
+  // A corpus search the server ran (speculative pipelining's figures).
+  void search(const RetrievalReport& r);
   std::string render(const EngineSnapshot& engine) const;
 
  private:
   mutable std::mutex mu_;
-  Histogram ttft_, e2e_, itl_;
+  Histogram ttft_, e2e_, itl_, search_, non_overlapped_;
+  int64_t speculations_ = 0, discarded_ = 0, accepted_ = 0;
   int64_t prompt_tokens_ = 0, computed_tokens_ = 0, reused_tokens_ = 0, generated_tokens_ = 0;
   int64_t reused_from_[RadixIndex::kTiers] = {};
   std::map<int, int64_t> responses_;  // by HTTP status

@@ -15,23 +15,35 @@ ApiError bad(const std::string& param, const std::string& message) {
   return ApiError(400, message, "invalid_request_error", param);
 }
 
-RagRequest context_of(const CompletionRequest& r, const PromptSources& sources) {
-  RagRequest context = r.rag->context;
-  if (!r.rag->retrieve) return context;
-  const RetrieveSpec& spec = *r.rag->retrieve;
-  std::string from = spec.from;
+// Where a request retrieves from: "corpus" or "kg" (checked against what the
+// server loaded), or "" when it retrieves nothing.
+std::string retrieval_source(const CompletionRequest& r, const PromptSources& sources) {
+  if (!r.rag || !r.rag->retrieve) return {};
+  std::string from = r.rag->retrieve->from;
   if (from.empty()) {
     if (sources.corpus && sources.graph)
       throw bad("rag.retrieve.from", "the server has both a corpus and a graph: say which ('from')");
     from = sources.graph ? "kg" : "corpus";
   }
+  if (from == "corpus" && !sources.corpus)
+    throw bad("rag.retrieve", "this server has no corpus to retrieve from (start it with --corpus)");
+  if (from != "corpus" && !sources.graph)
+    throw bad("rag.retrieve", "this server has no knowledge graph (start it with --kg)");
+  return from;
+}
+
+RagRequest context_of(const CompletionRequest& r, const PromptSources& sources,
+                      const std::vector<RequestDocument>* retrieved) {
+  RagRequest context = r.rag->context;
+  const std::string from = retrieval_source(r, sources);
+  if (from.empty()) return context;
+  const RetrieveSpec& spec = *r.rag->retrieve;
   if (from == "corpus") {
-    if (!sources.corpus)
-      throw bad("rag.retrieve", "this server has no corpus to retrieve from (start it with --corpus)");
-    context.documents = retrieve_documents(*sources.corpus, context.question, spec.top_k ? spec.top_k : 5);
+    context.documents =
+        retrieved ? *retrieved
+                  : retrieve_documents(*sources.corpus, context.question, corpus_search(r, sources)->top_k);
     return context;
   }
-  if (!sources.graph) throw bad("rag.retrieve", "this server has no knowledge graph (start it with --kg)");
   GraphRetrieveOptions o;
   o.max_entities = spec.max_entities;
   o.top_k = spec.top_k ? spec.top_k : 30;
@@ -70,7 +82,14 @@ std::vector<int32_t> opening_tokens(const Tokenizer& tok, const std::string& tex
 
 }  // namespace
 
-PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources) {
+std::optional<CorpusSearch> corpus_search(const CompletionRequest& r, const PromptSources& sources) {
+  if (retrieval_source(r, sources) != "corpus") return std::nullopt;
+  const size_t k = r.rag->retrieve->top_k;
+  return CorpusSearch{r.rag->context.question, k ? k : 5};
+}
+
+PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources,
+                           const std::vector<RequestDocument>* retrieved) {
   const Tokenizer& tok = *sources.tokenizer;
   const PromptTemplate rag_template;
   PromptParts parts;
@@ -79,7 +98,7 @@ PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sour
     parts.task = tok.encode(text, true, true);
     return parts;
   }
-  const RagRequest context = context_of(r, sources);
+  const RagRequest context = context_of(r, sources, retrieved);
   parts = make_prompt_parts(tok, context, rag_template);
   if (r.kind == ApiKind::Completion) return parts;
   // The chat format around the context: everything before the mark opens

@@ -24,8 +24,20 @@ struct PromptSources {
   const GraphRetriever* graph = nullptr;  // --kg
 };
 
+// The corpus search a request asks the server for, or nullopt when it asks
+// for none (or for the knowledge graph). Throws the same ApiError (400) as
+// request_prompt for a source the server has not loaded.
+struct CorpusSearch {
+  std::string question;
+  size_t top_k = 5;
+};
+std::optional<CorpusSearch> corpus_search(const CompletionRequest& r, const PromptSources& sources);
+
 // Throws ApiError (400) for a chat without a template, a retrieval from a
 // source the server has not loaded, or a conversation the format rejects.
-PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources);
+// `retrieved`: the documents of the request's corpus search, when the caller
+// searched already (speculative pipelining); otherwise it is searched here.
+PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources,
+                           const std::vector<RequestDocument>* retrieved = nullptr);
 
 }  // namespace depcache

@@ -249,6 +249,62 @@ TEST(Bm25, StagedEqualsFullSearchOnRandomCorpora) {
   }
 }
 
+// Staged by terms: each stage's top-k is the best k by the scores of the
+// rarest terms applied so far (checked where the query's IDFs do not tie,
+// so that set is unambiguous), and the last stage equals search().
+TEST(Bm25, StagedByTermsEqualsFullSearchAndAppliesRarestTermsFirst) {
+  std::mt19937 rng(9);
+  for (const size_t n_docs : {1u, 5u, 200u, 2000u}) {
+    const RandomCorpus c = random_corpus(n_docs, 60, static_cast<uint32_t>(n_docs) + 1);
+    Bm25Index idx;
+    for (const auto& d : c.docs) idx.add_terms(d);
+    idx.finalize();
+    for (int q = 0; q < 20; ++q) {
+      std::vector<std::string> words;
+      for (size_t i = 1 + rng() % 6; i > 0; --i) {
+        const std::string& w = c.words[rng() % c.words.size()];
+        if (idx.idf(w) > 0 && std::find(words.begin(), words.end(), w) == words.end()) words.push_back(w);
+      }
+      std::string query;
+      for (const auto& w : words) query += w + " ";
+      std::vector<std::string> by_idf = words;
+      std::stable_sort(by_idf.begin(), by_idf.end(),
+                       [&](const auto& a, const auto& b) { return idx.idf(a) > idx.idf(b); });
+      bool ties = false;
+      for (size_t i = 1; i < by_idf.size(); ++i) ties = ties || idx.idf(by_idf[i]) == idx.idf(by_idf[i - 1]);
+      for (const size_t k : {size_t{1}, size_t{4}, n_docs + 2}) {
+        const std::vector<ScoredDoc> full = idx.search(query, k);
+        for (const size_t n_stages : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{10}}) {
+          const size_t n_eff = std::clamp<size_t>(n_stages, 1, std::max<size_t>(words.size(), 1));
+          const std::string what = "n_docs " + std::to_string(n_docs) + " '" + query + "' k " +
+                                   std::to_string(k) + " stages " + std::to_string(n_stages);
+          size_t n_seen = 0, last_terms = 0;
+          const auto staged = idx.search_staged(
+              query, k, n_stages,
+              [&](const SearchStage& s) {
+                EXPECT_EQ(s.stage, n_seen) << what;
+                EXPECT_EQ(s.n_stages, n_eff) << what;
+                EXPECT_GE(s.n_terms, last_terms) << what;
+                last_terms = s.n_terms;
+                if (!ties) {
+                  std::string applied;
+                  for (size_t i = 0; i < s.n_terms; ++i) applied += by_idf[i] + " ";
+                  expect_same(s.top, best_of_prefix(all_scores(idx, applied), k, n_docs),
+                              what + " stage " + std::to_string(s.stage));
+                }
+                ++n_seen;
+                return true;
+              },
+              StageOrder::Terms);
+          EXPECT_EQ(n_seen, n_eff) << what;
+          EXPECT_EQ(last_terms, words.size()) << what;
+          expect_same(staged, full, what);
+        }
+      }
+    }
+  }
+}
+
 TEST(Bm25, StagedStopsEarly) {
   const RandomCorpus c = random_corpus(500, 20, 11);
   Bm25Index idx;

@@ -7,6 +7,8 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -148,6 +150,38 @@ TEST(ServeCli, LoadgenExitsNonZeroWhenRequestsFail) {
   EXPECT_NE(refused.out.find("6 x HTTP 401: missing or wrong API key"), std::string::npos) << refused.out;
   const test::CliRun ok = test::run_shell(loadgen(server.port(), requests, "--concurrency 2 --api-key k3y"));
   EXPECT_EQ(ok.code, 0) << ok.out;
+  std::filesystem::remove(requests);
+}
+
+// loadgen --retrieve sends questions only; a server searching its corpus in
+// stages with speculative pipelining answers them all and loadgen reports
+// the search time and the part no prefill overlapped. --speculate needs stages.
+TEST(ServeCli, LoadgenRetrieveReportsTheSpeculativeSearch) {
+  const auto corpus = test::temp_path("spec-corpus").replace_extension(".jsonl");
+  {
+    std::ofstream out(corpus);
+    for (int d = 0; d < 30; ++d)
+      out << nlohmann::json(
+                 {{"text", fmt::format("Document {} tells of rivers, castles and the number {}.", d, d * 7)}})
+                 .dump()
+          << "\n";
+  }
+  const auto requests = request_file(12, 5);
+  const test::CliRun bad = test::run_cli(fmt::format("serve -m {} --port 0 --corpus {} --speculate",
+                                                     test::serve_model_file().string(), corpus.string()));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--search-stages 2 or more"), std::string::npos) << bad.out;
+  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--corpus", corpus.string(),
+                       "--search-stages", "3", "--speculate", "--search-stage-latency-ms", "2"});
+  REQUIRE_SERVER(server);
+  const test::CliRun load =
+      test::run_shell(loadgen(server.port(), requests, "--concurrency 4 -n 2 -s ragcache --retrieve 2"));
+  EXPECT_EQ(load.code, 0) << load.out;
+  EXPECT_NE(load.out.find("12 answered, 0 failed"), std::string::npos) << load.out;
+  EXPECT_NE(load.out.find("non-overlapped ms:"), std::string::npos) << load.out;
+  EXPECT_NE(load.out.find("of 12 searches answered by one"), std::string::npos) << load.out;
+  EXPECT_EQ(sample(server.metrics(), "depcache_search_seconds_count"), 12);
+  std::filesystem::remove(corpus);
   std::filesystem::remove(requests);
 }
 

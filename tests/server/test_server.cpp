@@ -483,6 +483,61 @@ TEST(Server, RagRetrieveDrawsContextFromTheCorpusAndTheGraph) {
   s.stop();  // before the index and the graph go
 }
 
+// A corpus search in stages with speculative pipelining: the answer is the
+// one of a server that searches in one go, and the response's timings and
+// the metrics tell how the search and the prefill overlapped.
+TEST(Server, SpeculativeSearchAnswersAsAPlainSearchAndReportsTheOverlap) {
+  REQUIRE_CURL();
+  Corpus corpus;
+  for (const char* text : {"Mount Etna is an active volcano on the island of Sicily.",
+                           "The Aletsch Glacier is the largest glacier in the Alps.",
+                           "The Atacama is a desert plateau in South America, very dry.",
+                           "Sicily is the largest island in the Mediterranean Sea.",
+                           "The Alps are the highest mountain range in Europe."})
+    corpus.docs.push_back({std::to_string(corpus.docs.size()), "", text});
+  const auto answer = [&](ServerOptions so) {
+    Served s(so, false);
+    const ChunkIndex index = ChunkIndex::build(corpus, *s.tok);
+    s.corpus = &index;
+    s.ready();
+    std::vector<json> out;
+    for (const char* q :
+         {"Which island has the largest volcano?", "What is the largest glacier in the Alps?"}) {
+      Reply r =
+          curl(s.port, "/v1/completions",
+               post({{"prompt", q},
+                     {"max_tokens", 4},
+                     {"temperature", 0},
+                     {"rag", {{"strategy", "ragcache"}, {"retrieve", {{"from", "corpus"}, {"top_k", 2}}}}}}));
+      EXPECT_EQ(r.status, 200) << r.body;
+      out.push_back(r.status == 200 ? r.j() : json());
+    }
+    out.push_back(curl(s.port, "/metrics").body);
+    s.stop();
+    return out;
+  };
+  ServerOptions plain;
+  plain.search.stages = 3;
+  ServerOptions speculative = plain;
+  speculative.search.speculate = true;
+  speculative.search.stage_latency = std::chrono::milliseconds(5);
+  const std::vector<json> a = answer(plain), b = answer(speculative);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(a[i]["choices"][0]["text"], b[i]["choices"][0]["text"]);
+    EXPECT_EQ(a[i]["usage"]["prompt_tokens"], b[i]["usage"]["prompt_tokens"]);
+    const json& t = b[i]["timings"]["search"];
+    ASSERT_TRUE(t.is_object()) << b[i];
+    EXPECT_GE(t["search_ms"].get<double>(), 5.0 * t["stages"].get<double>());
+    EXPECT_LE(t["non_overlapped_ms"].get<double>(), t["search_ms"].get<double>());
+    EXPECT_GE(t["speculations"].get<int>(), t["accepted"].get<bool>() ? 1 : 0);
+    EXPECT_EQ(a[i]["timings"]["search"]["speculations"], 0);
+  }
+  std::string metrics = b[2].get<std::string>();
+  EXPECT_EQ(sample(metrics, "depcache_search_seconds_count"), 2);
+  EXPECT_GE(sample(metrics, "depcache_speculative_prefills_total"), 1);
+  EXPECT_NE(metrics.find("depcache_search_non_overlapped_seconds_bucket"), std::string::npos);
+}
+
 // Beyond --max-queue waiting requests, new ones are refused with 429 and Retry-After.
 TEST(Server, AFullQueueAnswers429WithRetryAfter) {
   REQUIRE_CURL();
