@@ -71,16 +71,20 @@ struct Options {
 };
 
 // Runs one question; stages are printed (or collected) when --staged is given.
+// `settled`: with --staged, the first stage from which the top-k is the final
+// one (1-based; what a speculative prefill started then would keep).
 std::vector<ChunkHit> run_query(const ChunkIndex& index, const Options& o, const std::string& question,
-                                bool show_stages, Json* stages_json, double& ms) {
+                                bool show_stages, Json* stages_json, double& ms, size_t& settled,
+                                size_t& n_stages) {
   std::vector<SearchStage> stages;
+  settled = n_stages = 0;
   const Clock::time_point t0 = Clock::now();
   std::vector<ChunkHit> hits;
   if (o.staged > 0) {
     hits = index.search_staged(
         question, o.top_k, o.staged,
         [&](const SearchStage& s) {
-          if (show_stages) stages.push_back(s);
+          stages.push_back(s);
           return true;
         },
         o.stage_order);
@@ -88,6 +92,18 @@ std::vector<ChunkHit> run_query(const ChunkIndex& index, const Options& o, const
     hits = index.search(question, o.top_k);
   }
   ms = ms_since(t0);
+  if (!stages.empty()) {
+    n_stages = stages.size();
+    settled = n_stages;
+    while (settled > 1) {
+      const auto& before = stages[settled - 2].top;
+      const bool same = std::equal(before.begin(), before.end(), hits.begin(), hits.end(),
+                                   [](const ScoredDoc& d, const ChunkHit& h) { return d.doc == h.chunk; });
+      if (!same) break;
+      --settled;
+    }
+  }
+  if (!show_stages && !stages_json) stages.clear();
   for (const SearchStage& s : stages) {
     std::vector<ChunkHit> top;
     for (const ScoredDoc& d : s.top) top.push_back({d.doc, d.score});
@@ -154,6 +170,10 @@ void run(const Options& o) {
 
   const bool batch = !o.qa_path.empty();
   std::vector<double> latencies;
+  // With --staged: how early the top-k settles (stage / stages, summed) and
+  // how many settle before the last stage.
+  double settled_fraction_sum = 0;
+  size_t n_settled_early = 0;
   double recall_sum = 0;
   size_t n_with_support = 0, n_titles = 0, n_found = 0, n_all_found = 0;
   for (size_t qi = 0; qi < qa.size(); ++qi) {
@@ -161,9 +181,14 @@ void run(const Options& o) {
     Json stages = Json::array();
     double ms = 0;
     if (!batch && !o.json) fmt::print("\nquestion: {}\n", item.question);
-    const std::vector<ChunkHit> hits =
-        run_query(index, o, item.question, !batch && o.staged > 0, o.json ? &stages : nullptr, ms);
+    size_t settled = 0, n_stages = 0;
+    const std::vector<ChunkHit> hits = run_query(index, o, item.question, !batch && o.staged > 0,
+                                                 o.json ? &stages : nullptr, ms, settled, n_stages);
     latencies.push_back(ms);
+    if (n_stages > 0) {
+      settled_fraction_sum += static_cast<double>(settled) / static_cast<double>(n_stages);
+      n_settled_early += settled < n_stages;
+    }
 
     size_t found = 0;
     for (const std::string& title : item.supporting_titles)
@@ -184,7 +209,10 @@ void run(const Options& o) {
         q["supporting_titles"] = item.supporting_titles;
         q["supporting_found"] = found;
       }
-      if (!stages.empty()) q["stages"] = std::move(stages);
+      if (!stages.empty()) {
+        q["stages"] = std::move(stages);
+        q["settled_stage"] = settled;
+      }
       out["queries"].push_back(std::move(q));
     } else if (batch) {
       fmt::print("[{:>3}] found {}/{}  {:7.3f} ms  {}\n", qi + 1, found, item.supporting_titles.size(), ms,
@@ -214,6 +242,11 @@ void run(const Options& o) {
           {"titles", n_titles},
           {"questions_all_found", n_all_found},
           {"questions_with_support", n_with_support}};
+      if (o.staged > 0)
+        out["summary"]["staged"] = {{"stages", o.staged},
+                                    {"order", o.stage_order == StageOrder::Terms ? "terms" : "documents"},
+                                    {"settled_before_last", static_cast<double>(n_settled_early) / qa.size()},
+                                    {"mean_settled_fraction", settled_fraction_sum / qa.size()}};
     } else {
       fmt::print("\nquestions: {}  top-k: {}\n", qa.size(), o.top_k);
       fmt::print("latency: p50 {:.3f} ms  p99 {:.3f} ms  mean {:.3f} ms\n", percentile(latencies, 50),
@@ -222,6 +255,13 @@ void run(const Options& o) {
           "recall@{} of supporting titles: {:.3f} (mean per question; {}/{} titles; all found for {}/{} "
           "questions)\n",
           o.top_k, recall, n_found, n_titles, n_all_found, n_with_support);
+      if (o.staged > 0)
+        fmt::print(
+            "staged ({} stages by {}): the top-k is final before the last stage for {:.1f}% of questions; "
+            "on average from {:.1f}% of the stages on\n",
+            o.staged, o.stage_order == StageOrder::Terms ? "terms" : "documents",
+            100.0 * static_cast<double>(n_settled_early) / static_cast<double>(qa.size()),
+            100.0 * settled_fraction_sum / static_cast<double>(qa.size()));
     }
   }
   if (o.json) fmt::print("{}\n", out.dump(2, ' ', false, Json::error_handler_t::replace));

@@ -88,9 +88,10 @@ void add_serve_command(CLI::App& app) {
                   "Stages of a corpus search (each stage's top-k is what --speculate starts a prefill from)")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 20));
-  cmd->add_option("--search-stage-order", so.search.order,
-                  "How a corpus search is staged: terms (the rarest query terms first, over every chunk) or "
-                  "documents (chunk-id ranges, like shards); default terms")
+  cmd->add_option(
+         "--search-stage-order", so.search.order,
+         "How a corpus search is staged: documents (chunk-id ranges, like shards searched in turn) or "
+         "terms (the rarest query terms first, over every chunk); default documents")
       ->transform(CLI::CheckedTransformer(std::map<std::string, StageOrder>{
           {"documents", StageOrder::Documents}, {"terms", StageOrder::Terms}}));
   cmd->add_flag("--speculate", so.search.speculate,

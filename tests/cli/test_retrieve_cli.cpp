@@ -40,7 +40,7 @@ TEST_F(RetrieveCli, Help) {
   const CliResult r = retrieve("--help");
   EXPECT_EQ(r.code, 0) << r.out;
   for (const char* opt : {"--corpus", "--question", "--questions", "--top-k", "--chunk-tokens", "--overlap",
-                          "--vocab", "--staged", "--json", "--limit", "--format"})
+                          "--vocab", "--staged", "--stage-order", "--json", "--limit", "--format"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
@@ -69,6 +69,33 @@ TEST_F(RetrieveCli, JsonAndStages) {
   EXPECT_EQ(q["results"].at(0)["doc_id"], "d");
   ASSERT_EQ(q["stages"].size(), 3u);
   EXPECT_EQ(q["stages"].back()["top"], q["results"]) << "the last stage is the final ranking";
+  // By terms: three distinct query terms, one stage each, over every chunk.
+  const CliResult t = retrieve("--corpus " + corpus_.string() +
+                               " --question 'dry desert plateau' --json --staged 5 --stage-order terms");
+  ASSERT_EQ(t.code, 0) << t.out;
+  const nlohmann::json tj = nlohmann::json::parse(t.out);
+  const auto& tq = tj["queries"].at(0);
+  ASSERT_EQ(tq["stages"].size(), 3u);
+  EXPECT_EQ(tq["stages"].at(0)["n_terms"], 1);
+  EXPECT_EQ(tq["stages"].back()["top"], tq["results"]);
+  EXPECT_EQ(tq["settled_stage"], 1) << "any one of the three terms finds the desert";
+}
+
+// With --staged over a QA file: how early the top-k settles, as a share.
+TEST_F(RetrieveCli, StagedSearchReportsWhenTheTopKSettles) {
+  const CliResult r = retrieve("--corpus " + corpus_.string() + " --questions " + qa_.string() +
+                               " --top-k 1 --staged 3 --stage-order documents --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const auto& staged = j["summary"]["staged"];
+  EXPECT_EQ(staged["order"], "documents");
+  // q1 (the desert, the third chunk) settles at stage 3 of 3, q2 (the volcano, the first) at stage 1.
+  EXPECT_EQ(j["queries"].at(0)["settled_stage"], 3);
+  EXPECT_EQ(j["queries"].at(1)["settled_stage"], 1);
+  EXPECT_DOUBLE_EQ(staged["settled_before_last"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(staged["mean_settled_fraction"].get<double>(), (1.0 + 1.0 / 3) / 2);
+  EXPECT_EQ(retrieve("--corpus " + corpus_.string() + " --question x --staged 2 --stage-order random").code,
+            2);
 }
 
 TEST_F(RetrieveCli, EvaluatesAQaFile) {

@@ -65,7 +65,7 @@ struct Expected {
   int speculations = 0;
   bool accepted = false;
 };
-Expected replay(const ChunkIndex& index, const std::string& q, size_t k, size_t stages) {
+Expected replay(const ChunkIndex& index, const std::string& q, size_t k, size_t stages, StageOrder order) {
   std::vector<std::vector<uint32_t>> lists;
   const auto final_hits = index.search_staged(
       q, k, stages,
@@ -73,7 +73,7 @@ Expected replay(const ChunkIndex& index, const std::string& q, size_t k, size_t 
         lists.push_back(ids(s.top));
         return true;
       },
-      StageOrder::Terms);
+      order);
   Expected e;
   std::vector<uint32_t> current;
   for (size_t i = 0; i + 1 < lists.size(); ++i) {
@@ -121,40 +121,44 @@ TEST(Speculation, FollowsTheStagesAndAnswersAsTheFinalListDoes) {
   SamplingParams sampling;
   sampling.max_tokens = 3;
   sampling.stop_at_eog = false;
-  SpeculationOptions plain_options;
-  plain_options.stages = 4;
-  SpeculativeSearch plain(*s.loop, s.index, plain_options);
-  SpeculationOptions spec_options = plain_options;
-  spec_options.speculate = true;
-  spec_options.max_prefill_bs = 8;
-  SpeculativeSearch speculative(*s.loop, s.index, spec_options);
+  for (const StageOrder order : {StageOrder::Documents, StageOrder::Terms}) {
+    SCOPED_TRACE(order == StageOrder::Terms ? "by terms" : "by documents");
+    SpeculationOptions plain_options;
+    plain_options.stages = 4;
+    plain_options.order = order;
+    SpeculativeSearch plain(*s.loop, s.index, plain_options);
+    SpeculationOptions spec_options = plain_options;
+    spec_options.speculate = true;
+    spec_options.max_prefill_bs = 8;
+    SpeculativeSearch speculative(*s.loop, s.index, spec_options);
 
-  int accepted = 0, rejected = 0, discarded = 0;
-  for (const std::string& q : questions(24, 11)) {
-    SCOPED_TRACE(q);
-    const SpeculativeSearch::Submitted base = plain.submit(q, 2, s.prompt(q), "full", sampling);
-    EXPECT_EQ(base.report.speculations, 0);
-    EXPECT_FALSE(base.report.accepted);
-    EXPECT_DOUBLE_EQ(base.report.non_overlapped_ms, base.report.search_ms);
-    const std::vector<int32_t> expected = answer(base.stream);
+    int accepted = 0, rejected = 0, discarded = 0;
+    for (const std::string& q : questions(24, 11)) {
+      SCOPED_TRACE(q);
+      const SpeculativeSearch::Submitted base = plain.submit(q, 2, s.prompt(q), "full", sampling);
+      EXPECT_EQ(base.report.speculations, 0);
+      EXPECT_FALSE(base.report.accepted);
+      EXPECT_DOUBLE_EQ(base.report.non_overlapped_ms, base.report.search_ms);
+      const std::vector<int32_t> expected = answer(base.stream);
 
-    const SpeculativeSearch::Submitted got = speculative.submit(q, 2, s.prompt(q), "full", sampling);
-    const Expected e = replay(s.index, q, 2, 4);
-    EXPECT_EQ(got.report.speculations, e.speculations);
-    EXPECT_EQ(got.report.accepted, e.accepted);
-    EXPECT_EQ(got.report.discarded, got.report.speculations - (e.accepted ? 1 : 0));
-    EXPECT_LE(got.report.non_overlapped_ms, got.report.search_ms);
-    ASSERT_EQ(got.documents.size(), base.documents.size());
-    for (size_t i = 0; i < got.documents.size(); ++i) EXPECT_EQ(got.documents[i].id, base.documents[i].id);
-    EXPECT_EQ(answer(got.stream), expected) << "speculation changed the answer";
-    EXPECT_EQ(speculative.in_flight(), 0u);
-    (e.accepted ? accepted : rejected) += 1;
-    discarded += got.report.discarded;
+      const SpeculativeSearch::Submitted got = speculative.submit(q, 2, s.prompt(q), "full", sampling);
+      const Expected e = replay(s.index, q, 2, 4, order);
+      EXPECT_EQ(got.report.speculations, e.speculations);
+      EXPECT_EQ(got.report.accepted, e.accepted);
+      EXPECT_EQ(got.report.discarded, got.report.speculations - (e.accepted ? 1 : 0));
+      EXPECT_LE(got.report.non_overlapped_ms, got.report.search_ms);
+      ASSERT_EQ(got.documents.size(), base.documents.size());
+      for (size_t i = 0; i < got.documents.size(); ++i) EXPECT_EQ(got.documents[i].id, base.documents[i].id);
+      EXPECT_EQ(answer(got.stream), expected) << "speculation changed the answer";
+      EXPECT_EQ(speculative.in_flight(), 0u);
+      (e.accepted ? accepted : rejected) += 1;
+      discarded += got.report.discarded;
+    }
+    // The stream exercises both outcomes and stops speculations on the way.
+    EXPECT_GT(accepted, 0);
+    EXPECT_GT(rejected, 0);
+    EXPECT_GT(discarded, 0);
   }
-  // The stream exercises both outcomes and stops speculations on the way.
-  EXPECT_GT(accepted, 0);
-  EXPECT_GT(rejected, 0);
-  EXPECT_GT(discarded, 0);
 }
 
 TEST(Speculation, BoundedByMaxPrefillBsAndRefusedListsAreNotSpeculatedOn) {
