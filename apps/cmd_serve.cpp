@@ -101,6 +101,11 @@ void add_serve_command(CLI::App& app) {
                   "Speculative prefills in flight at once, over every request")
       ->capture_default_str()
       ->check(CLI::Range(size_t{0}, size_t{1} << 20));
+  cmd->add_option("--speculative-piece-tokens", so.search.piece_tokens,
+                  "Prompt tokens a speculative prefill computes per step, so that stopping it takes effect "
+                  "soon (0: the step's whole budget)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--search-stage-latency-ms", stage_latency_ms,
                   "Added to every search stage: stands for a retriever slower than in-memory BM25 (a remote "
                   "vector database), to measure how much of its time speculation hides")

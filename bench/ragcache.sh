@@ -9,8 +9,16 @@
 #   ttft: full, prefix and ragcache on qwen2-0.5b F16 (random weights) under
 #     Poisson arrivals: TTFT p50/p99 and tokens computed; then ragcache under
 #     overload with and without cache-aware reordering.
-#   bash bench/ragcache.sh [policies|ttft|all] [requests]   (default: all, 2000 / 40)
-#   SETS="musique hotpotqa" (the data sets), LIGHT=0.3 and HEAVY=2 (req/s).
+#   speculation: dynamic speculative pipelining through `serve --corpus`
+#     (the server searches, in STAGES stages by documents) on qwen2-0.5b F16
+#     with ragcache/PGDSF, Poisson arrivals at LIGHT req/s; for each added
+#     stage latency (LATENCIES, ms: BM25 over these corpora takes well under
+#     a millisecond, so the latency stands for a slower retriever) with and
+#     without --speculate: TTFT and the search time no prefill overlapped.
+#   bash bench/ragcache.sh [policies|ttft|speculation|all] [requests]
+#     (default: all; 2000 / 40 / 20 requests)
+#   SETS="musique hotpotqa" (the data sets), LIGHT=0.3 and HEAVY=2 (req/s),
+#   STAGES=8, LATENCIES="0 50 150".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
@@ -88,10 +96,52 @@ ttft() {
   done
 }
 
+# One `serve` for a configuration, loaded with `loadgen --retrieve 2`.
+served_row() {  # label, dataset, requests file, then serve options
+  local label=$1 set=$2 requests=$3 log port pid out
+  shift 3
+  log=$(mktemp)
+  $BIN serve -m "$QWEN" --port 0 -t 2 --corpus "$SHARED/data/$set/${set}_train_corpus.json" --strategy ragcache \
+    --policy pgdsf --cache-mib 64 --host-mib 256 --swap-out-once "$@" 2>"$log" &
+  pid=$!
+  for _ in $(seq 600); do grep -q "ready" "$log" && break; sleep 0.1; done
+  port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log")
+  out=$($BIN loadgen --url "http://127.0.0.1:$port" --requests "$requests" --retrieve 2 -s ragcache -n 1 \
+    --rate "$LIGHT" --concurrency 64 2>&1 || true)
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+  rm -f "$log"
+  echo "$out" | awk -v label="$label" '
+    /^TTFT ms \(first token\)/ { p50 = $6; p99 = $10 }
+    /^server search ms/ { search = $5 }
+    /^non-overlapped ms/ { non = $4 }
+    /^speculation:/ { spec = $2; acc = $5 "/" $7 }
+    END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", label, p50, p99, search, non, spec, acc }'
+}
+
+speculation() {
+  local n=${1:-20} stages=${STAGES:-8}
+  echo "## Speculative pipelining: qwen2-0.5b F16, $n requests at $LIGHT req/s, top-2 chunks, $stages search stages by documents"
+  for set in $SETS; do
+    local f
+    f=$(stream "$set" "$n" "$LIGHT")
+    echo
+    echo "### $set"
+    echo
+    echo "| stage latency, mode | TTFT p50 | TTFT p99 | search mean | non-overlapped mean | speculative prefills | accepted |"
+    echo "|---|---|---|---|---|---|---|"
+    for latency in ${LATENCIES:-0 50 150}; do
+      served_row "${latency} ms, plain" "$set" "$f" --search-stages "$stages" --search-stage-latency-ms "$latency"
+      served_row "${latency} ms, speculative" "$set" "$f" --search-stages "$stages" \
+        --search-stage-latency-ms "$latency" --speculate
+    done
+  done
+}
+
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) threads"
 case $WHAT in
   policies) policies "${2:-2000}" ;;
   ttft) ttft "${2:-40}" ;;
-  all) policies && ttft ;;
-  *) echo "usage: bash bench/ragcache.sh [policies|ttft|all] [requests]" >&2; exit 2 ;;
+  speculation) speculation "${2:-20}" ;;
+  all) policies && ttft && speculation ;;
+  *) echo "usage: bash bench/ragcache.sh [policies|ttft|speculation|all] [requests]" >&2; exit 2 ;;
 esac

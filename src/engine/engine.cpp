@@ -74,6 +74,8 @@ size_t Engine::load_strategy_state(const std::filesystem::path& dir) {
 RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, const SamplingParams& sampling,
                          std::function<void(const TokenEvent&)> on_token) {
   if (sampling.max_tokens < 1) fail(ErrorKind::InvalidInput, "max_tokens must be at least 1");
+  if (sampling.prefill_piece_tokens < 0)
+    fail(ErrorKind::InvalidInput, "prefill_piece_tokens must not be negative");
   sampling.sampler.validate();
   if (!sampling.stop.empty() && !options_.tokenizer)
     fail(ErrorKind::InvalidInput, "stop strings need an engine with a tokenizer");
@@ -96,7 +98,18 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
 
 void Engine::cancel(RequestId id) {
   if (!live_.count(id)) return;  // done already
+  keep_partial(live(id));
   retire(id, RequestState::Cancelled);
+}
+
+void Engine::set_prefill_piece_tokens(RequestId id, int64_t n) {
+  if (n < 0) fail(ErrorKind::InvalidInput, "prefill_piece_tokens must not be negative");
+  if (live_.count(id)) live(id).sampling.prefill_piece_tokens = n;
+}
+
+void Engine::keep_partial(Sequence& s) {
+  if (!s.execution || s.prefilled == 0) return;
+  kept_partial_ += s.execution->keep_computed(pool_.kv(), s.rows.row0(), s.prefilled, ms_per_token_);
 }
 
 void Engine::retire(RequestId id, RequestState state, const std::string& error, ErrorKind kind) {
@@ -134,6 +147,7 @@ void Engine::emit(Sequence& s, int32_t token) {
 }
 
 void Engine::preempt(Sequence& s) {
+  keep_partial(s);
   s.execution.reset();  // its pins go back to the index
   s.rows.reset();
   s.prefilled = 0;
@@ -324,7 +338,9 @@ bool Engine::step() {
     const bool whole = s.execution->whole_pass();
     if (whole && (whole_taken || (!pieces.empty() && n_q > budget))) continue;
     whole_taken = whole_taken || whole;
-    const int64_t end = whole ? n_q : std::min(n_q, s.prefilled + budget);
+    const int64_t piece =
+        s.sampling.prefill_piece_tokens > 0 ? std::min(budget, s.sampling.prefill_piece_tokens) : budget;
+    const int64_t end = whole ? n_q : std::min(n_q, s.prefilled + piece);
     pieces.push_back({&s, end, end == n_q});
     budget -= end - s.prefilled;
   }
@@ -400,6 +416,7 @@ bool Engine::step() {
     return true;
   }
   const double ms_per_token = ms_since(t0) / static_cast<double>(batch.tokens.size());
+  ms_per_token_ = ms_per_token;
   const int n_vocab = model_->config().n_vocab;
   size_t at = 0;
   for (Sequence* s : decoding) {

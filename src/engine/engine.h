@@ -42,6 +42,10 @@ struct SamplingParams {
   bool stop_at_eog = true;  // end at EngineOptions::eog_ids
   // The text ends before the first of these (needs EngineOptions::tokenizer).
   std::vector<std::string> stop;
+  // At most this many of its prompt tokens are computed in one step (0: as
+  // many as the step's budget allows). Small pieces let a cancel take effect
+  // soon (speculative prefills).
+  int64_t prefill_piece_tokens = 0;
 };
 
 struct EngineOptions {
@@ -120,8 +124,12 @@ class Engine {
   // strategy: one of strategy_names(). on_token is called from step().
   RequestId submit(std::string_view strategy, PromptParts parts, const SamplingParams& sampling,
                    std::function<void(const TokenEvent&)> on_token = {});
-  // A waiting request never runs; a running one stops and frees its rows.
+  // A waiting request never runs; a running one stops and frees its rows (a
+  // prefill stopped midway leaves what it computed in the index).
   void cancel(RequestId id);
+  // Changes a live request's SamplingParams::prefill_piece_tokens (a
+  // confirmed speculation computes the rest of its prefill at full speed).
+  void set_prefill_piece_tokens(RequestId id, int64_t n);
   // One batched forward pass; false when nothing was waiting or running.
   bool step();
   void run_until_idle();
@@ -134,6 +142,8 @@ class Engine {
   size_t n_running() const { return prefilling_.size() + decoding_.size(); }
   int64_t preemptions() const { return preemptions_; }
   int64_t prefetched_tokens() const { return prefetched_; }
+  // Tokens that prefills stopped midway (cancelled, preempted) left in the index.
+  int64_t kept_partial_tokens() const { return kept_partial_; }
   RadixIndex& index() { return index_; }
   KvPool& pool() { return pool_; }
   Forward& forward() { return fwd_; }
@@ -150,6 +160,8 @@ class Engine {
   void retire(RequestId id, RequestState state, const std::string& error = {},
               ErrorKind kind = ErrorKind::Internal);
   void preempt(Sequence& s);
+  // A prefill under way gives what it computed so far to the index.
+  void keep_partial(Sequence& s);
   void make_room_to_decode();
   int64_t rows_ahead() const { return std::max<int64_t>(options_.decode_rows_ahead, 1); }
   // Tokens of `lookups` that the prefills under way will insert and the
@@ -172,6 +184,8 @@ class Engine {
   std::map<RequestId, std::unique_ptr<Sequence>> live_;
   std::map<RequestId, RequestResult> results_;
   int64_t prefetched_ = 0;
+  int64_t kept_partial_ = 0;
+  double ms_per_token_ = 0;  // of the last step
   int64_t preemptions_ = 0;
   uint64_t admissions_ = 0;
 };

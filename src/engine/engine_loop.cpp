@@ -141,6 +141,17 @@ void EngineLoop::cancel(const std::shared_ptr<RequestStream>& stream) {
   wake_.notify_all();
 }
 
+void EngineLoop::set_prefill_piece_tokens(const std::shared_ptr<RequestStream>& stream, int64_t n) {
+  {
+    std::lock_guard lk(mu_);
+    commands_.push_back([stream, n](Engine& e, Live& live) {
+      const RequestId id = stream->id();
+      if (id != 0 && live.count(id)) e.set_prefill_piece_tokens(id, n);
+    });
+  }
+  wake_.notify_all();
+}
+
 bool EngineLoop::drain(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lk(mu_);
   draining_ = true;

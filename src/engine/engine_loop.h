@@ -75,6 +75,8 @@ class EngineLoop {
   std::shared_ptr<RequestStream> submit(std::string strategy, PromptParts parts, SamplingParams sampling);
   // Stops a request (its stream ends Cancelled); unknown or ended: nothing.
   void cancel(const std::shared_ptr<RequestStream>& stream);
+  // Engine::set_prefill_piece_tokens, between steps; unknown or ended: nothing.
+  void set_prefill_piece_tokens(const std::shared_ptr<RequestStream>& stream, int64_t n);
   // Stops accepting, lets what is in flight finish until `deadline`, then
   // cancels the rest. Returns true when everything finished in time.
   bool drain(std::chrono::steady_clock::time_point deadline);

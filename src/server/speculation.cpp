@@ -38,6 +38,8 @@ SpeculativeSearch::Submitted SpeculativeSearch::submit(std::string_view question
   RetrievalReport& report = out.report;
   const auto t0 = Clock::now();
   const bool speculate = options_.speculate && options_.stages >= 2;
+  SamplingParams speculative = sampling;
+  speculative.prefill_piece_tokens = options_.piece_tokens;
 
   // The speculation in flight: its stream, its list, when it was submitted.
   std::shared_ptr<RequestStream> spec;
@@ -72,7 +74,7 @@ SpeculativeSearch::Submitted SpeculativeSearch::submit(std::string_view question
             give_slot();  // a list the caller refuses is not speculated on
             return true;
           }
-          spec = loop_.submit(strategy, std::move(parts), sampling);
+          spec = loop_.submit(strategy, std::move(parts), speculative);
           spec_ids = ids;
           spec_at = Clock::now();
           ++report.speculations;
@@ -89,6 +91,7 @@ SpeculativeSearch::Submitted SpeculativeSearch::submit(std::string_view question
   if (spec && ids_of(final_hits) == spec_ids) {
     give_slot();
     report.accepted = true;
+    loop_.set_prefill_piece_tokens(spec, sampling.prefill_piece_tokens);  // confirmed: no longer held back
     report.non_overlapped_ms = std::chrono::duration<double, std::milli>(spec_at - t0).count();
     out.stream = std::move(spec);
   } else {

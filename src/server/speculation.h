@@ -3,7 +3,9 @@
 // in stages on the caller's thread while the engine computes. Each stage's
 // top-k that differs from the one being prefilled stops that speculative
 // prefill (the engine loop applies the cancel between steps, after the
-// current iteration) and starts one for the new list, when fewer than
+// current iteration; speculations go in small pieces so that is soon, and
+// a prefill stopped midway leaves what it computed in the index) and starts
+// one for the new list, when fewer than
 // max_prefill_bs speculative prefills are in flight over every request. When
 // the search ends, the speculation is kept only if its ordered document list
 // equals the final one; otherwise it is stopped and the final prompt is
@@ -38,6 +40,11 @@ struct SpeculationOptions {
   // Off (or one stage): the whole search, then the prefill.
   bool speculate = false;
   size_t max_prefill_bs = 4;  // speculative prefills in flight at once, over every request
+  // Prompt tokens a speculative prefill computes per engine step: a stop
+  // takes effect after the current step, which on a CPU is long (a 512-token
+  // step of qwen2-0.5b takes about a second), so speculations go in small
+  // pieces (0: the step's whole budget).
+  int64_t piece_tokens = 64;
   // Added to every stage: stands for a retriever slower than BM25 over an
   // in-memory corpus (a remote vector database), whose time speculation hides.
   std::chrono::microseconds stage_latency{0};

@@ -418,6 +418,43 @@ const AttentionMass* PlanExecution::probed(const PassResult& done) const {
   return &done.attention_mass;
 }
 
+int64_t PlanExecution::keep_computed(const KvCache& kv, int64_t row0, int64_t n_computed,
+                                     double ms_per_token) {
+  if (plan_.next_pass || whole_pass() || n_computed <= 0) return 0;
+  std::vector<bool> ready = placed_;
+  for (int64_t q = 0; q < n_computed && q < static_cast<int64_t>(prefill_.rows.size()); ++q)
+    ready[static_cast<size_t>(prefill_.rows[static_cast<size_t>(q)])] = true;
+  const auto lk = index_.lock();
+  const auto cached = static_cast<int64_t>(std::count(placed_.begin(), placed_.end(), true));
+  const double cost_per_token =
+      index_.cost_per_token(cached, static_cast<int64_t>(placed_.size()) - cached, ms_per_token);
+  int64_t kept = 0;
+  std::vector<int64_t> kv_rows;
+  for (const CacheRun& run : plan_.runs) {
+    if (run.insert != RunInsert::AfterFill) continue;
+    if (std::any_of(run.rows.begin(), run.rows.end(),
+                    [&](int64_t r) { return placed_[r] && placed_ns_[r] != run.ns; }))
+      continue;
+    auto n = static_cast<int64_t>(
+        std::find_if(run.rows.begin(), run.rows.end(), [&](int64_t r) { return !ready[r]; }) -
+        run.rows.begin());
+    if (n < static_cast<int64_t>(run.rows.size())) n = whole_stops(run.stops, n);
+    if (n == 0) continue;
+    CacheRun part{run.ns,
+                  {run.tokens.begin(), run.tokens.begin() + n},
+                  {run.rows.begin(), run.rows.begin() + n},
+                  run.segment};
+    for (int64_t stop : run.stops)
+      if (stop <= n) part.stops.push_back(stop);
+    kv_rows.assign(part.rows.begin(), part.rows.end());
+    for (int64_t& r : kv_rows) r += row0;
+    const RadixIndex::SpanMaker make_span = rows_span(kv, kv_rows);
+    insert_run(index_, part, &make_span, 0, cost_per_token, nullptr);
+    kept += n;
+  }
+  return kept;
+}
+
 PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector<float> logits,
                                     const PassResult& done) {
   if (!plan_.next_pass) insert_runs(kv, row0, done.ms_per_token, RunInsert::AfterFill);

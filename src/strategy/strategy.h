@@ -202,6 +202,13 @@ class PlanExecution {
   void next_pass(KvCache& kv, int64_t row0, const PassResult& done);
   // logits: of the last prompt token.
   PrefillReport finish(const KvCache& kv, int64_t row0, std::vector<float> logits, const PassResult& done);
+  // A one-pass prefill stopped after its first n_computed queries (cancelled
+  // or preempted): the runs' leading tokens whose rows are all computed or
+  // placed, cut at a stop, go into the index as finish() would put them, so
+  // what was computed is found again. Returns the tokens inserted (counted
+  // per run, placed ones included); 0 for multi-pass plans and passes with
+  // hooks, whose rows are not final before the end.
+  int64_t keep_computed(const KvCache& kv, int64_t row0, int64_t n_computed, double ms_per_token);
 
  private:
   void insert_runs(const KvCache& kv, int64_t row0, double ms_per_token, RunInsert when);

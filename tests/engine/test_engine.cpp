@@ -215,6 +215,66 @@ TEST(Engine, ChunkedPrefillEqualsWholePrefill) {
   }
 }
 
+// A prefill cancelled midway leaves what it computed in the index (whole
+// documents under ragcache), so the same prompt submitted again reuses it
+// and still answers as a fresh engine does; prefill_piece_tokens caps what
+// a request computes in one step.
+TEST(Engine, ACancelledPrefillKeepsWhatItComputed) {
+  const auto model = test::random_model("tiny", DType::F32);
+  const Tokenizer tok(Vocab::builtin_bytes());
+  RagRequest docs;
+  docs.question = "Who barks at night and who purrs?";
+  docs.documents = {{"d1", "Dogs", "Dogs bark at night when the moon is up."},
+                    {"d2", "Cats", "Cats purr when they are content and warm."}};
+  const std::vector<Job> cases = {{"prefix", docs},
+                                  {"ragcache", docs},
+                                  {"depcache", graph_request({kDog, kCat, kOwl}, "Which animals?")}};
+  for (const Job& j : cases) {
+    SCOPED_TRACE(j.strategy);
+    const PromptParts parts = make_prompt_parts(tok, j.request);
+    const RequestResult alone = run_alone(model, engine_options(), j.strategy, parts, greedy(4));
+    ASSERT_GT(alone.report.computed_tokens, 100);
+    EngineOptions o = engine_options();
+    o.batch_tokens = 200;
+    Engine e(model, o);
+    SamplingParams small = greedy(4);
+    small.prefill_piece_tokens = 40;
+    const RequestId first = e.submit(j.strategy, parts, small);
+    for (int i = 0; i < 2; ++i) e.step();
+    EXPECT_TRUE(e.result(first).tokens.empty()) << "40 tokens a step: the prefill is not done";
+    e.cancel(first);
+    EXPECT_EQ(e.result(first).state, RequestState::Cancelled);
+    EXPECT_GT(e.kept_partial_tokens(), 0);
+    EXPECT_EQ(e.index().n_pinned(), 0u);
+    ASSERT_NO_THROW(e.index().check_invariants());
+    const RequestId again = e.submit(j.strategy, parts, greedy(4));
+    e.run_until_idle();
+    const RequestResult& r = e.result(again);
+    ASSERT_EQ(r.state, RequestState::Finished) << r.error;
+    EXPECT_GT(r.report.reused_tokens, 0) << "the cancelled prefill's tokens are found";
+    EXPECT_LE(r.report.reused_tokens, 80) << "no more than the two pieces computed";
+    EXPECT_LT(test::max_abs_diff(r.report.logits, alone.report.logits, "after a cancel"), 1e-4);
+    EXPECT_EQ(r.tokens, alone.tokens);
+    EXPECT_EQ(e.pool().n_free(), e.pool().n_rows());
+  }
+  // Lifted, the cap no longer holds a prefill back (the budget is 200 a step).
+  EngineOptions o = engine_options();
+  o.batch_tokens = 200;
+  Engine e(model, o);
+  SamplingParams small = greedy(1);
+  small.prefill_piece_tokens = 40;
+  const RequestId lifted = e.submit("full", make_prompt_parts(tok, docs), small);
+  e.step();
+  e.set_prefill_piece_tokens(lifted, 0);
+  EXPECT_THROW(e.set_prefill_piece_tokens(lifted, -1), Error);
+  int steps = 0;
+  while (e.result(lifted).tokens.empty() && e.step()) ++steps;
+  EXPECT_LE(steps, 2) << "the rest of a prompt of about 200 tokens in one or two steps";
+  SamplingParams negative = greedy(1);
+  negative.prefill_piece_tokens = -1;
+  EXPECT_THROW(e.submit("full", make_prompt_parts(tok, docs), negative), Error);
+}
+
 // A pool that cannot hold every sequence's generated rows: the latest
 // admitted give theirs back and are prefilled again later with what they
 // generated, and each request still answers what it answers alone.
