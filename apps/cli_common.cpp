@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -39,6 +40,24 @@ void add_chunk_options(CLI::App* cmd, StrategyOptions& so) {
                   "chunks stop being fixed (0: fix them in every layer)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+}
+
+void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o) {
+  cmd->add_option("--clusters", o.clusters, "subgcache: clusters per query batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--linkage", o.linkage,
+                  "subgcache: ward, single, average, complete or centroid; default ward")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, Linkage>{{"ward", Linkage::Ward},
+                                                                         {"single", Linkage::Single},
+                                                                         {"average", Linkage::Average},
+                                                                         {"complete", Linkage::Complete},
+                                                                         {"centroid", Linkage::Centroid}}));
+  cmd->add_option("--subgraph-embedding", o.embedding,
+                  "subgcache: ids (a bag of node and edge ids) or text (hashed words of the subgraph's CSV); "
+                  "default ids")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, SubgraphEmbedding>{
+          {"ids", SubgraphEmbedding::Ids}, {"text", SubgraphEmbedding::Text}}));
 }
 
 std::string tokenizer_name(const std::string& gguf_path) {

@@ -10,6 +10,7 @@
 #include "compute/dtype.h"
 #include "model/tokenizer.h"
 #include "strategy/strategy.h"
+#include "strategy/subgcache.h"
 
 namespace CLI {
 class App;
@@ -20,6 +21,8 @@ namespace depcache::cli {
 // The options of the chunk strategies (recompute ratio; Cache-Craft's
 // alpha, variants per chunk and focus window), for run and serve.
 void add_chunk_options(CLI::App* cmd, StrategyOptions& so);
+// SubGCache's clustering: --clusters, --linkage, --subgraph-embedding.
+void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o);
 
 // The tokenizer of a GGUF file, or the built-in byte vocab when path is empty.
 Tokenizer tokenizer_from(const std::string& gguf_path);

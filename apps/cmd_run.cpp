@@ -70,7 +70,6 @@ struct RunOptions {
   std::string report_path;
   std::string warmup_path;
   SubgcacheOptions subgcache;
-  std::string linkage = "ward", subgraph_embedding = "ids";
 };
 
 // Full attention's answer to a request (--fidelity): what every strategy is
@@ -584,16 +583,7 @@ void add_run_command(CLI::App& app) {
                      fmt::join(strategy_names(), ", ")))
       ->capture_default_str();
   add_chunk_options(cmd, o.chunk);
-  cmd->add_option("--clusters", o.subgcache.clusters, "subgcache: clusters per query batch")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--linkage", o.linkage, "subgcache: ward, single, average, complete or centroid")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ward", "single", "average", "complete", "centroid"}));
-  cmd->add_option("--subgraph-embedding", o.subgraph_embedding,
-                  "subgcache: ids (a bag of node and edge ids) or text (hashed words of the subgraph's CSV)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ids", "text"}));
+  add_subgcache_options(cmd, o.subgcache);
   cmd->add_option("--query-batch", o.subgcache.batch,
                   "subgcache: queries clustered together (consecutive in arrival order; a batch is served "
                   "once its last query has arrived)")
@@ -691,12 +681,11 @@ void add_run_command(CLI::App& app) {
   cmd->callback([] {
     const std::vector<std::string> names = split_list(o.strategies);
     if (names.empty()) throw CLI::ValidationError("--strategy", "give at least one strategy");
-    auto known = strategy_names();
-    known.push_back("subgcache");  // a batch mode of run over the prefix strategy
+    const auto known = request_strategy_names();
     for (const std::string& s : names)
       if (std::find(known.begin(), known.end(), s) == known.end())
         fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", s, fmt::join(known, ", "));
-    const bool subgcache = std::find(names.begin(), names.end(), "subgcache") != names.end();
+    const bool subgcache = std::find(names.begin(), names.end(), kSubgcache) != names.end();
     if (subgcache && o.sweep)
       throw CLI::ValidationError("--sweep-rate", "subgcache serves query batches; sweep the others");
     make_policy(o.policy);  // reject bad names before loading anything
@@ -718,9 +707,6 @@ void add_run_command(CLI::App& app) {
     SubgcachePlan subg;
     std::vector<RagRequest> subg_reqs;
     if (subgcache) {
-      o.subgcache.linkage = *parse_linkage(o.linkage);
-      o.subgcache.embedding =
-          o.subgraph_embedding == "text" ? SubgraphEmbedding::Text : SubgraphEmbedding::Ids;
       subg = plan_subgcache(reqs, o.subgcache);
       for (size_t i : subg.order) subg_reqs.push_back(subg.requests[i]);
       for (RagRequest& r : reqs) r = with_subgraph_csv(r, request_subgraph(r));
@@ -803,7 +789,8 @@ void add_run_command(CLI::App& app) {
             "subgcache: {} queries in {} batches of up to {}, {} clusters ({} linkage, {} embedding); "
             "clustering {:.1f} ms ({:.2f}% of its run's {:.1f} s)\n",
             reqs.size(), (reqs.size() + o.subgcache.batch - 1) / o.subgcache.batch, o.subgcache.batch,
-            subg.n_clusters, o.linkage, o.subgraph_embedding, subg.clustering_ms,
+            subg.n_clusters, linkage_name(o.subgcache.linkage),
+            o.subgcache.embedding == SubgraphEmbedding::Text ? "text" : "ids", subg.clustering_ms,
             100.0 * subg.clustering_ms / 1000.0 / std::max(run.wall_s + subg.clustering_ms / 1000.0, 1e-9),
             run.wall_s);
         runs.push_back(std::move(run));

@@ -113,9 +113,22 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 60000.0));
   cmd->add_option(
          "--strategy", so.strategy,
-         fmt::format("Reuse strategy of requests that name none: {}", fmt::join(strategy_names(), ", ")))
+         fmt::format("Reuse strategy of requests that name none: {} (subgcache: GraphRAG requests batched "
+                     "and clustered by subgraph, one prefill per cluster)",
+                     fmt::join(request_strategy_names(), ", ")))
       ->capture_default_str()
-      ->check(CLI::IsMember(strategy_names()));
+      ->check(CLI::IsMember(request_strategy_names()));
+  add_subgcache_options(cmd, so.subgcache.subgcache);
+  cmd->add_option("--query-batch", so.subgcache.subgcache.batch,
+                  "subgcache: the most requests clustered together")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  static int64_t batch_window_ms = 50;
+  cmd->add_option("--batch-window-ms", batch_window_ms,
+                  "subgcache: how long a batch's first request waits for others before its batch is "
+                  "clustered")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
   add_chunk_options(cmd, eo.strategy);
   cmd->add_option("-t,--threads", eo.threads, "Compute threads (default: one per core)");
   cmd->add_option("-c,--ctx-size", pool_rows, "Rows of the KV pool shared by running requests")
@@ -154,6 +167,7 @@ void add_serve_command(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
     so.search.stage_latency = std::chrono::microseconds(std::llround(stage_latency_ms * 1000));
+    so.subgcache.window = std::chrono::milliseconds(batch_window_ms);
     if (so.search.speculate && so.search.stages < 2)
       throw CLI::ValidationError("--speculate", "needs --search-stages 2 or more");
     HttpServer http(so);

@@ -58,6 +58,7 @@ struct TokenClock {
   bool any = false;
   bool reported = false;                  // finished() was called
   std::optional<RetrievalReport> search;  // when the server searched its corpus
+  std::optional<BatchReport> batch;       // when it was served in a SubGCache batch
   void tick(ServerMetrics& m) {
     const auto now = Clock::now();
     if (any)
@@ -85,6 +86,12 @@ json timings_json(const RequestResult& r, const TokenClock& clock) {
     j["search"] = {{"search_ms", s->search_ms}, {"non_overlapped_ms", s->non_overlapped_ms},
                    {"stages", s->stages},       {"speculations", s->speculations},
                    {"discarded", s->discarded}, {"accepted", s->accepted}};
+  if (const auto& b = clock.batch)
+    j["batch"] = {{"size", b->size},
+                  {"cluster", b->cluster},
+                  {"clusters", b->clusters},
+                  {"wait_ms", b->wait_ms},
+                  {"clustering_ms", b->clustering_ms}};
   return j;
 }
 
@@ -155,6 +162,7 @@ void HttpServer::ready(ServedModel model, EngineLoop& loop) {
   model_ = std::move(model);
   loop_ = &loop;
   if (model_.corpus) search_ = std::make_unique<SpeculativeSearch>(loop, *model_.corpus, options_.search);
+  batcher_ = std::make_unique<QueryBatcher>(options_.subgcache);
   ready_.store(true, std::memory_order_release);
 }
 
@@ -179,6 +187,7 @@ bool HttpServer::Writing::wait_until(std::chrono::steady_clock::time_point deadl
 
 bool HttpServer::shutdown(std::chrono::steady_clock::time_point deadline) {
   draining_ = true;
+  if (batcher_) batcher_->stop();  // what waits for a batch is served now
   const bool in_time = !ready_ || loop_->drain(deadline);
   // The engine is done; what it produced is still being written. Requests
   // cancelled at the deadline end at once; a client that does not read is
@@ -308,11 +317,32 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
     // Searched here, in stages, so that speculative prefills overlap it.
     SpeculativeSearch::Submitted s = search_->submit(
         search->question, search->top_k,
-        [&](const std::vector<RequestDocument>& docs) { return fits(request_prompt(cr, sources, &docs)); },
+        [&](const std::vector<RequestDocument>& docs) {
+          RagRequest context = cr.rag->context;
+          context.documents = docs;
+          return fits(request_prompt(cr, sources, &context));
+        },
         strategy, cr.sampling);
     stream = std::move(s.stream);
     clock->search = s.report;
     metrics_.search(s.report);
+  } else if (strategy == kSubgcache) {
+    RagRequest context = request_context(cr, sources);
+    if (context.entities.empty())
+      throw ApiError(400,
+                     "subgcache clusters GraphRAG subgraphs: give entities with relation paths, or retrieve "
+                     "them from the server's knowledge graph (rag.retrieve.from = kg)",
+                     "invalid_request_error", "rag.strategy");
+    try {
+      QueryBatcher::Batched b = batcher_->submit(std::move(context), [&](const RagRequest& representative) {
+        return loop_->submit("prefix", fits(request_prompt(cr, sources, &representative)), cr.sampling);
+      });
+      stream = std::move(b.stream);
+      clock->batch = b.report;
+    } catch (const Error& e) {
+      throw ApiError(e.kind() == ErrorKind::Unavailable ? 503 : 400, e.what(),
+                     e.kind() == ErrorKind::Unavailable ? "server_error" : "invalid_request_error");
+    }
   } else {
     stream = loop_->submit(strategy, fits(request_prompt(cr, sources)), cr.sampling);
   }

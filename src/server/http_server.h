@@ -24,6 +24,7 @@
 #include "retrieval/retriever.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/query_batcher.h"
 #include "server/speculation.h"
 #include "util/timing.h"
 
@@ -43,6 +44,7 @@ struct ServerOptions {
   std::string strategy = "prefix";  // of requests that name none
   size_t max_queue = 256;           // requests waiting for the engine; more: 429 with Retry-After
   SpeculationOptions search;        // how corpus searches run (stages, speculative pipelining)
+  QueryBatchOptions subgcache;      // requests with strategy "subgcache": batching and clustering
 };
 
 // The model being served and what requests may draw their prompts from.
@@ -106,6 +108,7 @@ class HttpServer {
   ServedModel model_;
   EngineLoop* loop_ = nullptr;
   std::unique_ptr<SpeculativeSearch> search_;  // with a corpus
+  std::unique_ptr<QueryBatcher> batcher_;      // SubGCache's query batches
   std::atomic<int64_t> next_id_{1};
   int64_t started_ = 0;  // unix time, for /v1/models
   ServerMetrics metrics_;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "strategy/strategy.h"
+#include "strategy/subgcache.h"
 #include "util/error.h"
 
 namespace depcache {
@@ -64,7 +65,7 @@ RagExtension parse_rag(const json& j, const std::string& question) {
   if (!j.is_object()) throw bad("rag", "'rag' must be an object");
   RagExtension rag;
   if (const auto it = j.find("strategy"); it != j.end() && !it->is_null()) {
-    const std::vector<std::string> known = strategy_names();
+    const std::vector<std::string> known = request_strategy_names();
     if (!it->is_string() || std::find(known.begin(), known.end(), it->get<std::string>()) == known.end())
       throw bad("rag.strategy", fmt::format("'rag.strategy' must be one of {}", fmt::join(known, ", ")));
     rag.strategy = it->get<std::string>();

@@ -32,16 +32,17 @@ std::string retrieval_source(const CompletionRequest& r, const PromptSources& so
   return from;
 }
 
-RagRequest context_of(const CompletionRequest& r, const PromptSources& sources,
-                      const std::vector<RequestDocument>* retrieved) {
+}  // namespace
+
+RagRequest request_context(const CompletionRequest& r, const PromptSources& sources) {
+  if (!r.rag) return {};
   RagRequest context = r.rag->context;
   const std::string from = retrieval_source(r, sources);
   if (from.empty()) return context;
   const RetrieveSpec& spec = *r.rag->retrieve;
   if (from == "corpus") {
     context.documents =
-        retrieved ? *retrieved
-                  : retrieve_documents(*sources.corpus, context.question, corpus_search(r, sources)->top_k);
+        retrieve_documents(*sources.corpus, context.question, corpus_search(r, sources)->top_k);
     return context;
   }
   GraphRetrieveOptions o;
@@ -56,6 +57,8 @@ RagRequest context_of(const CompletionRequest& r, const PromptSources& sources,
   }
   return context;
 }
+
+namespace {
 
 std::string rendered_chat(const PromptSources& sources, std::span<const ChatMessage> messages) {
   if (!sources.chat)
@@ -89,7 +92,7 @@ std::optional<CorpusSearch> corpus_search(const CompletionRequest& r, const Prom
 }
 
 PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources,
-                           const std::vector<RequestDocument>* retrieved) {
+                           const RagRequest* given) {
   const Tokenizer& tok = *sources.tokenizer;
   const PromptTemplate rag_template;
   PromptParts parts;
@@ -98,7 +101,7 @@ PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sour
     parts.task = tok.encode(text, true, true);
     return parts;
   }
-  const RagRequest context = context_of(r, sources, retrieved);
+  const RagRequest context = given ? *given : request_context(r, sources);
   parts = make_prompt_parts(tok, context, rag_template);
   if (r.kind == ApiKind::Completion) return parts;
   // The chat format around the context: everything before the mark opens

@@ -33,11 +33,17 @@ struct CorpusSearch {
 };
 std::optional<CorpusSearch> corpus_search(const CompletionRequest& r, const PromptSources& sources);
 
+// A RAG request's context: given with it, or retrieved here from the
+// server's corpus or graph (a question naming no entity of the graph gets
+// none). ApiError (400) for a source the server has not loaded.
+RagRequest request_context(const CompletionRequest& r, const PromptSources& sources);
+
 // Throws ApiError (400) for a chat without a template, a retrieval from a
 // source the server has not loaded, or a conversation the format rejects.
-// `retrieved`: the documents of the request's corpus search, when the caller
-// searched already (speculative pipelining); otherwise it is searched here.
+// `context`: the request's context when the caller has it already (a corpus
+// search run in stages, a SubGCache cluster's subgraph); otherwise
+// request_context's.
 PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources,
-                           const std::vector<RequestDocument>* retrieved = nullptr);
+                           const RagRequest* context = nullptr);
 
 }  // namespace depcache

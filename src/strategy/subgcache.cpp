@@ -8,6 +8,7 @@
 
 #include "retrieval/relation_paths.h"
 #include "retrieval/text_ranker.h"
+#include "strategy/strategy.h"
 #include "util/error.h"
 #include "util/timing.h"
 
@@ -132,6 +133,12 @@ std::vector<std::vector<float>> embed(const std::vector<Subgraph>& graphs, Subgr
 }
 
 }  // namespace
+
+std::vector<std::string> request_strategy_names() {
+  std::vector<std::string> names = strategy_names();
+  names.emplace_back(kSubgcache);
+  return names;
+}
 
 SubgcachePlan plan_subgcache(const std::vector<RagRequest>& requests, const SubgcacheOptions& o) {
   if (o.clusters == 0 || o.batch == 0)

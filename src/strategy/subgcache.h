@@ -19,6 +19,13 @@
 
 namespace depcache {
 
+// The name requests give SubGCache. It is not one of the engine's strategies
+// but a batch mode over prefix: `run` clusters a stream's batches, `serve`
+// batches requests as they arrive.
+inline constexpr std::string_view kSubgcache = "subgcache";
+// What a request may name: the engine's strategies, then subgcache.
+std::vector<std::string> request_strategy_names();
+
 // A subgraph as labels: what a request's relation paths mention.
 struct Subgraph {
   std::vector<std::string> nodes;  // sorted, distinct

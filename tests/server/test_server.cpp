@@ -19,6 +19,7 @@
 #include "server/server_client.h"
 #include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
+#include "strategy/subgcache.h"
 #include "test_support.h"
 
 namespace depcache {
@@ -536,6 +537,112 @@ TEST(Server, SpeculativeSearchAnswersAsAPlainSearchAndReportsTheOverlap) {
   EXPECT_EQ(sample(metrics, "depcache_search_seconds_count"), 2);
   EXPECT_GE(sample(metrics, "depcache_speculative_prefills_total"), 1);
   EXPECT_NE(metrics.find("depcache_search_non_overlapped_seconds_bucket"), std::string::npos);
+}
+
+// strategy "subgcache": GraphRAG requests that arrive together are batched,
+// clustered by subgraph and served cluster by cluster after their cluster's
+// representative subgraph, computed once. One cluster per query gives each
+// its own subgraph (the per-query CSV prompt, answered alike); one cluster
+// for all makes the later ones reuse the first's prefill.
+TEST(Server, SubgcacheBatchesGraphRequestsAndClustersThem) {
+  REQUIRE_CURL();
+  KnowledgeGraph kg;
+  kg.add_triple("Titanic", "directed by", "James Cameron");
+  kg.add_triple("James Cameron", "born in", "Kapuskasing");
+  kg.add_triple("Titanic", "released in", "1997");
+  kg.add_triple("Avatar", "directed by", "James Cameron");
+  kg.add_triple("Avatar", "released in", "2009");
+  kg.add_triple("Alien", "directed by", "Ridley Scott");
+  kg.add_triple("Ridley Scott", "born in", "South Shields");
+  kg.finalize();
+  const GraphRetriever graph(kg);
+  const std::vector<std::string> questions = {"Where was the director of Titanic born?",
+                                              "When was Avatar released?", "Who directed Alien?",
+                                              "Who directed Titanic?"};
+  const auto ask_all = [&](size_t clusters) {
+    ServerOptions so;
+    so.subgcache.subgcache.clusters = clusters;
+    so.subgcache.subgcache.batch = questions.size();
+    so.subgcache.window = std::chrono::milliseconds(20000);  // the batch closes when full
+    Served s(so, false);
+    s.graph = &graph;
+    s.ready();
+    std::vector<json> out(questions.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < questions.size(); ++i)
+      clients.emplace_back([&, i] {
+        Reply r = curl(s.port, "/v1/completions",
+                       post({{"prompt", questions[i]},
+                             {"max_tokens", 3},
+                             {"temperature", 0},
+                             {"rag", {{"strategy", "subgcache"}, {"retrieve", {{"from", "kg"}}}}}}));
+        EXPECT_EQ(r.status, 200) << r.body;
+        if (r.status == 200) out[i] = r.j();
+      });
+    for (std::thread& t : clients) t.join();
+    // Requests the batcher cannot take: no relation paths.
+    Reply none = curl(s.port, "/v1/completions",
+                      post({{"prompt", "zzz qqq"},
+                            {"max_tokens", 1},
+                            {"rag", {{"strategy", "subgcache"}, {"retrieve", {{"from", "kg"}}}}}}));
+    EXPECT_EQ(none.status, 400) << none.body;
+    EXPECT_NE(none.body.find("subgcache clusters GraphRAG subgraphs"), std::string::npos) << none.body;
+    // The per-query prompt: each query's own subgraph as CSV, computed in full.
+    std::vector<json> own;
+    for (const std::string& q : questions) {
+      RagRequest r;
+      r.question = q;
+      r.entities = graph.retrieve(q, {});
+      const std::string csv = request_subgraph(r).csv();
+      Reply x = curl(s.port, "/v1/completions",
+                     post({{"prompt", q},
+                           {"max_tokens", 3},
+                           {"temperature", 0},
+                           {"rag", {{"strategy", "full"}, {"text", csv}}}}));
+      EXPECT_EQ(x.status, 200) << x.body;
+      own.push_back(x.status == 200 ? x.j() : json());
+    }
+    s.stop();
+    return std::make_pair(out, own);
+  };
+  {
+    const auto [got, own] = ask_all(questions.size());
+    for (size_t i = 0; i < questions.size(); ++i) {
+      SCOPED_TRACE(questions[i]);
+      const json& b = got[i]["timings"]["batch"];
+      ASSERT_TRUE(b.is_object()) << got[i];
+      EXPECT_EQ(b["size"], questions.size());
+      EXPECT_EQ(b["clusters"], questions.size());
+      EXPECT_EQ(got[i]["usage"]["prompt_tokens"], own[i]["usage"]["prompt_tokens"]);
+      EXPECT_EQ(got[i]["choices"][0]["text"], own[i]["choices"][0]["text"]);
+    }
+  }
+  {
+    const auto [got, own] = ask_all(1);
+    int64_t reused = 0;
+    for (size_t i = 0; i < questions.size(); ++i) {
+      EXPECT_EQ(got[i]["timings"]["batch"]["clusters"], 1);
+      EXPECT_GT(got[i]["usage"]["prompt_tokens"].get<int64_t>(),
+                own[i]["usage"]["prompt_tokens"].get<int64_t>())
+          << "the union of every subgraph is longer than any one";
+      reused += got[i]["usage"]["reused_tokens"].get<int64_t>();
+    }
+    EXPECT_GT(reused, 3 * 50) << "the three after the first reuse the representative";
+  }
+  // Alone, a request waits the window, then is served in a batch of one.
+  ServerOptions so;
+  so.subgcache.window = std::chrono::milliseconds(150);
+  Served s(so, false);
+  s.graph = &graph;
+  s.ready();
+  Reply r = curl(s.port, "/v1/completions",
+                 post({{"prompt", questions[0]},
+                       {"max_tokens", 1},
+                       {"rag", {{"strategy", "subgcache"}, {"retrieve", {{"from", "kg"}}}}}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["timings"]["batch"]["size"], 1);
+  EXPECT_GE(r.j()["timings"]["batch"]["wait_ms"].get<double>(), 140.0);
+  s.stop();
 }
 
 // Beyond --max-queue waiting requests, new ones are refused with 429 and Retry-After.
