@@ -58,4 +58,4 @@ echo "== ThreadSanitizer build: threaded tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEPCACHE_TSAN=ON -DDEPCACHE_BENCH=OFF
 cmake --build build-tsan --target depcache test_util test_kv test_engine test_server test_cli
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1 \
-  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|EngineLoop|KvPool|RunCli|Server|ServeCli)\.'
+  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|EngineLoop|KvPool|RunCli|Server|ServeCli|Speculation)\.'
