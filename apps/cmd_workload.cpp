@@ -17,6 +17,7 @@
 #include "retrieval/knowledge_graph.h"
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
+#include "strategy/subgcache.h"
 #include "util/error.h"
 #include "util/timing.h"
 
@@ -68,7 +69,12 @@ std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
   if (!wopt.each_once) wopt.access.pattern = parse_access_pattern(o.pattern);
   wopt.rate = o.rate;
   wopt.seed = o.seed;
-  return make_graph_workload(kg, qa, wopt);
+  std::vector<RagRequest> out = make_graph_workload(kg, qa, wopt);
+  // G-Retriever's textual graph of the same paths, as SubGCache serves them
+  // (so a QA model can be trained on that form too).
+  if (o.context == "csv")
+    for (RagRequest& r : out) r = with_subgraph_csv(r, request_subgraph(r));
+  return out;
 }
 
 std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
@@ -162,10 +168,10 @@ void add_generate(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::Range(0, 8));
   cmd->add_option("--context", o.context,
-                  "GraphRAG: each entity as its relation paths (a DepPrompt tree) or as a document of fact "
-                  "sentences")
+                  "GraphRAG: each entity as its relation paths (a DepPrompt tree), as a document of fact "
+                  "sentences, or the request's subgraph as G-Retriever CSV text (csv: what SubGCache serves)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"paths", "documents"}));
+      ->check(CLI::IsMember({"paths", "documents", "csv"}));
   cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{100000}));

@@ -11,7 +11,10 @@
 #   bash scripts/make_qa_model.sh            (hours on 2 cores; nice it)
 # Environment: OUT (work folder, default build/qa-model), STEPS (causal
 # steps), FT_STEPS (fine-tuning steps per scheme), WORLDS (training worlds),
-# NAME_POOL (names every world draws from), VOCAB (vocabulary size), THREADS, BIN.
+# NAME_POOL (names every world draws from), VOCAB (vocabulary size),
+# CONTEXTS (context forms trained and evaluated, default "paths documents";
+# add csv for the subgraph as G-Retriever CSV, the form SubGCache serves),
+# THREADS, BIN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/depcache}
@@ -22,6 +25,7 @@ WORLDS=${WORLDS:-400}
 NAME_POOL=${NAME_POOL:-1000}
 VOCAB=${VOCAB:-4096}
 THREADS=${THREADS:-2}
+CONTEXTS=${CONTEXTS:-paths documents}
 mkdir -p "$OUT/data"
 D=$OUT/data
 log() { echo "[$(date +%H:%M:%S)] $*"; }
@@ -33,7 +37,7 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 # took 2-3 tokens each and the model learned far slower.)
 world() { [ -f "$D/world$1.dkg" ] || "$BIN" kg import --synthetic --entities "$2" --relations 12 \
   --facts-per-entity 3 --name-pool "$NAME_POOL" --seed "$1" -o "$D/world$1.dkg" >/dev/null; }
-# Requests over world $1: $2 hops asked, $3 = paths|documents, $4 entities
+# Requests over world $1: $2 hops asked, $3 = paths|documents|csv, $4 entities
 # per request, $5 requests (0: every QA item once), $6 QA items, into $7.
 ask() {
   local pattern=(--pattern uniform --requests "$5")
@@ -48,7 +52,7 @@ if [ ! -f "$D/train.jsonl" ]; then
   : >"$D/train.part"
   for w in $(seq 1 "$WORLDS"); do
     world "$w" 200
-    for hops in 1 2; do for ctx in paths documents; do for e in 1 2 3; do
+    for hops in 1 2; do for ctx in $CONTEXTS; do for e in 1 2 3; do
       ask "$w" "$hops" "$ctx" "$e" 8 200 "$D/tmp.jsonl"
       cat "$D/tmp.jsonl" >>"$D/train.part"
     done; done; done
@@ -57,7 +61,7 @@ if [ ! -f "$D/train.jsonl" ]; then
   rm -f "$D/tmp.jsonl"
 fi
 # Held-out worlds: 2 x 250 distinct questions per (hops, form), 3 entities per request.
-for hops in 1 2; do for ctx in paths documents; do
+for hops in 1 2; do for ctx in $CONTEXTS; do
   f="$D/heldout-$hops-hop-$ctx.jsonl"
   [ -f "$f" ] && continue
   : >"$f.part"
@@ -94,7 +98,7 @@ done
 
 # Exact match on the held-out worlds (DepCache Fig. 14 and reuse), as a
 # Markdown table: one row per (model, strategy, options), one column per set.
-SETS="1-hop-paths 2-hop-paths 1-hop-documents 2-hop-documents"
+SETS=$(for ctx in $CONTEXTS; do echo "1-hop-$ctx 2-hop-$ctx"; done | tr '\n' ' ')
 row() {  # $1 label, $2 model, $3 strategy, then run options
   local label=$1 model=$2 strategy=$3 line="| $1 |"
   shift 3
@@ -107,7 +111,7 @@ row() {  # $1 label, $2 model, $3 strategy, then run options
 }
 {
   echo "| model, attention | $(echo $SETS | sed 's/ / | /g') |"
-  echo "|---|---|---|---|---|"
+  echo "|---|$(for _ in $SETS; do printf -- '---|'; done)"
   row "self-attention (causal model, full)" causal.gguf full
   row "self-attention, prefix reuse" causal.gguf prefix
   row "dependency, no fine-tuning, depth" causal.gguf depcache --scheme depth

@@ -106,6 +106,25 @@ TEST_F(GraphCli, GraphWorkloadAndItsLocality) {
   EXPECT_GT(rep["reuse_upper_bound"].get<double>(), 0.5);  // a handful of entities, 40 requests
   EXPECT_LE(rep["reuse_upper_bound"].get<double>(), 1.0);
   EXPECT_LT(rep["context_tokens"].get<int64_t>(), rep["flat_context_tokens"].get<int64_t>());
+  // The same requests with their subgraphs as CSV text: no entities, the text
+  // names every entity the paths did.
+  const std::string csv = file("csv.jsonl");
+  const auto c = run_cli("workload generate --kg " + kg() +
+                         " --requests 40 --entities-per-request 2 --min-paths 1 --pattern zipf --rate 5 "
+                         "--context csv --out " +
+                         csv);
+  ASSERT_EQ(c.code, 0) << c.out;
+  std::ifstream in_paths(out), in_csv(csv);
+  std::string a, b;
+  while (std::getline(in_paths, a) && std::getline(in_csv, b)) {
+    const auto pj = nlohmann::json::parse(a), cj = nlohmann::json::parse(b);
+    EXPECT_FALSE(cj.contains("entities") && !cj["entities"].empty()) << b;
+    const std::string text = cj["text"];
+    EXPECT_EQ(text.rfind("node_id,node_attr\n", 0), 0u) << text;
+    EXPECT_EQ(cj["question"], pj["question"]);
+    for (const auto& e : pj["entities"])
+      EXPECT_NE(text.find(e["label"].get<std::string>()), std::string::npos) << e << " in " << text;
+  }
 }
 
 TEST_F(GraphCli, WorkloadErrors) {
