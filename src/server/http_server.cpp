@@ -308,7 +308,10 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
           "invalid_request_error", "max_tokens", "context_length_exceeded");
     return parts;
   };
-  const std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
+  // A plain request on a server whose default is subgcache (a batch mode of
+  // GraphRAG requests) runs under prefix, as it would by default.
+  std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
+  if (!cr.rag && strategy == kSubgcache) strategy = "prefix";
   const auto clock = std::make_shared<TokenClock>();
   clock->arrived = clock->last = arrived;
   std::shared_ptr<void> writing = writing_.hold();  // until the response is written

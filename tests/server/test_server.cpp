@@ -629,8 +629,10 @@ TEST(Server, SubgcacheBatchesGraphRequestsAndClustersThem) {
     }
     EXPECT_GT(reused, 3 * 50) << "the three after the first reuse the representative";
   }
-  // Alone, a request waits the window, then is served in a batch of one.
+  // Alone, a request waits the window, then is served in a batch of one. With
+  // subgcache as the server's default, a plain request runs under prefix.
   ServerOptions so;
+  so.strategy = "subgcache";
   so.subgcache.window = std::chrono::milliseconds(150);
   Served s(so, false);
   s.graph = &graph;
@@ -642,6 +644,9 @@ TEST(Server, SubgcacheBatchesGraphRequestsAndClustersThem) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.j()["timings"]["batch"]["size"], 1);
   EXPECT_GE(r.j()["timings"]["batch"]["wait_ms"].get<double>(), 140.0);
+  Reply plain = curl(s.port, "/v1/completions", post({{"prompt", "Once upon a time"}, {"max_tokens", 2}}));
+  EXPECT_EQ(plain.status, 200) << plain.body;
+  EXPECT_FALSE(plain.j()["timings"].contains("batch")) << plain.body;
   s.stop();
 }
 
