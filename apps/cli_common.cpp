@@ -42,6 +42,14 @@ void add_chunk_options(CLI::App* cmd, StrategyOptions& so) {
       ->check(CLI::Range(0, 1 << 20));
 }
 
+const std::map<std::string, StageOrder>& stage_orders() {
+  static const std::map<std::string, StageOrder> names{{"documents", StageOrder::Documents},
+                                                       {"terms", StageOrder::Terms}};
+  return names;
+}
+
+const char* stage_order_name(StageOrder order) { return order == StageOrder::Terms ? "terms" : "documents"; }
+
 void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o) {
   cmd->add_option("--clusters", o.clusters, "subgcache: clusters per query batch")
       ->capture_default_str()

@@ -4,11 +4,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "compute/dtype.h"
 #include "model/tokenizer.h"
+#include "retrieval/bm25.h"
 #include "strategy/strategy.h"
 #include "strategy/subgcache.h"
 
@@ -21,6 +23,9 @@ namespace depcache::cli {
 // The options of the chunk strategies (recompute ratio; Cache-Craft's
 // alpha, variants per chunk and focus window), for run and serve.
 void add_chunk_options(CLI::App* cmd, StrategyOptions& so);
+// --stage-order's names (retrieve, serve) and back.
+const std::map<std::string, StageOrder>& stage_orders();
+const char* stage_order_name(StageOrder order);
 // SubGCache's clustering: --clusters, --linkage, --subgraph-embedding.
 void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o);
 

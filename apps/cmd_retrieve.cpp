@@ -244,7 +244,7 @@ void run(const Options& o) {
           {"questions_with_support", n_with_support}};
       if (o.staged > 0)
         out["summary"]["staged"] = {{"stages", o.staged},
-                                    {"order", o.stage_order == StageOrder::Terms ? "terms" : "documents"},
+                                    {"order", stage_order_name(o.stage_order)},
                                     {"settled_before_last", static_cast<double>(n_settled_early) / qa.size()},
                                     {"mean_settled_fraction", settled_fraction_sum / qa.size()}};
     } else {
@@ -259,7 +259,7 @@ void run(const Options& o) {
         fmt::print(
             "staged ({} stages by {}): the top-k is final before the last stage for {:.1f}% of questions; "
             "on average from {:.1f}% of the stages on\n",
-            o.staged, o.stage_order == StageOrder::Terms ? "terms" : "documents",
+            o.staged, stage_order_name(o.stage_order),
             100.0 * static_cast<double>(n_settled_early) / static_cast<double>(qa.size()),
             100.0 * settled_fraction_sum / static_cast<double>(qa.size()));
     }
@@ -297,8 +297,7 @@ void add_retrieve_command(CLI::App& app) {
   cmd->add_option("--stage-order", o.stage_order,
                   "How --staged splits the search: documents (doc-id ranges, like shards) or terms (the "
                   "rarest query terms first, over every chunk); default documents")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, StageOrder>{
-          {"documents", StageOrder::Documents}, {"terms", StageOrder::Terms}}));
+      ->transform(CLI::CheckedTransformer(stage_orders()));
   cmd->add_flag("--json", o.json, "Print one JSON object instead of text");
   cmd->callback([] { run(o); });
 }

@@ -92,8 +92,7 @@ void add_serve_command(CLI::App& app) {
          "--search-stage-order", so.search.order,
          "How a corpus search is staged: documents (chunk-id ranges, like shards searched in turn) or "
          "terms (the rarest query terms first, over every chunk); default documents")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, StageOrder>{
-          {"documents", StageOrder::Documents}, {"terms", StageOrder::Terms}}));
+      ->transform(CLI::CheckedTransformer(stage_orders()));
   cmd->add_flag("--speculate", so.search.speculate,
                 "Dynamic speculative pipelining (RAGCache): prefill from each stage's top-k while the search "
                 "goes on, keep it when the final list is the same (needs --search-stages 2 or more)");

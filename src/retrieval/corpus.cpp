@@ -326,14 +326,12 @@ ChunkIndex ChunkIndex::build(Corpus corpus, const Tokenizer& tokenizer, const Ch
   return index;
 }
 
-namespace {
 std::vector<ChunkHit> to_hits(const std::vector<ScoredDoc>& docs) {
   std::vector<ChunkHit> hits;
   hits.reserve(docs.size());
   for (const ScoredDoc& d : docs) hits.push_back({d.doc, d.score});
   return hits;
 }
-}  // namespace
 
 std::vector<ChunkHit> ChunkIndex::search(std::string_view question, size_t k) const {
   return to_hits(bm25_.search(question, k));

@@ -85,6 +85,10 @@ struct ChunkHit {
   double score = 0;
 };
 
+// BM25 results over a ChunkIndex's documents as chunk hits (a staged
+// search's intermediate SearchStage::top, say).
+std::vector<ChunkHit> to_hits(const std::vector<ScoredDoc>& docs);
+
 // Chunks of a corpus and a BM25 index over their texts (Bm25Index doc id ==
 // chunk index). Only a document's first chunk holds its title: repeating the
 // title in every chunk was measured to lower recall on MuSiQue and HotpotQA

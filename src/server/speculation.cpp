@@ -7,12 +7,6 @@
 namespace depcache {
 namespace {
 
-std::vector<ChunkHit> hits_of(const std::vector<ScoredDoc>& top) {
-  std::vector<ChunkHit> hits;
-  for (const ScoredDoc& d : top) hits.push_back({d.doc, d.score});
-  return hits;
-}
-
 std::vector<uint32_t> ids_of(const std::vector<ChunkHit>& hits) {
   std::vector<uint32_t> ids;
   for (const ChunkHit& h : hits) ids.push_back(h.chunk);
@@ -62,7 +56,7 @@ SpeculativeSearch::Submitted SpeculativeSearch::submit(std::string_view question
           if (options_.stage_latency.count() > 0) std::this_thread::sleep_for(options_.stage_latency);
           report.stages = stage.n_stages;
           if (!speculate || stage.stage + 1 == stage.n_stages) return true;  // the last is the final list
-          const std::vector<ChunkHit> hits = hits_of(stage.top);
+          const std::vector<ChunkHit> hits = to_hits(stage.top);
           const std::vector<uint32_t> ids = ids_of(hits);
           if (spec && ids == spec_ids) return true;
           stop_speculation();
