@@ -14,7 +14,7 @@
 namespace {
 
 void bench_train_step(benchmark::State& st, int embd, int layers, int heads, int ff, int batch, int len,
-                      int threads) {
+                      int threads, int vocab = 1024) {
   depcache::ModelShape shape;
   shape.n_layer = layers;
   shape.n_embd = embd;
@@ -22,7 +22,7 @@ void bench_train_step(benchmark::State& st, int embd, int layers, int heads, int
   shape.n_head_kv = heads;
   shape.n_ff = ff;
   shape.n_ctx = len;
-  shape.n_vocab = 1024;
+  shape.n_vocab = vocab;
   shape.tied_embeddings = true;
   depcache::ParamSet params(shape);
   params.init_random(1);
@@ -49,6 +49,13 @@ void bench_train_step(benchmark::State& st, int embd, int layers, int heads, int
 const bool registered = [] {
   benchmark::RegisterBenchmark("train/step/d128-l4-ff352/batch:32/len:256/threads:2",
                                [](benchmark::State& st) { bench_train_step(st, 128, 4, 4, 352, 32, 256, 2); })
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime()
+      ->MinTime(5.0);
+  // The shipped QA model's shape and batch (its sequences average ~160 tokens).
+  benchmark::RegisterBenchmark(
+      "train/step/d128-l4-ff352-v4096/batch:16/len:160/threads:2",
+      [](benchmark::State& st) { bench_train_step(st, 128, 4, 4, 352, 16, 160, 2, 4096); })
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime()
       ->MinTime(5.0);

@@ -2,7 +2,7 @@
 a Llama block stack (RMSNorm, RoPE on adjacent pairs, causal attention,
 SwiGLU, tied embeddings) on random tokens, AdamW, clipping; prints tokens/s.
 
-    python3 bench/train_torch.py EMBD LAYERS HEADS FF BATCH LEN [THREADS] [STEPS]
+    python3 bench/train_torch.py EMBD LAYERS HEADS FF BATCH LEN [THREADS] [STEPS] [VOCAB]
 """
 import math
 import sys
@@ -41,9 +41,10 @@ def main():
     d, layers, heads, ff, batch, length = (int(a) for a in sys.argv[1:7])
     threads = int(sys.argv[7]) if len(sys.argv) > 7 else 2
     steps = int(sys.argv[8]) if len(sys.argv) > 8 else 10
+    vocab = int(sys.argv[9]) if len(sys.argv) > 9 else 1024
     torch.set_num_threads(threads)
     torch.manual_seed(1)
-    vocab, hd = 1024, d // heads
+    hd = d // heads
     embd = torch.nn.Parameter(torch.randn(vocab, d) * 0.02)
     blocks = torch.nn.ModuleList(Block(d, heads, ff) for _ in range(layers))
     out_norm = torch.nn.Parameter(torch.ones(d))

@@ -12,4 +12,5 @@ build/bench/bench_kernels --benchmark_filter='^train/' --benchmark_counters_tabu
 PY=/usr/bin/python3  # Debian's, where python3-torch is installed
 "$PY" -c 'import torch' 2>/dev/null || { echo "python3-torch is missing: DEPCACHE_BENCH_EXTRAS=1 bash scripts/setup.sh" >&2; exit 1; }
 "$PY" bench/train_torch.py 128 4 4 352 32 256 2 10
+"$PY" bench/train_torch.py 128 4 4 352 16 160 2 20 4096
 "$PY" bench/train_torch.py 256 6 8 704 16 512 2 5

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "compute/vec.h"
 #include "engine/visibility.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -13,26 +14,42 @@
 namespace depcache {
 namespace {
 
+// Splits [0, n) into one slice per thread and runs fn(begin, end) on each.
+template <class Fn>
+void for_slices(ThreadPool& pool, int64_t n, const Fn& fn) {
+  const int64_t parts = std::min<int64_t>(std::max(pool.size(), 1), std::max<int64_t>(n / 16, 1));
+  pool.parallel_for(parts, [&](int64_t p, int) { fn(n * p / parts, n * (p + 1) / parts); });
+}
+
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
 // y (n, out) = x (n, in) · Wᵀ for W (out, in), as the engine applies weights.
-void forward_product(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
-              static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in), 0.0f, y,
-              static_cast<int>(out));
+void forward_product(ThreadPool& pool, const float* x, const float* w, float* y, int64_t n, int64_t in,
+                     int64_t out) {
+  for_slices(pool, n, [&](int64_t r0, int64_t r1) {
+    sgemm(CblasNoTrans, CblasTrans, r1 - r0, out, in, 1.0f, x + r0 * in, in, w, in, 0.0f, y + r0 * out, out);
+  });
 }
 
 // dx (n, in) = dy (n, out) · W, or += with accumulate.
-void input_gradient(const float* dy, const float* w, float* dx, int64_t n, int64_t out, int64_t in,
-                    bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(in),
-              static_cast<int>(out), 1.0f, dy, static_cast<int>(out), w, static_cast<int>(in),
-              accumulate ? 1.0f : 0.0f, dx, static_cast<int>(in));
+void input_gradient(ThreadPool& pool, const float* dy, const float* w, float* dx, int64_t n, int64_t out,
+                    int64_t in, bool accumulate) {
+  for_slices(pool, n, [&](int64_t r0, int64_t r1) {
+    sgemm(CblasNoTrans, CblasNoTrans, r1 - r0, in, out, 1.0f, dy + r0 * out, out, w, in,
+          accumulate ? 1.0f : 0.0f, dx + r0 * in, in);
+  });
 }
 
-// dW (out, in) += dyᵀ · x.
-void weight_gradient(const float* dy, const float* x, float* dw, int64_t n, int64_t out, int64_t in) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(out), static_cast<int>(in),
-              static_cast<int>(n), 1.0f, dy, static_cast<int>(out), x, static_cast<int>(in), 1.0f, dw,
-              static_cast<int>(in));
+// dW (out, in) += dyᵀ · x, each thread a slice of W's rows.
+void weight_gradient(ThreadPool& pool, const float* dy, const float* x, float* dw, int64_t n, int64_t out,
+                     int64_t in) {
+  for_slices(pool, out, [&](int64_t r0, int64_t r1) {
+    sgemm(CblasTrans, CblasNoTrans, r1 - r0, in, n, 1.0f, dy + r0, out, x, in, 1.0f, dw + r0 * in, in);
+  });
 }
 
 // Rows in blocks for the pool: enough tasks to balance, few enough to be cheap.
@@ -84,7 +101,48 @@ void rms_norm_backward(ThreadPool& pool, const float* x, const float* g, const f
   });
 }
 
-float silu(float a) { return a / (1.0f + std::exp(-a)); }
+// y = 1 / (1 + e^-x) over n values, 8 lanes at a time.
+void sigmoid(const float* x, float* y, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(
+        y + i, _mm256_div_ps(one, _mm256_add_ps(one, vec::exp(_mm256_sub_ps(zero, vec::load8(x + i))))));
+  for (; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+// e^(x − m) over n values into y (y may be x); returns their sum.
+float exp_shifted(const float* x, float m, float* y, int64_t n) {
+  const __m256 mm = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = vec::exp(_mm256_sub_ps(vec::load8(x + i), mm));
+    _mm256_storeu_ps(y + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float z = vec::hsum(acc);
+  for (; i < n; ++i) z += (y[i] = std::exp(x[i] - m));
+  return z;
+}
+
+// The largest of n values (NaN may be dropped here: the exponentials keep it).
+float max_of(const float* x, int64_t n) {
+  __m256 acc = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(vec::load8(x + i), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float m = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// h = silu(gate) · up = gate · σ(gate) · up, row r of (n, ff); sg gets σ(gate).
+void swiglu_row(const float* gate, const float* up, float* sg, float* h, int64_t ff) {
+  sigmoid(gate, sg, ff);
+  for (int64_t i = 0; i < ff; ++i) h[i] = gate[i] * sg[i] * up[i];
+}
 
 }  // namespace
 
@@ -102,44 +160,42 @@ TrainSequence causal_sequence(std::vector<int32_t> tokens, const std::vector<boo
   return s;
 }
 
-TrainGraph::TrainGraph(ThreadPool& pool) : pool_(pool) {}
+TrainGraph::TrainGraph(ThreadPool& pool) : pool_(pool) {
+  // Every product runs single-threaded inside OpenBLAS, split over the pool's
+  // threads here: OpenBLAS's own threads would spin (sched_yield) beside the
+  // pool's and take a sixth of a step from it.
+  openblas_set_num_threads(1);
+}
 
+// Attention runs per (sequence, head) on dense L x L blocks through BLAS,
+// with the sequence's visibility as an additive mask (0 or −inf): computing
+// the hidden half of a causal block costs less than visiting visible pairs one
+// by one.
 void TrainGraph::attention_forward(LayerActs& a) {
   const int H = shape_.n_head, Hkv = shape_.n_head_kv, hd = shape_.n_embd / H;
   const int64_t dq = int64_t{H} * hd, dkv = int64_t{Hkv} * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   a.attn.assign(n_ * dq, 0.0f);
   a.lse.assign(n_ * H, 0.0f);
-  for_rows(pool_, n_, [&](int64_t i) {
-    const std::vector<RowRange> seen = vis_.visible(i);
-    std::vector<float> s;
-    s.reserve(vis_.n_visible(i));
-    for (int h = 0; h < H; ++h) {
-      const int g = h / (H / Hkv);
-      const float* q = a.q.data() + i * dq + int64_t{h} * hd;
-      s.clear();
-      float m = -INFINITY;
-      for (const RowRange& r : seen)
-        for (int64_t j = r.begin; j < r.end; ++j) {
-          const float* k = a.k.data() + j * dkv + int64_t{g} * hd;
-          float d = 0;
-          for (int c = 0; c < hd; ++c) d += q[c] * k[c];
-          s.push_back(d * scale);
-          m = std::max(m, d * scale);
-        }
-      double z = 0;
-      for (float& e : s) z += (e = std::exp(e - m));
-      float* o = a.attn.data() + i * dq + int64_t{h} * hd;
-      size_t idx = 0;
-      const auto inv_z = static_cast<float>(1.0 / z);
-      for (const RowRange& r : seen)
-        for (int64_t j = r.begin; j < r.end; ++j) {
-          const float p = s[idx++] * inv_z;
-          const float* v = a.v.data() + j * dkv + int64_t{g} * hd;
-          for (int c = 0; c < hd; ++c) o[c] += p * v[c];
-        }
-      a.lse[i * H + h] = m + static_cast<float>(std::log(z));
+  const auto n_seq = static_cast<int64_t>(seq_begin_.size()) - 1;
+  pool_.parallel_for(n_seq * H, [&](int64_t task, int) {
+    const int64_t seq = task / H, b = seq_begin_[seq], L = seq_begin_[seq + 1] - b;
+    const int h = static_cast<int>(task % H), g = h / (H / Hkv);
+    thread_local std::vector<float> p;
+    p.resize(L * L);
+    sgemm(CblasNoTrans, CblasTrans, L, L, hd, scale, a.q.data() + b * dq + int64_t{h} * hd, dq,
+          a.k.data() + b * dkv + int64_t{g} * hd, dkv, 0.0f, p.data(), L);
+    const float* mask = masks_.data() + mask_begin_[seq];
+    for (int64_t i = 0; i < L; ++i) {
+      float* row = p.data() + i * L;
+      for (int64_t j = 0; j < L; ++j) row[j] += mask[i * L + j];
+      const float m = max_of(row, L);
+      const float z = exp_shifted(row, m, row, L);
+      vec::scale(row, 1.0f / z, L);
+      a.lse[(b + i) * H + h] = m + std::log(z);
     }
+    sgemm(CblasNoTrans, CblasNoTrans, L, hd, L, 1.0f, p.data(), L, a.v.data() + b * dkv + int64_t{g} * hd,
+          dkv, 0.0f, a.attn.data() + b * dq + int64_t{h} * hd, dq);
   });
 }
 
@@ -148,42 +204,41 @@ void TrainGraph::attention_backward(const LayerActs& a, const float* d_attn, flo
   const int H = shape_.n_head, Hkv = shape_.n_head_kv, hd = shape_.n_embd / H;
   const int64_t wq = int64_t{H} * hd, wkv = int64_t{Hkv} * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::fill(dq, dq + n_ * wq, 0.0f);
   std::fill(dk, dk + n_ * wkv, 0.0f);
   std::fill(dv, dv + n_ * wkv, 0.0f);
   // One task per (sequence, KV head): the K/V rows it writes belong to no other.
   const auto n_seq = static_cast<int64_t>(seq_begin_.size()) - 1;
   pool_.parallel_for(n_seq * Hkv, [&](int64_t task, int) {
-    const int64_t seq = task / Hkv;
+    const int64_t seq = task / Hkv, b = seq_begin_[seq], L = seq_begin_[seq + 1] - b;
     const int g = static_cast<int>(task % Hkv);
-    std::vector<float> p;
-    for (int64_t i = seq_begin_[seq]; i < seq_begin_[seq + 1]; ++i) {
-      const std::vector<RowRange> seen = vis_.visible(i);
-      for (int h = g * (H / Hkv); h < (g + 1) * (H / Hkv); ++h) {
-        const float* q = a.q.data() + i * wq + int64_t{h} * hd;
-        const float* o = a.attn.data() + i * wq + int64_t{h} * hd;
-        const float* dout = d_attn + i * wq + int64_t{h} * hd;
-        float* dqi = dq + i * wq + int64_t{h} * hd;
-        float big_d = 0;
-        for (int c = 0; c < hd; ++c) big_d += dout[c] * o[c];
-        const float lse = a.lse[i * H + h];
-        for (const RowRange& r : seen)
-          for (int64_t j = r.begin; j < r.end; ++j) {
-            const float* k = a.k.data() + j * wkv + int64_t{g} * hd;
-            const float* v = a.v.data() + j * wkv + int64_t{g} * hd;
-            float s = 0, dp = 0;
-            for (int c = 0; c < hd; ++c) s += q[c] * k[c], dp += dout[c] * v[c];
-            const float pj = std::exp(s * scale - lse);
-            const float ds = pj * (dp - big_d) * scale;
-            float* dkj = dk + j * wkv + int64_t{g} * hd;
-            float* dvj = dv + j * wkv + int64_t{g} * hd;
-            for (int c = 0; c < hd; ++c) {
-              dqi[c] += ds * k[c];
-              dkj[c] += ds * q[c];
-              dvj[c] += pj * dout[c];
-            }
-          }
+    const float* k = a.k.data() + b * wkv + int64_t{g} * hd;
+    const float* v = a.v.data() + b * wkv + int64_t{g} * hd;
+    const float* mask = masks_.data() + mask_begin_[seq];
+    thread_local std::vector<float> p, dp;
+    p.resize(L * L);
+    dp.resize(L * L);
+    for (int h = g * (H / Hkv); h < (g + 1) * (H / Hkv); ++h) {
+      const float* q = a.q.data() + b * wq + int64_t{h} * hd;
+      const float* o = a.attn.data() + b * wq + int64_t{h} * hd;
+      const float* dout = d_attn + b * wq + int64_t{h} * hd;
+      // The probabilities again, from the saved log-sum-exp of each row.
+      sgemm(CblasNoTrans, CblasTrans, L, L, hd, scale, q, wq, k, wkv, 0.0f, p.data(), L);
+      sgemm(CblasNoTrans, CblasTrans, L, L, hd, 1.0f, dout, wq, v, wkv, 0.0f, dp.data(), L);
+      for (int64_t i = 0; i < L; ++i) {
+        float* pr = p.data() + i * L;
+        float* dr = dp.data() + i * L;
+        for (int64_t j = 0; j < L; ++j) pr[j] += mask[i * L + j];
+        exp_shifted(pr, a.lse[(b + i) * H + h], pr, L);
+        const float big_d = vec::dot(dout + i * wq, o + i * wq, hd);
+        // dS = P ∘ (dP − D) · scale, into dp.
+        for (int64_t j = 0; j < L; ++j) dr[j] = pr[j] * (dr[j] - big_d) * scale;
       }
+      sgemm(CblasNoTrans, CblasNoTrans, L, hd, L, 1.0f, dp.data(), L, k, wkv, 0.0f,
+            dq + b * wq + int64_t{h} * hd, wq);
+      sgemm(CblasTrans, CblasNoTrans, L, hd, L, 1.0f, dp.data(), L, q, wq, 1.0f,
+            dk + b * wkv + int64_t{g} * hd, wkv);
+      sgemm(CblasTrans, CblasNoTrans, L, hd, L, 1.0f, p.data(), L, dout, wq, 1.0f,
+            dv + b * wkv + int64_t{g} * hd, wkv);
     }
   });
 }
@@ -219,6 +274,20 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
   n_ = seq_begin_.back();
   if (n_ == 0) fail(ErrorKind::InvalidInput, "an empty training batch");
   vis_ = Visibility(std::move(groups));
+  // Each sequence's visibility as an additive mask over its L x L block.
+  mask_begin_.assign(1, 0);
+  for (size_t q = 0; q + 1 < seq_begin_.size(); ++q) {
+    const int64_t L = seq_begin_[q + 1] - seq_begin_[q];
+    mask_begin_.push_back(mask_begin_.back() + L * L);
+  }
+  masks_.assign(static_cast<size_t>(mask_begin_.back()), -INFINITY);
+  for (size_t q = 0; q + 1 < seq_begin_.size(); ++q) {
+    const int64_t b = seq_begin_[q], L = seq_begin_[q + 1] - b;
+    for (int64_t i = 0; i < L; ++i)
+      for (const RowRange& r : vis_.visible(b + i))
+        std::fill(masks_.begin() + mask_begin_[q] + i * L + (r.begin - b),
+                  masks_.begin() + mask_begin_[q] + i * L + (r.end - b), 0.0f);
+  }
   rope_.build(positions.data(), n_, static_cast<int>(hd), s.rope_base);
   unrope_ = rope_;
   for (float& v : unrope_.sin) v = -v;  // the inverse rotation
@@ -240,13 +309,13 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
     a.q.resize(n_ * dq);
     a.k.resize(n_ * dkv);
     a.v.resize(n_ * dkv);
-    forward_product(a.xn1.data(), params.data(w.wq), a.q.data(), n_, d, dq);
-    forward_product(a.xn1.data(), params.data(w.wk), a.k.data(), n_, d, dkv);
-    forward_product(a.xn1.data(), params.data(w.wv), a.v.data(), n_, d, dkv);
+    forward_product(pool_, a.xn1.data(), params.data(w.wq), a.q.data(), n_, d, dq);
+    forward_product(pool_, a.xn1.data(), params.data(w.wk), a.k.data(), n_, d, dkv);
+    forward_product(pool_, a.xn1.data(), params.data(w.wv), a.v.data(), n_, d, dkv);
     rope(a.q.data(), n_, static_cast<int>(H), static_cast<int>(hd), rope_, false);
     rope(a.k.data(), n_, s.n_head_kv, static_cast<int>(hd), rope_, false);
     attention_forward(a);
-    forward_product(a.attn.data(), params.data(w.wo), tmp.data(), n_, dq, d);
+    forward_product(pool_, a.attn.data(), params.data(w.wo), tmp.data(), n_, dq, d);
     for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
     a.x_mid = x;
     a.inv_rms2.resize(n_);
@@ -255,13 +324,12 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
                      s.rms_eps);
     a.gate.resize(n_ * ff);
     a.up.resize(n_ * ff);
-    forward_product(a.xn2.data(), params.data(w.w_gate), a.gate.data(), n_, d, ff);
-    forward_product(a.xn2.data(), params.data(w.w_up), a.up.data(), n_, d, ff);
-    std::vector<float> h(n_ * ff);
-    for_rows(pool_, n_, [&](int64_t r) {
-      for (int64_t i = r * ff; i < (r + 1) * ff; ++i) h[i] = silu(a.gate[i]) * a.up[i];
-    });
-    forward_product(h.data(), params.data(w.w_down), tmp.data(), n_, ff, d);
+    forward_product(pool_, a.xn2.data(), params.data(w.w_gate), a.gate.data(), n_, d, ff);
+    forward_product(pool_, a.xn2.data(), params.data(w.w_up), a.up.data(), n_, d, ff);
+    std::vector<float> h(n_ * ff), sg(n_ * ff);
+    for_rows(pool_, n_,
+             [&](int64_t r) { swiglu_row(&a.gate[r * ff], &a.up[r * ff], &sg[r * ff], &h[r * ff], ff); });
+    forward_product(pool_, h.data(), params.data(w.w_down), tmp.data(), n_, ff, d);
     for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
   }
   x_final_ = x;
@@ -270,7 +338,7 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
   rms_norm_forward(pool_, x.data(), params.data(params.output_norm()), xn_final_.data(),
                    inv_rms_final_.data(), n_, d, s.rms_eps);
   logits_.resize(n_ * V);
-  forward_product(xn_final_.data(), params.data(params.output()), logits_.data(), n_, d, V);
+  forward_product(pool_, xn_final_.data(), params.data(params.output()), logits_.data(), n_, d, V);
 
   // The loss, and its gradient w.r.t. the logits (softmax − one-hot, over
   // the batch's target count).
@@ -284,15 +352,15 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
     const int32_t target = targets_[r];
     if (target < 0) return;
     const float* l = logits_.data() + r * V;
-    const float m = *std::max_element(l, l + V);
-    double z = 0;
-    for (int64_t i = 0; i < V; ++i) z += std::exp(double(l[i]) - m);
-    row_loss[r] = m + std::log(z) - l[target];
+    const float m = max_of(l, V);
+    thread_local std::vector<float> scratch;
+    float* e = grads ? dlogits.data() + r * V : (scratch.resize(V), scratch.data());
+    const float z = exp_shifted(l, m, e, V);
+    row_loss[r] = double(m) + std::log(double(z)) - l[target];
     correct_[r] = l[target] == m;
     if (!grads) return;
-    float* dl = dlogits.data() + r * V;
-    for (int64_t i = 0; i < V; ++i) dl[i] = static_cast<float>(std::exp(double(l[i]) - m) / z) * inv_targets;
-    dl[target] -= inv_targets;
+    vec::scale(e, inv_targets / z, V);  // softmax / targets
+    e[target] -= inv_targets;
   });
   for (int64_t r = 0; r < n_; ++r) loss.sum += row_loss[r], loss.n_correct += correct_[r];
   if (!grads) return loss;
@@ -301,47 +369,46 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
   // Backward.
   ParamSet& g = *grads;
   std::vector<float> dx(n_ * d), dxn(n_ * d);
-  input_gradient(dlogits.data(), params.data(params.output()), dxn.data(), n_, V, d, false);
-  weight_gradient(dlogits.data(), xn_final_.data(), g.data(params.output()), n_, V, d);
+  input_gradient(pool_, dlogits.data(), params.data(params.output()), dxn.data(), n_, V, d, false);
+  weight_gradient(pool_, dlogits.data(), xn_final_.data(), g.data(params.output()), n_, V, d);
   dlogits = {};
   rms_norm_backward(pool_, x_final_.data(), params.data(params.output_norm()), inv_rms_final_.data(),
                     dxn.data(), dx.data(), g.data(params.output_norm()), n_, d, false);
-  std::vector<float> dh(n_ * ff), dgate(n_ * ff), dup(n_ * ff), h(n_ * ff), d_attn(n_ * dq), dqv(n_ * dq),
-      dkv_k(n_ * dkv), dkv_v(n_ * dkv);
+  std::vector<float> dh(n_ * ff), dgate(n_ * ff), dup(n_ * ff), h(n_ * ff), sg(n_ * ff), d_attn(n_ * dq),
+      dqv(n_ * dq), dkv_k(n_ * dkv), dkv_v(n_ * dkv);
   for (int il = s.n_layer - 1; il >= 0; --il) {
     const ParamSet::LayerIndex& w = params.layer(il);
     const LayerActs& a = acts_[il];
     // FFN: x += (silu(gate)·up) W_downᵀ.
-    for_rows(pool_, n_, [&](int64_t r) {
-      for (int64_t i = r * ff; i < (r + 1) * ff; ++i) h[i] = silu(a.gate[i]) * a.up[i];
-    });
-    input_gradient(dx.data(), params.data(w.w_down), dh.data(), n_, d, ff, false);
-    weight_gradient(dx.data(), h.data(), g.data(w.w_down), n_, d, ff);
+    for_rows(pool_, n_,
+             [&](int64_t r) { swiglu_row(&a.gate[r * ff], &a.up[r * ff], &sg[r * ff], &h[r * ff], ff); });
+    input_gradient(pool_, dx.data(), params.data(w.w_down), dh.data(), n_, d, ff, false);
+    weight_gradient(pool_, dx.data(), h.data(), g.data(w.w_down), n_, d, ff);
     for_rows(pool_, n_, [&](int64_t r) {
       for (int64_t i = r * ff; i < (r + 1) * ff; ++i) {
-        const float gt = a.gate[i], sg = 1.0f / (1.0f + std::exp(-gt));
-        dup[i] = dh[i] * gt * sg;
-        dgate[i] = dh[i] * a.up[i] * sg * (1.0f + gt * (1.0f - sg));
+        const float gt = a.gate[i], s_i = sg[i];
+        dup[i] = dh[i] * gt * s_i;
+        dgate[i] = dh[i] * a.up[i] * s_i * (1.0f + gt * (1.0f - s_i));
       }
     });
-    input_gradient(dgate.data(), params.data(w.w_gate), dxn.data(), n_, ff, d, false);
-    input_gradient(dup.data(), params.data(w.w_up), dxn.data(), n_, ff, d, true);
-    weight_gradient(dgate.data(), a.xn2.data(), g.data(w.w_gate), n_, ff, d);
-    weight_gradient(dup.data(), a.xn2.data(), g.data(w.w_up), n_, ff, d);
+    input_gradient(pool_, dgate.data(), params.data(w.w_gate), dxn.data(), n_, ff, d, false);
+    input_gradient(pool_, dup.data(), params.data(w.w_up), dxn.data(), n_, ff, d, true);
+    weight_gradient(pool_, dgate.data(), a.xn2.data(), g.data(w.w_gate), n_, ff, d);
+    weight_gradient(pool_, dup.data(), a.xn2.data(), g.data(w.w_up), n_, ff, d);
     rms_norm_backward(pool_, a.x_mid.data(), params.data(w.ffn_norm), a.inv_rms2.data(), dxn.data(),
                       dx.data(), g.data(w.ffn_norm), n_, d, true);
     // Attention: x += attn W_oᵀ.
-    input_gradient(dx.data(), params.data(w.wo), d_attn.data(), n_, d, dq, false);
-    weight_gradient(dx.data(), a.attn.data(), g.data(w.wo), n_, d, dq);
+    input_gradient(pool_, dx.data(), params.data(w.wo), d_attn.data(), n_, d, dq, false);
+    weight_gradient(pool_, dx.data(), a.attn.data(), g.data(w.wo), n_, d, dq);
     attention_backward(a, d_attn.data(), dqv.data(), dkv_k.data(), dkv_v.data());
     rope(dqv.data(), n_, static_cast<int>(H), static_cast<int>(hd), unrope_, false);
     rope(dkv_k.data(), n_, s.n_head_kv, static_cast<int>(hd), unrope_, false);
-    input_gradient(dqv.data(), params.data(w.wq), dxn.data(), n_, dq, d, false);
-    input_gradient(dkv_k.data(), params.data(w.wk), dxn.data(), n_, dkv, d, true);
-    input_gradient(dkv_v.data(), params.data(w.wv), dxn.data(), n_, dkv, d, true);
-    weight_gradient(dqv.data(), a.xn1.data(), g.data(w.wq), n_, dq, d);
-    weight_gradient(dkv_k.data(), a.xn1.data(), g.data(w.wk), n_, dkv, d);
-    weight_gradient(dkv_v.data(), a.xn1.data(), g.data(w.wv), n_, dkv, d);
+    input_gradient(pool_, dqv.data(), params.data(w.wq), dxn.data(), n_, dq, d, false);
+    input_gradient(pool_, dkv_k.data(), params.data(w.wk), dxn.data(), n_, dkv, d, true);
+    input_gradient(pool_, dkv_v.data(), params.data(w.wv), dxn.data(), n_, dkv, d, true);
+    weight_gradient(pool_, dqv.data(), a.xn1.data(), g.data(w.wq), n_, dq, d);
+    weight_gradient(pool_, dkv_k.data(), a.xn1.data(), g.data(w.wk), n_, dkv, d);
+    weight_gradient(pool_, dkv_v.data(), a.xn1.data(), g.data(w.wv), n_, dkv, d);
     rms_norm_backward(pool_, a.x_in.data(), params.data(w.attn_norm), a.inv_rms1.data(), dxn.data(),
                       dx.data(), g.data(w.attn_norm), n_, d, true);
   }

@@ -5,8 +5,9 @@
 // dependency attention built from a DepPrompt), so a model trained here is
 // trained exactly as it is served.
 //
-// Matrix products go to BLAS (OpenBLAS); attention, norms, RoPE and the loss
-// run on the thread pool. Activations of every layer are kept for the
+// Matrix products go to BLAS (OpenBLAS, single-threaded, split over the
+// thread pool), attention too (per sequence and head, dense with a mask);
+// norms, RoPE and the loss run on the thread pool. Activations of every layer are kept for the
 // backward pass, except the attention probabilities, which are recomputed
 // from the saved log-sum-exp of each (query, head).
 #include <cstdint>
@@ -70,6 +71,9 @@ class TrainGraph {
   std::vector<int64_t> seq_begin_;
   std::vector<int32_t> tokens_, targets_;
   Visibility vis_;
+  // Per sequence, L x L: 0 where query i sees key j, −inf elsewhere.
+  std::vector<float> masks_;
+  std::vector<int64_t> mask_begin_;
   RopeTable rope_, unrope_;
   std::vector<LayerActs> acts_;
   std::vector<float> x_final_, inv_rms_final_, xn_final_, logits_;
