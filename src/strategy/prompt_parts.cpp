@@ -20,6 +20,17 @@ std::vector<int32_t> PromptParts::flat() const {
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> PromptParts::flat_item_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  auto at = static_cast<int64_t>(system.size());
+  for (const ContextItem& item : items) {
+    const int64_t begin = at;
+    for (const auto& p : item.paths) at += static_cast<int64_t>(p.size());
+    out.emplace_back(begin, at);
+  }
+  return out;
+}
+
 DepPrompt PromptParts::dep_prompt() const {
   DepPrompt p;
   p.add_linear("system", system);

@@ -6,6 +6,7 @@
 // tokens: a flat serialization (system, every path of every item in order,
 // text, task) or a DepPrompt (one tree per item).
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/tokenizer.h"
@@ -27,6 +28,8 @@ struct PromptParts {
 
   int64_t n_flat_tokens() const;
   std::vector<int32_t> flat() const;
+  // Rows [begin, end) of each context item in flat(), in order.
+  std::vector<std::pair<int64_t, int64_t>> flat_item_ranges() const;
   DepPrompt dep_prompt() const;
 };
 

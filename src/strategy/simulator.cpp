@@ -39,14 +39,7 @@ std::vector<SimulatedRequest> simulated_requests(const std::vector<PromptParts>&
   for (const PromptParts& p : parts) {
     RequestPlan plan = s->plan(p);
     SimulatedRequest r{std::move(plan.runs), static_cast<int64_t>(plan.tokens.size()), {}};
-    if (flat) {  // the flat prompt: the system prompt, then the items in order
-      auto at = static_cast<int64_t>(p.system.size());
-      for (const ContextItem& item : p.items) {
-        const int64_t begin = at;
-        for (const auto& path : item.paths) at += static_cast<int64_t>(path.size());
-        r.item_rows.emplace_back(begin, at);
-      }
-    }
+    if (flat) r.item_rows = p.flat_item_ranges();
     out.push_back(std::move(r));
   }
   return out;

@@ -79,10 +79,10 @@ class FlatStrategy final : public Strategy {
     for (int64_t t = 0; t < n; ++t) p.positions.push_back(static_cast<int32_t>(t));
     CacheRun run{ns_, p.tokens, {}, -1};
     if (knowledge_tree_) {
-      int64_t end = static_cast<int64_t>(parts.system.size());
+      auto end = static_cast<int64_t>(parts.system.size());
       if (end > 0) run.stops.push_back(end);
-      for (const ContextItem& item : parts.items) {
-        for (const auto& path : item.paths) end += static_cast<int64_t>(path.size());
+      for (const auto& [begin, item_end] : parts.flat_item_ranges()) {
+        end = item_end;
         if (run.stops.empty() || run.stops.back() < end) run.stops.push_back(end);
       }
       run.tokens.resize(static_cast<size_t>(end));
