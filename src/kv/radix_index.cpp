@@ -562,21 +562,20 @@ void RadixIndex::swap_out(NodeId id) {
 }
 
 void RadixIndex::drop_host_copies() {
-  while (tiers_.over_budget(Tier::Host)) {
-    NodeId lowest = -1;
-    double lowest_priority = 0;
-    for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
-      const Node& n = nodes_[id];
-      if (!n.live || !n.slot.has_host_copy) continue;
-      const double p =
-          policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.slot.tier});
-      if (lowest < 0 || p < lowest_priority) {
-        lowest = id;
-        lowest_priority = p;
-      }
-    }
-    if (lowest < 0) return;
-    tiers_.drop_host_copy(nodes_[lowest].slot);
+  if (!tiers_.over_budget(Tier::Host)) return;
+  // Lowest priority first (ties: the older node), ranked once: dropping a
+  // copy changes no node's priority.
+  std::vector<std::pair<double, NodeId>> copies;
+  for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
+    const Node& n = nodes_[id];
+    if (!n.live || !n.slot.has_host_copy) continue;
+    copies.emplace_back(
+        policy_->priority({id, static_cast<int64_t>(n.tokens.size()), n.hits, n.last_used, n.slot.tier}), id);
+  }
+  std::sort(copies.begin(), copies.end());
+  for (const auto& [priority, id] : copies) {
+    if (!tiers_.over_budget(Tier::Host)) return;
+    tiers_.drop_host_copy(nodes_[id].slot);
   }
 }
 
