@@ -691,7 +691,7 @@ void add_run_command(CLI::App& app) {
     make_policy(o.policy);  // reject bad names before loading anything
     std::vector<RagRequest> reqs = read_requests(o.requests_path);
     if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
-    const std::vector<RagRequest> warm_reqs =
+    std::vector<RagRequest> warm_reqs =
         o.warmup_path.empty() ? std::vector<RagRequest>{} : read_requests(o.warmup_path);
     // Arrival times: the file's (scaled), or Poisson at --rate; in order.
     if (o.rate > 0) {
@@ -710,6 +710,8 @@ void add_run_command(CLI::App& app) {
       subg = plan_subgcache(reqs, o.subgcache);
       for (size_t i : subg.order) subg_reqs.push_back(subg.requests[i]);
       for (RagRequest& r : reqs) r = with_subgraph_csv(r, request_subgraph(r));
+      // The warm-up in the form the measured stream has.
+      for (RagRequest& r : warm_reqs) r = with_subgraph_csv(r, request_subgraph(r));
     }
     const auto model = Model::load(o.model_path);
     const Tokenizer tok(Vocab::from_gguf(model->file()));

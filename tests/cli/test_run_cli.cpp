@@ -423,6 +423,16 @@ TEST_F(RunCli, SubgcacheServesQueryBatchesByCluster) {
   rows = rows_of(file("sg-two.jsonl"));
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(rows["subgcache"][i]["id"], rows["full"][i]["id"]);
 
+  // The warm-up takes the measured stream's form: warmed with the same
+  // requests, prefix finds each whole CSV prompt but its question's last tokens.
+  r = run_cli("run --serial -m " + file("model.gguf") + " --requests " + file("sg.jsonl") +
+              " -s prefix,subgcache -n 1 --warmup " + file("sg.jsonl") + " --json " + file("sg-warm.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  rows = rows_of(file("sg-warm.jsonl"));
+  ASSERT_EQ(rows["prefix"].size(), 8u);
+  for (const auto& row : rows["prefix"])
+    EXPECT_GE(row["reused_tokens"].get<int64_t>(), row["prompt_tokens"].get<int64_t>() - 1) << row.dump();
+
   EXPECT_EQ(run_cli(base + file("x.jsonl") + " --linkage median").code, 2);
   EXPECT_EQ(run_cli(base + file("x.jsonl") + " --clusters 0").code, 2);
   // Documents are not a subgraph: a clear error.
