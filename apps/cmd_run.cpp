@@ -69,6 +69,7 @@ struct RunOptions {
   StrategyOptions chunk;  // the chunk strategies' options
   std::string report_path;
   std::string warmup_path;
+  std::string graph_format = "auto";
   SubgcacheOptions subgcache;
 };
 
@@ -582,6 +583,12 @@ void add_run_command(CLI::App& app) {
                      "as CSV too)",
                      fmt::join(strategy_names(), ", ")))
       ->capture_default_str();
+  cmd->add_option("--graph-format", o.graph_format,
+                  "How requests with entities show their graph: paths (relation paths, one tree per entity), "
+                  "csv (the request's subgraph as G-Retriever CSV, SubGCache's form), auto (csv when "
+                  "subgcache is in the run, else paths)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "paths", "csv"}));
   add_chunk_options(cmd, o.chunk);
   add_subgcache_options(cmd, o.subgcache);
   cmd->add_option("--query-batch", o.subgcache.batch,
@@ -703,15 +710,23 @@ void add_run_command(CLI::App& app) {
     std::stable_sort(reqs.begin(), reqs.end(),
                      [](const RagRequest& a, const RagRequest& b) { return a.arrival_s < b.arrival_s; });
     // SubGCache: the batches clustered; every other strategy then sees each
-    // query's own subgraph in the same CSV form (the per-query baseline).
+    // query's own subgraph in the same CSV form (the per-query baseline) unless
+    // --graph-format says otherwise.
     SubgcachePlan subg;
     std::vector<RagRequest> subg_reqs;
     if (subgcache) {
       subg = plan_subgcache(reqs, o.subgcache);
       for (size_t i : subg.order) subg_reqs.push_back(subg.requests[i]);
-      for (RagRequest& r : reqs) r = with_subgraph_csv(r, request_subgraph(r));
-      // The warm-up in the form the measured stream has.
-      for (RagRequest& r : warm_reqs) r = with_subgraph_csv(r, request_subgraph(r));
+    }
+    if (o.graph_format == "csv" || (o.graph_format == "auto" && subgcache)) {
+      // The warm-up too, in the form the measured stream has.
+      for (std::vector<RagRequest>* set : {&reqs, &warm_reqs})
+        for (RagRequest& r : *set) {
+          if (r.entities.empty())
+            fail(ErrorKind::InvalidInput, "--graph-format csv: request {} has no entities (no graph to show)",
+                 r.id);
+          r = with_subgraph_csv(r, request_subgraph(r));
+        }
     }
     const auto model = Model::load(o.model_path);
     const Tokenizer tok(Vocab::from_gguf(model->file()));

@@ -433,6 +433,29 @@ TEST_F(RunCli, SubgcacheServesQueryBatchesByCluster) {
   for (const auto& row : rows["prefix"])
     EXPECT_GE(row["reused_tokens"].get<int64_t>(), row["prompt_tokens"].get<int64_t>() - 1) << row.dump();
 
+  // --graph-format: csv without subgcache gives full the same CSV prompts;
+  // paths beside subgcache keeps the path form for the others.
+  r = run_cli("run --serial -m " + file("model.gguf") + " --requests " + file("sg.jsonl") +
+              " -s full --graph-format csv -n 1 --json " + file("sg-csv.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  rows = rows_of(file("sg-own.jsonl"));  // full on the CSV prompts beside subgcache
+  const auto csv_rows = rows_of(file("sg-csv.jsonl"));
+  for (size_t i = 0; i < 8; ++i)
+    EXPECT_EQ(csv_rows.at("full").at(i)["prompt_tokens"], rows.at("full").at(i)["prompt_tokens"]);
+  r = run_cli("run --serial -m " + file("model.gguf") + " --requests " + file("sg.jsonl") +
+              " -s full --graph-format paths -n 1 --json " + file("sg-paths.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto path_rows = rows_of(file("sg-paths.jsonl"));
+  int differ = 0;
+  for (size_t i = 0; i < 8; ++i)
+    differ += path_rows.at("full").at(i)["prompt_tokens"] != rows.at("full").at(i)["prompt_tokens"];
+  EXPECT_GT(differ, 0) << "the path form is another prompt";
+  r = run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+              " -s full --graph-format csv");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("has no entities"), std::string::npos) << r.out;
+  EXPECT_EQ(run_cli(base + file("x.jsonl") + " --graph-format tree").code, 2);
+
   EXPECT_EQ(run_cli(base + file("x.jsonl") + " --linkage median").code, 2);
   EXPECT_EQ(run_cli(base + file("x.jsonl") + " --clusters 0").code, 2);
   // Documents are not a subgraph: a clear error.
