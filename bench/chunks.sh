@@ -12,11 +12,17 @@
 #   speed: qwen2-0.5b preset, F16, random weights (256-token chunks): each
 #     strategy serves the questions once, then again with their chunks
 #     reordered (measured): TTFT p50/p99 and tokens computed per strategy.
-#   bash bench/chunks.sh [quality|speed|all] [requests]      (default: all, 40)
+#   answers: the shipped QA model (models/depcache-qa.gguf) on the held-out
+#     document QA of scripts/make_qa_model.sh (1- and 2-hop questions over
+#     three documents each, worlds it never saw): exact match and token F1
+#     per strategy and recompute ratio, FusionRAG's normalized F1, and the
+#     fidelity to full attention; then the RoPE fix x recompute ablation.
+#   bash bench/chunks.sh [quality|speed|answers|all] [requests]
+#     (default: all; 40 requests, answers: 500)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
-N=${2:-40}
+N=${2:-$([ "$WHAT" = answers ] && echo 500 || echo 40)}
 BIN=./build/depcache
 SHARED=${DEPCACHE_SHARED:-../shared}
 STORIES="$SHARED/models/stories260K-f32.v1.gguf"
@@ -134,9 +140,41 @@ speed() {
   done
 }
 
+answers() {
+  local qa=models/depcache-qa.gguf held=build/qa-model/data
+  [ -f "$held/heldout-2-hop-documents.jsonl" ] || DATA_ONLY=heldout bash scripts/make_qa_model.sh >&2
+  echo "## Answers: $qa on held-out document QA ($N questions per set, 3 documents each), greedy, KV f16"
+  for hops in 1 2; do
+    local f="$held/heldout-$hops-hop-documents.jsonl" f1_full="" f1_reuse=""
+    echo
+    echo "### $hops-hop questions"
+    echo
+    echo "| strategy | hit rate | computed | exact match | token F1 | normalized F1 | KL mean | identical |"
+    echo "|---|---|---|---|---|---|---|---|"
+    local rows=("full" "prefix" "fullreuse" "cacheblend 0.05" "cacheblend 0.15" "cacheblend 0.30" "fusionrag 0.05"
+      "fusionrag 0.15" "fusionrag 0.30" "cachecraft 1" "fullreuse 0 --no-realign" "cacheblend 0.15 --no-realign")
+    for spec in "${rows[@]}"; do
+      local s r extra out em f1 summary
+      read -r s r extra <<<"$spec"
+      out=$($BIN run --serial -m "$qa" --requests "$f" --limit "$N" -s "$s" --recompute-ratio "${r:-0.15}" \
+        --cachecraft-alpha "${r:-1}" -n 12 --fidelity -q $extra 2>/dev/null)
+      em=$(sed -n 's/.* answers: .* exact (\(.*%\)), token F1 \([0-9.]*\).*/\1/p' <<<"$out")
+      f1=$(sed -n 's/.* answers: .* exact (\(.*%\)), token F1 \([0-9.]*\).*/\2/p' <<<"$out")
+      [ "$s" = full ] && f1_full=$f1
+      [ "$spec" = fullreuse ] && f1_reuse=$f1
+      summary=$(grep -E "^$s +[0-9]" <<<"$out")
+      awk -v label="$spec" -v em="$em" -v f1="$f1" -v full="$f1_full" -v reuse="$f1_reuse" '{
+        norm = (full != "" && reuse != "" && full != reuse) ? sprintf("%.3f", (f1 - reuse) / (full - reuse)) : "undefined";
+        printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, $12, $10, em, f1, norm, $(NF-2), $(NF-1);
+      }' <<<"$summary"
+    done
+  done
+}
+
 case $WHAT in
   quality) quality ;;
   speed) speed ;;
-  all) quality && echo && speed ;;
-  *) echo "usage: bash bench/chunks.sh [quality|speed|all] [requests]" >&2; exit 2 ;;
+  answers) answers ;;
+  all) quality && echo && speed && echo && answers ;;
+  *) echo "usage: bash bench/chunks.sh [quality|speed|answers|all] [requests]" >&2; exit 2 ;;
 esac

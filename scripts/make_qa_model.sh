@@ -11,17 +11,23 @@
 #   bash scripts/make_qa_model.sh            (hours on 2 cores; nice it)
 # Environment: OUT (work folder, default build/qa-model), STEPS (causal
 # steps), FT_STEPS (fine-tuning steps per scheme), WORLDS (training worlds),
+# MORE_WORLDS and MORE_STEPS (a second causal phase on that many fresh
+# worlds, continuing from the first; MORE_STEPS=0, the default, skips it),
 # NAME_POOL (names every world draws from), VOCAB (vocabulary size),
-# CONTEXTS (context forms trained and evaluated, default "paths documents";
-# add csv for the subgraph as G-Retriever CSV, the form SubGCache serves),
-# THREADS, BIN.
+# DATA_ONLY=1 (make the training and held-out requests, then stop; heldout:
+# the held-out requests only), CONTEXTS (context forms trained and
+# evaluated, default "paths documents"; add csv for the subgraph as
+# G-Retriever CSV, the form SubGCache serves), THREADS, BIN. The defaults
+# make the shipped model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/depcache}
 OUT=${OUT:-build/qa-model}
-STEPS=${STEPS:-6000}
-FT_STEPS=${FT_STEPS:-600}
+STEPS=${STEPS:-2500}
+FT_STEPS=${FT_STEPS:-200}
 WORLDS=${WORLDS:-400}
+MORE_WORLDS=${MORE_WORLDS:-2000}
+MORE_STEPS=${MORE_STEPS:-0}
 NAME_POOL=${NAME_POOL:-1000}
 VOCAB=${VOCAB:-4096}
 THREADS=${THREADS:-2}
@@ -47,19 +53,31 @@ ask() {
     --seed "$((1000 * $1 + 100 * $2 + 10 * $4))" --out "$7" >/dev/null
 }
 
-if [ ! -f "$D/train.jsonl" ]; then
-  log "training worlds 1..$WORLDS"
-  : >"$D/train.part"
-  for w in $(seq 1 "$WORLDS"); do
-    world "$w" 200
-    for hops in 1 2; do for ctx in $CONTEXTS; do for e in 1 2 3; do
-      ask "$w" "$hops" "$ctx" "$e" 8 200 "$D/tmp.jsonl"
-      cat "$D/tmp.jsonl" >>"$D/train.part"
-    done; done; done
-  done
-  mv "$D/train.part" "$D/train.jsonl"  # the trainer draws batches from its own permutation
-  rm -f "$D/tmp.jsonl"
-fi
+# The requests of training world $1 (8 per hop count, form and entity count),
+# into $D/part/$1.jsonl.
+world_requests() {
+  local w=$1 f="$D/part/$1.jsonl"
+  [ -f "$f" ] && return
+  world "$w" 200
+  : >"$f.part"
+  for hops in 1 2; do for ctx in $CONTEXTS; do for e in 1 2 3; do
+    ask "$w" "$hops" "$ctx" "$e" 8 200 "$f.$hops$ctx$e"
+    cat "$f.$hops$ctx$e" >>"$f.part"
+    rm "$f.$hops$ctx$e"
+  done; done; done
+  mv "$f.part" "$f"
+}
+# Training worlds $2..$3 into $1, made $THREADS at a time, concatenated in order.
+training_set() {
+  [ -f "$1" ] && return
+  log "training worlds $2..$3"
+  mkdir -p "$D/part"
+  export -f world ask world_requests
+  export BIN D NAME_POOL CONTEXTS
+  seq "$2" "$3" | xargs -P "$THREADS" -I{} bash -c 'set -euo pipefail; world_requests {}'
+  for w in $(seq "$2" "$3"); do cat "$D/part/$w.jsonl"; done >"$1.part"
+  mv "$1.part" "$1"  # the trainer draws batches from its own permutation
+}
 # Held-out worlds: 2 x 250 distinct questions per (hops, form), 3 entities per request.
 for hops in 1 2; do for ctx in $CONTEXTS; do
   f="$D/heldout-$hops-hop-$ctx.jsonl"
@@ -73,44 +91,65 @@ for hops in 1 2; do for ctx in $CONTEXTS; do
   mv "$f.part" "$f"
 done; done
 rm -f "$D/tmp.jsonl"
+# Out of distribution: WordNet's real names and relations, 1-hop questions
+# over relation paths (words of several tokens, relations it never saw).
+if [ ! -f "$D/ood-wordnet-1-hop-paths.jsonl" ]; then
+  [ -f "$D/wordnet.dkg" ] || "$BIN" kg import --wordnet -o "$D/wordnet.dkg" >/dev/null
+  "$BIN" workload generate --kg "$D/wordnet.dkg" --pattern dataset --qa-items 250 --entities-per-request 3 \
+    --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --context paths --seed 9003 \
+    --out "$D/ood-wordnet-1-hop-paths.jsonl" >/dev/null
+fi
+[ "${DATA_ONLY:-0}" = heldout ] && exit 0
+training_set "$D/train.jsonl" 1 "$WORLDS"
+if [ "$MORE_STEPS" -gt 0 ]; then training_set "$D/train2.jsonl" "$((WORLDS + 1))" "$((WORLDS + MORE_WORLDS))"; fi
 # Evaluated while training: every fifth held-out request (400).
 [ -f "$D/eval.jsonl" ] || awk 'FNR % 5 == 0' "$D"/heldout-*.jsonl >"$D/eval.jsonl"
-log "data: $(wc -l <"$D/train.jsonl") training requests; held-out sets of $(wc -l <"$D/heldout-1-hop-paths.jsonl")"
+log "data: $(cat "$D"/train*.jsonl | wc -l) training requests; held-out sets of $(wc -l <"$D/heldout-1-hop-paths.jsonl")"
+[ "${DATA_ONLY:-0}" = 0 ] || exit 0
 
 [ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size "$VOCAB" -o "$OUT/vocab.gguf"
 [ -f "$OUT/init.gguf" ] || "$BIN" model new --preset tiny --tied --layers 4 --embd 128 --heads 4 --heads-kv 4 \
   --ff 352 --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed 1 -o "$OUT/init.gguf"
 
-train() {  # $1 output, $2 init, $3 steps, then trainer options
-  local out=$1 init=$2 steps=$3
-  shift 3
+train() {  # $1 output, $2 init, $3 steps, $4 training requests, then trainer options
+  local out=$1 init=$2 steps=$3 requests=$4
+  shift 4
   [ -f "$OUT/$out" ] && return
   log "training $out ($steps steps)"
-  "$BIN" train --init "$init" --requests "$D/train.jsonl" --eval "$D/eval.jsonl" --eval-limit 400 \
+  "$BIN" train --init "$init" --requests "$requests" --eval "$D/eval.jsonl" --eval-limit 400 \
     -o "$OUT/$out" --steps "$steps" --batch 16 -t "$THREADS" --log "$OUT/$out.log.jsonl" --log-every 20 \
     --eval-every 250 --checkpoint-every 100 --resume "$@"
 }
-train causal.gguf "$OUT/init.gguf" "$STEPS" --attention causal --lr 3e-3 --warmup 200
+train causal1.gguf "$OUT/init.gguf" "$STEPS" "$D/train.jsonl" --attention causal --lr 3e-3 --warmup 200
+# The second phase re-warms the learning rate on worlds the first never saw
+# (a second pass over the same worlds memorises their facts instead).
+FT_DATA=$D/train.jsonl
+if [ "$MORE_STEPS" -gt 0 ]; then
+  FT_DATA=$D/train2.jsonl
+  train causal.gguf "$OUT/causal1.gguf" "$MORE_STEPS" "$D/train2.jsonl" --attention causal --lr 2e-3 --warmup 200
+else
+  [ -f "$OUT/causal.gguf" ] || cp "$OUT/causal1.gguf" "$OUT/causal.gguf"
+fi
 for scheme in depth sequential; do
-  train "dep-$scheme.gguf" "$OUT/causal.gguf" "$FT_STEPS" --attention dependency --scheme "$scheme" \
-    --lr 1e-3 --warmup 50
+  train "dep-$scheme.gguf" "$OUT/causal.gguf" "$FT_STEPS" "$FT_DATA" --attention dependency \
+    --scheme "$scheme" --lr 1e-3 --warmup 50
 done
 
 # Exact match on the held-out worlds (DepCache Fig. 14 and reuse), as a
 # Markdown table: one row per (model, strategy, options), one column per set.
-SETS=$(for ctx in $CONTEXTS; do echo "1-hop-$ctx 2-hop-$ctx"; done | tr '\n' ' ')
+SETS="$(for ctx in $CONTEXTS; do echo "heldout-1-hop-$ctx heldout-2-hop-$ctx"; done | tr '\n' ' ')ood-wordnet-1-hop-paths"
 row() {  # $1 label, $2 model, $3 strategy, then run options
   local label=$1 model=$2 strategy=$3 line="| $1 |"
   shift 3
   for set in $SETS; do
-    em=$("$BIN" run -m "$OUT/$model" --requests "$D/heldout-$set.jsonl" -s "$strategy" -n 12 -t "$THREADS" -q "$@" |
+    em=$("$BIN" run -m "$OUT/$model" --requests "$D/$set.jsonl" -s "$strategy" -n 12 -t "$THREADS" -q "$@" |
       sed -n 's/.*answers: .* exact (\(.*%\)).*/\1/p')
     line="$line ${em:-?} |"
   done
   echo "$line"
 }
 {
-  echo "| model, attention | $(echo $SETS | sed 's/ / | /g') |"
+  echo "| model, attention | $(echo $SETS | sed 's/heldout-//g; s/ood-wordnet-/WordNet (OOD) /; s/ / | /g') |"
   echo "|---|$(for _ in $SETS; do printf -- '---|'; done)"
   row "self-attention (causal model, full)" causal.gguf full
   row "self-attention, prefix reuse" causal.gguf prefix
