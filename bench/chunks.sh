@@ -164,7 +164,9 @@ answers() {
       [ "$spec" = fullreuse ] && f1_reuse=$f1
       summary=$(grep -E "^$s +[0-9]" <<<"$out")
       awk -v label="$spec" -v em="$em" -v f1="$f1" -v full="$f1_full" -v reuse="$f1_reuse" '{
-        norm = (full != "" && reuse != "" && full != reuse) ? sprintf("%.3f", (f1 - reuse) / (full - reuse)) : "undefined";
+        # Undefined where full and fullreuse are within 0.01 F1: the ratio would be noise.
+        gap = full - reuse;
+        norm = (full != "" && reuse != "" && (gap >= 0.01 || gap <= -0.01)) ? sprintf("%.3f", (f1 - reuse) / gap) : "undefined";
         printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, $12, $10, em, f1, norm, $(NF-2), $(NF-1);
       }' <<<"$summary"
     done
