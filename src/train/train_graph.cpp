@@ -163,7 +163,7 @@ TrainSequence causal_sequence(std::vector<int32_t> tokens, const std::vector<boo
 TrainGraph::TrainGraph(ThreadPool& pool) : pool_(pool) {
   // Every product runs single-threaded inside OpenBLAS, split over the pool's
   // threads here: OpenBLAS's own threads would spin (sched_yield) beside the
-  // pool's and take a sixth of a step from it.
+  // pool's and take ~14% of a step from it.
   openblas_set_num_threads(1);
 }
 
