@@ -18,8 +18,11 @@ class Model;
 namespace depcache::test {
 
 // Strict mode (DEPCACHE_STRICT=1, set by .ci/run): a test that cannot find
-// what it needs (../shared, Redis, WordNet, a CPU feature) fails instead of
-// skipping, so CI never passes on tests that did not run.
+// what it needs (../shared, Redis, WordNet) fails instead of skipping, so CI
+// never passes on tests that did not run for want of setup. A CPU feature is
+// the exception: no setup adds one, so such a test skips in every mode, its
+// reason tagged "(cpu)" (DEPCACHE_SKIP_CPU), and the test command counts it
+// apart.
 bool strict_mode();
 
 // Every skip prints one "[skip-reason] Suite.Test: reason" line, which the
@@ -35,12 +38,21 @@ void print_skip_reason(const std::string& reason);
     GTEST_SKIP() << skip_reason_;                                                         \
   } while (0)
 
-// For a loop over variants (ISAs) inside one test: reports that a variant
-// did not run — the test ends as skipped (or, in strict mode, failed) — and
-// lets the loop go on with the others.
-void skip_variant(const std::string& reason);
+// Skips the calling test because this CPU lacks an instruction set it needs
+// (in every mode; see strict_mode).
+#define DEPCACHE_SKIP_CPU(reason)                                                 \
+  do {                                                                            \
+    const std::string skip_reason_ = ::depcache::test::cpu_skip_reason((reason)); \
+    ::depcache::test::print_skip_reason(skip_reason_);                            \
+    GTEST_SKIP() << skip_reason_;                                                 \
+  } while (0)
 
-// An ISA's kernels can run on this CPU; otherwise reports a skipped variant.
+// "(cpu) reason": the tag the test command counts CPU skips by.
+std::string cpu_skip_reason(const std::string& reason);
+
+// An ISA's kernels can run on this CPU; otherwise reports that this variant
+// of the calling test did not run (the test ends as skipped, in every mode)
+// and the caller's loop goes on with the others.
 bool isa_available(Isa isa);
 
 // ../shared beside the clone (override with DEPCACHE_SHARED); empty if absent.

@@ -81,7 +81,7 @@ class PanelTest : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
   void SetUp() override {
     const Isa isa = std::get<0>(GetParam());
     if (!isa_supported(isa))
-      DEPCACHE_SKIP("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
+      DEPCACHE_SKIP_CPU("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
     set_isa(isa);
   }
   void TearDown() override { set_isa(saved_); }
@@ -197,11 +197,11 @@ TEST(Int8Activations, QuantizationIsWithinHalfAStep) {
 
 TEST(Int8Activations, KernelsMatchQuantizedReference) {
   const Isa saved = current_isa();
-  if (!isa_supported(Isa::Avx512)) DEPCACHE_SKIP("no AVX-512 on this CPU");
+  if (!isa_supported(Isa::Avx512)) DEPCACHE_SKIP_CPU("no AVX-512 on this CPU");
   set_isa(Isa::Avx512);
   if (!has_int8_panels(DType::Q8_0)) {
     set_isa(saved);
-    DEPCACHE_SKIP("this CPU has no AVX-512 VNNI");
+    DEPCACHE_SKIP_CPU("this CPU has no AVX-512 VNNI");
   }
   std::mt19937 rng(41);
   for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q4_0, DType::Q6_K})

@@ -53,7 +53,7 @@ class KernelTest : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
   void SetUp() override {
     const Isa isa = std::get<0>(GetParam());
     if (!isa_supported(isa))
-      DEPCACHE_SKIP("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
+      DEPCACHE_SKIP_CPU("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
     set_isa(isa);
     ASSERT_EQ(current_isa(), isa);
   }

@@ -121,9 +121,9 @@ TEST(Forward, KQuantModelMatchesReference) {
 class Int8Activations : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!isa_supported(Isa::Avx512)) DEPCACHE_SKIP("no AVX-512 on this CPU");
+    if (!isa_supported(Isa::Avx512)) DEPCACHE_SKIP_CPU("no AVX-512 on this CPU");
     set_isa(Isa::Avx512);
-    if (!has_int8_panels(DType::Q8_0)) DEPCACHE_SKIP("this CPU has no AVX-512 VNNI");
+    if (!has_int8_panels(DType::Q8_0)) DEPCACHE_SKIP_CPU("this CPU has no AVX-512 VNNI");
   }
   void TearDown() override {
     set_int8_activations(false);
