@@ -723,8 +723,8 @@ void add_run_command(CLI::App& app) {
       for (std::vector<RagRequest>* set : {&reqs, &warm_reqs})
         for (RagRequest& r : *set) {
           if (r.entities.empty())
-            fail(ErrorKind::InvalidInput, "--graph-format csv: request {} has no entities (no graph to show)",
-                 r.id);
+            fail(ErrorKind::InvalidInput, "graph as CSV ({}): request {} has no entities (no graph to show)",
+                 o.graph_format == "csv" ? "--graph-format csv" : "subgcache is in the run", r.id);
           r = with_subgraph_csv(r, request_subgraph(r));
         }
     }
