@@ -19,19 +19,23 @@ namespace {
 
 struct TrainCliOptions {
   std::string init, requests, eval, out, checkpoint, log, attention = "causal", scheme = "sequential";
-  bool answer_loss_only = false, resume = false;
+  bool answer_loss_only = false, resume = false, pack = false;
   size_t eval_limit = 500;
   int threads = 0;
 };
 
+// With pack, consecutive requests over the same context share a sequence.
 std::vector<QaSequence> sequences(const Tokenizer& tok, const std::vector<RagRequest>& requests,
-                                  const QaSequenceOptions& o, int64_t n_ctx, const std::string& what) {
+                                  const QaSequenceOptions& o, int64_t n_ctx, const std::string& what,
+                                  bool pack = false) {
   std::vector<QaSequence> out;
   size_t too_long = 0;
-  for (const RagRequest& r : requests) {
-    QaSequence s = qa_sequence(tok, r, o);
+  for (size_t begin = 0, end = 0; begin < requests.size(); begin = end) {
+    end = begin + 1;
+    while (pack && end < requests.size() && same_context(requests[begin], requests[end])) ++end;
+    QaSequence s = qa_sequence(tok, std::span(requests).subspan(begin, end - begin), o);
     if (static_cast<int64_t>(s.sequence.tokens.size()) > n_ctx) {
-      ++too_long;
+      too_long += end - begin;
       continue;
     }
     out.push_back(std::move(s));
@@ -72,6 +76,9 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"sequential", "depth"}));
   cmd->add_flag("--answer-loss-only", c.answer_loss_only, "Loss on the answer alone (default: every token)");
+  cmd->add_flag("--pack-shared-context", c.pack,
+                "Consecutive training requests over the same context form one sequence: the context once, "
+                "then each question and answer in turn (`workload generate --questions-per-context`)");
   cmd->add_option("--steps", t.adam.total_steps, "Optimizer steps")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -105,7 +112,8 @@ void add_train_command(CLI::App& app) {
     qo.scheme = c.scheme == "depth" ? PositionScheme::Depth : PositionScheme::Sequential;
     qo.loss_on_prompt = !c.answer_loss_only;
     const int64_t n_ctx = init->config().n_ctx_train;
-    const std::vector<QaSequence> train = sequences(tok, read_requests(c.requests), qo, n_ctx, "training");
+    const std::vector<QaSequence> train =
+        sequences(tok, read_requests(c.requests), qo, n_ctx, "training", c.pack);
     std::vector<RagRequest> eval_requests =
         c.eval.empty() ? std::vector<RagRequest>{} : read_requests(c.eval);
     if (eval_requests.size() > c.eval_limit) eval_requests.resize(c.eval_limit);

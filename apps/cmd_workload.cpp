@@ -32,6 +32,7 @@ struct GenerateOptions {
   double rate = 0;
   uint64_t seed = 1;
   // GraphRAG
+  size_t questions_per_context = 1;
   size_t qa_items = 500, entities_per_request = 10, paths_per_entity = 30, min_paths = 10, max_fanout = 64;
   int hops = 2, question_hops = 0;
   std::string context = "paths";
@@ -63,6 +64,7 @@ std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
   GraphWorkloadOptions wopt;
   wopt.n_requests = o.n_requests;
   wopt.entities_per_request = o.entities_per_request;
+  wopt.questions_per_context = o.questions_per_context;
   wopt.documents = o.context == "documents";
   wopt.access = o.access;
   wopt.each_once = o.pattern == "dataset";
@@ -155,6 +157,11 @@ void add_generate(CLI::App& parent) {
   cmd->add_option("--entities-per-request", o.entities_per_request,
                   "GraphRAG: entities (subgraphs) per request")
       ->capture_default_str();
+  cmd->add_option("--questions-per-context", o.questions_per_context,
+                  "GraphRAG: consecutive requests over each drawn context, asking about its entities in "
+                  "turn (for `train --pack-shared-context`; not with --pattern dataset)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--paths-per-entity", o.paths_per_entity, "GraphRAG: relation paths per entity")
       ->capture_default_str();
   cmd->add_option("--min-paths", o.min_paths, "GraphRAG: skip entities with fewer paths")

@@ -32,6 +32,7 @@ NAME_POOL=${NAME_POOL:-1000}
 VOCAB=${VOCAB:-4096}
 THREADS=${THREADS:-2}
 CONTEXTS=${CONTEXTS:-paths documents}
+QUESTIONS=${QUESTIONS:-1}
 mkdir -p "$OUT/data"
 D=$OUT/data
 log() { echo "[$(date +%H:%M:%S)] $*"; }
@@ -44,24 +45,27 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 world() { [ -f "$D/world$1.dkg" ] || "$BIN" kg import --synthetic --entities "$2" --relations 12 \
   --facts-per-entity 3 --name-pool "$NAME_POOL" --seed "$1" -o "$D/world$1.dkg" >/dev/null; }
 # Requests over world $1: $2 hops asked, $3 = paths|documents|csv, $4 entities
-# per request, $5 requests (0: every QA item once), $6 QA items, into $7.
+# per request, $5 requests (0: every QA item once), $6 QA items, into $7; $8
+# questions asked over each context (default 1).
 ask() {
-  local pattern=(--pattern uniform --requests "$5")
+  local pattern=(--pattern uniform --requests "$5" --questions-per-context "${8:-1}")
   [ "$5" = 0 ] && pattern=(--pattern dataset)
   "$BIN" workload generate --kg "$D/world$1.dkg" "${pattern[@]}" --qa-items "$6" --entities-per-request "$4" \
     --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops "$2" --context "$3" \
     --seed "$((1000 * $1 + 100 * $2 + 10 * $4))" --out "$7" >/dev/null
 }
 
-# The requests of training world $1 (8 per hop count, form and entity count),
-# into $D/part/$1.jsonl.
+# The requests of training world $1 (8 contexts per hop count, form and
+# entity count, each asked QUESTIONS questions, at most one per entity), into
+# $D/part/$1.jsonl.
 world_requests() {
   local w=$1 f="$D/part/$1.jsonl"
   [ -f "$f" ] && return
   world "$w" 200
   : >"$f.part"
   for hops in 1 2; do for ctx in $CONTEXTS; do for e in 1 2 3; do
-    ask "$w" "$hops" "$ctx" "$e" 8 200 "$f.$hops$ctx$e"
+    local q=$((QUESTIONS < e ? QUESTIONS : e))
+    ask "$w" "$hops" "$ctx" "$e" "$((8 * q))" 200 "$f.$hops$ctx$e" "$q"
     cat "$f.$hops$ctx$e" >>"$f.part"
     rm "$f.$hops$ctx$e"
   done; done; done
@@ -73,7 +77,7 @@ training_set() {
   log "training worlds $2..$3"
   mkdir -p "$D/part"
   export -f world ask world_requests
-  export BIN D NAME_POOL CONTEXTS
+  export BIN D NAME_POOL CONTEXTS QUESTIONS
   seq "$2" "$3" | xargs -P "$THREADS" -I{} bash -c 'set -euo pipefail; world_requests {}'
   for w in $(seq "$2" "$3"); do cat "$D/part/$w.jsonl"; done >"$1.part"
   mv "$1.part" "$1"  # the trainer draws batches from its own permutation
@@ -111,6 +115,9 @@ log "data: $(cat "$D"/train*.jsonl | wc -l) training requests; held-out sets of 
 [ -f "$OUT/init.gguf" ] || "$BIN" model new --preset tiny --tied --layers 4 --embd 128 --heads 4 --heads-kv 4 \
   --ff 352 --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed 1 -o "$OUT/init.gguf"
 
+# Several questions over one context are trained as one sequence.
+PACK=()
+[ "$QUESTIONS" -gt 1 ] && PACK=(--pack-shared-context)
 train() {  # $1 output, $2 init, $3 steps, $4 training requests, then trainer options
   local out=$1 init=$2 steps=$3 requests=$4
   shift 4
@@ -118,7 +125,7 @@ train() {  # $1 output, $2 init, $3 steps, $4 training requests, then trainer op
   log "training $out ($steps steps)"
   "$BIN" train --init "$init" --requests "$requests" --eval "$D/eval.jsonl" --eval-limit 400 \
     -o "$OUT/$out" --steps "$steps" --batch 16 -t "$THREADS" --log "$OUT/$out.log.jsonl" --log-every 20 \
-    --eval-every 250 --checkpoint-every 100 --resume "$@"
+    --eval-every 250 --checkpoint-every 100 --resume "${PACK[@]}" "$@"
 }
 train causal1.gguf "$OUT/init.gguf" "$STEPS" "$D/train.jsonl" --attention causal --lr 3e-3 --warmup 200
 # The second phase re-warms the learning rate on worlds the first never saw

@@ -46,6 +46,10 @@ const json* get_array(const json& j, const char* key, const std::string& where) 
 
 }  // namespace
 
+bool same_context(const RagRequest& a, const RagRequest& b) {
+  return a.text == b.text && a.documents == b.documents && a.entities == b.entities;
+}
+
 json request_to_json(const RagRequest& r) {
   json j;
   j["id"] = r.id;

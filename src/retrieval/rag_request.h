@@ -13,12 +13,14 @@ struct RequestDocument {
   std::string id;  // stable key: the same id always means the same text
   std::string title;
   std::string text;
+  bool operator==(const RequestDocument&) const = default;
 };
 
 struct RequestEntity {
   std::string name;                // unique entity key
   std::string label;               // display text
   std::vector<std::string> paths;  // serialized relation paths, root first
+  bool operator==(const RequestEntity&) const = default;
 };
 
 struct RagRequest {
@@ -30,6 +32,10 @@ struct RagRequest {
   std::vector<RequestDocument> documents;
   std::vector<RequestEntity> entities;
 };
+
+// Whether two requests carry the same context (text, documents, entities, in
+// the same order), whatever they ask.
+bool same_context(const RagRequest& a, const RagRequest& b);
 
 nlohmann::json request_to_json(const RagRequest& r);
 // InvalidInput error naming `where` (e.g. "file.jsonl:12") for a malformed object.

@@ -197,18 +197,27 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
   const size_t n_requests = options.each_once ? qa.size() : options.n_requests;
   const std::vector<double> arrivals =
       poisson_arrivals(n_requests, options.rate, options.seed ^ 0x9E3779B97F4A7C15ULL);
+  if (options.questions_per_context == 0)
+    fail(ErrorKind::InvalidInput, "questions per context must be at least 1");
+  if (options.each_once && options.questions_per_context > 1)
+    fail(ErrorKind::InvalidInput, "asking every QA item once leaves one question per context");
   const size_t per_request = std::min(options.entities_per_request, qa.size());
+  const size_t per_context = std::min(options.questions_per_context, per_request);
   std::vector<RagRequest> out;
   out.reserve(n_requests);
+  std::vector<size_t> items;  // the context being asked about
   for (size_t i = 0; i < n_requests; ++i) {
-    std::vector<size_t> items = sampler.next_distinct(per_request);
-    if (options.each_once) {
-      // Item i asks; the others are context (distractors).
-      const auto at = std::find(items.begin(), items.end(), i);
-      items.erase(at != items.end() ? at : items.end() - 1);
-      items.insert(items.begin(), i);
+    const size_t turn = i % per_context;
+    if (turn == 0) {
+      items = sampler.next_distinct(per_request);
+      if (options.each_once) {
+        // Item i asks; the others are context (distractors).
+        const auto at = std::find(items.begin(), items.end(), i);
+        items.erase(at != items.end() ? at : items.end() - 1);
+        items.insert(items.begin(), i);
+      }
     }
-    const GraphQa& asked = qa[items.front()];
+    const GraphQa& asked = qa[items[turn]];
     RagRequest r;
     r.id = std::to_string(i);
     r.arrival_s = arrivals[i];

@@ -86,6 +86,11 @@ struct GraphWorkloadOptions {
   // Every QA item asked once, in order (n_requests is ignored); the other
   // entities of a request are drawn uniformly. Otherwise `access` draws.
   bool each_once = false;
+  // Requests asked over each drawn context (not with each_once): the i-th
+  // asks the question of the context's i-th entity, the context unchanged,
+  // so a trainer can pack several answers about one context into one
+  // sequence. n_requests counts requests, not contexts.
+  size_t questions_per_context = 1;
   AccessOptions access;
   double rate = 0;  // requests/s for Poisson arrivals
   uint64_t seed = 1;
@@ -93,7 +98,9 @@ struct GraphWorkloadOptions {
 
 // A request stream over QA items: each request asks one item's question (item
 // drawn by the access pattern) and carries the paths of its topic and of
-// entities_per_request - 1 more entities drawn by the same pattern.
+// entities_per_request - 1 more entities drawn by the same pattern. With
+// questions_per_context > 1, consecutive requests share a context and ask
+// about its entities in turn.
 std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
                                             const GraphWorkloadOptions& options);
 

@@ -73,30 +73,62 @@ double answer_f1(const std::string& generated, const std::vector<std::string>& a
 }
 
 QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const QaSequenceOptions& o) {
-  if (request.answers.empty() || request.answers.front().empty())
-    fail(ErrorKind::InvalidInput, "request {} has no answer to train on", request.id);
-  PromptParts parts = make_prompt_parts(tok, request);
-  std::vector<int32_t> answer = tok.encode(answer_text(request.answers.front()), false, false);
-  if (tok.eos() >= 0) answer.push_back(tok.eos());
+  return qa_sequence(tok, std::span<const RagRequest>(&request, 1), o);
+}
+
+QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group, const QaSequenceOptions& o) {
+  if (group.empty()) fail(ErrorKind::InvalidInput, "no request to make a training sequence of");
+  PromptParts parts = make_prompt_parts(tok, group.front());
+  // Each request's task followed by its answer, in turn; answers[i]: whether
+  // asked[i] is an answer token.
+  std::vector<int32_t> asked;
+  std::vector<bool> answers;
   QaSequence out;
-  out.answer_size = static_cast<int64_t>(answer.size());
+  int64_t first_answer = 0;  // in `asked`
+  for (size_t k = 0; k < group.size(); ++k) {
+    const RagRequest& r = group[k];
+    if (r.answers.empty() || r.answers.front().empty())
+      fail(ErrorKind::InvalidInput, "request {} has no answer to train on", r.id);
+    if (k > 0 && !same_context(group.front(), r))
+      fail(ErrorKind::InvalidInput,
+           "request {} does not have the context of request {}: cannot share a sequence", r.id,
+           group.front().id);
+    const std::vector<int32_t> task = k == 0 ? parts.task : make_prompt_parts(tok, r).task;
+    std::vector<int32_t> answer = tok.encode(answer_text(r.answers.front()), false, false);
+    if (tok.eos() >= 0) answer.push_back(tok.eos());
+    asked.insert(asked.end(), task.begin(), task.end());
+    answers.insert(answers.end(), task.size(), false);
+    if (k == 0) {
+      first_answer = static_cast<int64_t>(asked.size());
+      out.answer_size = static_cast<int64_t>(answer.size());
+    }
+    asked.insert(asked.end(), answer.begin(), answer.end());
+    answers.insert(answers.end(), answer.size(), true);
+  }
+  parts.task = asked;
   TrainSequence& s = out.sequence;
+  const auto n_asked = static_cast<int64_t>(asked.size());
+  // Whether token i (of the whole sequence of n) is in the loss.
+  const auto in_loss = [&](int64_t i, int64_t n) {
+    const int64_t at = i - (n - n_asked);
+    return o.loss_on_prompt || (at >= 0 && answers[static_cast<size_t>(at)]);
+  };
   if (o.attention == TrainAttention::Causal) {
     std::vector<int32_t> tokens = parts.flat();
-    out.answer_begin = static_cast<int64_t>(tokens.size());
-    tokens.insert(tokens.end(), answer.begin(), answer.end());
-    std::vector<bool> loss(tokens.size(), o.loss_on_prompt);
-    for (int64_t i = out.answer_begin; i < static_cast<int64_t>(tokens.size()); ++i) loss[i] = true;
+    const auto n = static_cast<int64_t>(tokens.size());
+    out.answer_begin = n - n_asked + first_answer;
+    std::vector<bool> loss(tokens.size());
+    for (int64_t i = 0; i < n; ++i) loss[i] = in_loss(i, n);
     s = causal_sequence(std::move(tokens), loss);
     return out;
   }
-  // The answer continues the task segment, which sees the whole context.
-  parts.task.insert(parts.task.end(), answer.begin(), answer.end());
+  // The tasks and answers continue the task segment, which sees the whole
+  // context.
   const DepPrompt p = parts.dep_prompt();
   s.tokens = p.tokens();
   s.positions = p.positions(o.scheme);
   const auto n = static_cast<int64_t>(s.tokens.size());
-  out.answer_begin = n - out.answer_size;
+  out.answer_begin = n - n_asked + first_answer;
   std::vector<int64_t> rows(n);
   for (int64_t i = 0; i < n; ++i) rows[i] = i;
   s.visibility = dependency_dag(p, rows);
@@ -104,8 +136,7 @@ QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const Qa
   // first token of a tree or segment has no single predecessor to learn from.
   s.targets.assign(n, -1);
   for (int64_t i = 0; i + 1 < n; ++i)
-    if (p.parents()[i + 1] == i && (o.loss_on_prompt || i + 1 >= out.answer_begin))
-      s.targets[i] = s.tokens[i + 1];
+    if (p.parents()[i + 1] == i && in_loss(i + 1, n)) s.targets[i] = s.tokens[i + 1];
   return out;
 }
 

@@ -5,6 +5,7 @@
 // flat serialization at positions 0..n-1; under dependency attention it is
 // the DepPrompt (one tree per context item) with the chosen position scheme
 // and the engine's visibility, the answer continuing the task segment.
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,12 @@ struct QaSequence {
 // The request's first answer is the one trained on; a request without an
 // answer is an InvalidInput error.
 QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const QaSequenceOptions& options);
+// Requests over one context (same_context) as one sequence: the context once,
+// then each request's task and answer in turn, every answer in the loss (a
+// denser signal than one answer per context). answer_begin and answer_size
+// are the first request's. A request with another context is InvalidInput.
+QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group,
+                       const QaSequenceOptions& options);
 
 // The text the model is trained to produce after "Answer:".
 std::string answer_text(const std::string& answer);

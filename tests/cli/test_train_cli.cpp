@@ -150,6 +150,29 @@ TEST_F(TrainCli, AVocabularyLearnedFromTheRequests) {
             2);
 }
 
+TEST_F(TrainCli, QuestionsOverOneContextArePackedIntoOneSequence) {
+  auto r = run_cli(fmt::format(
+      "workload generate --kg {} --requests 12 --questions-per-context 3 --qa-items 20 "
+      "--entities-per-request 3 --paths-per-entity 4 --min-paths 1 --question-hops 1 --pattern uniform "
+      "--seed 5 --out {}",
+      file("train.dkg"), file("packed.jsonl")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string args = fmt::format("train --init {} --requests {} -o {} --steps 2 --batch 2 -t 2",
+                                       file("init.gguf"), file("packed.jsonl"), file("packed.gguf"));
+  r = run_cli(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("training on 12 sequences"), std::string::npos) << r.out;
+  r = run_cli(args + " --pack-shared-context");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("training on 4 sequences"), std::string::npos) << "3 questions per context: " << r.out;
+  // Requests that merely follow each other are not packed.
+  r = run_cli(
+      fmt::format("train --init {} --requests {} -o {} --steps 2 --batch 2 -t 2 --pack-shared-context",
+                  file("init.gguf"), file("train.jsonl"), file("packed.gguf")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("training on 24 sequences"), std::string::npos) << r.out;
+}
+
 TEST_F(TrainCli, Errors) {
   EXPECT_EQ(run_cli("train --init " + file("nope.gguf") + " --requests " + file("train.jsonl") + " -o " +
                     file("x.gguf"))

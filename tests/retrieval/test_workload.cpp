@@ -312,6 +312,51 @@ TEST(GraphWorkload, RequestsCarryTheTopicFirst) {
   EXPECT_GT(reqs.back().arrival_s, 0.0);
 }
 
+TEST(GraphWorkload, QuestionsPerContextAskAboutEachEntityInTurn) {
+  SyntheticKgOptions so;
+  so.n_entities = 40;
+  const KnowledgeGraph kg = make_synthetic_kg(so);
+  GraphQaOptions qopt;
+  qopt.n_items = 20;
+  qopt.min_paths = 1;
+  const auto qa = make_graph_qa(kg, qopt);
+  GraphWorkloadOptions w;
+  w.n_requests = 8;  // two whole contexts and two questions of a third
+  w.entities_per_request = 3;
+  w.questions_per_context = 3;
+  const auto reqs = make_graph_workload(kg, qa, w);
+  ASSERT_EQ(reqs.size(), 8u);
+  std::map<std::string, const GraphQa*> by_topic;
+  for (const GraphQa& q : qa) by_topic[std::string(kg.entity_name(q.topic))] = &q;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const RagRequest& r = reqs[i];
+    const size_t first = i - i % 3;
+    EXPECT_TRUE(same_context(r, reqs[first])) << i;
+    if (i % 3 == 0 && i > 0) {
+      EXPECT_FALSE(same_context(r, reqs[i - 1])) << "a new context every third request";
+    }
+    ASSERT_EQ(r.entities.size(), 3u);
+    const GraphQa& asked = *by_topic.at(r.entities[i % 3].name);
+    EXPECT_EQ(r.question, asked.question) << "request " << i << " asks about entity " << i % 3;
+    EXPECT_EQ(r.answers.front(), kg.entity_label(asked.answers.front()));
+  }
+  // No more questions than entities; one question per context is the plain stream.
+  w.entities_per_request = 2;
+  const auto two = make_graph_workload(kg, qa, w);
+  EXPECT_TRUE(same_context(two[0], two[1]));
+  EXPECT_FALSE(same_context(two[1], two[2]));
+  w.questions_per_context = 1;
+  for (const RagRequest& r : make_graph_workload(kg, qa, w))
+    EXPECT_EQ(r.question, by_topic.at(r.entities[0].name)->question) << "the first entity asks";
+  // Asking every item once leaves one question per context; zero is refused.
+  w.each_once = true;
+  w.questions_per_context = 2;
+  EXPECT_THROW(make_graph_workload(kg, qa, w), Error);
+  w.each_once = false;
+  w.questions_per_context = 0;
+  EXPECT_THROW(make_graph_workload(kg, qa, w), Error);
+}
+
 TEST(Locality, HandComputedReport) {
   const std::vector<std::vector<ItemUse>> reqs = {
       {{"a", "a", 5, {}}, {"b", "b", 3, {}}}, {{"a", "a", 5, {}}}, {{"c", "c", 2, {}}}};

@@ -77,6 +77,53 @@ TEST(QaSequence, DependencyIsTheDepPromptWithTheAnswerUnderTheTask) {
   }
 }
 
+TEST(QaSequence, RequestsOverOneContextShareASequence) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  std::vector<RagRequest> group(2, two_entity_request());
+  group[1].id = "q2";
+  group[1].question = "What is the home of Mezor?";
+  group[1].answers = {"Tisha"};
+  const std::vector<int32_t> task2 = make_prompt_parts(tok, group[1]).task;
+  const auto answer_tokens = [&](const std::string& a) {
+    std::vector<int32_t> t = tok.encode(answer_text(a), false, false);
+    t.push_back(tok.eos());
+    return t;
+  };
+  for (const TrainAttention attention : {TrainAttention::Causal, TrainAttention::Dependency}) {
+    QaSequenceOptions o;
+    o.attention = attention;
+    o.loss_on_prompt = false;
+    const QaSequence one = qa_sequence(tok, group[0], o);
+    const QaSequence both = qa_sequence(tok, group, o);
+    // The first request's sequence, then the second's task and answer.
+    const auto n1 = static_cast<int64_t>(one.sequence.tokens.size());
+    std::vector<int32_t> want = one.sequence.tokens;
+    want.insert(want.end(), task2.begin(), task2.end());
+    const std::vector<int32_t> a2 = answer_tokens("Tisha");
+    want.insert(want.end(), a2.begin(), a2.end());
+    ASSERT_EQ(both.sequence.tokens, want);
+    EXPECT_EQ(both.answer_begin, one.answer_begin);
+    EXPECT_EQ(both.answer_size, one.answer_size);
+    // The first part is trained as the request alone is, and the second
+    // answer is in the loss, its question not.
+    const auto n = static_cast<int64_t>(want.size());
+    const int64_t answer2 = n - static_cast<int64_t>(a2.size());
+    for (int64_t i = 0; i + 1 < n; ++i) {
+      const bool in_answer = (i + 1 >= one.answer_begin && i + 1 < n1) || i + 1 >= answer2;
+      EXPECT_EQ(both.sequence.targets[i] >= 0, in_answer) << i;
+    }
+    // Positions and visibility continue: the second question sees everything.
+    for (int64_t i = n1; i < n; ++i) {
+      EXPECT_EQ(both.sequence.positions[i], both.sequence.positions[i - 1] + 1);
+      EXPECT_EQ(both.sequence.visibility.n_visible(i), i + 1);
+    }
+  }
+  // A request over another context cannot share the sequence.
+  group[1].entities.pop_back();
+  EXPECT_THROW(qa_sequence(tok, group, {}), Error);
+  EXPECT_THROW(qa_sequence(tok, std::span<const RagRequest>{}, {}), Error);
+}
+
 TEST(QaSequence, ARequestWithoutAnAnswerIsRefused) {
   const Tokenizer tok(Vocab::builtin_bytes());
   RagRequest r = two_entity_request();
