@@ -203,11 +203,13 @@ void print_skip_reason(const std::string& reason) {
 
 std::string cpu_skip_reason(const std::string& reason) { return "(cpu) " + reason; }
 
+std::string isa_missing_reason(Isa isa) {
+  return "this CPU cannot run the " + std::string(isa_name(isa)) + " kernels";
+}
+
 bool isa_available(Isa isa) {
   if (isa_supported(isa)) return true;
-  const std::string reason =
-      cpu_skip_reason("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
-  print_skip_reason(reason);
+  print_skip_reason(cpu_skip_reason(isa_missing_reason(isa)));
   []() { GTEST_SKIP(); }();  // records the skip without returning from the caller
   return false;
 }

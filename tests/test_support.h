@@ -50,6 +50,9 @@ void print_skip_reason(const std::string& reason);
 // "(cpu) reason": the tag the test command counts CPU skips by.
 std::string cpu_skip_reason(const std::string& reason);
 
+// Why a test of an ISA's kernels cannot run on this CPU (for DEPCACHE_SKIP_CPU).
+std::string isa_missing_reason(Isa isa);
+
 // An ISA's kernels can run on this CPU; otherwise reports that this variant
 // of the calling test did not run (the test ends as skipped, in every mode)
 // and the caller's loop goes on with the others.

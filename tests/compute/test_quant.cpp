@@ -52,8 +52,7 @@ class KernelTest : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
  protected:
   void SetUp() override {
     const Isa isa = std::get<0>(GetParam());
-    if (!isa_supported(isa))
-      DEPCACHE_SKIP_CPU("this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
+    if (!isa_supported(isa)) DEPCACHE_SKIP_CPU(test::isa_missing_reason(isa));
     set_isa(isa);
     ASSERT_EQ(current_isa(), isa);
   }
