@@ -515,13 +515,17 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
         run.name, right, asked, 100.0 * static_cast<double>(right) / static_cast<double>(asked), f1);
   }
   // FusionRAG's normalized F1: where a strategy sits between full reuse (0)
-  // and full attention (1).
+  // and full attention (1). Undefined when the two are closer than
+  // kMinF1Gap: the ratio would be noise (bench/chunks.sh applies the same
+  // rule to its separate runs).
+  constexpr double kMinF1Gap = 0.01;
   if (f1_of.count("full") && f1_of.count("fullreuse")) {
     const double span = f1_of["full"] - f1_of["fullreuse"];
     for (const auto& [name, f1] : f1_of) {
       if (name == "full" || name == "fullreuse") continue;
-      if (std::abs(span) < 1e-9)
-        fmt::print("{:<10} normalized F1: undefined (full and fullreuse score the same F1)\n", name);
+      if (std::abs(span) < kMinF1Gap)
+        fmt::print("{:<10} normalized F1: undefined (full and fullreuse are within {} F1)\n", name,
+                   kMinF1Gap);
       else
         fmt::print("{:<10} normalized F1 (F1 - F1 fullreuse) / (F1 full - F1 fullreuse): {:.3f}\n", name,
                    (f1 - f1_of["fullreuse"]) / span);

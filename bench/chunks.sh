@@ -164,7 +164,7 @@ answers() {
       [ "$spec" = fullreuse ] && f1_reuse=$f1
       summary=$(grep -E "^$s +[0-9]" <<<"$out")
       awk -v label="$spec" -v em="$em" -v f1="$f1" -v full="$f1_full" -v reuse="$f1_reuse" '{
-        # Undefined where full and fullreuse are within 0.01 F1: the ratio would be noise.
+        # Undefined where full and fullreuse are within 0.01 F1, as `run` says it.
         gap = full - reuse;
         norm = (full != "" && reuse != "" && (gap >= 0.01 || gap <= -0.01)) ? sprintf("%.3f", (f1 - reuse) / gap) : "undefined";
         printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, $12, $10, em, f1, norm, $(NF-2), $(NF-1);

@@ -56,5 +56,44 @@ TEST(QaModel, ShippedModelAnswersHeldOutQuestionsAboveAFloor) {
   std::filesystem::remove_all(dir);
 }
 
+// FusionRAG's normalized F1 as `run` reports it: where chunk reuse keeps the
+// answers (this model reads a document without the ones before it) full and
+// fullreuse score alike and the ratio is undefined; without the RoPE fix
+// fullreuse loses answers and CacheBlend's recomputation wins them back.
+TEST(QaModel, NormalizedF1IsDefinedOnlyWhereFullAndFullReuseDiffer) {
+  const std::filesystem::path model = std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa.gguf";
+  const auto dir = test::temp_path("qa-model-f1");
+  std::filesystem::create_directories(dir);
+  const std::string world = (dir / "world.dkg").string(), requests = (dir / "documents.jsonl").string();
+  ASSERT_EQ(
+      run_cli("kg import --synthetic --entities 300 --relations 12 --facts-per-entity 3 --name-pool 1000 "
+              "--seed 9101 -o " +
+              world)
+          .code,
+      0);
+  ASSERT_EQ(
+      run_cli("workload generate --kg " + world +
+              " --pattern dataset --qa-items 40 --entities-per-request 3 --paths-per-entity 9 --min-paths 1 "
+              "--hops 2 --question-hops 1 --context documents --seed 77 --out " +
+              requests)
+          .code,
+      0);
+  const std::string run = "run -m " + model.string() + " --requests " + requests +
+                          " -s full,fullreuse,cacheblend --recompute-ratio 0.15 -n 12 -q";
+  auto r = run_cli(run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cacheblend normalized F1: undefined"), std::string::npos) << r.out;
+  r = run_cli(run + " --no-realign");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.out, m,
+      std::regex(
+          R"(cacheblend normalized F1 \(F1 - F1 fullreuse\) / \(F1 full - F1 fullreuse\): ([-0-9.]+))")))
+      << r.out;
+  EXPECT_GT(std::stod(m[1]), 0.5) << "recomputing 15% wins back most of what fullreuse lost:\n" << r.out;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace depcache
