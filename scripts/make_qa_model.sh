@@ -17,7 +17,9 @@
 # DATA_ONLY=1 (make the training and held-out requests, then stop; heldout:
 # the held-out requests only), CONTEXTS (context forms trained and
 # evaluated, default "paths documents"; add csv for the subgraph as
-# G-Retriever CSV, the form SubGCache serves), THREADS, BIN. The defaults
+# G-Retriever CSV, the form SubGCache serves), QUESTIONS (questions asked
+# over each training context, trained as one sequence; default 1), THREADS,
+# BIN. The defaults
 # make the shipped model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
