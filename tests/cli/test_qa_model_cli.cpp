@@ -25,18 +25,23 @@ double exact_match_percent(const std::string& out) {
   return std::stod(m[1]);
 }
 
+// A world the model never saw (names from the shared pool), written to dir.
+std::string held_out_world(const std::filesystem::path& dir) {
+  const std::string world = (dir / "world.dkg").string();
+  const auto r = run_cli(
+      "kg import --synthetic --entities 300 --relations 12 --facts-per-entity 3 --name-pool 1000 --seed 9101 "
+      "-o " +
+      world);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return world;
+}
+
 TEST(QaModel, ShippedModelAnswersHeldOutQuestionsAboveAFloor) {
   const std::filesystem::path model = std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa.gguf";
   ASSERT_TRUE(std::filesystem::exists(model)) << model << " is part of the repository";
   const auto dir = test::temp_path("qa-model");
   std::filesystem::create_directories(dir);
-  const std::string world = (dir / "world.dkg").string();
-  ASSERT_EQ(
-      run_cli("kg import --synthetic --entities 300 --relations 12 --facts-per-entity 3 --name-pool 1000 "
-              "--seed 9101 -o " +
-              world)
-          .code,
-      0);
+  const std::string world = held_out_world(dir);
   // Floors: 10 points under what the model scored when it was made (30% and
   // 32%, README "Training"), room for another CPU's kernels to flip a few
   // argmaxes; a model that does not answer scores 0.
@@ -64,13 +69,7 @@ TEST(QaModel, NormalizedF1IsDefinedOnlyWhereFullAndFullReuseDiffer) {
   const std::filesystem::path model = std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa.gguf";
   const auto dir = test::temp_path("qa-model-f1");
   std::filesystem::create_directories(dir);
-  const std::string world = (dir / "world.dkg").string(), requests = (dir / "documents.jsonl").string();
-  ASSERT_EQ(
-      run_cli("kg import --synthetic --entities 300 --relations 12 --facts-per-entity 3 --name-pool 1000 "
-              "--seed 9101 -o " +
-              world)
-          .code,
-      0);
+  const std::string world = held_out_world(dir), requests = (dir / "documents.jsonl").string();
   ASSERT_EQ(
       run_cli("workload generate --kg " + world +
               " --pattern dataset --qa-items 40 --entities-per-request 3 --paths-per-entity 9 --min-paths 1 "

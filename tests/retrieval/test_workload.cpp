@@ -261,14 +261,21 @@ TEST(GraphWorkload, EntitiesAsDocumentsOfFactSentences) {
   EXPECT_NE(as_docs[0].documents[0].text.find("is " + as_docs[0].answers[0] + "."), std::string::npos);
 }
 
-TEST(GraphWorkload, EachOnceAsksEveryItemInOrder) {
+// A default synthetic world of n_entities, with up to n_items QA items of
+// any number of paths.
+std::pair<KnowledgeGraph, std::vector<GraphQa>> synthetic_qa(size_t n_entities, size_t n_items) {
   SyntheticKgOptions so;
-  so.n_entities = 30;
-  const KnowledgeGraph kg = make_synthetic_kg(so);
+  so.n_entities = n_entities;
+  KnowledgeGraph kg = make_synthetic_kg(so);
   GraphQaOptions qopt;
-  qopt.n_items = 12;
+  qopt.n_items = n_items;
   qopt.min_paths = 1;
-  const auto qa = make_graph_qa(kg, qopt);
+  std::vector<GraphQa> qa = make_graph_qa(kg, qopt);
+  return {std::move(kg), std::move(qa)};
+}
+
+TEST(GraphWorkload, EachOnceAsksEveryItemInOrder) {
+  const auto [kg, qa] = synthetic_qa(30, 12);
   GraphWorkloadOptions w;
   w.n_requests = 3;  // ignored
   w.entities_per_request = 4;
@@ -313,13 +320,7 @@ TEST(GraphWorkload, RequestsCarryTheTopicFirst) {
 }
 
 TEST(GraphWorkload, QuestionsPerContextAskAboutEachEntityInTurn) {
-  SyntheticKgOptions so;
-  so.n_entities = 40;
-  const KnowledgeGraph kg = make_synthetic_kg(so);
-  GraphQaOptions qopt;
-  qopt.n_items = 20;
-  qopt.min_paths = 1;
-  const auto qa = make_graph_qa(kg, qopt);
+  const auto [kg, qa] = synthetic_qa(40, 20);
   GraphWorkloadOptions w;
   w.n_requests = 8;  // two whole contexts and two questions of a third
   w.entities_per_request = 3;
