@@ -40,6 +40,20 @@ DepPrompt PromptParts::dep_prompt() const {
   return p;
 }
 
+namespace {
+
+std::string task_text(const RagRequest& request, const PromptTemplate& tmpl) {
+  return tmpl.task_prefix + request.question + tmpl.task_suffix;
+}
+
+// A task that encodes to nothing still ends the prompt with the suffix.
+std::vector<int32_t> encode_task(const Tokenizer& tok, const std::string& task, const PromptTemplate& tmpl) {
+  std::vector<int32_t> tokens = tok.encode(task, false, false);
+  return tokens.empty() ? tok.encode(tmpl.task_suffix, false, false) : tokens;
+}
+
+}  // namespace
+
 PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl) {
   PromptTexts t;
   t.system = tmpl.system;
@@ -51,7 +65,7 @@ PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl) 
   for (const RequestDocument& d : request.documents)
     t.items.push_back({d.id, {d.title.empty() ? d.text + "\n" : d.title + ": " + d.text + "\n"}});
   if (!request.text.empty()) t.text = request.text + "\n";
-  t.task = tmpl.task_prefix + request.question + tmpl.task_suffix;
+  t.task = task_text(request, tmpl);
   return t;
 }
 
@@ -69,9 +83,13 @@ PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request, c
     if (!item.paths.empty()) parts.items.push_back(std::move(item));
   }
   if (!t.text.empty()) parts.text = encode(t.text);
-  parts.task = encode(t.task);
-  if (parts.task.empty()) parts.task = encode(tmpl.task_suffix);
+  parts.task = encode_task(tok, t.task, tmpl);
   return parts;
+}
+
+std::vector<int32_t> task_tokens(const Tokenizer& tok, const RagRequest& request,
+                                 const PromptTemplate& tmpl) {
+  return encode_task(tok, task_text(request, tmpl), tmpl);
 }
 
 }  // namespace depcache

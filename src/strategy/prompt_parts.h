@@ -55,5 +55,9 @@ PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl =
 
 PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request,
                               const PromptTemplate& tmpl = PromptTemplate{});
+// The task's tokens alone, as make_prompt_parts encodes them (without
+// encoding the context).
+std::vector<int32_t> task_tokens(const Tokenizer& tok, const RagRequest& request,
+                                 const PromptTemplate& tmpl = PromptTemplate{});
 
 }  // namespace depcache

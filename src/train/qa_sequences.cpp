@@ -93,7 +93,7 @@ QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group, 
       fail(ErrorKind::InvalidInput,
            "request {} does not have the context of request {}: cannot share a sequence", r.id,
            group.front().id);
-    const std::vector<int32_t> task = k == 0 ? parts.task : make_prompt_parts(tok, r).task;
+    const std::vector<int32_t> task = k == 0 ? parts.task : task_tokens(tok, r);
     std::vector<int32_t> answer = tok.encode(answer_text(r.answers.front()), false, false);
     if (tok.eos() >= 0) answer.push_back(tok.eos());
     asked.insert(asked.end(), task.begin(), task.end());
