@@ -131,11 +131,17 @@ HttpServer::HttpServer(const ServerOptions& options)
   routes();
 }
 
-HttpServer::~HttpServer() {
-  if (listener_.joinable()) {
-    http_->stop();
-    listener_.join();
-  }
+HttpServer::~HttpServer() { stop_listening(); }
+
+void HttpServer::stop_listening() {
+  if (!listener_.joinable()) return;
+  // cpp-httplib's stop() does nothing until its accept loop has started; a
+  // server stopped sooner (a model refused right after listen()) would wait
+  // in accept forever.
+  while (!http_->is_running() && !listener_done_.load(std::memory_order_acquire))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->stop();
+  listener_.join();
 }
 
 int HttpServer::listen() {
@@ -154,7 +160,10 @@ int HttpServer::listen() {
   // bound socket raises the backlog to the system's limit.
   if (listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) != 0)
     fmt::print(stderr, "warning: the listen backlog stays at the HTTP library's 5 connections\n");
-  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  listener_ = std::thread([this] {
+    http_->listen_after_bind();
+    listener_done_.store(true, std::memory_order_release);
+  });
   return port;
 }
 
@@ -194,8 +203,7 @@ bool HttpServer::shutdown(std::chrono::steady_clock::time_point deadline) {
   // bounded by the write timeout.
   const bool written = writing_.wait_until(std::max(deadline, Clock::now()) + std::chrono::seconds(10));
   if (!written) fmt::print(stderr, "warning: responses still being written are cut short\n");
-  http_->stop();
-  if (listener_.joinable()) listener_.join();
+  stop_listening();
   return in_time;
 }
 

@@ -77,6 +77,8 @@ class HttpServer {
 
  private:
   void routes();
+  // Stops the accept loop and joins its thread (once; later calls return).
+  void stop_listening();
   // Both completion endpoints: parse, build the prompt, run, respond.
   void complete(const CompletionRequest& cr, httplib::Response& res, Clock::time_point arrived);
   // A request that ran on the engine ended: its metrics and its log line.
@@ -103,7 +105,8 @@ class HttpServer {
   Writing writing_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
-  int listen_fd_ = -1;  // the listening socket, seen as it is made
+  std::atomic<bool> listener_done_{false};  // listen_after_bind returned
+  int listen_fd_ = -1;                      // the listening socket, seen as it is made
   std::atomic<bool> ready_{false}, draining_{false};
   ServedModel model_;
   EngineLoop* loop_ = nullptr;
