@@ -10,6 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Minutes since the start, printed with each stage: the builds are most of
+# the time, and the log shows which one grew.
+since_start() { printf '%d:%02d' $((SECONDS / 60)) $((SECONDS % 60)); }
+
 bash scripts/setup.sh
 
 JOBS=${JOBS:-$(nproc)}
@@ -46,12 +50,13 @@ run_ctest() {
 
 # The Release build is kept free of -Wall -Wextra warnings; -Werror is not
 # used, as GCC 12 reports false stringop-overflow warnings under ASan.
-echo "== Release build: tests"
+echo "== $(since_start) Release build (setup and build done): tests"
 run_ctest build "Release"
 
-echo "== Sanitizer build (ASan + UBSan): tests"
+echo "== $(since_start) Sanitizer build (ASan + UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEPCACHE_SANITIZE=ON -DDEPCACHE_BENCH=OFF
 cmake --build build-asan
+echo "== $(since_start) ASan + UBSan: tests"
 # allocator_may_return_null: an allocation too large for memory throws
 # std::bad_alloc, as it does without ASan (the KV assembly turns it into a
 # clear error), instead of ASan aborting the process.
@@ -62,8 +67,10 @@ UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 # Threaded code (the thread pool, the tiers with their prefetching and
 # remote store, the engine and its prefetch thread, run through the CLI)
 # under ThreadSanitizer.
-echo "== ThreadSanitizer build: threaded tests"
+echo "== $(since_start) ThreadSanitizer build"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEPCACHE_TSAN=ON -DDEPCACHE_BENCH=OFF
 cmake --build build-tsan --target depcache test_util test_kv test_engine test_server test_cli
+echo "== $(since_start) TSan: threaded tests"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1 \
   run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|EngineLoop|KvPool|RunCli|Server|ServeCli|Speculation)\.'
+echo "== $(since_start) all stages passed"
