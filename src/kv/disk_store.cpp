@@ -21,31 +21,6 @@ namespace {
 constexpr const char* kSuffix = ".kvspan";
 constexpr const char* kPartial = ".kvspan.partial";
 
-// Reads exactly n bytes; false on an error or an early end of file.
-bool read_exact(int fd, uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t r = ::read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-std::optional<std::vector<uint8_t>> read_file(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  struct stat st {};
-  std::optional<std::vector<uint8_t>> buf;
-  if (::fstat(fd, &st) == 0) {
-    buf.emplace(static_cast<size_t>(st.st_size));
-    if (!read_exact(fd, buf->data(), buf->size())) buf.reset();
-  }
-  ::close(fd);
-  return buf;
-}
-
 }  // namespace
 
 DiskSpanStore::DiskSpanStore(std::filesystem::path dir, size_t byte_budget)
@@ -124,50 +99,79 @@ bool DiskSpanStore::put(uint64_t key, uint64_t ns, std::span<const int32_t> toke
   return true;
 }
 
-std::optional<KvSpan> DiskSpanStore::get(uint64_t key, uint64_t ns, std::span<const int32_t> tokens,
-                                         int64_t prefix) {
+void DiskSpanStore::drop(uint64_t key) {
+  ++n_dropped_;
+  forget(key, true);
+}
+
+std::optional<DiskSpanStore::LayerReader> DiskSpanStore::open_layers(uint64_t key, uint64_t ns,
+                                                                     std::span<const int32_t> tokens,
+                                                                     int64_t prefix) {
   if (!files_.count(key)) return std::nullopt;
-  const auto drop = [&]() -> std::optional<KvSpan> {
-    ++n_dropped_;
-    forget(key, true);
+  const auto bad = [&]() -> std::optional<LayerReader> {
+    drop(key);
     return std::nullopt;
   };
-  const std::optional<std::vector<uint8_t>> file = read_file(path_of(key));
-  if (!file) return drop();
-  DecodedSpan d = decode_span_record(*file, key, ns, tokens, prefix);
-  if (d.status == RecordStatus::Corrupt) return drop();
-  if (d.status == RecordStatus::Other) {
+  Fd fd = open_read(path_of(key));
+  std::vector<uint8_t> head(kSpanRecordHeader);
+  struct stat st {};
+  if (!fd.ok() || ::fstat(fd.get(), &st) != 0 || !read_exact_at(fd, head.data(), head.size(), 0))
+    return bad();
+  const std::optional<SpanRecordHeader> h = decode_span_record_header(head);
+  if (!h || h->size != static_cast<uint64_t>(st.st_size)) return bad();  // foreign, cut or extended
+  head.resize(h->head_bytes());
+  if (!read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader, kSpanRecordHeader))
+    return bad();
+  SpanRecordHead decoded = decode_span_record_head(head, key, ns, tokens, prefix);
+  if (decoded.status == RecordStatus::Corrupt) return bad();
+  if (decoded.status == RecordStatus::Other) {
     // Another key's file under this name is foreign; the right key with other
     // tokens is a hash collision: not this span, but a sound file.
-    if (decode_span_record_header(*file)->key != key) return drop();
+    if (h->key != key) return bad();
     return std::nullopt;
   }
   touch(key);
-  return std::move(d.span);
+  return LayerReader(std::move(fd), std::move(decoded));
+}
+
+bool DiskSpanStore::LayerReader::read_layer(int il) {
+  if (il < 0 || il >= n_layer()) return false;
+  const size_t n = layer_bytes();
+  return read_exact_at(fd_, head_.span.k(il), n, head_.header.head_bytes() + static_cast<uint64_t>(il) * n) &&
+         span_record_layer_ok(head_, il);
+}
+
+std::optional<KvSpan> DiskSpanStore::get(uint64_t key, uint64_t ns, std::span<const int32_t> tokens,
+                                         int64_t prefix) {
+  std::optional<LayerReader> reader = open_layers(key, ns, tokens, prefix);
+  if (!reader) return std::nullopt;
+  for (int il = 0; il < reader->n_layer(); ++il)
+    if (!reader->read_layer(il)) {
+      drop(key);
+      return std::nullopt;
+    }
+  return std::move(reader->span());
 }
 
 std::vector<DiskSpanStore::StoredSpan> DiskSpanStore::scan() {
   std::vector<StoredSpan> out;
   std::vector<uint64_t> bad;
   for (const auto& [key, entry] : files_) {
-    const int fd = ::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC);
+    const Fd fd = open_read(path_of(key));
     std::vector<uint8_t> head(kSpanRecordHeader);
     std::optional<SpanRecordHeader> h;
-    if (fd >= 0 && read_exact(fd, head.data(), head.size())) h = decode_span_record_header(head);
+    if (fd.ok() && read_exact_at(fd, head.data(), head.size(), 0)) h = decode_span_record_header(head);
     if (h && h->key == key && h->size == entry.bytes) {
       head.resize(kSpanRecordHeader + 4 * static_cast<size_t>(h->n_tokens));
-      if (read_exact(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader))
+      if (read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader,
+                        kSpanRecordHeader))
         out.push_back({key, h->ns, span_record_tokens(head, h->n_tokens), h->prefix});
       else
         h.reset();
     }
-    if (fd >= 0) ::close(fd);
     if (!h) bad.push_back(key);
   }
-  for (uint64_t key : bad) {
-    ++n_dropped_;
-    forget(key, true);
-  }
+  for (uint64_t key : bad) drop(key);
   return out;
 }
 

@@ -15,6 +15,7 @@
 
 #include "kv/kv_span.h"
 #include "kv/span_record.h"
+#include "util/file_io.h"
 
 namespace depcache {
 
@@ -36,6 +37,36 @@ class DiskSpanStore {
   // sequence; otherwise nullopt (a bad or foreign file is deleted).
   std::optional<KvSpan> get(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix);
   std::optional<KvSpan> get(uint64_t key, std::span<const int32_t> tokens) { return get(key, 0, tokens, 0); }
+
+  // A span file opened to be read one layer at a time (Cache-Craft's
+  // layer-wise preload): its head (header, tokens, positions, layer
+  // checksums) was checked when opened. It owns the open file, so its layers
+  // can be read on another thread while the store goes on, even after the
+  // store has deleted the file.
+  class LayerReader {
+   public:
+    int n_layer() const { return head_.span.n_layer(); }
+    size_t layer_bytes() const { return head_.header.layer_bytes(); }
+    // Reads layer il into span(); false when it cannot be read or does not
+    // match its checksum (the layer's K/V in span() is then not to be used).
+    bool read_layer(int il);
+    // The span: positions set; layer il's K/V once read_layer(il) is true.
+    KvSpan& span() { return head_.span; }
+
+   private:
+    friend class DiskSpanStore;
+    LayerReader(Fd fd, SpanRecordHead head) : fd_(std::move(fd)), head_(std::move(head)) {}
+    Fd fd_;
+    SpanRecordHead head_;
+  };
+  // The file of `key` opened for reading layer by layer, when its head is
+  // sound and holds exactly this sequence; otherwise nullopt (a bad or
+  // foreign file is deleted, as by get). Counts as a use of the file.
+  std::optional<LayerReader> open_layers(uint64_t key, uint64_t ns, std::span<const int32_t> tokens,
+                                         int64_t prefix);
+  // Deletes a file found bad after it was opened (a layer that did not
+  // match its checksum), counted in n_dropped().
+  void drop(uint64_t key);
 
   // What each file says it holds, from headers only (K/V is not read or
   // checked until get). Files whose header is unreadable are deleted.

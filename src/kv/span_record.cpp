@@ -8,8 +8,8 @@
 namespace depcache {
 namespace {
 
-constexpr char kMagic[8] = {'D', 'K', 'V', 'S', 'P', 'A', 'N', '3'};
-constexpr size_t kChecksumFrom = 16;  // the checksum covers everything after itself
+constexpr char kMagic[8] = {'D', 'K', 'V', 'S', 'P', 'A', 'N', '4'};
+constexpr size_t kChecksumFrom = 16;  // the head checksum covers the head after itself
 
 template <typename T>
 void put_at(std::vector<uint8_t>& buf, size_t at, T v) {
@@ -22,15 +22,30 @@ T get_at(std::span<const uint8_t> buf, size_t at) {
   return v;
 }
 
-size_t data_bytes(uint64_t n_layer, uint64_t row_elems, DType type, uint64_t n_tokens) {
-  return static_cast<size_t>(n_layer * 2 * n_tokens * row_elems * (type == DType::F16 ? 2 : 4));
+size_t elem_bytes(DType type) { return type == DType::F16 ? 2 : 4; }
+
+size_t head_bytes_of(uint64_t n_tokens, uint64_t prefix, uint64_t n_layer) {
+  return kSpanRecordHeader + 4 * n_tokens + 4 * (n_tokens - prefix) + 8 * n_layer;
 }
 
-size_t record_bytes(uint64_t n_tokens, uint64_t prefix, size_t data) {
-  return kSpanRecordHeader + 4 * n_tokens + 4 * (n_tokens - prefix) + data;
+size_t layer_bytes_of(uint64_t row_elems, DType type, uint64_t own_tokens) {
+  return static_cast<size_t>(2 * own_tokens * row_elems * elem_bytes(type));
+}
+
+uint64_t layer_checksum(const KvSpan& span, int il) {
+  return hash_bytes(span.k(il), 2 * static_cast<size_t>(span.n_tokens()) * span.row_bytes());
 }
 
 }  // namespace
+
+size_t SpanRecordHeader::head_bytes() const {
+  return head_bytes_of(static_cast<uint64_t>(n_tokens), static_cast<uint64_t>(prefix),
+                       static_cast<uint64_t>(n_layer));
+}
+
+size_t SpanRecordHeader::layer_bytes() const {
+  return layer_bytes_of(static_cast<uint64_t>(row_elems), type, static_cast<uint64_t>(n_tokens - prefix));
+}
 
 uint64_t span_content_key(uint64_t ns, std::span<const int32_t> tokens) {
   const uint64_t h = hash_bytes(&ns, sizeof ns);
@@ -38,8 +53,9 @@ uint64_t span_content_key(uint64_t ns, std::span<const int32_t> tokens) {
 }
 
 size_t span_record_bytes(int64_t n_tokens, const KvSpan& span) {
-  return record_bytes(static_cast<uint64_t>(n_tokens), static_cast<uint64_t>(n_tokens - span.n_tokens()),
-                      span.data().size());
+  const auto n = static_cast<uint64_t>(n_tokens);
+  return head_bytes_of(n, n - static_cast<uint64_t>(span.n_tokens()), static_cast<uint64_t>(span.n_layer())) +
+         span.data().size();
 }
 
 std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<const int32_t> tokens,
@@ -64,8 +80,10 @@ std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<con
   at += 4 * tokens.size();
   std::memcpy(buf.data() + at, span.positions().data(), 4 * span.positions().size());
   at += 4 * span.positions().size();
+  for (int il = 0; il < span.n_layer(); ++il, at += 8) put_at<uint64_t>(buf, at, layer_checksum(span, il));
+  const size_t head = at;
   if (!span.data().empty()) std::memcpy(buf.data() + at, span.data().data(), span.data().size());
-  put_at<uint64_t>(buf, 8, hash_bytes(buf.data() + kChecksumFrom, size - kChecksumFrom));
+  put_at<uint64_t>(buf, 8, hash_bytes(buf.data() + kChecksumFrom, head - kChecksumFrom));
   return buf;
 }
 
@@ -85,8 +103,10 @@ std::optional<SpanRecordHeader> decode_span_record_header(std::span<const uint8_
   h.ns = get_at<uint64_t>(head, 64);
   h.n_tokens = static_cast<int64_t>(n);
   h.prefix = static_cast<int64_t>(prefix);
-  if (h.size != record_bytes(n, prefix, data_bytes(n_layer, row_elems, type, n - prefix)))
-    return std::nullopt;
+  h.n_layer = static_cast<int>(n_layer);
+  h.type = type;
+  h.row_elems = static_cast<int64_t>(row_elems);
+  if (h.size != h.head_bytes() + n_layer * h.layer_bytes()) return std::nullopt;
   return h;
 }
 
@@ -98,28 +118,53 @@ std::vector<int32_t> span_record_tokens(std::span<const uint8_t> record_start, i
   return tokens;
 }
 
-DecodedSpan decode_span_record(std::span<const uint8_t> record, uint64_t key, uint64_t ns,
-                               std::span<const int32_t> tokens, int64_t prefix) {
-  DecodedSpan out;
-  const std::optional<SpanRecordHeader> h = decode_span_record_header(record);
-  if (!h || h->size != record.size()) return out;  // foreign, truncated or extended
-  if (get_at<uint64_t>(record, 8) != hash_bytes(record.data() + kChecksumFrom, record.size() - kChecksumFrom))
+SpanRecordHead decode_span_record_head(std::span<const uint8_t> head, uint64_t key, uint64_t ns,
+                                       std::span<const int32_t> tokens, int64_t prefix) {
+  SpanRecordHead out;
+  const std::optional<SpanRecordHeader> h = decode_span_record_header(head);
+  if (!h || head.size() < h->head_bytes()) return out;  // foreign or truncated
+  const size_t head_end = h->head_bytes();
+  if (get_at<uint64_t>(head, 8) != hash_bytes(head.data() + kChecksumFrom, head_end - kChecksumFrom))
     return out;
   out.status = RecordStatus::Other;
+  out.header = *h;
   if (h->key != key || h->ns != ns || h->prefix != prefix ||
       h->n_tokens != static_cast<int64_t>(tokens.size()))
     return out;
-  if (std::memcmp(record.data() + kSpanRecordHeader, tokens.data(), tokens.size_bytes()) != 0) return out;
+  if (std::memcmp(head.data() + kSpanRecordHeader, tokens.data(), tokens.size_bytes()) != 0) return out;
   const int64_t own = h->n_tokens - h->prefix;
   out.status = RecordStatus::Ok;
-  KvSpan& span = out.span;
-  span = KvSpan(static_cast<int>(get_at<uint32_t>(record, 32)),
-                static_cast<int64_t>(get_at<uint64_t>(record, 40)),
-                static_cast<DType>(get_at<uint32_t>(record, 36)), own);
+  out.span = KvSpan(h->n_layer, h->row_elems, h->type, own);
   size_t at = kSpanRecordHeader + tokens.size_bytes();
-  std::memcpy(span.positions().data(), record.data() + at, 4 * static_cast<size_t>(own));
+  std::memcpy(out.span.positions().data(), head.data() + at, 4 * static_cast<size_t>(own));
   at += 4 * static_cast<size_t>(own);
-  if (!span.data().empty()) std::memcpy(span.data().data(), record.data() + at, span.data().size());
+  out.layer_checksums.resize(static_cast<size_t>(h->n_layer));
+  std::memcpy(out.layer_checksums.data(), head.data() + at, 8 * out.layer_checksums.size());
+  return out;
+}
+
+bool span_record_layer_ok(const SpanRecordHead& head, int il) {
+  return head.status == RecordStatus::Ok && il >= 0 && il < head.span.n_layer() &&
+         layer_checksum(head.span, il) == head.layer_checksums[static_cast<size_t>(il)];
+}
+
+DecodedSpan decode_span_record(std::span<const uint8_t> record, uint64_t key, uint64_t ns,
+                               std::span<const int32_t> tokens, int64_t prefix) {
+  DecodedSpan out;
+  SpanRecordHead head = decode_span_record_head(record, key, ns, tokens, prefix);
+  if (head.status != RecordStatus::Corrupt && head.header.size != record.size())
+    return out;  // cut or extended
+  out.status = head.status;
+  if (head.status != RecordStatus::Ok) return out;
+  const size_t from = head.header.head_bytes();
+  if (!head.span.data().empty())
+    std::memcpy(head.span.data().data(), record.data() + from, head.span.data().size());
+  for (int il = 0; il < head.span.n_layer(); ++il)
+    if (!span_record_layer_ok(head, il)) {
+      out.status = RecordStatus::Corrupt;
+      return out;
+    }
+  out.span = std::move(head.span);
   return out;
 }
 

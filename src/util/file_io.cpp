@@ -57,4 +57,30 @@ std::optional<WriteFailure> write_file_atomic(const std::filesystem::path& path,
   return std::nullopt;
 }
 
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd open_read(const std::filesystem::path& path) { return Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)); }
+
+bool read_exact_at(const Fd& fd, uint8_t* p, size_t n, uint64_t offset) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd.get(), p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
 }  // namespace depcache

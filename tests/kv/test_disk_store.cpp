@@ -87,6 +87,50 @@ TEST_F(DiskStore, BadFilesAreDroppedNeverServed) {
   EXPECT_TRUE(store.get(5, tokens_of(4, 5)).has_value());
 }
 
+// A file read one layer at a time: the head is checked when it is opened,
+// each layer on its own when it is read, in any order; a bad layer fails
+// alone (the others still check), and the reader reads on after the store
+// has deleted the file.
+TEST_F(DiskStore, LayersAreReadAndCheckedOneByOne) {
+  const KvSpan span = make_span(6, 4);
+  DiskSpanStore store(dir_, 1 << 20);
+  for (uint64_t key = 1; key <= 3; ++key) ASSERT_TRUE(store.put(key, tokens_of(6, 4), span));
+  std::vector<uint8_t> head(kSpanRecordHeader);
+  std::ifstream(file_of(1), std::ios::binary).read(reinterpret_cast<char*>(head.data()), head.size());
+  const std::optional<SpanRecordHeader> h = decode_span_record_header(head);
+  ASSERT_TRUE(h.has_value());
+  ASSERT_EQ(h->n_layer, 3);
+  const auto flip = [&](uint64_t key, size_t at) {
+    std::fstream f(file_of(key), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    const char c = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x10));
+  };
+
+  std::optional<DiskSpanStore::LayerReader> reader = store.open_layers(1, 0, tokens_of(6, 4), 0);
+  ASSERT_TRUE(reader.has_value());
+  EXPECT_EQ(reader->span().positions(), span.positions());
+  store.remove(1);  // the open file reads on
+  for (const int il : {2, 0, 1}) EXPECT_TRUE(reader->read_layer(il)) << il;
+  EXPECT_EQ(reader->span().data(), span.data());
+  EXPECT_FALSE(reader->read_layer(3));
+
+  flip(2, h->head_bytes() + h->layer_bytes() + 5);  // layer 1 of key 2
+  reader = store.open_layers(2, 0, tokens_of(6, 4), 0);
+  ASSERT_TRUE(reader.has_value()) << "the head is intact";
+  EXPECT_TRUE(reader->read_layer(0));
+  EXPECT_FALSE(reader->read_layer(1));
+  EXPECT_TRUE(reader->read_layer(2));
+  EXPECT_FALSE(store.get(2, tokens_of(6, 4)).has_value()) << "a whole read checks every layer";
+  EXPECT_FALSE(std::filesystem::exists(file_of(2)));
+
+  flip(3, kSpanRecordHeader + 4 * 6 + 2);  // a position, in the head
+  EXPECT_FALSE(store.open_layers(3, 0, tokens_of(6, 4), 0).has_value());
+  EXPECT_FALSE(std::filesystem::exists(file_of(3)));
+  EXPECT_EQ(store.n_dropped(), 2);
+}
+
 TEST_F(DiskStore, RecordsCarryNamespaceAndContext) {
   const std::vector<int32_t> path = tokens_of(9, 3);  // 6 context tokens, then the span's 3
   const KvSpan span = make_span(3, 7);
