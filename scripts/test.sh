@@ -65,12 +65,12 @@ UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan "ASan+UBSan"
 
 # Threaded code (the thread pool, the tiers with their prefetching and
-# remote store, the engine and its prefetch thread, run through the CLI)
+# remote store, the layer-wise span loader, the engine and its prefetch thread, run through the CLI)
 # under ThreadSanitizer.
 echo "== $(since_start) ThreadSanitizer build"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEPCACHE_TSAN=ON -DDEPCACHE_BENCH=OFF
 cmake --build build-tsan --target depcache test_util test_kv test_engine test_server test_cli
 echo "== $(since_start) TSan: threaded tests"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1 \
-  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|EngineLoop|KvPool|RunCli|Server|ServeCli|Speculation)\.'
+  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|EngineLoop|KvPool|LayerLoad|RunCli|Server|ServeCli|Speculation)\.'
 echo "== $(since_start) all stages passed"

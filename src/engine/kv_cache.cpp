@@ -112,7 +112,10 @@ KvSpan KvCache::extract(std::span<const int64_t> rows) const {
 }
 
 void KvCache::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
-                    std::span<const int32_t> positions) {
+                    std::span<const int32_t> positions, int layer_begin, int layer_end) {
+  if (layer_end < 0) layer_end = n_layer();
+  if (layer_begin < 0 || layer_begin > layer_end || layer_end > n_layer())
+    fail(ErrorKind::Internal, "KV place: layers [{}, {}) of {}", layer_begin, layer_end, n_layer());
   if (span.type() != type_ || span.row_elems() != row_ || span.n_layer() != n_layer())
     fail(ErrorKind::Internal, "KV span of another shape or type cannot be placed in this cache");
   if (from < 0 || n < 0 || from + n > span.n_tokens() || static_cast<int64_t>(positions.size()) != n)
@@ -131,7 +134,7 @@ void KvCache::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
   RopeTable table;
   if (rotate) table.build(delta.data(), n, n_rot_, rope_base_);
   std::vector<float> keys(rotate ? n * row_ : 0);
-  for (int il = 0; il < n_layer(); ++il) {
+  for (int il = layer_begin; il < layer_end; ++il) {
     uint8_t* kd = k_[il].data() + row0 * rb;
     std::memcpy(v_[il].data() + row0 * rb, span.v(il) + from * rb, n * rb);
     if (!rotate) {

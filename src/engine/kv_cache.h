@@ -45,8 +45,12 @@ class KvCache {
   KvSpan extract(std::span<const int64_t> rows) const;
   // Copies span tokens [from, from + n) into rows row0... at `positions`,
   // rotating each key by (new position - encoded position). Values do not
-  // depend on position and are copied as they are.
-  void place(const KvSpan& span, int64_t from, int64_t n, int64_t row0, std::span<const int32_t> positions);
+  // depend on position and are copied as they are. Only layers
+  // [layer_begin, layer_end) when given (-1: to the last): a span still
+  // being read is placed layer by layer as its layers arrive, with the same
+  // result as placing it whole.
+  void place(const KvSpan& span, int64_t from, int64_t n, int64_t row0, std::span<const int32_t> positions,
+             int layer_begin = 0, int layer_end = -1);
 
  private:
   int64_t n_ctx_;

@@ -52,6 +52,7 @@ class DiskSpanStore {
     bool read_layer(int il);
     // The span: positions set; layer il's K/V once read_layer(il) is true.
     KvSpan& span() { return head_.span; }
+    const KvSpan& span() const { return head_.span; }
 
    private:
     friend class DiskSpanStore;

@@ -114,6 +114,45 @@ TEST(SparsePrefill, PlacedPrefixPlusComputedSuffixEqualsFullPrefill) {
   EXPECT_LT(test::max_abs_diff(got, want_rest, "got vs want_rest"), 1e-4);
 }
 
+// Layer-wise preload places a span one layer at a time, from the layer hook,
+// just before the layer runs: the logits equal those of the span placed
+// whole before the pass, bit for bit, also when its keys are rotated.
+TEST(SparsePrefill, ASpanPlacedLayerByLayerFromTheHookEqualsItPlacedWhole) {
+  const auto m = test::random_model("tiny-qwen2", DType::F32);
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  const auto toks = some_tokens(30, m->config().n_vocab, 4);
+  KvCache source(m->config(), 64, DType::F16);
+  fwd.prefill(chain_plan(std::vector<int32_t>(toks.begin(), toks.begin() + 18), 0, 7), source);
+  std::vector<int64_t> rows(18);
+  std::iota(rows.begin(), rows.end(), 0);
+  const KvSpan span = source.extract(rows);  // encoded at 7.., placed at 0..
+  std::vector<int32_t> pos(18);
+  std::iota(pos.begin(), pos.end(), 0);
+  const std::vector<int32_t> rest(toks.begin() + 18, toks.end());
+
+  KvCache whole(m->config(), 64, DType::F16);
+  whole.place(span, 0, 18, 0, pos);
+  const PrefillResult want = fwd.prefill(chain_plan(rest, 18, 18, true), whole);
+
+  KvCache layered(m->config(), 64, DType::F16);
+  PrefillPlan plan = chain_plan(rest, 18, 18, true);
+  std::vector<int> layers_seen;
+  plan.hook = [&](const LayerKv& layer) {
+    layers_seen.push_back(layer.layer);
+    layered.place(span, 0, 18, 0, pos, layer.layer, layer.layer + 1);
+    return std::vector<int64_t>(layer.active.begin(), layer.active.end());
+  };
+  const PrefillResult got = fwd.prefill(plan, layered);
+  ASSERT_EQ(static_cast<int>(layers_seen.size()), m->config().n_layer);
+  EXPECT_EQ(got.logits, want.logits);
+  for (int il = 0; il < m->config().n_layer; ++il) {
+    EXPECT_EQ(rows_of(layered, il, 0, 30, true), rows_of(whole, il, 0, 30, true)) << il;
+    EXPECT_EQ(rows_of(layered, il, 0, 30, false), rows_of(whole, il, 0, 30, false)) << il;
+  }
+  EXPECT_THROW(layered.place(span, 0, 18, 0, pos, 1, m->config().n_layer + 1), Error);
+}
+
 // Active sets shrinking with depth over an exact cache change nothing: a
 // token that stops early leaves the cached (here: identical) K/V in later
 // layers. With the set = all tokens everywhere, it is plain prefill.

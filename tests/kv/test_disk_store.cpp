@@ -1,6 +1,7 @@
 // The disk tier's span files: round trip across a restart, and every way a
 // file can go bad — corrupt, truncated, foreign, other tokens, interrupted
 // writes, a writer killed mid-stream — detected and dropped, never served.
+// Then the layer-wise loader reading a file on a thread of its own.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 #include <fstream>
 
 #include "kv/disk_store.h"
+#include "kv/layer_loader.h"
 #include "test_support.h"
 #include "util/error.h"
 
@@ -216,6 +218,105 @@ TEST_F(DiskStore, UnusableDirectoryIsAClearError) {
   std::ofstream(dir_) << "a file, not a directory";
   EXPECT_THROW(DiskSpanStore(dir_, 1 << 20), Error);
   std::filesystem::remove(dir_);
+}
+
+// Layer-wise preload (Cache-Craft): the loader's layers match a whole read
+// byte for byte; a consumer waiting layer by layer, as a forward pass does,
+// sees each one in order; a bad layer fails it and every later one, never
+// an earlier one; a loader dropped half way joins cleanly. Run under TSan.
+class LayerLoad : public DiskStore {
+ protected:
+  static constexpr int kLayers = 24;
+  static KvSpan deep_span(int64_t n, uint32_t seed) {
+    KvSpan s(kLayers, 64, DType::F16, n);
+    const auto r = test::randn(s.data().size(), seed);
+    for (size_t i = 0; i < s.data().size(); ++i)
+      s.data()[i] = static_cast<uint8_t>(static_cast<int>(r[i] * 50));
+    for (int64_t i = 0; i < n; ++i) s.positions()[i] = static_cast<int32_t>(i);
+    return s;
+  }
+};
+
+TEST_F(LayerLoad, LayersArriveInOrderAndMatchAWholeRead) {
+  const KvSpan span = deep_span(40, 9);
+  DiskSpanStore store(dir_, 16 << 20);
+  ASSERT_TRUE(store.put(1, tokens_of(40, 1), span));
+  for (const int preload : {0, 1, 5, kLayers, kLayers + 3}) {
+    SCOPED_TRACE(preload);
+    std::optional<DiskSpanStore::LayerReader> reader = store.open_layers(1, 0, tokens_of(40, 1), 0);
+    ASSERT_TRUE(reader.has_value());
+    depcache::LayerLoader loader(std::move(*reader), preload);
+    EXPECT_GE(loader.ready(), std::min(preload, kLayers));
+    const size_t layer_bytes = 2 * 40 * span.row_bytes();
+    for (int il = 0; il < kLayers; ++il) {
+      ASSERT_TRUE(loader.wait(il)) << il;
+      EXPECT_EQ(std::memcmp(loader.span().k(il), span.k(il), layer_bytes), 0) << il;
+    }
+    EXPECT_FALSE(loader.wait(kLayers));
+    EXPECT_FALSE(loader.failed());
+    const KvSpan whole = loader.take();
+    EXPECT_EQ(whole.data(), span.data());
+    EXPECT_EQ(whole.positions(), span.positions());
+  }
+}
+
+TEST_F(LayerLoad, ABadLayerFailsItAndTheLaterOnesOnly) {
+  const KvSpan span = deep_span(16, 3);
+  DiskSpanStore store(dir_, 16 << 20);
+  ASSERT_TRUE(store.put(1, tokens_of(16, 1), span));
+  std::vector<uint8_t> head(kSpanRecordHeader);
+  std::ifstream(file_of(1), std::ios::binary).read(reinterpret_cast<char*>(head.data()), head.size());
+  const std::optional<SpanRecordHeader> h = decode_span_record_header(head);
+  ASSERT_TRUE(h.has_value());
+  {
+    std::fstream f(file_of(1), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(h->head_bytes() + 17 * h->layer_bytes() + 3));
+    f.put('\x7f');
+    f.seekp(static_cast<std::streamoff>(h->head_bytes() + 17 * h->layer_bytes() + 4));
+    f.put('\x01');
+  }
+  for (const int preload : {2, 20}) {
+    SCOPED_TRACE(preload);
+    std::optional<DiskSpanStore::LayerReader> reader = store.open_layers(1, 0, tokens_of(16, 1), 0);
+    ASSERT_TRUE(reader.has_value());
+    depcache::LayerLoader loader(std::move(*reader), preload);
+    for (int il = 0; il < 17; ++il) EXPECT_TRUE(loader.wait(il)) << il;
+    for (int il = 17; il < kLayers; ++il) EXPECT_FALSE(loader.wait(il)) << il;
+    EXPECT_TRUE(loader.failed());
+    EXPECT_EQ(loader.ready(), 17);
+    EXPECT_EQ(loader.take().n_tokens(), 0);
+  }
+}
+
+TEST_F(LayerLoad, ALoaderDroppedHalfWayStopsAndJoins) {
+  const KvSpan span = deep_span(200, 5);
+  DiskSpanStore store(dir_, 64 << 20);
+  ASSERT_TRUE(store.put(1, tokens_of(200, 1), span));
+  for (int round = 0; round < 20; ++round) {
+    std::optional<DiskSpanStore::LayerReader> reader = store.open_layers(1, 0, tokens_of(200, 1), 0);
+    ASSERT_TRUE(reader.has_value());
+    depcache::LayerLoader loader(std::move(*reader), 1);
+    EXPECT_TRUE(loader.wait(round % kLayers));
+  }  // each loader goes with layers still unread
+}
+
+TEST(LayerLoadDepth, TheLastLayerSetsHowManyToReadFirst) {
+  EXPECT_EQ(preload_depth(10, 1.0, 2.0), 1);   // reading is faster: start at once
+  EXPECT_EQ(preload_depth(10, 2.0, 2.0), 1);   // as fast: each layer in just in time
+  EXPECT_EQ(preload_depth(10, 2.0, 1.0), 6);   // ceil(10 - 9 / 2)
+  EXPECT_EQ(preload_depth(10, 3.0, 1.0), 7);   // ceil(10 - 9 / 3)
+  EXPECT_EQ(preload_depth(10, 5.0, 0.0), 10);  // nothing to hide behind
+  EXPECT_EQ(preload_depth(1, 5.0, 1.0), 1);
+  EXPECT_EQ(preload_depth(0, 5.0, 1.0), 0);
+  EXPECT_EQ(preload_depth(10, std::nan(""), 1.0), 1);
+  // The rule holds: with that depth no layer is needed before it is in.
+  for (const double load : {1.5, 2.0, 4.0, 9.0}) {
+    const int d = preload_depth(32, load, 1.0);
+    for (int i = 0; i < 32; ++i) EXPECT_LE((i + 1) * load, d * load + i * 1.0 + 1e-9) << load << " " << i;
+    if (d > 1) {
+      EXPECT_GT(32 * load, (d - 1) * load + 31 * 1.0) << "one fewer would wait";
+    }
+  }
 }
 
 }  // namespace
