@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+struct redisContext;  // hiredis
+
 namespace depcache {
 
 class RemoteStore {
@@ -51,7 +53,7 @@ class RedisStore final : public RemoteStore {
   std::string key_of(uint64_t key) const;
 
   RedisOptions o_;
-  struct redisContext* ctx_ = nullptr;
+  ::redisContext* ctx_ = nullptr;
   int64_t n_failures_ = 0;
   std::string last_error_;
   int64_t retry_at_ms_ = 0;

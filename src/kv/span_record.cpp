@@ -8,7 +8,7 @@
 namespace depcache {
 namespace {
 
-constexpr char kMagic[8] = {'D', 'K', 'V', 'S', 'P', 'A', 'N', '4'};
+constexpr char kSpanMagic[8] = {'D', 'K', 'V', 'S', 'P', 'A', 'N', '4'};
 constexpr size_t kChecksumFrom = 16;  // the head checksum covers the head after itself
 
 template <typename T>
@@ -66,7 +66,7 @@ std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<con
          prefix, span.n_tokens());
   const size_t size = span_record_bytes(n, span);
   std::vector<uint8_t> buf(size, 0);
-  std::memcpy(buf.data(), kMagic, sizeof kMagic);
+  std::memcpy(buf.data(), kSpanMagic, sizeof kSpanMagic);
   put_at<uint64_t>(buf, 16, key);
   put_at<uint64_t>(buf, 24, size);
   put_at<uint32_t>(buf, 32, static_cast<uint32_t>(span.n_layer()));
@@ -88,7 +88,7 @@ std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<con
 }
 
 std::optional<SpanRecordHeader> decode_span_record_header(std::span<const uint8_t> head) {
-  if (head.size() < kSpanRecordHeader || std::memcmp(head.data(), kMagic, sizeof kMagic) != 0)
+  if (head.size() < kSpanRecordHeader || std::memcmp(head.data(), kSpanMagic, sizeof kSpanMagic) != 0)
     return std::nullopt;
   const uint32_t n_layer = get_at<uint32_t>(head, 32), type_id = get_at<uint32_t>(head, 36);
   const uint64_t row_elems = get_at<uint64_t>(head, 40), n = get_at<uint64_t>(head, 48),

@@ -17,6 +17,9 @@
 
 namespace depcache {
 
+// "GGUF", read as a little-endian u32: the first bytes of every GGUF file.
+inline constexpr uint32_t kGgufMagic = 0x46554747;
+
 enum class GgufType : uint32_t {
   U8 = 0,
   I8 = 1,

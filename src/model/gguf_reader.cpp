@@ -13,7 +13,6 @@
 namespace depcache {
 namespace {
 
-constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr int kMaxDims = 4;
 constexpr int kMaxArrayDepth = 4;
 constexpr uint64_t kMaxStringLength = uint64_t{1} << 30;
@@ -189,7 +188,8 @@ GgufFile GgufFile::parse(std::span<const uint8_t> bytes, std::string source_name
   f.bytes_ = bytes;
   Cursor c(bytes, f.source_);
 
-  if (c.read<uint32_t>("magic") != kMagic) c.corrupt("magic", "not a GGUF file (magic bytes are not 'GGUF')");
+  if (c.read<uint32_t>("magic") != kGgufMagic)
+    c.corrupt("magic", "not a GGUF file (magic bytes are not 'GGUF')");
   f.version_ = c.read<uint32_t>("version");
   if (f.version_ < 1 || f.version_ > 3)
     fail(ErrorKind::InvalidInput, "{}: GGUF version {} is not supported (1, 2 and 3 are)", f.source_,

@@ -7,7 +7,6 @@
 namespace depcache {
 namespace {
 
-constexpr uint32_t kMagic = 0x46554747;
 constexpr uint32_t kVersion = 3;
 
 class Out {
@@ -110,7 +109,7 @@ void GgufWriter::write(const std::filesystem::path& path) const {
   std::ofstream os(tmp, std::ios::binary | std::ios::trunc);
   if (!os) fail(ErrorKind::InvalidInput, "cannot create {}", tmp.string());
   Out o(os);
-  o.put<uint32_t>(kMagic);
+  o.put<uint32_t>(kGgufMagic);
   o.put<uint32_t>(kVersion);
   o.put<uint64_t>(tensors_.size());
   o.put<uint64_t>(metadata_.size());

@@ -181,7 +181,7 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "the KG file format is little-endian");
 
-constexpr char kMagic[4] = {'D', 'K', 'G', '1'};
+constexpr char kKgMagic[4] = {'D', 'K', 'G', '1'};
 constexpr uint32_t kVersion = 2;
 constexpr size_t kHeaderSize = 56;
 constexpr size_t kChecksumStart = 16;
@@ -264,7 +264,7 @@ std::string read_file(const std::filesystem::path& path, const char* what) {
 
 void KnowledgeGraph::save(const std::filesystem::path& path) const {
   Writer w;
-  w.buf().append(kMagic, 4);
+  w.buf().append(kKgMagic, 4);
   w.u32(kVersion);
   w.u64(0);  // checksum, patched below
   w.u64(0);  // file size, patched below
@@ -302,9 +302,9 @@ KnowledgeGraph KnowledgeGraph::load(const std::filesystem::path& path) {
   const std::string data = read_file(path, "KG file");
 
   if (data.empty()) fail(ErrorKind::InvalidInput, "{}: empty file, not a depcache KG file", file);
-  if (data.size() < sizeof kMagic && std::memcmp(data.data(), kMagic, data.size()) == 0)
+  if (data.size() < sizeof kKgMagic && std::memcmp(data.data(), kKgMagic, data.size()) == 0)
     fail(ErrorKind::InvalidInput, "{}: truncated KG file: {} bytes", file, data.size());
-  if (data.size() < sizeof kMagic || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0)
+  if (data.size() < sizeof kKgMagic || std::memcmp(data.data(), kKgMagic, sizeof kKgMagic) != 0)
     fail(ErrorKind::InvalidInput, "{}: not a depcache KG file (bad magic)", file);
   if (data.size() < kHeaderSize)
     fail(ErrorKind::InvalidInput, "{}: truncated KG file: {} bytes, the header alone is {}", file,

@@ -30,6 +30,10 @@ class ApiError : public std::runtime_error {
   int status;
   std::string type, param, code;
 };
+// The 400 of a request parameter that is missing or wrong.
+inline ApiError bad_request(const std::string& param, const std::string& message) {
+  return ApiError(400, message, "invalid_request_error", param);
+}
 nlohmann::json error_body(const ApiError& e);
 
 // The "rag" object of a request: what depcache adds to the OpenAI API.

@@ -11,10 +11,6 @@ constexpr std::string_view kContextMark =
     "depcache-context"
     "\x01";
 
-ApiError bad(const std::string& param, const std::string& message) {
-  return ApiError(400, message, "invalid_request_error", param);
-}
-
 // Where a request retrieves from: "corpus" or "kg" (checked against what the
 // server loaded), or "" when it retrieves nothing.
 std::string retrieval_source(const CompletionRequest& r, const PromptSources& sources) {
@@ -22,13 +18,13 @@ std::string retrieval_source(const CompletionRequest& r, const PromptSources& so
   std::string from = r.rag->retrieve->from;
   if (from.empty()) {
     if (sources.corpus && sources.graph)
-      throw bad("rag.retrieve.from", "the server has both a corpus and a graph: say which ('from')");
+      throw bad_request("rag.retrieve.from", "the server has both a corpus and a graph: say which ('from')");
     from = sources.graph ? "kg" : "corpus";
   }
   if (from == "corpus" && !sources.corpus)
-    throw bad("rag.retrieve", "this server has no corpus to retrieve from (start it with --corpus)");
+    throw bad_request("rag.retrieve", "this server has no corpus to retrieve from (start it with --corpus)");
   if (from != "corpus" && !sources.graph)
-    throw bad("rag.retrieve", "this server has no knowledge graph (start it with --kg)");
+    throw bad_request("rag.retrieve", "this server has no knowledge graph (start it with --kg)");
   return from;
 }
 
@@ -70,7 +66,7 @@ std::string rendered_chat(const PromptSources& sources, std::span<const ChatMess
   try {
     return render_chat(*sources.chat, messages, special(v.bos), special(v.eos));
   } catch (const Error& e) {
-    throw bad("messages", e.what());
+    throw bad_request("messages", e.what());
   }
 }
 
