@@ -46,6 +46,7 @@ class DiskSpanStore {
   class LayerReader {
    public:
     int n_layer() const { return head_.span.n_layer(); }
+    uint64_t key() const { return head_.header.key; }
     size_t layer_bytes() const { return head_.header.layer_bytes(); }
     // Reads layer il into span(); false when it cannot be read or does not
     // match its checksum (the layer's K/V in span() is then not to be used).

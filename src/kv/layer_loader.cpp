@@ -15,7 +15,7 @@ double ms_since(Clock::time_point t0) {
 }  // namespace
 
 LayerLoader::LayerLoader(DiskSpanStore::LayerReader reader, int preload)
-    : reader_(std::move(reader)), n_layer_(reader_.n_layer()) {
+    : reader_(std::move(reader)), n_layer_(reader_.n_layer()), key_(reader_.key()) {
   const int first = std::clamp(preload, 0, n_layer_);
   const auto t0 = Clock::now();
   for (int il = 0; il < first; ++il) {

@@ -24,6 +24,7 @@ class LayerLoader {
   LayerLoader& operator=(const LayerLoader&) = delete;
 
   int n_layer() const { return n_layer_; }
+  uint64_t key() const { return key_; }  // of the file it reads
   // Blocks until layer il is read and checked: true; false when it, or a
   // layer before it, could not be read or failed its checksum (the record
   // is bad: the caller computes instead and drops the file).
@@ -46,6 +47,7 @@ class LayerLoader {
 
   DiskSpanStore::LayerReader reader_;
   const int n_layer_;
+  const uint64_t key_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int ready_ = 0;

@@ -231,10 +231,20 @@ bool RadixIndex::promote(NodeId id) {
       id, [&](SpanSlot& slot) { return tiers_.promote(slot, n.ns, path, n.start, &stats_.promoted_bytes); });
 }
 
-void RadixIndex::promote_match(Match& m) {
+void RadixIndex::promote_match(Match& m, bool layered) {
   for (size_t i = 0; i < m.pieces.size(); ++i) {
     const NodeId id = m.pieces[i].node;
-    if (tier(id) == Tier::Hot || promote(id)) continue;
+    if (tier(id) == Tier::Hot) continue;
+    if (layered && tier(id) == Tier::Disk && !nodes_[id].slot.is_virtual()) {
+      const Node& n = nodes_[id];
+      if (auto loader = tiers_.start_layered(n.slot, n.ns, path_tokens(id), n.start, layer_preload_)) {
+        m.loading.resize(m.pieces.size());
+        m.loading[i] = std::move(loader);
+        continue;
+      }
+    } else if (promote(id)) {
+      continue;
+    }
     ++stats_.dropped_bad;
     // The rest of the match hangs below it: unpinned, uncounted, dropped.
     for (size_t j = i; j < m.pieces.size(); ++j) {
@@ -246,16 +256,17 @@ void RadixIndex::promote_match(Match& m) {
     }
     drop_subtree(id);
     m.pieces.resize(i);
+    if (m.loading.size() > i) m.loading.resize(i);
     return;
   }
 }
 
-RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens) {
+RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens, bool layered) {
   Match m = peek_locked(ns, tokens);  // tokens_from: the tiers as found
   // Hold what is matched while lower tiers and the remote store are read:
   // bringing one node in must not push another out.
   pin(m);
-  promote_match(m);
+  promote_match(m, layered);
   const Match held = m;
   if (remote_ && m.length < static_cast<int64_t>(tokens.size())) {
     const int64_t local = m.length;
@@ -276,6 +287,16 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens)
   return m;
 }
 
+bool RadixIndex::adopt_loaded(NodeId id, LayerLoader& loader) {
+  auto lk = lock();
+  if (id < 0 || id >= static_cast<NodeId>(nodes_.size()) || !nodes_[id].live) return false;
+  KvSpan span = loader.take();
+  if (span.n_tokens() == 0) return false;
+  return retier(id, [&](SpanSlot& slot) {
+    return tiers_.adopt(slot, loader.key(), std::move(span), &stats_.promoted_bytes);
+  });
+}
+
 uint64_t RadixIndex::begin_request() {
   auto lk = lock();
   return ++clock_;
@@ -284,7 +305,7 @@ uint64_t RadixIndex::begin_request() {
 RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick) {
   auto lk = lock();
   const auto t0 = Clock::now();
-  Match m = load(ns, tokens);
+  Match m = load(ns, tokens, layer_preload_ >= 0);
   const uint64_t tick = request_tick > 0 ? request_tick : ++clock_;
   for (const Piece& p : m.pieces) {
     Node& n = nodes_[p.node];
@@ -303,7 +324,7 @@ RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens
 int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens) {
   auto lk = lock();
   const auto t0 = Clock::now();
-  const Match m = load(ns, tokens);
+  const Match m = load(ns, tokens, false);
   stats_.load_ms += ms_since(t0);
   return m.length - m.tokens_from[kHot];
 }

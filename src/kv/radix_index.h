@@ -68,6 +68,10 @@ class RadixIndex {
     std::vector<Piece> pieces;
     int64_t tokens_from[kTiers] = {};  // matched tokens by the tier they were found in
     double load_ms = 0;                // time spent bringing them to the hot tier
+    // Layer-wise preload: by piece, the loader of a piece still being read
+    // from disk (its node stays on disk until adopt_loaded); null for a
+    // piece in memory. Empty when nothing is being read.
+    std::vector<std::shared_ptr<LayerLoader>> loading;
   };
   // Insert asks for the span of the new tokens; with a remote tier it also
   // asks for whole blocks, which may start before them.
@@ -121,6 +125,16 @@ class RadixIndex {
   // leaf paths of its trees) passes the tick of begin_request() to each, so
   // a node shared by its paths counts one access, not one per path.
   Match match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick = 0);
+  // Layer-wise preload in match (not in prefetch, which has time): a piece
+  // on disk is read layer by layer, its first `layers` before match returns
+  // (see Match::loading); < 0: off, pieces are read whole.
+  void set_layer_preload(int layers) {
+    auto lk = lock();
+    layer_preload_ = layers;
+  }
+  // A layered load finished: its span becomes its node's (hot tier, file
+  // removed). False when the load failed or the node changed meanwhile.
+  bool adopt_loaded(NodeId node, LayerLoader& loader);
   uint64_t begin_request();
   // The same without counting an access and without moving anything (for
   // schedulers looking ahead).
@@ -223,10 +237,10 @@ class RadixIndex {
   bool promote(NodeId node);  // to the hot tier; false when its disk file is bad
   // Promotes the pieces of a pinned match in order; where a promotion
   // fails, unpins and drops the rest and truncates m and its tier counts.
-  void promote_match(Match& m);
+  void promote_match(Match& m, bool layered);
   // match and prefetch: the match, brought to the hot tier (and extended
   // from the remote store), with the tiers it came from.
-  Match load(uint64_t ns, std::span<const int32_t> tokens);
+  Match load(uint64_t ns, std::span<const int32_t> tokens, bool layered);
   // Extends a match of `length` tokens from the remote store block by block,
   // inserting what is found; returns the new length.
   int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length);
@@ -247,6 +261,7 @@ class RadixIndex {
   void remove_leaf(NodeId node);
 
   mutable std::recursive_mutex mu_;
+  int layer_preload_ = -1;  // layers read before match returns; < 0: whole
   SpanTiers tiers_;
   std::unique_ptr<RemoteBlocks> remote_;
   std::function<double(int64_t, int64_t)> cost_model_;

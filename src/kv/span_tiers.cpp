@@ -87,12 +87,27 @@ bool SpanTiers::promote(SpanSlot& s, uint64_t ns, std::span<const int32_t> path,
     set_tier(s, Tier::Hot);
     return true;
   }
-  std::optional<KvSpan> span = disk_->get(s.disk_key, ns, path, start);
-  if (!span || span->n_tokens() != s.n_tokens) return false;
-  disk_->remove(s.disk_key);  // the hot copy is the slot's span now
+  const uint64_t key = s.disk_key;
+  std::optional<KvSpan> span = disk_->get(key, ns, path, start);
+  return span && adopt(s, key, std::move(*span), promoted_bytes);
+}
+
+std::shared_ptr<LayerLoader> SpanTiers::start_layered(const SpanSlot& s, uint64_t ns,
+                                                      std::span<const int32_t> path, int64_t start,
+                                                      int preload) {
+  if (s.tier != Tier::Disk || s.is_virtual() || !disk_) return nullptr;
+  std::optional<DiskSpanStore::LayerReader> reader = disk_->open_layers(s.disk_key, ns, path, start);
+  if (!reader || reader->span().n_tokens() != s.n_tokens) return nullptr;
+  return std::make_shared<LayerLoader>(std::move(*reader), preload);
+}
+
+bool SpanTiers::adopt(SpanSlot& s, uint64_t disk_key, KvSpan span, int64_t* promoted_bytes) {
+  if (s.tier != Tier::Disk || s.disk_key != disk_key || span.n_tokens() != s.n_tokens || s.n_tokens == 0)
+    return false;
+  if (disk_) disk_->remove(disk_key);  // the hot copy is the slot's span now
   set_tier(s, Tier::Hot, [&](SpanSlot& slot) {
     slot.disk_bytes = 0;
-    slot.span = std::move(*span);
+    slot.span = std::move(span);
     slot.bytes_per_token = slot.span.bytes() / static_cast<size_t>(slot.n_tokens);
   });
   *promoted_bytes += static_cast<int64_t>(s.memory_bytes());

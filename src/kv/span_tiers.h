@@ -11,11 +11,13 @@
 // its lock around every call.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 
 #include "kv/disk_store.h"
 #include "kv/kv_span.h"
+#include "kv/layer_loader.h"
 #include "kv/policy.h"
 
 namespace depcache {
@@ -90,6 +92,17 @@ class SpanTiers {
   // *promoted_bytes: the bytes copied or read.
   bool promote(SpanSlot& s, uint64_t ns, std::span<const int32_t> path, int64_t start,
                int64_t* promoted_bytes);
+
+  // Layer-wise preload: starts reading a disk slot's file layer by layer,
+  // its first `preload` layers before returning; the slot stays on disk
+  // until adopt(). Null when the file is missing or its head is bad (the
+  // caller drops the slot).
+  std::shared_ptr<LayerLoader> start_layered(const SpanSlot& s, uint64_t ns, std::span<const int32_t> path,
+                                             int64_t start, int preload);
+  // The span a layered load read becomes the slot's (hot tier, file
+  // removed). False, nothing changed, when the slot is no longer on disk
+  // under that file or the span does not fit it.
+  bool adopt(SpanSlot& s, uint64_t disk_key, KvSpan span, int64_t* promoted_bytes);
 
   // The size of the slot's disk file, once written.
   static size_t disk_file_bytes(const SpanSlot& s, int64_t path_tokens) {

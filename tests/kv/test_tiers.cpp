@@ -80,6 +80,19 @@ Tokens sequence(int id, int64_t n, int64_t shared = 0) {
   return t;
 }
 
+// An index over a disk store in `dir` takes the sequences and shuts down
+// cleanly: the next one to open `dir` finds them all on disk.
+void persist_all(const std::filesystem::path& dir, const std::vector<Tokens>& seqs, uint64_t ns,
+                 size_t hot_bytes) {
+  DiskSpanStore disk(dir, 1 << 20);
+  RadixIndex index(hot_bytes);
+  index.attach_disk(disk);
+  for (const Tokens& s : seqs) index.insert(ns, s, maker(s));
+  index.persist();  // a clean shutdown: what is in memory goes to disk
+  index.check_invariants();
+  EXPECT_EQ(index.bytes(Tier::Hot), 0u);
+}
+
 class Tiers : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = test::temp_path("tiers"); }
@@ -159,15 +172,7 @@ TEST_F(Tiers, DiskTierSurvivesARestart) {
   const size_t tb = token_bytes();
   std::vector<Tokens> seqs;
   for (int i = 0; i < 6; ++i) seqs.push_back(sequence(i, 16, 5));
-  {
-    DiskSpanStore disk(dir_, 1 << 20);
-    RadixIndex index(30 * tb);
-    index.attach_disk(disk);
-    for (const Tokens& s : seqs) index.insert(7, s, maker(s));
-    index.persist();  // a clean shutdown: what is in memory goes to disk
-    index.check_invariants();
-    EXPECT_EQ(index.bytes(Tier::Hot), 0u);
-  }
+  persist_all(dir_, seqs, 7, 30 * tb);
   DiskSpanStore disk(dir_, 1 << 20);
   RadixIndex index(30 * tb);
   index.attach_disk(disk);
@@ -179,6 +184,44 @@ TEST_F(Tiers, DiskTierSurvivesARestart) {
     index.check_invariants();
   }
   EXPECT_EQ(index.match(8, seqs[0]).length, 0);  // another namespace has nothing
+}
+
+// Layer-wise preload in match: a piece on disk comes back with a loader
+// (its first layer read, the node still on disk); every layer it reads
+// equals the stored K/V, and adopting it makes the node hot with that span
+// and removes its file. Prefetch still reads whole.
+TEST_F(Tiers, ALayeredMatchReadsDiskPiecesLayerByLayerThenAdoptsThem) {
+  const size_t tb = token_bytes();
+  std::vector<Tokens> seqs;
+  for (int i = 0; i < 3; ++i) seqs.push_back(sequence(i, 16, 5));
+  persist_all(dir_, seqs, 7, 30 * tb);
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(30 * tb);
+  index.attach_disk(disk);
+  index.set_layer_preload(1);
+  const RadixIndex::Match m = index.match(7, seqs[0]);
+  ASSERT_EQ(m.length, 16);
+  ASSERT_EQ(m.loading.size(), m.pieces.size());
+  int64_t at = 0;
+  for (size_t i = 0; i < m.pieces.size(); ++i) {
+    const RadixIndex::Piece& p = m.pieces[i];
+    ASSERT_NE(m.loading[i], nullptr) << i;
+    LayerLoader& loader = *m.loading[i];
+    EXPECT_GE(loader.ready(), 1);
+    EXPECT_EQ(index.span(p.node).n_tokens(), 0) << "still on disk";
+    const KvSpan want = expected_span(seqs[0], at, at + p.length);
+    for (int il = 0; il < kLayers; ++il) {
+      ASSERT_TRUE(loader.wait(il));
+      EXPECT_EQ(std::memcmp(loader.span().k(il), want.k(il), 2 * want.row_bytes() * p.length), 0) << il;
+    }
+    EXPECT_TRUE(index.adopt_loaded(p.node, loader));
+    EXPECT_FALSE(index.adopt_loaded(p.node, loader)) << "adopted once";
+    at += p.length;
+  }
+  index.check_invariants();
+  expect_served_correctly(index, index.match(7, seqs[0]), seqs[0]);
+  EXPECT_EQ(index.prefetch(7, seqs[1]), 16 - 5);  // whole: the shared 5 are hot already
+  index.check_invariants();
 }
 
 TEST_F(Tiers, OrphansAndForeignFilesAreNotAdopted) {
