@@ -1,18 +1,11 @@
 #include "kv/layer_loader.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
+#include "util/timing.h"
+
 namespace depcache {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-}  // namespace
 
 LayerLoader::LayerLoader(DiskSpanStore::LayerReader reader, int preload)
     : reader_(std::move(reader)), n_layer_(reader_.n_layer()), key_(reader_.key()) {
