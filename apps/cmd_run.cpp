@@ -331,6 +331,7 @@ nlohmann::json row_json(const std::string& strategy, const RequestRow& r) {
                       {"reused_tokens", r.report.reused_tokens},
                       {"attention_pairs", r.report.attention_pairs},
                       {"load_ms", r.report.load_ms},
+                      {"layer_wait_ms", r.report.layer_wait_ms},
                       {"found_in",
                        {{"hot", r.report.reused_from[0]},
                         {"host", r.report.reused_from[1]},
@@ -559,15 +560,15 @@ void print_summary(const std::vector<StrategyRun>& runs, bool verify, bool fidel
     if (!run.tiered) continue;
     fmt::print(
         "{:<10} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} "
-        "ms; "
+        "ms ({} spans layer by layer, {:.1f} ms waited for layers); "
         "demoted hot {} host {}; swapped out {:.1f} MiB ({} evictions found a host copy); bad records "
         "dropped "
         "{}; blocks published {}; prefetched {} tokens; disk "
         "write failures {}; oversized spans hot {} disk {}\n",
         run.name, s.hit_tokens[0], s.hit_tokens[1], s.hit_tokens[2], s.hit_tokens[3],
-        s.promoted_bytes / 1048576.0, s.load_ms, s.demoted[0], s.demoted[1], s.swapped_out_bytes / 1048576.0,
-        s.swap_outs_saved, s.dropped_bad, s.remote_published, run.prefetched, s.disk_write_failures,
-        s.oversized[0], s.oversized[2]);
+        s.promoted_bytes / 1048576.0, s.load_ms, s.layered_loads, s.layer_wait_ms, s.demoted[0], s.demoted[1],
+        s.swapped_out_bytes / 1048576.0, s.swap_outs_saved, s.dropped_bad, s.remote_published, run.prefetched,
+        s.disk_write_failures, s.oversized[0], s.oversized[2]);
   }
 }
 

@@ -17,9 +17,12 @@ struct TierOptions {
   std::string cache_dir, redis;
   int64_t redis_block = 32;
   bool swap_out_once = false;
+  std::string layer_preload = "auto";  // auto, off or a number of layers
   bool any() const { return host_mib > 0 || !cache_dir.empty() || !redis.empty(); }
 };
 void add_tier_options(CLI::App& cmd, TierOptions& o);
+// --layer-preload's value as the index takes it; throws InvalidInput.
+RadixIndex::LayerPreload parse_layer_preload(const std::string& s);
 
 // The stores behind the tiers, attached to an index (which must not outlive
 // them). Says on stderr, after `log_prefix`, what the disk tier adopted.

@@ -37,16 +37,18 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale) {
   return v;
 }
 
-std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied) {
+std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied, int n_layer) {
   static std::mutex mutex;
   static std::map<std::string, std::shared_ptr<const Model>> cache;
   const std::lock_guard lock(mutex);
-  const std::string key = preset + "/" + std::string(dtype_info(type).name) + (tied ? "/tied" : "");
+  const std::string key = preset + "/" + std::string(dtype_info(type).name) + (tied ? "/tied" : "") + "/" +
+                          std::to_string(n_layer);
   auto& m = cache[key];
   if (!m) {
     RandomModelOptions o;
     o.shape = *model_preset(preset);
     o.shape.tied_embeddings = tied;
+    if (n_layer > 0) o.shape.n_layer = n_layer;
     o.type = type;
     o.seed = 7;
     o.stddev = 0.2f;

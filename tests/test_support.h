@@ -104,8 +104,10 @@ class RedisServer {
 
 // A random-weight model of a preset shape (std 0.2, so logits differ enough
 // for comparisons to mean something), written with the project's GGUF writer
-// and loaded; made once per process per (preset, type, tied).
-std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied = false);
+// and loaded; made once per process per (preset, type, tied, layers).
+// n_layer > 0 overrides the preset's.
+std::shared_ptr<const Model> random_model(const std::string& preset, DType type, bool tied = false,
+                                          int n_layer = 0);
 
 // Sets element `index` of the F32 tensor `tensor` in a GGUF file to `value`
 // (NaN, say, or a changed weight), in place.

@@ -161,6 +161,11 @@ void Engine::preempt(Sequence& s) {
   ++preemptions_;
 }
 
+void Engine::requeue_after_bad_load(Sequence& s, const LayerLoadError& e) {
+  preempt(s);  // its execution and pins first, so the node can go at once
+  index_.drop_bad_load(e.node(), e.disk_key());
+}
+
 void Engine::make_room_to_decode() {
   for (size_t i = 0; i < decoding_.size();) {
     Sequence& s = live(decoding_[i]);
@@ -253,6 +258,9 @@ bool Engine::admit_next() {
     s.requeued = false;
     try {
       s.execution = std::make_unique<PlanExecution>(plan, index_, pool_.kv(), s.rows.row0());
+    } catch (const LayerLoadError& e) {
+      requeue_after_bad_load(s, e);
+      continue;
     } catch (const Error& e) {
       retire(s.id, RequestState::Failed, e.what(), e.kind());
       continue;
@@ -408,6 +416,13 @@ bool Engine::step() {
   if (prefetch.valid()) prefetched_ += prefetch.get();
   try {
     if (failure) std::rethrow_exception(failure);
+  } catch (const LayerLoadError& e) {
+    // A span read during the pass was bad: the sequence that placed it runs
+    // again without it. Nothing else in the batch advanced; it is simply
+    // computed again next step.
+    for (const Piece& p : pieces)
+      if (p.s->execution->loading()) requeue_after_bad_load(*p.s, e);
+    return true;
   } catch (const Error& e) {
     // Nothing of this batch can be trusted: every request in it fails (their
     // leases and rows are released as they retire).
@@ -436,6 +451,9 @@ bool Engine::step() {
     if (!s.execution->final_pass()) {
       try {
         s.execution->next_pass(pool_.kv(), s.rows.row0(), done);
+      } catch (const LayerLoadError& e) {
+        requeue_after_bad_load(s, e);
+        continue;
       } catch (const Error& e) {
         retire(s.id, RequestState::Failed, e.what(), e.kind());
         continue;
@@ -446,8 +464,14 @@ bool Engine::step() {
     const std::span<const float> logits(out.logits.data() + at * n_vocab, n_vocab);
     ++at;
     RequestResult& r = results_.at(s.id);
-    PrefillReport report = s.execution->finish(pool_.kv(), s.rows.row0(),
-                                               std::vector<float>(logits.begin(), logits.end()), done);
+    PrefillReport report;
+    try {
+      report = s.execution->finish(pool_.kv(), s.rows.row0(),
+                                   std::vector<float>(logits.begin(), logits.end()), done);
+    } catch (const LayerLoadError& e) {
+      requeue_after_bad_load(s, e);
+      continue;
+    }
     if (!s.resumed) r.report = std::move(report);  // the first prefill is the request's
     s.execution.reset();
     r.finite = r.finite && all_finite(logits);

@@ -160,6 +160,10 @@ class Engine {
   void retire(RequestId id, RequestState state, const std::string& error = {},
               ErrorKind kind = ErrorKind::Internal);
   void preempt(Sequence& s);
+  // A span read layer by layer was bad (LayerLoadError): the sequence waits
+  // at the head of the queue again, as if preempted, and the node leaves the
+  // index, so it computes those tokens.
+  void requeue_after_bad_load(Sequence& s, const LayerLoadError& e);
   // A prefill under way gives what it computed so far to the index.
   void keep_partial(Sequence& s);
   void make_room_to_decode();

@@ -22,7 +22,9 @@ enum class Logits { Last, All };
 // What a per-layer hook sees: the tokens active in this layer (batch
 // indices, ascending), their freshly computed K/V (after RoPE, before they
 // are written), and the assembly, whose rows still hold the cached K/V of
-// those tokens when the plan placed any.
+// those tokens when the plan placed any. The hook runs before the layer's
+// attention, so it may also place rows of this layer the pass reads but
+// does not compute (a span still arriving from disk).
 // Attention mass [layer][statistics query][target], averaged over heads.
 using AttentionMass = std::vector<std::vector<std::vector<double>>>;
 
@@ -31,7 +33,7 @@ struct LayerKv {
   std::span<const int64_t> active;
   const float* k_fresh = nullptr;  // (active.size(), n_embd_kv)
   const float* v_fresh = nullptr;
-  const KvCache* kv = nullptr;
+  KvCache* kv = nullptr;
   std::span<const int64_t> rows;  // KV row of every batch token
   // The plan's attention statistics of the layers before this one (null
   // without statistics), for hooks that decide from where attention goes.

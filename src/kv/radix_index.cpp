@@ -231,14 +231,40 @@ bool RadixIndex::promote(NodeId id) {
       id, [&](SpanSlot& slot) { return tiers_.promote(slot, n.ns, path, n.start, &stats_.promoted_bytes); });
 }
 
-void RadixIndex::promote_match(Match& m, bool layered) {
+int RadixIndex::preload_layers(int n_layer, size_t disk_bytes, int64_t cached, int64_t fresh) const {
+  if (layer_preload_.mode == LayerPreload::Mode::Fixed) return layer_preload_.depth;
+  const double compute_ms = cost_model_ && fresh > 0 ? cost_model_(cached, fresh)
+                                                     : static_cast<double>(fresh) * prefill_ms_per_token_;
+  if (read_bytes_per_ms_ <= 0 || compute_ms <= 0) return n_layer;
+  const double load_ms = static_cast<double>(disk_bytes) / read_bytes_per_ms_;
+  return preload_depth(n_layer, load_ms / n_layer, compute_ms / n_layer);
+}
+
+void RadixIndex::promote_match(Match& m, int64_t fresh, uint64_t request_tick) {
+  const bool layered = fresh >= 0 && layer_preload_.mode != LayerPreload::Mode::Off;
+  size_t disk_bytes = 0;  // what the layered loads of this match read in all
+  for (const Piece& p : m.pieces)
+    if (tier(p.node) == Tier::Disk) disk_bytes += nodes_[p.node].slot.disk_bytes;
+  const auto depth = [&](int n_layer) { return preload_layers(n_layer, disk_bytes, m.length, fresh); };
   for (size_t i = 0; i < m.pieces.size(); ++i) {
     const NodeId id = m.pieces[i].node;
     if (tier(id) == Tier::Hot) continue;
     if (layered && tier(id) == Tier::Disk && !nodes_[id].slot.is_virtual()) {
       const Node& n = nodes_[id];
-      if (auto loader = tiers_.start_layered(n.slot, n.ns, path_tokens(id), n.start, layer_preload_)) {
-        m.loading.resize(m.pieces.size());
+      m.loading.resize(m.pieces.size());
+      if (const auto f = in_flight_.find(id);
+          f != in_flight_.end() && request_tick > 0 && f->second.request_tick == request_tick) {
+        if (auto loader = f->second.loader.lock(); loader && loader->key() == n.slot.disk_key) {
+          // Read already for an earlier run of this request: as a whole load
+          // would have left it, it counts as found in memory.
+          m.loading[i] = std::move(loader);
+          m.tokens_from[static_cast<int>(Tier::Disk)] -= m.pieces[i].length;
+          m.tokens_from[kHot] += m.pieces[i].length;
+          continue;
+        }
+      }
+      if (auto loader = tiers_.start_layered(n.slot, n.ns, path_tokens(id), n.start, depth)) {
+        in_flight_[id] = {request_tick, loader};
         m.loading[i] = std::move(loader);
         continue;
       }
@@ -261,12 +287,13 @@ void RadixIndex::promote_match(Match& m, bool layered) {
   }
 }
 
-RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens, bool layered) {
+RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens, int64_t fresh,
+                                   uint64_t request_tick) {
   Match m = peek_locked(ns, tokens);  // tokens_from: the tiers as found
   // Hold what is matched while lower tiers and the remote store are read:
   // bringing one node in must not push another out.
   pin(m);
-  promote_match(m, layered);
+  promote_match(m, fresh, request_tick);
   const Match held = m;
   if (remote_ && m.length < static_cast<int64_t>(tokens.size())) {
     const int64_t local = m.length;
@@ -274,6 +301,9 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens,
     if (total > local) {
       int64_t from[kTiers];
       std::copy(std::begin(m.tokens_from), std::end(m.tokens_from), from);
+      // Inserting the remote blocks walked the match and so read any piece
+      // still loading whole (insert hangs new nodes below hot ones only):
+      // the new match has no loaders.
       m = peek_locked(ns, tokens.first(static_cast<size_t>(total)));
       std::copy(std::begin(from), std::end(from), m.tokens_from);
       m.tokens_from[kRemote] = total - local;
@@ -288,13 +318,38 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens,
 }
 
 bool RadixIndex::adopt_loaded(NodeId id, LayerLoader& loader) {
+  KvSpan span = loader.take();  // waits for the last layers: outside the lock
   auto lk = lock();
-  if (id < 0 || id >= static_cast<NodeId>(nodes_.size()) || !nodes_[id].live) return false;
-  KvSpan span = loader.take();
   if (span.n_tokens() == 0) return false;
+  ++stats_.layered_loads;
+  stats_.layer_wait_ms += loader.waited_ms();
+  if (loader.read_ms() > 0) {
+    // A running rate, so one slow read (a cold page cache) does not set it.
+    const double rate = static_cast<double>(loader.bytes()) / loader.read_ms();
+    read_bytes_per_ms_ = read_bytes_per_ms_ > 0 ? 0.75 * read_bytes_per_ms_ + 0.25 * rate : rate;
+  }
+  if (id < 0 || id >= static_cast<NodeId>(nodes_.size()) || !nodes_[id].live) return false;
+  in_flight_.erase(id);
   return retier(id, [&](SpanSlot& slot) {
     return tiers_.adopt(slot, loader.key(), std::move(span), &stats_.promoted_bytes);
   });
+}
+
+bool RadixIndex::drop_bad_load(NodeId id, uint64_t disk_key) {
+  auto lk = lock();
+  if (id < 0 || id >= static_cast<NodeId>(nodes_.size()) || !nodes_[id].live) return false;
+  const SpanSlot& slot = nodes_[id].slot;
+  if (slot.tier != Tier::Disk || slot.disk_key != disk_key) return false;
+  ++stats_.dropped_bad;
+  drop_subtree(id);
+  return true;
+}
+
+void RadixIndex::note_prefill(double ms_per_token) {
+  if (ms_per_token <= 0) return;
+  auto lk = lock();
+  prefill_ms_per_token_ =
+      prefill_ms_per_token_ > 0 ? 0.75 * prefill_ms_per_token_ + 0.25 * ms_per_token : ms_per_token;
 }
 
 uint64_t RadixIndex::begin_request() {
@@ -302,10 +357,11 @@ uint64_t RadixIndex::begin_request() {
   return ++clock_;
 }
 
-RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick) {
+RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick,
+                                    int64_t fresh_tokens) {
   auto lk = lock();
   const auto t0 = Clock::now();
-  Match m = load(ns, tokens, layer_preload_ >= 0);
+  Match m = load(ns, tokens, std::max<int64_t>(fresh_tokens, 0), request_tick);
   const uint64_t tick = request_tick > 0 ? request_tick : ++clock_;
   for (const Piece& p : m.pieces) {
     Node& n = nodes_[p.node];
@@ -324,7 +380,7 @@ RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens
 int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens) {
   auto lk = lock();
   const auto t0 = Clock::now();
-  const Match m = load(ns, tokens, false);
+  const Match m = load(ns, tokens, -1);
   stats_.load_ms += ms_since(t0);
   return m.length - m.tokens_from[kHot];
 }
@@ -482,20 +538,36 @@ void RadixIndex::unpin(const Match& m) {
 void RadixIndex::unpin_locked(const Match& m, bool evict) {
   for (const Piece& p : m.pieces) {
     if (nodes_[p.node].pins <= 0) fail(ErrorKind::Internal, "radix index: unpin of an unpinned node");
-    if (--nodes_[p.node].pins == 0) touch(p.node);
+    if (--nodes_[p.node].pins > 0) continue;
+    if (nodes_[p.node].detached) {
+      nodes_[p.node] = Node{};
+      free_.push_back(p.node);
+    } else {
+      touch(p.node);
+    }
   }
   if (evict) make_room(Tier::Hot);  // what pins held above the budget can go now
 }
 
 void RadixIndex::remove_leaf(NodeId id) {
   untouch(id);
+  in_flight_.erase(id);
   policy_->on_remove(id);
   Node& n = nodes_[id];
   const NodeId parent = n.parent;
   nodes_[parent].children.erase(n.tokens.front());
   tiers_.remove(n.slot);
-  n = Node{};
-  free_.push_back(id);
+  if (n.pins > 0) {
+    // Another request's match still names it: its id stays taken (and out
+    // of the tree) until that match is unpinned.
+    const int32_t pins = n.pins;
+    n = Node{};
+    n.pins = pins;
+    n.detached = true;
+  } else {
+    n = Node{};
+    free_.push_back(id);
+  }
   --n_live_;
   ++n_evicted_;
   touch(parent);  // it may be a leaf of its tier now

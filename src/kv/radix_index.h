@@ -84,6 +84,8 @@ class RadixIndex {
     int64_t swapped_out_bytes = 0;    // bytes copied from the hot tier to the host tier
     int64_t swap_outs_saved = 0;      // evictions from the hot tier that found a host copy (swap-out-once)
     double load_ms = 0;               // time spent doing so
+    int64_t layered_loads = 0;        // spans read layer by layer and adopted
+    double layer_wait_ms = 0;         // time passes waited for their layers (the rest was hidden)
     int64_t dropped_bad = 0;          // disk or remote records found corrupt and dropped
     int64_t remote_published = 0;     // blocks offered to the remote tier
     int64_t disk_write_failures = 0;  // spans that could not be written (disk full)
@@ -124,17 +126,38 @@ class RadixIndex {
   // split nodes). A request that matches several sequences (the root-to-
   // leaf paths of its trees) passes the tick of begin_request() to each, so
   // a node shared by its paths counts one access, not one per path.
-  Match match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick = 0);
-  // Layer-wise preload in match (not in prefetch, which has time): a piece
-  // on disk is read layer by layer, its first `layers` before match returns
-  // (see Match::loading); < 0: off, pieces are read whole.
-  void set_layer_preload(int layers) {
+  // fresh_tokens: what the request will compute besides what it finds (an
+  // estimate), for the automatic layer-wise preload depth.
+  Match match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick = 0,
+              int64_t fresh_tokens = 0);
+  // Layer-wise preload in match (Cache-Craft; not in prefetch, which has
+  // time): a piece on disk is read layer by layer, its first layers before
+  // match returns (see Match::loading), the rest while the caller computes.
+  // Auto: as many first layers as keep the pass from waiting (preload_depth)
+  // given the disk's read rate, learned from finished layered loads, and the
+  // pass's compute time per layer (the cost model's T(cached, fresh), else
+  // fresh tokens times the per-token time note_prefill learned); all layers
+  // while either is unknown.
+  struct LayerPreload {
+    enum class Mode { Off, Fixed, Auto } mode = Mode::Off;
+    int depth = 0;  // Fixed: layers read before match returns
+  };
+  void set_layer_preload(LayerPreload preload) {
     auto lk = lock();
-    layer_preload_ = layers;
+    layer_preload_ = preload;
   }
+  // A forward pass computed prompt tokens at this many ms each (for the auto
+  // depth).
+  void note_prefill(double ms_per_token);
   // A layered load finished: its span becomes its node's (hot tier, file
-  // removed). False when the load failed or the node changed meanwhile.
+  // removed), and its read rate is learned. False when the load failed or
+  // the node changed meanwhile.
   bool adopt_loaded(NodeId node, LayerLoader& loader);
+  // A layered load found a bad layer: the node and what hangs below it
+  // leave the index (counted in dropped_bad) if it still holds that file;
+  // the tokens are recomputed. Nodes other requests still pin are detached
+  // from the tree at once and freed at their last unpin.
+  bool drop_bad_load(NodeId node, uint64_t disk_key);
   uint64_t begin_request();
   // The same without counting an access and without moving anything (for
   // schedulers looking ahead).
@@ -216,6 +239,9 @@ class RadixIndex {
     uint64_t last_used = 0;
     bool live = false;
     bool keyed = false;  // in candidates_[tier] under `key`
+    // Dropped while other requests pinned it: out of the tree, its id kept
+    // until the last unpin.
+    bool detached = false;
     EvictKey key;
   };
 
@@ -237,10 +263,13 @@ class RadixIndex {
   bool promote(NodeId node);  // to the hot tier; false when its disk file is bad
   // Promotes the pieces of a pinned match in order; where a promotion
   // fails, unpins and drops the rest and truncates m and its tier counts.
-  void promote_match(Match& m, bool layered);
+  // fresh >= 0: layered, for a request computing that many tokens; the
+  // request's runs (request_tick > 0) share the loader of a node.
+  void promote_match(Match& m, int64_t fresh, uint64_t request_tick);
   // match and prefetch: the match, brought to the hot tier (and extended
-  // from the remote store), with the tiers it came from.
-  Match load(uint64_t ns, std::span<const int32_t> tokens, bool layered);
+  // from the remote store), with the tiers it came from; pieces on disk are
+  // read layer by layer when fresh >= 0.
+  Match load(uint64_t ns, std::span<const int32_t> tokens, int64_t fresh, uint64_t request_tick = 0);
   // Extends a match of `length` tokens from the remote store block by block,
   // inserting what is found; returns the new length.
   int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length);
@@ -261,7 +290,18 @@ class RadixIndex {
   void remove_leaf(NodeId node);
 
   mutable std::recursive_mutex mu_;
-  int layer_preload_ = -1;  // layers read before match returns; < 0: whole
+  // The depth of a match's layered loads: disk_bytes of its pieces on disk.
+  int preload_layers(int n_layer, size_t disk_bytes, int64_t cached, int64_t fresh) const;
+  LayerPreload layer_preload_;
+  // The last layered load of each node and the request that started it:
+  // another run of that request reuses it instead of reading the file again.
+  struct InFlight {
+    uint64_t request_tick = 0;
+    std::weak_ptr<LayerLoader> loader;
+  };
+  std::unordered_map<NodeId, InFlight> in_flight_;
+  double read_bytes_per_ms_ = 0;     // the disk's, from finished layered loads (0: unknown)
+  double prefill_ms_per_token_ = 0;  // from finished passes (0: unknown)
   SpanTiers tiers_;
   std::unique_ptr<RemoteBlocks> remote_;
   std::function<double(int64_t, int64_t)> cost_model_;

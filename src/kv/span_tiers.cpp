@@ -94,11 +94,12 @@ bool SpanTiers::promote(SpanSlot& s, uint64_t ns, std::span<const int32_t> path,
 
 std::shared_ptr<LayerLoader> SpanTiers::start_layered(const SpanSlot& s, uint64_t ns,
                                                       std::span<const int32_t> path, int64_t start,
-                                                      int preload) {
+                                                      const std::function<int(int n_layer)>& preload) {
   if (s.tier != Tier::Disk || s.is_virtual() || !disk_) return nullptr;
   std::optional<DiskSpanStore::LayerReader> reader = disk_->open_layers(s.disk_key, ns, path, start);
   if (!reader || reader->span().n_tokens() != s.n_tokens) return nullptr;
-  return std::make_shared<LayerLoader>(std::move(*reader), preload);
+  const int depth = preload(reader->n_layer());
+  return std::make_shared<LayerLoader>(std::move(*reader), depth);
 }
 
 bool SpanTiers::adopt(SpanSlot& s, uint64_t disk_key, KvSpan span, int64_t* promoted_bytes) {

@@ -94,11 +94,11 @@ class SpanTiers {
                int64_t* promoted_bytes);
 
   // Layer-wise preload: starts reading a disk slot's file layer by layer,
-  // its first `preload` layers before returning; the slot stays on disk
+  // its first preload(layers in the file) before returning; the slot stays on disk
   // until adopt(). Null when the file is missing or its head is bad (the
   // caller drops the slot).
   std::shared_ptr<LayerLoader> start_layered(const SpanSlot& s, uint64_t ns, std::span<const int32_t> path,
-                                             int64_t start, int preload);
+                                             int64_t start, const std::function<int(int n_layer)>& preload);
   // The span a layered load read becomes the slot's (hot tier, file
   // removed). False, nothing changed, when the slot is no longer on disk
   // under that file or the span does not fit it.

@@ -138,6 +138,16 @@ std::string ServerMetrics::render(const EngineSnapshot& e) const {
   for (int t = 0; t < RadixIndex::kTiers; ++t)
     out += fmt::format("depcache_index_hit_tokens_total{{tier=\"{}\"}} {}\n", kTierNames[t],
                        e.index.hit_tokens[t]);
+  metric(out, "depcache_index_disk_load_seconds_total", "counter",
+         "Time matches spent bringing K/V from lower tiers (layer-wise preload: the layers read first).",
+         e.index.load_ms / 1000.0);
+  metric(out, "depcache_layered_loads_total", "counter",
+         "Spans read from disk layer by layer while computing.", e.index.layered_loads);
+  metric(out, "depcache_layer_wait_seconds_total", "counter",
+         "Time passes waited for layers still being read (the part of the reads not hidden).",
+         e.index.layer_wait_ms / 1000.0);
+  metric(out, "depcache_index_bad_records_dropped_total", "counter",
+         "Disk or remote records found corrupt and dropped (their tokens recomputed).", e.index.dropped_bad);
   return out;
 }
 

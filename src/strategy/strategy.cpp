@@ -17,39 +17,6 @@ namespace {
 
 uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) { return hash_bytes(v.data(), v.size_bytes(), h); }
 
-// Places index pieces covering sequence tokens [0, m) at the rows of those
-// tokens (rows[i] of the plan for token i, kv_rows[i] in the assembly), each
-// at its prompt position (indexed by plan row), or, without realign, at the
-// position it was cached at; rows of a piece may be split in runs.
-void place_pieces(const RadixIndex& index, const RadixIndex::Match& match, int64_t m,
-                  std::span<const int64_t> rows, std::span<const int64_t> kv_rows,
-                  std::span<const int32_t> positions, bool realign, KvCache& kv, std::vector<bool>& placed,
-                  std::vector<uint64_t>& placed_ns, uint64_t ns) {
-  int64_t at = 0;
-  for (const RadixIndex::Piece& p : match.pieces) {
-    const int64_t len = std::min(p.length, m - at);
-    for (int64_t i = 0; i < len;) {
-      if (placed[rows[at + i]]) {
-        ++i;
-        continue;
-      }
-      int64_t j = i + 1;
-      while (j < len && rows[at + j] == rows[at + j - 1] + 1 && !placed[rows[at + j]]) ++j;
-      const KvSpan& span = index.span(p.node);
-      kv.place(span, p.offset + i, j - i, kv_rows[at + i],
-               realign ? positions.subspan(rows[at + i], j - i)
-                       : std::span<const int32_t>(span.positions()).subspan(p.offset + i, j - i));
-      for (int64_t r = i; r < j; ++r) {
-        placed[rows[at + r]] = true;
-        placed_ns[rows[at + r]] = ns;
-      }
-      i = j;
-    }
-    at += len;
-    if (at >= m) break;
-  }
-}
-
 // A match's load figures into the report. Tokens found in several runs
 // (shared tree prefixes) count once per run here; they are placed once.
 void add_load(PrefillReport& r, const RadixIndex::Match& m) {
@@ -137,12 +104,14 @@ int64_t cached_length(const RadixIndex& index, const Lookup& lookup) {
   return whole_stops(lookup.stops, index.peek(lookup.ns, lookup.tokens).length);
 }
 
-RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick) {
-  if (run.stops.empty()) return index.match(run.ns, run.tokens, request_tick);
+RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick,
+                            int64_t fresh_tokens) {
+  if (run.stops.empty()) return index.match(run.ns, run.tokens, request_tick, fresh_tokens);
   // The longest cached run of whole stops, matched (one access per node it uses).
   const int64_t cut = whole_stops(run.stops, index.peek(run.ns, run.tokens).length);
   if (cut == 0) return {};
-  RadixIndex::Match m = index.match(run.ns, std::span<const int32_t>(run.tokens).first(cut), request_tick);
+  RadixIndex::Match m =
+      index.match(run.ns, std::span<const int32_t>(run.tokens).first(cut), request_tick, fresh_tokens);
   // A lower tier's bad record may end the match early: still whole stops only.
   if (m.length < cut) {
     const int64_t keep = whole_stops(run.stops, m.length);
@@ -153,6 +122,7 @@ RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t req
       at += m.pieces[i].length;
     }
     m.pieces.resize(i);
+    if (m.loading.size() > i) m.loading.resize(i);
     m.length = keep;
   }
   return m;
@@ -260,6 +230,14 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
   if (!plan.runs.empty()) {
     const auto lk = index.lock();  // match, place and pin before anything else moves
     const uint64_t tick = index.begin_request();
+    // What the request will compute, as far as a look ahead tells (for the
+    // index's layer-wise preload depth).
+    std::vector<bool> found(n, false);
+    for (const CacheRun& run : plan.runs) {
+      const int64_t len = cached_length(index, {run.ns, run.tokens, run.stops});
+      for (int64_t i = 0; i < len; ++i) found[run.rows[i]] = true;
+    }
+    const int64_t fresh = std::max<int64_t>(1, std::count(found.begin(), found.end(), false));
     for (const CacheRun& run : plan.runs) {
       if (run.whole) {
         if (std::any_of(run.rows.begin(), run.rows.end(), [&](int64_t r) { return placed_[r]; })) continue;
@@ -270,12 +248,9 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
         if (peeked.length < whole) continue;
         if (run.fix_overhead >= 0) index.set_fix_overhead(peeked, run.fix_overhead);
       }
-      const RadixIndex::Match match = match_run(index, run, tick);
+      const RadixIndex::Match match = match_run(index, run, tick, fresh);
       add_load(report_, match);
-      kv_rows.assign(run.rows.begin(), run.rows.end());
-      for (int64_t& r : kv_rows) r += row0;
-      place_pieces(index, match, match.length, run.rows, kv_rows, at, plan.realign, kv, placed_, placed_ns_,
-                   run.ns);
+      place_match(match, run, row0, at, kv);
       lease_.hold(match);
     }
   }
@@ -298,19 +273,107 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
       if (!placed_[r]) computed.push_back(r);
     Visibility visibility = plan.visibility(computed);
     set_pass({std::move(computed), std::move(visibility), {}, {}, true}, plan.positions);
+    hook_layered_placement();
     return;
   }
   // Several passes: first the rows to fill.
   for (int64_t r = 0; r < std::min(plan.fill_end, n - 1); ++r)
     if (!placed_[r]) computed.push_back(r);
   if (computed.empty()) {
+    settle_layered(kv, row0);  // no pass to hide the reads behind
     after_fill(kv, row0, 0);
     return;
   }
   filling_ = true;
   Visibility visibility = plan.visibility(computed);
   set_pass({std::move(computed), std::move(visibility), {}, {}, false}, at);
+  hook_layered_placement();
 }
+
+void PlanExecution::place_match(const RadixIndex::Match& match, const CacheRun& run, int64_t row0,
+                                std::span<const int32_t> positions, KvCache& kv) {
+  // Each piece covers the run's next tokens; its rows may be split in runs
+  // of consecutive rows, each placed at its prompt positions (or, without
+  // realign, at the positions it was cached at).
+  int64_t at = 0;
+  for (size_t k = 0; k < match.pieces.size() && at < match.length; ++k) {
+    const RadixIndex::Piece& p = match.pieces[k];
+    const LayerLoader* loading = k < match.loading.size() ? match.loading[k].get() : nullptr;
+    const KvSpan& span = loading ? loading->span() : index_.span(p.node);
+    const int64_t len = std::min(p.length, match.length - at);
+    for (int64_t i = 0; i < len;) {
+      if (placed_[run.rows[at + i]]) {
+        ++i;
+        continue;
+      }
+      int64_t j = i + 1;
+      while (j < len && run.rows[at + j] == run.rows[at + j - 1] + 1 && !placed_[run.rows[at + j]]) ++j;
+      const std::span<const int32_t> to =
+          plan_.realign ? positions.subspan(run.rows[at + i], j - i)
+                        : std::span<const int32_t>(span.positions()).subspan(p.offset + i, j - i);
+      if (loading)
+        layered_.push_back({match.loading[k], p.node, p.offset + i, j - i, run.rows[at + i],
+                            std::vector<int32_t>(to.begin(), to.end())});
+      else
+        kv.place(span, p.offset + i, j - i, row0 + run.rows[at + i], to);
+      for (int64_t r = i; r < j; ++r) {
+        placed_[run.rows[at + r]] = true;
+        placed_ns_[run.rows[at + r]] = run.ns;
+      }
+      i = j;
+    }
+    at += len;
+  }
+}
+
+void PlanExecution::hook_layered_placement() {
+  if (layered_.empty()) return;
+  prefill_.hook = [this, inner = std::move(prefill_.hook)](const LayerKv& layer) {
+    // Where the assembly sits now (the engine may have moved it since).
+    const int64_t row0 = layer.rows.front() - prefill_.rows.front();
+    place_layers(*layer.kv, row0, layer.layer + 1);
+    return inner ? inner(layer) : std::vector<int64_t>(layer.active.begin(), layer.active.end());
+  };
+}
+
+void PlanExecution::place_layers(KvCache& kv, int64_t row0, int layer_end) {
+  for (; layers_placed_ < layer_end; ++layers_placed_)
+    for (const LayeredPlacement& p : layered_) {
+      if (!p.loader->wait(layers_placed_)) throw LayerLoadError(p.node, p.loader->key(), layers_placed_);
+      kv.place(p.loader->span(), p.from, p.n, row0 + p.row, p.positions, layers_placed_, layers_placed_ + 1);
+    }
+}
+
+double PlanExecution::settle_layered(KvCache& kv, int64_t row0) {
+  if (layered_.empty()) return 0;
+  place_layers(kv, row0, n_layer_);  // a pass that stopped early did not reach them all
+  std::vector<const LayerLoader*> seen;
+  double waited = 0;
+  for (const LayeredPlacement& p : layered_) {
+    if (std::find(seen.begin(), seen.end(), p.loader.get()) != seen.end()) continue;
+    seen.push_back(p.loader.get());
+    waited += p.loader->waited_ms();
+    index_.adopt_loaded(p.node, *p.loader);
+  }
+  layered_.clear();
+  report_.layer_wait_ms += waited;
+  return waited;
+}
+
+void PlanExecution::after_pass(KvCache& kv, int64_t row0, const PassResult& done) {
+  const double waited = settle_layered(kv, row0);
+  // The pass's compute time per token, without what it waited for layers.
+  const auto n = static_cast<double>(std::max<size_t>(prefill_.tokens.size(), 1));
+  index_.note_prefill(done.ms_per_token - waited / n);
+}
+
+LayerLoadError::LayerLoadError(RadixIndex::NodeId node, uint64_t disk_key, int layer)
+    : Error(ErrorKind::InvalidInput,
+            fmt::format(
+                "a cached span's layer {} on disk failed its checksum (the tokens are computed instead)",
+                layer)),
+      node_(node),
+      disk_key_(disk_key) {}
 
 void PlanExecution::set_pass(PassPlan pass, std::span<const int32_t> positions) {
   const auto n = static_cast<int64_t>(plan_.tokens.size());
@@ -402,6 +465,7 @@ void PlanExecution::after_fill(KvCache& kv, int64_t row0, double ms_per_token) {
 
 void PlanExecution::next_pass(KvCache& kv, int64_t row0, const PassResult& done) {
   if (last_) fail(ErrorKind::Internal, "next_pass after the final pass");
+  after_pass(kv, row0, done);
   report_.attention_pairs += done.attention_pairs;
   if (filling_) {
     after_fill(kv, row0, done.ms_per_token);
@@ -455,8 +519,9 @@ int64_t PlanExecution::keep_computed(const KvCache& kv, int64_t row0, int64_t n_
   return kept;
 }
 
-PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector<float> logits,
+PrefillReport PlanExecution::finish(KvCache& kv, int64_t row0, std::vector<float> logits,
                                     const PassResult& done) {
+  after_pass(kv, row0, done);
   if (!plan_.next_pass) insert_runs(kv, row0, done.ms_per_token, RunInsert::AfterFill);
   insert_runs(kv, row0, done.ms_per_token, RunInsert::AtEnd);
   if (plan_.learn) plan_.learn(PassState{kv, row0, placed_, placed_ns_, done_, probed(done)});
@@ -471,7 +536,9 @@ PrefillReport PlanExecution::finish(const KvCache& kv, int64_t row0, std::vector
   return std::move(report_);
 }
 
-PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
+namespace {
+
+PrefillReport apply_plan_once(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
   kv.clear();
   PlanExecution ex(plan, index, kv, 0);
   const int n_layer = fwd.model().config().n_layer;
@@ -486,6 +553,20 @@ PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv
     }
     kv.set_n_past(static_cast<int64_t>(plan.tokens.size()));
     return ex.finish(kv, 0, std::move(result.logits), done);
+  }
+}
+
+}  // namespace
+
+PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
+  for (;;) {
+    try {
+      return apply_plan_once(plan, index, kv, fwd);
+    } catch (const LayerLoadError& e) {
+      // The execution (and its pins) is gone: without the bad node the
+      // request computes those tokens. Each retry drops one node.
+      if (!index.drop_bad_load(e.node(), e.disk_key())) throw;
+    }
   }
 }
 

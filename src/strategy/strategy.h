@@ -32,6 +32,7 @@
 #include "kv/radix_index.h"
 #include "prompt/dep_prompt.h"
 #include "strategy/prompt_parts.h"
+#include "util/error.h"
 
 namespace depcache {
 
@@ -46,7 +47,10 @@ struct PrefillReport {
   int64_t flat_tokens = 0;                       // tokens of the flat serialization, for reference
   int64_t reused_from[RadixIndex::kTiers] = {};  // reused tokens by the tier they were found in
   double load_ms = 0;                            // bringing them to the hot tier (part of TTFT)
-  std::vector<float> logits;                     // of the last prompt token
+  // Layer-wise preload: time the pass waited for layers still being read
+  // (the part of the disk read not hidden behind computation; in TTFT too).
+  double layer_wait_ms = 0;
+  std::vector<float> logits;  // of the last prompt token
 };
 
 // A sequence a strategy will look up for a request: what schedulers and
@@ -96,7 +100,9 @@ struct CacheRun {
 // A run's match and insert, as every caller of the index makes them (the
 // executor and the simulator): the match ends at a stop, the insert puts a
 // node end at each.
-RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick);
+// fresh_tokens: RadixIndex::match's.
+RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick,
+                            int64_t fresh_tokens = 0);
 // Inserts run.tokens (a span maker for real KV, or bytes_per_token > 0 for
 // virtual nodes); *path receives the nodes holding the run.
 void insert_run(RadixIndex& index, const CacheRun& run, const RadixIndex::SpanMaker* make_span,
@@ -171,6 +177,21 @@ struct RequestPlan {
   std::vector<Lookup> lookups() const;
 };
 
+// A span read layer by layer (RadixIndex::set_layer_preload) failed a layer's
+// checksum during the pass that placed it: what the pass computed is void.
+// The caller releases the execution, drops the node (drop_bad_load) and runs
+// the request again, which then computes those tokens.
+class LayerLoadError : public Error {
+ public:
+  LayerLoadError(RadixIndex::NodeId node, uint64_t disk_key, int layer);
+  RadixIndex::NodeId node() const { return node_; }
+  uint64_t disk_key() const { return disk_key_; }
+
+ private:
+  RadixIndex::NodeId node_;
+  uint64_t disk_key_;
+};
+
 // What a forward pass of an execution measured.
 struct PassResult {
   const AttentionMass& attention_mass;  // PrefillResult's
@@ -189,6 +210,10 @@ struct PassResult {
 // assembly now at row0 (it may have moved in between), and releases the
 // pins; the lease releases them on every other way out too (an exception, a
 // cancel). The plan must outlive the execution.
+// Pieces the index is still reading from disk layer by layer are placed
+// from the first pass's layer hook, each layer just before its attention
+// (the pass then runs whole), and become their nodes' when it ends; a bad
+// layer throws LayerLoadError from the pass, next_pass or finish.
 class PlanExecution {
  public:
   PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0);
@@ -198,10 +223,12 @@ class PlanExecution {
   // A pass with a layer hook or attention statistics runs whole, in one
   // forward pass.
   bool whole_pass() const { return prefill_.hook || !prefill_.stats_queries.empty(); }
+  // The current pass places pieces still being read from disk.
+  bool loading() const { return !layered_.empty(); }
   // After a pass that is not the final one: makes the next.
   void next_pass(KvCache& kv, int64_t row0, const PassResult& done);
   // logits: of the last prompt token.
-  PrefillReport finish(const KvCache& kv, int64_t row0, std::vector<float> logits, const PassResult& done);
+  PrefillReport finish(KvCache& kv, int64_t row0, std::vector<float> logits, const PassResult& done);
   // A one-pass prefill stopped after its first n_computed queries (cancelled
   // or preempted): the runs' leading tokens whose rows are all computed or
   // placed, cut at a stop, go into the index as finish() would put them, so
@@ -211,6 +238,21 @@ class PlanExecution {
   int64_t keep_computed(const KvCache& kv, int64_t row0, int64_t n_computed, double ms_per_token);
 
  private:
+  // A run's match, placed at rows row0 + plan row (pieces in memory now,
+  // pieces still loading recorded in layered_).
+  void place_match(const RadixIndex::Match& match, const CacheRun& run, int64_t row0,
+                   std::span<const int32_t> positions, KvCache& kv);
+  // Places layers [layers_placed_, layer_end) of the loading pieces, waiting
+  // for them.
+  void place_layers(KvCache& kv, int64_t row0, int layer_end);
+  // The first pass places the loading pieces' layers from its hook.
+  void hook_layered_placement();
+  // After the first pass: every layer placed, the loads adopted by the
+  // index. Returns the time the pass waited for layers.
+  double settle_layered(KvCache& kv, int64_t row0);
+  // What every pass's end does first: settles the loads, tells the index
+  // the pass's time per token.
+  void after_pass(KvCache& kv, int64_t row0, const PassResult& done);
   void insert_runs(const KvCache& kv, int64_t row0, double ms_per_token, RunInsert when);
   void set_pass(PassPlan pass, std::span<const int32_t> positions);
   void after_fill(KvCache& kv, int64_t row0, double ms_per_token);
@@ -228,6 +270,14 @@ class PlanExecution {
   int64_t layer_tokens_ = 0;  // (token, layer) pairs computed by passes done and by hooks so far
   PrefillPlan prefill_;
   PrefillReport report_;
+  struct LayeredPlacement {
+    std::shared_ptr<LayerLoader> loader;
+    RadixIndex::NodeId node = -1;
+    int64_t from = 0, n = 0, row = 0;  // span tokens [from, from + n) at plan rows row...
+    std::vector<int32_t> positions;
+  };
+  std::vector<LayeredPlacement> layered_;
+  int layers_placed_ = 0;
 };
 
 // The plan of a sequence resumed after preemption: its prompt, then the

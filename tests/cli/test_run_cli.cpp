@@ -118,6 +118,37 @@ TEST_F(RunCli, DiskTierCarriesSpansAcrossRuns) {
     EXPECT_LT(rows[id]["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4);
 }
 
+// Layer-wise preload from the command line: spans on disk read layer by
+// layer (a fixed depth, and whole with off) answer as recomputation does;
+// a value that is not auto, off or a count is refused before anything runs.
+TEST_F(RunCli, LayerPreloadReadsDiskSpansLayerByLayer) {
+  const std::string dir = file("kv-layered");
+  const std::string base = "run --serial -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                           " -s depcache --scheme depth --kv-type f32 --verify --cache-dir " + dir;
+  ASSERT_EQ(run_cli(base).code, 0);
+  const std::string copy = file("kv-layered-copy");
+  std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
+  for (const auto& [mode, cache] :
+       std::vector<std::pair<std::string, std::string>>{{"1", dir}, {"off", copy}}) {
+    const std::string json = file(("layered-" + mode + ".jsonl").c_str());
+    const std::string args = base.substr(0, base.size() - dir.size()) + cache;
+    const auto r = run_cli(args + " --layer-preload " + mode + " --json " + json);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto rows = read_rows(json);
+    EXPECT_GT(rows.at("a")["found_in"]["disk"].get<int64_t>(), 0) << mode << r.out;
+    for (const char* id : {"a", "b", "c"}) {
+      EXPECT_LT(rows.at(id)["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << mode << id;
+      EXPECT_GE(rows.at(id)["layer_wait_ms"].get<double>(), 0) << mode << id;
+    }
+    const bool layered = r.out.find("(0 spans layer by layer") == std::string::npos;
+    EXPECT_EQ(layered, mode != "off") << r.out;
+  }
+  const auto bad = run_cli(base + " --layer-preload sometimes");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--layer-preload takes auto, off or a number of layers"), std::string::npos)
+      << bad.out;
+}
+
 // Two processes share spans through a real Redis; a Redis that is not
 // there costs a warning, not a request.
 TEST_F(RunCli, RedisTierSharedBetweenProcesses) {

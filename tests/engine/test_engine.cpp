@@ -4,6 +4,8 @@
 // leave no rows and no pins behind.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -11,6 +13,7 @@
 #include "engine/text_output.h"
 #include "engine_fixtures.h"
 #include "graph_requests.h"
+#include "kv/disk_store.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -601,6 +604,156 @@ TEST(KvPool, RandomAllocationsGrowthAndReleasesKeepRows) {
   EXPECT_EQ(pool.n_free(), pool.n_rows());
   EXPECT_EQ(pool.largest_free(), pool.n_rows()) << "freed blocks merge back into one";
   EXPECT_FALSE(pool.allocate(1001));
+}
+
+// Layer-wise preload through the engine: the spans of every strategy's
+// requests, persisted to a disk tier, are read layer by layer while the
+// requests' first passes compute (several depths, and the automatic one).
+// One request at a time (so the cache evolves alike), every answer is
+// bit for bit the one whole loads give; all at once, the exact strategies
+// answer as alone. The loads are adopted (files gone, nodes hot) and
+// nothing stays pinned. With the last layer of every file corrupted, the
+// passes that placed them are void: each such request runs again without
+// the bad nodes (counted as a preemption), which leave the index, and it
+// answers as with whole loads, which find the bad files before computing.
+class LayerLoadEngine : public ::testing::Test {
+ protected:
+  using Mode = RadixIndex::LayerPreload::Mode;
+  void SetUp() override {
+    dir_ = test::temp_path("layer-load-engine");
+    model_ = test::random_model("tiny", DType::F32, false, 6);
+    for (const Job& j : jobs()) parts_.push_back({j.strategy, make_prompt_parts(tok_, j.request)});
+    // Every request's spans, persisted.
+    DiskSpanStore disk(dir_ / "seed", 64 << 20);
+    Engine e(model_, engine_options(DType::F16));
+    e.index().attach_disk(disk);
+    for (const auto& [strategy, parts] : parts_) e.submit(strategy, parts, greedy(5));
+    e.run_until_idle();
+    e.save_strategy_state(dir_ / "seed");
+    e.index().persist();
+    ASSERT_GT(disk.n_files(), 10u);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // The persisted cache copied to `name`, optionally with a byte of every
+  // span file's last layer flipped.
+  std::filesystem::path cache_copy(const std::string& name, bool corrupt_last_layer) {
+    const auto to = dir_ / name;
+    std::filesystem::copy(dir_ / "seed", to, std::filesystem::copy_options::recursive);
+    if (corrupt_last_layer)
+      for (const auto& entry : std::filesystem::directory_iterator(to)) {
+        if (entry.path().extension() != ".kvspan") continue;
+        std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(-5, std::ios::end);
+        f.put('\x5a');
+      }
+    return to;
+  }
+
+  struct Outcome {
+    std::vector<RequestResult> results;
+    RadixIndex::Stats stats;
+    int64_t preemptions = 0;
+    size_t files_before = 0, files_after = 0, disk_nodes = 0;
+  };
+  // Every request on an engine over a copy of the cache (max_running 1: one
+  // at a time, in order).
+  Outcome run_all(const std::string& label, RadixIndex::LayerPreload preload, size_t max_running,
+                  bool corrupt) {
+    const auto cache = cache_copy(label, corrupt);
+    DiskSpanStore disk(cache, 64 << 20);
+    Outcome out;
+    out.files_before = disk.n_files();
+    EngineOptions o = engine_options(DType::F16);
+    o.max_running = max_running;
+    Engine e(model_, o);
+    e.index().attach_disk(disk);
+    e.index().set_layer_preload(preload);
+    e.load_strategy_state(cache);
+    std::vector<RequestId> ids;
+    for (const auto& [strategy, parts] : parts_) ids.push_back(e.submit(strategy, parts, greedy(5)));
+    while (e.step()) EXPECT_NO_THROW(e.index().check_invariants()) << label;
+    for (RequestId id : ids) {
+      out.results.push_back(e.result(id));
+      EXPECT_EQ(out.results.back().state, RequestState::Finished)
+          << label << ": " << out.results.back().error;
+      EXPECT_TRUE(out.results.back().finite);
+      EXPECT_GE(out.results.back().report.layer_wait_ms, 0);
+    }
+    EXPECT_EQ(e.index().n_pinned(), 0u) << label;
+    EXPECT_EQ(e.pool().n_free(), e.pool().n_rows()) << label;
+    out.stats = e.index().stats();
+    out.preemptions = e.preemptions();
+    out.files_after = disk.n_files();
+    out.disk_nodes = e.index().n_nodes(Tier::Disk);
+    return out;
+  }
+
+  static int64_t from_disk(const Outcome& o) {
+    int64_t n = 0;
+    for (const RequestResult& r : o.results) n += r.report.reused_from[static_cast<int>(Tier::Disk)];
+    return n;
+  }
+
+  // Bit for bit the same answers.
+  void expect_same(const Outcome& got, const Outcome& want, const std::string& label) {
+    ASSERT_EQ(got.results.size(), want.results.size());
+    for (size_t i = 0; i < got.results.size(); ++i) {
+      EXPECT_EQ(got.results[i].tokens, want.results[i].tokens) << label << " #" << i;
+      EXPECT_EQ(got.results[i].report.logits, want.results[i].report.logits) << label << " #" << i;
+      EXPECT_EQ(got.results[i].report.reused_tokens, want.results[i].report.reused_tokens)
+          << label << " #" << i;
+    }
+  }
+
+  std::filesystem::path dir_;
+  std::shared_ptr<const Model> model_;
+  Tokenizer tok_{Vocab::builtin_bytes()};
+  std::vector<std::pair<std::string, PromptParts>> parts_;
+};
+
+TEST_F(LayerLoadEngine, SpansReadLayerByLayerGiveTheAnswersOfWholeLoads) {
+  const Outcome whole = run_all("off", {Mode::Off, 0}, 1, false);
+  EXPECT_GT(from_disk(whole), 0);
+  for (const auto& [label, preload] :
+       std::vector<std::pair<std::string, RadixIndex::LayerPreload>>{{"depth 0", {Mode::Fixed, 0}},
+                                                                     {"depth 2", {Mode::Fixed, 2}},
+                                                                     {"depth 6", {Mode::Fixed, 6}},
+                                                                     {"auto", {Mode::Auto, 0}}}) {
+    const Outcome layered = run_all(label, preload, 1, false);
+    expect_same(layered, whole, label);
+    EXPECT_EQ(from_disk(layered), from_disk(whole)) << label;
+    EXPECT_EQ(layered.stats.dropped_bad, 0) << label;
+    EXPECT_EQ(layered.files_after, whole.files_after) << label << ": every load adopted, its file removed";
+  }
+  // All at once, several loads in flight: the exact strategies answer as alone.
+  const Outcome together = run_all("together", {Mode::Auto, 0}, 0, false);
+  EXPECT_GT(from_disk(together), 0);
+  EXPECT_LT(together.files_after, together.files_before);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const auto& [strategy, parts] = parts_[i];
+    if (strategy != "full" && strategy != "prefix" && strategy != "depcache") continue;
+    const RequestResult alone = run_alone(model_, engine_options(DType::F16), strategy, parts, greedy(5));
+    EXPECT_EQ(together.results[i].tokens, alone.tokens) << strategy << " #" << i;
+    EXPECT_LT(test::max_abs_diff(together.results[i].report.logits, alone.report.logits, strategy), 2e-3)
+        << i;
+  }
+}
+
+TEST_F(LayerLoadEngine, ABadLayerMidPassRunsTheRequestAgainWithoutIt) {
+  const Outcome whole = run_all("bad, off", {Mode::Off, 0}, 1, true);
+  EXPECT_GT(whole.stats.dropped_bad, 0);
+  for (const auto& [label, preload] : std::vector<std::pair<std::string, RadixIndex::LayerPreload>>{
+           {"bad, depth 1", {Mode::Fixed, 1}}, {"bad, auto", {Mode::Auto, 0}}}) {
+    const Outcome layered = run_all(label, preload, 1, true);
+    expect_same(layered, whole, label);
+    EXPECT_GT(layered.stats.dropped_bad, 0) << label;
+    EXPECT_GT(layered.preemptions, 0) << label << ": the requests that placed bad spans ran again";
+    EXPECT_EQ(layered.disk_nodes, whole.disk_nodes) << label;
+  }
+  const Outcome together = run_all("bad, together", {Mode::Fixed, 1}, 0, true);
+  EXPECT_GT(together.stats.dropped_bad, 0);
+  EXPECT_EQ(together.disk_nodes, 0u) << "no bad span is left in the index";
 }
 
 }  // namespace

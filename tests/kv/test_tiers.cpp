@@ -198,7 +198,7 @@ TEST_F(Tiers, ALayeredMatchReadsDiskPiecesLayerByLayerThenAdoptsThem) {
   DiskSpanStore disk(dir_, 1 << 20);
   RadixIndex index(30 * tb);
   index.attach_disk(disk);
-  index.set_layer_preload(1);
+  index.set_layer_preload({RadixIndex::LayerPreload::Mode::Fixed, 1});
   const RadixIndex::Match m = index.match(7, seqs[0]);
   ASSERT_EQ(m.length, 16);
   ASSERT_EQ(m.loading.size(), m.pieces.size());
@@ -222,6 +222,48 @@ TEST_F(Tiers, ALayeredMatchReadsDiskPiecesLayerByLayerThenAdoptsThem) {
   expect_served_correctly(index, index.match(7, seqs[0]), seqs[0]);
   EXPECT_EQ(index.prefetch(7, seqs[1]), 16 - 5);  // whole: the shared 5 are hot already
   index.check_invariants();
+}
+
+// Layered loads and the requests holding them: the runs of one request
+// share a node's loader (the file is read once; the second run counts the
+// tokens as found in memory), another request gets its own. A bad load
+// drops the node while both requests still pin it: it leaves the tree at
+// once (no match finds it), and its id is freed only at the last unpin.
+TEST_F(Tiers, ABadLoadLeavesTheTreeAtOnceAndItsIdAtTheLastUnpin) {
+  const size_t tb = token_bytes();
+  const std::vector<Tokens> seqs = {sequence(1, 16, 5)};
+  persist_all(dir_, seqs, 7, 30 * tb);
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(30 * tb);
+  index.attach_disk(disk);
+  index.set_layer_preload({RadixIndex::LayerPreload::Mode::Fixed, 0});
+  const uint64_t first = index.begin_request(), second = index.begin_request();
+  const RadixIndex::Match a = index.match(7, seqs[0], first);
+  const RadixIndex::Match a_again = index.match(7, seqs[0], first);
+  const RadixIndex::Match b = index.match(7, seqs[0], second);
+  ASSERT_EQ(a.length, 16);
+  ASSERT_EQ(a.loading.size(), a.pieces.size());
+  EXPECT_EQ(a_again.loading[0], a.loading[0]) << "one read per request";
+  EXPECT_NE(b.loading[0], a.loading[0]) << "another request reads for itself";
+  EXPECT_EQ(a.tokens_from[static_cast<int>(Tier::Disk)], 16);
+  EXPECT_EQ(a_again.tokens_from[static_cast<int>(Tier::Disk)], 0);
+  index.pin(a);
+  index.pin(b);
+  const RadixIndex::NodeId node = a.pieces[0].node;
+  EXPECT_TRUE(index.drop_bad_load(node, a.loading[0]->key()));
+  EXPECT_FALSE(index.drop_bad_load(node, a.loading[0]->key())) << "gone already";
+  EXPECT_EQ(index.stats().dropped_bad, 1);
+  EXPECT_EQ(index.peek(7, seqs[0]).length, 0) << "out of the tree at once";
+  index.check_invariants();
+  EXPECT_FALSE(index.adopt_loaded(node, *b.loading[0])) << "a dropped node takes no span";
+  index.unpin(a);
+  // Still named by b: new nodes must not take its id.
+  index.insert(7, seqs[0], maker(seqs[0]));
+  const RadixIndex::Match c = index.match(7, seqs[0]);
+  for (const RadixIndex::Piece& p : c.pieces) EXPECT_NE(p.node, node);
+  index.unpin(b);
+  index.check_invariants();
+  expect_served_correctly(index, index.match(7, seqs[0]), seqs[0]);
 }
 
 TEST_F(Tiers, OrphansAndForeignFilesAreNotAdopted) {
