@@ -63,7 +63,8 @@ RagExtension parse_rag(const json& j, const std::string& question) {
   if (const auto it = j.find("strategy"); it != j.end() && !it->is_null()) {
     const std::vector<std::string> known = request_strategy_names();
     if (!it->is_string() || std::find(known.begin(), known.end(), it->get<std::string>()) == known.end())
-      throw bad_request("rag.strategy", fmt::format("'rag.strategy' must be one of {}", fmt::join(known, ", ")));
+      throw bad_request("rag.strategy",
+                        fmt::format("'rag.strategy' must be one of {}", fmt::join(known, ", ")));
     rag.strategy = it->get<std::string>();
   }
   json context = j;
@@ -75,7 +76,8 @@ RagExtension parse_rag(const json& j, const std::string& question) {
   }
   if (const auto it = j.find("retrieve"); it != j.end() && !it->is_null() && *it != false) {
     if (!rag.context.documents.empty() || !rag.context.entities.empty() || !rag.context.text.empty())
-      throw bad_request("rag.retrieve", "give 'rag.retrieve' or context (documents, entities, text), not both");
+      throw bad_request("rag.retrieve",
+                        "give 'rag.retrieve' or context (documents, entities, text), not both");
     RetrieveSpec spec;
     if (it->is_object()) {
       if (const auto from = it->find("from"); from != it->end() && !from->is_null()) {
@@ -152,7 +154,8 @@ std::string message_content(const json& c, size_t i) {
     for (const json& part : c) {
       if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
           !part["text"].is_string())
-        throw bad_request(param, fmt::format("'{}' parts must be {{\"type\": \"text\", \"text\": ...}}", param));
+        throw bad_request(param,
+                          fmt::format("'{}' parts must be {{\"type\": \"text\", \"text\": ...}}", param));
       out += part["text"].get<std::string>();
     }
     return out;
@@ -190,12 +193,13 @@ CompletionRequest parse_chat_request(std::string_view body, uint64_t random_seed
     const json& m = (*messages)[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw bad_request(fmt::format("messages[{}]", i),
-                fmt::format("messages[{}] must be an object with a 'role'", i));
+                        fmt::format("messages[{}] must be an object with a 'role'", i));
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";  // OpenAI's newer name for it
     if (role != "system" && role != "user" && role != "assistant")
-      throw bad_request(fmt::format("messages[{}].role", i),
-                fmt::format("messages[{}].role '{}' is not served (system, user or assistant)", i, role));
+      throw bad_request(
+          fmt::format("messages[{}].role", i),
+          fmt::format("messages[{}].role '{}' is not served (system, user or assistant)", i, role));
     r.messages.push_back({role, message_content(m.contains("content") ? m["content"] : json(), i)});
   }
   if (r.messages.back().role != "user") throw bad_request("messages", "the last message must be the user's");
