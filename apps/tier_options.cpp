@@ -7,6 +7,22 @@
 #include "util/error.h"
 
 namespace depcache::cli {
+namespace {
+
+// An option check that runs the value's parser: its error is the message.
+template <typename Parse>
+std::function<std::string(const std::string&)> parses_with(Parse parse) {
+  return [parse](const std::string& s) {
+    try {
+      parse(s);
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+}
+
+}  // namespace
 
 void add_tier_options(CLI::App& cmd, TierOptions& o) {
   cmd.add_option("--host-mib", o.host_mib, "Host tier budget in MiB (0: none; hot spans evicted go here)")
@@ -25,25 +41,11 @@ void add_tier_options(CLI::App& cmd, TierOptions& o) {
                  "'auto' reads first as many layers as keep the pass from waiting (from the measured read "
                  "and compute rates), a number reads that many first, 'off' reads spans whole before")
       ->capture_default_str()
-      ->check([](const std::string& s) {
-        try {
-          parse_layer_preload(s);
-          return std::string();
-        } catch (const std::exception& e) {
-          return std::string(e.what());
-        }
-      });
+      ->check(parses_with(parse_layer_preload));
   cmd.add_option(
          "--redis", o.redis,
          "Remote tier shared with other processes: Redis at host:port (down or slow: computed locally)")
-      ->check([](const std::string& s) {
-        try {
-          parse_redis_address(s);
-          return std::string();
-        } catch (const std::exception& e) {
-          return std::string(e.what());
-        }
-      });
+      ->check(parses_with(parse_redis_address));
   cmd.add_option("--redis-block", o.redis_block, "Tokens per remote block")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

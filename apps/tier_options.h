@@ -17,7 +17,7 @@ struct TierOptions {
   std::string cache_dir, redis;
   int64_t redis_block = 32;
   bool swap_out_once = false;
-  std::string layer_preload = "auto";  // auto, off or a number of layers
+  std::string layer_preload = "off";  // auto, off or a number of layers
   bool any() const { return host_mib > 0 || !cache_dir.empty() || !redis.empty(); }
 };
 void add_tier_options(CLI::App& cmd, TierOptions& o);

@@ -223,8 +223,6 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
   if (!plan.fill_positions.empty() && (plan.fill_positions.size() != plan.tokens.size() || !plan.next_pass))
     fail(ErrorKind::Internal, "fill positions without a next pass, or not one per token");
   const std::vector<int32_t>& at = plan.fill_positions.empty() ? plan.positions : plan.fill_positions;
-  // The plan's rows, where they sit in this assembly.
-  std::vector<int64_t> kv_rows;
   placed_.assign(n, false);
   placed_ns_.assign(n, 0);
   if (!plan.runs.empty()) {

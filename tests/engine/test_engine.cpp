@@ -21,6 +21,7 @@
 #include "test_support.h"
 #include "util/error.h"
 #include "util/numeric.h"
+#include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
@@ -754,6 +755,35 @@ TEST_F(LayerLoadEngine, ABadLayerMidPassRunsTheRequestAgainWithoutIt) {
   const Outcome together = run_all("bad, together", {Mode::Fixed, 1}, 0, true);
   EXPECT_GT(together.stats.dropped_bad, 0);
   EXPECT_EQ(together.disk_nodes, 0u) << "no bad span is left in the index";
+}
+
+// The single-request path (apply_plan, what `chunks fuse` and the
+// benchmarks use) runs a request again the same way.
+TEST_F(LayerLoadEngine, TheSingleRequestPathRunsAgainWithoutABadLayer) {
+  ThreadPool pool(2);
+  Forward fwd(model_, pool);
+  std::vector<PrefillReport> reports;
+  std::vector<size_t> disk_nodes;
+  for (const auto& [label, preload] : std::vector<std::pair<std::string, RadixIndex::LayerPreload>>{
+           {"single, off", {Mode::Off, 0}}, {"single, depth 1", {Mode::Fixed, 1}}}) {
+    const auto cache = cache_copy(label, true);
+    DiskSpanStore disk(cache, 64 << 20);
+    RadixIndex index(64 << 20);
+    index.attach_disk(disk);
+    index.set_layer_preload(preload);
+    KvCache kv(model_->config(), 2048, DType::F16);
+    const auto strategy =
+        make_strategy("depcache", index, *model_, DType::F16, {PositionScheme::Depth, true});
+    ASSERT_EQ(parts_[0].first, "depcache");
+    reports.push_back(strategy->prefill(parts_[0].second, kv, fwd));
+    EXPECT_GT(index.stats().dropped_bad, 0) << label;
+    disk_nodes.push_back(index.n_nodes(Tier::Disk));  // other requests' spans, never read
+    EXPECT_EQ(index.n_pinned(), 0u) << label;
+    index.check_invariants();
+  }
+  EXPECT_EQ(reports[1].logits, reports[0].logits);
+  EXPECT_EQ(reports[1].computed_tokens, reports[0].computed_tokens);
+  EXPECT_EQ(disk_nodes[1], disk_nodes[0]);
 }
 
 }  // namespace
