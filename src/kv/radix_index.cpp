@@ -1,6 +1,7 @@
 #include "kv/radix_index.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kv/span_record.h"
 #include "util/error.h"
@@ -235,7 +236,7 @@ int RadixIndex::preload_layers(int n_layer, size_t disk_bytes, int64_t cached, i
   if (layer_preload_.mode == LayerPreload::Mode::Fixed) return layer_preload_.depth;
   const double compute_ms = cost_model_ && fresh > 0 ? cost_model_(cached, fresh)
                                                      : static_cast<double>(fresh) * prefill_ms_per_token_;
-  if (read_bytes_per_ms_ <= 0 || compute_ms <= 0) return n_layer;
+  if (!(read_bytes_per_ms_ > 0) || !(compute_ms > 0)) return n_layer;  // unknown (or NaN)
   const double load_ms = static_cast<double>(disk_bytes) / read_bytes_per_ms_;
   return preload_depth(n_layer, load_ms / n_layer, compute_ms / n_layer);
 }
@@ -323,7 +324,7 @@ bool RadixIndex::adopt_loaded(NodeId id, LayerLoader& loader) {
   if (span.n_tokens() == 0) return false;
   ++stats_.layered_loads;
   stats_.layer_wait_ms += loader.waited_ms();
-  if (loader.read_ms() > 0) {
+  if (loader.read_ms() > 0 && loader.bytes() > 0) {
     // A running rate, so one slow read (a cold page cache) does not set it.
     const double rate = static_cast<double>(loader.bytes()) / loader.read_ms();
     read_bytes_per_ms_ = read_bytes_per_ms_ > 0 ? 0.75 * read_bytes_per_ms_ + 0.25 * rate : rate;
@@ -346,7 +347,7 @@ bool RadixIndex::drop_bad_load(NodeId id, uint64_t disk_key) {
 }
 
 void RadixIndex::note_prefill(double ms_per_token) {
-  if (ms_per_token <= 0) return;
+  if (!(ms_per_token > 0) || !std::isfinite(ms_per_token)) return;
   auto lk = lock();
   prefill_ms_per_token_ =
       prefill_ms_per_token_ > 0 ? 0.75 * prefill_ms_per_token_ + 0.25 * ms_per_token : ms_per_token;

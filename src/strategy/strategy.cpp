@@ -265,6 +265,14 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
       }
   }
   placed_[n - 1] = false;
+  // Nor placed from a load: the hook places after the pass set each row's
+  // position, and would give the last row its cached one.
+  for (auto it = layered_.begin(); it != layered_.end(); ++it)
+    if (it->row + it->n == n) {
+      it->positions.pop_back();
+      if (--it->n == 0) layered_.erase(it);
+      break;
+    }
   std::vector<int64_t> computed;
   if (!plan.next_pass) {
     for (int64_t r = 0; r < n; ++r)
@@ -297,6 +305,11 @@ void PlanExecution::place_match(const RadixIndex::Match& match, const CacheRun& 
   for (size_t k = 0; k < match.pieces.size() && at < match.length; ++k) {
     const RadixIndex::Piece& p = match.pieces[k];
     const LayerLoader* loading = k < match.loading.size() ? match.loading[k].get() : nullptr;
+    // Every load is adopted after the pass, even one whose rows came from
+    // elsewhere: a node's children must not be hot while it stays on disk.
+    if (loading && std::none_of(loads_.begin(), loads_.end(),
+                                [&](const LayeredLoad& l) { return l.loader.get() == loading; }))
+      loads_.push_back({match.loading[k], p.node});
     const KvSpan& span = loading ? loading->span() : index_.span(p.node);
     const int64_t len = std::min(p.length, match.length - at);
     for (int64_t i = 0; i < len;) {
@@ -343,26 +356,25 @@ void PlanExecution::place_layers(KvCache& kv, int64_t row0, int layer_end) {
 }
 
 double PlanExecution::settle_layered(KvCache& kv, int64_t row0) {
-  if (layered_.empty()) return 0;
+  if (loads_.empty()) return 0;
   place_layers(kv, row0, n_layer_);  // a pass that stopped early did not reach them all
-  std::vector<const LayerLoader*> seen;
   double waited = 0;
-  for (const LayeredPlacement& p : layered_) {
-    if (std::find(seen.begin(), seen.end(), p.loader.get()) != seen.end()) continue;
-    seen.push_back(p.loader.get());
-    waited += p.loader->waited_ms();
-    index_.adopt_loaded(p.node, *p.loader);
+  // In match order, parents before children.
+  for (const LayeredLoad& l : loads_) {
+    waited += l.loader->waited_ms();
+    // A load no row needed may be bad: the node goes, with what hangs below.
+    if (!index_.adopt_loaded(l.node, *l.loader) && l.loader->failed())
+      index_.drop_bad_load(l.node, l.loader->key());
   }
+  loads_.clear();
   layered_.clear();
   report_.layer_wait_ms += waited;
   return waited;
 }
 
 void PlanExecution::after_pass(KvCache& kv, int64_t row0, const PassResult& done) {
-  const double waited = settle_layered(kv, row0);
-  // The pass's compute time per token, without what it waited for layers.
-  const auto n = static_cast<double>(std::max<size_t>(prefill_.tokens.size(), 1));
-  index_.note_prefill(done.ms_per_token - waited / n);
+  // A pass that waited for layers timed the disk too, not only computation.
+  if (settle_layered(kv, row0) == 0) index_.note_prefill(done.ms_per_token);
 }
 
 LayerLoadError::LayerLoadError(RadixIndex::NodeId node, uint64_t disk_key, int layer)
@@ -557,13 +569,14 @@ PrefillReport apply_plan_once(const RequestPlan& plan, RadixIndex& index, KvCach
 }  // namespace
 
 PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvCache& kv, Forward& fwd) {
-  for (;;) {
+  for (int stale = 0;;) {
     try {
       return apply_plan_once(plan, index, kv, fwd);
     } catch (const LayerLoadError& e) {
       // The execution (and its pins) is gone: without the bad node the
-      // request computes those tokens. Each retry drops one node.
-      if (!index.drop_bad_load(e.node(), e.disk_key())) throw;
+      // request computes those tokens. Each retry drops one node, unless
+      // something else dropped it first (then a few more tries).
+      if (!index.drop_bad_load(e.node(), e.disk_key()) && ++stale > 3) throw;
     }
   }
 }

@@ -224,7 +224,7 @@ class PlanExecution {
   // forward pass.
   bool whole_pass() const { return prefill_.hook || !prefill_.stats_queries.empty(); }
   // The current pass places pieces still being read from disk.
-  bool loading() const { return !layered_.empty(); }
+  bool loading() const { return !loads_.empty(); }
   // After a pass that is not the final one: makes the next.
   void next_pass(KvCache& kv, int64_t row0, const PassResult& done);
   // logits: of the last prompt token.
@@ -277,6 +277,11 @@ class PlanExecution {
     std::vector<int32_t> positions;
   };
   std::vector<LayeredPlacement> layered_;
+  struct LayeredLoad {
+    std::shared_ptr<LayerLoader> loader;
+    RadixIndex::NodeId node = -1;
+  };
+  std::vector<LayeredLoad> loads_;  // every load of the matches, in match order
   int layers_placed_ = 0;
 };
 
