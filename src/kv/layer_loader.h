@@ -25,9 +25,8 @@ class LayerLoader {
 
   int n_layer() const { return n_layer_; }
   uint64_t key() const { return key_; }  // of the file it reads
-  size_t bytes() const {
-    return reader_.layer_bytes() * static_cast<size_t>(n_layer_);
-  }  // of K/V read in all
+  // Bytes of K/V it reads in all.
+  size_t bytes() const { return reader_.layer_bytes() * static_cast<size_t>(n_layer_); }
   // Blocks until layer il is read and checked: true; false when it, or a
   // layer before it, could not be read or failed its checksum (the record
   // is bad: the caller computes instead and drops the file).

@@ -329,7 +329,7 @@ bool RadixIndex::adopt_loaded(NodeId id, LayerLoader& loader) {
     const double rate = static_cast<double>(loader.bytes()) / loader.read_ms();
     read_bytes_per_ms_ = read_bytes_per_ms_ > 0 ? 0.75 * read_bytes_per_ms_ + 0.25 * rate : rate;
   }
-  if (id < 0 || id >= static_cast<NodeId>(nodes_.size()) || !nodes_[id].live) return false;
+  if (!is_live(id)) return false;
   in_flight_.erase(id);
   return retier(id, [&](SpanSlot& slot) {
     return tiers_.adopt(slot, loader.key(), std::move(span), &stats_.promoted_bytes);
@@ -338,7 +338,7 @@ bool RadixIndex::adopt_loaded(NodeId id, LayerLoader& loader) {
 
 bool RadixIndex::drop_bad_load(NodeId id, uint64_t disk_key) {
   auto lk = lock();
-  if (id < 0 || id >= static_cast<NodeId>(nodes_.size()) || !nodes_[id].live) return false;
+  if (!is_live(id)) return false;
   const SpanSlot& slot = nodes_[id].slot;
   if (slot.tier != Tier::Disk || slot.disk_key != disk_key) return false;
   ++stats_.dropped_bad;

@@ -146,6 +146,10 @@ class RadixIndex {
     auto lk = lock();
     layer_preload_ = preload;
   }
+  LayerPreload layer_preload() const {
+    auto lk = lock();
+    return layer_preload_;
+  }
   // A forward pass computed prompt tokens at this many ms each (for the auto
   // depth).
   void note_prefill(double ms_per_token);
@@ -288,6 +292,9 @@ class RadixIndex {
   int64_t insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
                       size_t virtual_bytes_per_token, double cost_per_token, int64_t* new_from);
   void remove_leaf(NodeId node);
+  bool is_live(NodeId node) const {
+    return node >= 0 && node < static_cast<NodeId>(nodes_.size()) && nodes_[node].live;
+  }
 
   mutable std::recursive_mutex mu_;
   // The depth of a match's layered loads: disk_bytes of its pieces on disk.

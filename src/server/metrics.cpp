@@ -138,7 +138,7 @@ std::string ServerMetrics::render(const EngineSnapshot& e) const {
   for (int t = 0; t < RadixIndex::kTiers; ++t)
     out += fmt::format("depcache_index_hit_tokens_total{{tier=\"{}\"}} {}\n", kTierNames[t],
                        e.index.hit_tokens[t]);
-  metric(out, "depcache_index_disk_load_seconds_total", "counter",
+  metric(out, "depcache_index_load_seconds_total", "counter",
          "Time matches spent bringing K/V from lower tiers (layer-wise preload: the layers read first).",
          e.index.load_ms / 1000.0);
   metric(out, "depcache_layered_loads_total", "counter",

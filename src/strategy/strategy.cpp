@@ -228,14 +228,17 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
   if (!plan.runs.empty()) {
     const auto lk = index.lock();  // match, place and pin before anything else moves
     const uint64_t tick = index.begin_request();
-    // What the request will compute, as far as a look ahead tells (for the
-    // index's layer-wise preload depth).
-    std::vector<bool> found(n, false);
-    for (const CacheRun& run : plan.runs) {
-      const int64_t len = cached_length(index, {run.ns, run.tokens, run.stops});
-      for (int64_t i = 0; i < len; ++i) found[run.rows[i]] = true;
+    // What the request will compute, as far as a look ahead tells: only the
+    // automatic layer-wise preload depth needs it.
+    int64_t fresh = 0;
+    if (index.layer_preload().mode == RadixIndex::LayerPreload::Mode::Auto) {
+      std::vector<bool> found(n, false);
+      for (const CacheRun& run : plan.runs) {
+        const int64_t len = cached_length(index, {run.ns, run.tokens, run.stops});
+        for (int64_t i = 0; i < len; ++i) found[run.rows[i]] = true;
+      }
+      fresh = std::max<int64_t>(1, std::count(found.begin(), found.end(), false));
     }
-    const int64_t fresh = std::max<int64_t>(1, std::count(found.begin(), found.end(), false));
     for (const CacheRun& run : plan.runs) {
       if (run.whole) {
         if (std::any_of(run.rows.begin(), run.rows.end(), [&](int64_t r) { return placed_[r]; })) continue;
