@@ -22,6 +22,12 @@ void add_model_new_command(CLI::App& model) {
       ->capture_default_str();
   cmd->add_option("--vocab-from", vocab_from, "Copy the tokenizer of this (vocab-only) GGUF file");
   cmd->add_option("--seed", o.seed, "Random seed")->capture_default_str();
+  cmd->add_option("--init-std", o.stddev, "Standard deviation of the random weights")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--qk-init-std", o.qk_stddev,
+                  "Standard deviation of the attention query and key weights (default: --init-std)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--arch", arch, "Override the architecture: llama or qwen2");
   cmd->add_option("--layers", layers, "Override the number of layers");
   cmd->add_option("--embd", embd, "Override the embedding size");

@@ -246,14 +246,15 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   // Each tensor (numbered from 1 in file order) and each of its rows has its
   // own stream: the values do not depend on the number of threads.
   const uint64_t seed = o.seed;
-  const float stddev = o.stddev;
-  return write_model(path, spec, [seed, stddev](size_t index, const ModelTensor& t, int64_t row, float* dst) {
+  const float stddev = o.stddev, qk_stddev = o.qk_stddev > 0 ? o.qk_stddev : o.stddev;
+  return write_model(path, spec, [=](size_t index, const ModelTensor& t, int64_t row, float* dst) {
     if (t.norm) {
       std::fill(dst, dst + t.n_in, 1.0f);
       return;
     }
+    const bool qk = t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight");
     const uint64_t tseed = seed * 0x100000001B3ull + (static_cast<uint64_t>(index + 1) << 32);
-    fill_normal(dst, t.n_in, tseed + static_cast<uint64_t>(row), stddev);
+    fill_normal(dst, t.n_in, tseed + static_cast<uint64_t>(row), qk ? qk_stddev : stddev);
   });
 }
 

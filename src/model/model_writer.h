@@ -38,6 +38,10 @@ struct RandomModelOptions {
   DType type = DType::F32;  // type of the 2-D weights; norms and biases stay F32
   uint64_t seed = 42;
   float stddev = 0.02f;
+  // The query and key projections' std (0: stddev). Larger makes attention
+  // less uniform at the start of training, which shortens the plateau before
+  // content-addressed lookups form.
+  float qk_stddev = 0;
   std::optional<std::filesystem::path> vocab_from;  // GGUF whose tokenizer.* keys are copied
   std::string position_scheme;                      // written as depcache.position_scheme when set
   std::string chat_template;                        // tokenizer.chat_template (Jinja) when set

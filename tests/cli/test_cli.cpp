@@ -1,9 +1,12 @@
 // The depcache binary as a user runs it: outputs, help and exit codes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
+#include "model/gguf.h"
 #include "test_support.h"
 
 namespace depcache {
@@ -102,6 +105,35 @@ TEST_F(Cli, ModelQuantizeRewritesMatrices) {
   EXPECT_EQ(run("model quantize -m " + f16.string() + " -o " + f16.string() + " --type q8_0").code, 3);
   EXPECT_EQ(run("model quantize -m /nonexistent.gguf -o " + f16.string() + " --type q8_0").code, 4);
   std::filesystem::remove(f16);
+}
+
+// The random weights' spread: --init-std for every matrix, --qk-init-std for
+// the query and key projections alone.
+TEST_F(Cli, ModelNewDrawsWeightsWithTheAskedSpread) {
+  const auto path = test::temp_path("cli-init-std") += ".gguf";
+  ASSERT_EQ(run("model new --preset tiny --init-std 0.05 --qk-init-std 0.2 -o " + path.string()).code, 0);
+  {
+    const GgufFile f = GgufFile::open(path);
+    const auto spread = [&](const char* name) {
+      const GgufTensor* t = f.find_tensor(name);
+      EXPECT_NE(t, nullptr) << name;
+      if (t == nullptr || t->type != DType::F32) return 0.0;
+      double ss = 0;
+      for (int64_t i = 0; i < t->n_elements(); ++i) {
+        float v;
+        std::memcpy(&v, t->data + i * sizeof v, sizeof v);
+        ss += double(v) * v;
+      }
+      return std::sqrt(ss / static_cast<double>(t->n_elements()));
+    };
+    EXPECT_NEAR(spread("blk.0.attn_q.weight"), 0.2, 0.01);
+    EXPECT_NEAR(spread("blk.1.attn_k.weight"), 0.2, 0.01);
+    EXPECT_NEAR(spread("blk.0.attn_v.weight"), 0.05, 0.003);
+    EXPECT_NEAR(spread("blk.1.ffn_up.weight"), 0.05, 0.003);
+    EXPECT_NEAR(spread("token_embd.weight"), 0.05, 0.003);
+  }
+  EXPECT_EQ(run("model new --preset tiny --qk-init-std -1 -o " + path.string()).code, 2);
+  std::filesystem::remove(path);
 }
 
 TEST_F(Cli, ModelInfoShowsTensors) {
