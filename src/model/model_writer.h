@@ -38,9 +38,8 @@ struct RandomModelOptions {
   DType type = DType::F32;  // type of the 2-D weights; norms and biases stay F32
   uint64_t seed = 42;
   float stddev = 0.02f;
-  // The query and key projections' std (0: stddev). Larger makes attention
-  // less uniform at the start of training, which shortens the plateau before
-  // content-addressed lookups form.
+  // The query and key projections' std (0: stddev): larger makes attention
+  // less uniform at the start of training.
   float qk_stddev = 0;
   std::optional<std::filesystem::path> vocab_from;  // GGUF whose tokenizer.* keys are copied
   std::string position_scheme;                      // written as depcache.position_scheme when set
