@@ -11,7 +11,8 @@ fact among them), "Question: What is the r' of A ? \\n Answer :" (r' the
 question's word for r, a token of its own as in the engine's vocabulary),
 then the answer and "\\n"; EOS ends the sequence. `--form pairs` is bare
 associative recall instead: k pairs "r B", then each asked relation
-followed by its answer. `--questions N` asks N of the k facts (each once)
+followed by its answer. `--separators`, `--topic` and `--question-prefix N` add
+the QA form's parts to it one at a time. `--questions N` asks N of the k facts (each once)
 in one sequence; `--answer-loss-only` keeps the loss on the answers alone.
 Prints the training loss and held-out exact match of every answer (argmax)
 with 1, 3 and 9 facts.
@@ -19,6 +20,7 @@ with 1, 3 and 9 facts.
     python3 bench/lookup_torch.py [--steps 1500] [--k-min 1] [--lr 3e-3] [--threads 2]
         [--layers 4] [--embd 128] [--heads 4] [--ff 352] [--vocab 4096] [--names 1000]
         [--form facts|pairs] [--questions 1] [--answer-loss-only]
+        [--separators] [--topic] [--question-prefix N]
 """
 import argparse
 import math
@@ -50,6 +52,10 @@ def options():
     p.add_argument("--form", choices=("facts", "pairs"), default="facts")
     p.add_argument("--questions", type=int, default=1, help="facts asked per sequence")
     p.add_argument("--answer-loss-only", action="store_true")
+    p.add_argument("--separators", action="store_true", help="pairs form: \\n after every pair")
+    p.add_argument("--topic", action="store_true", help="pairs form: the topic name before every pair")
+    p.add_argument("--question-prefix", type=int, default=0, choices=range(5),
+                   help="pairs form: this many fixed tokens before each asked relation")
     o = p.parse_args()
     if not 1 <= o.k_min <= 9 or o.questions < 1 or o.embd % o.heads:
         p.error("need 1 <= --k-min <= 9, --questions >= 1 and --embd divisible by --heads")
@@ -66,9 +72,9 @@ def example(rng, k, o):
     toks, answers = [BOS], []
     if o.form == "pairs":
         for i, r in enumerate(rels):
-            toks += [RELS[r], names[1 + i]]
+            toks += [topic] * o.topic + [RELS[r], names[1 + i]] + [NL] * o.separators
         for j in asked:
-            toks.append(RELS[rels[j]])
+            toks += QUESTION[:o.question_prefix] + [RELS[rels[j]]]
             answers.append(len(toks))
             toks.append(names[1 + j])
         return toks + [EOS], answers
