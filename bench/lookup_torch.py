@@ -11,9 +11,10 @@ fact among them), "Question: What is the r' of A ? \\n Answer :" (r' the
 question's word for r, a token of its own as in the engine's vocabulary),
 then the answer and "\\n"; EOS ends the sequence. `--form pairs` is bare
 associative recall instead: k pairs "r B", then each asked relation
-followed by its answer. `--separators`, `--topic` and `--question-prefix N` add
-the QA form's parts to it one at a time. `--questions N` asks N of the k facts (each once)
-in one sequence; `--answer-loss-only` keeps the loss on the answers alone.
+followed by its answer; `--separators`, `--topic` and `--question-prefix N`
+add the QA form's parts to it one at a time. `--questions N` asks N of the
+k facts (each once) in one sequence; `--answer-loss-only` keeps the loss on
+the answers alone.
 Prints the training loss and held-out exact match of every answer (argmax)
 with 1, 3 and 9 facts.
 
@@ -59,6 +60,8 @@ def options():
     o = p.parse_args()
     if not 1 <= o.k_min <= 9 or o.questions < 1 or o.embd % o.heads:
         p.error("need 1 <= --k-min <= 9, --questions >= 1 and --embd divisible by --heads")
+    if o.form == "facts" and (o.separators or o.topic or o.question_prefix):
+        p.error("--separators, --topic and --question-prefix need --form pairs")
     if FIRST_NAME + o.names > o.vocab:
         p.error(f"--vocab must exceed {FIRST_NAME} + --names")
     return o
@@ -115,20 +118,19 @@ def main():
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() == 2], "weight_decay": 0.1},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=o.lr, betas=(0.9, 0.95))
-    longest = 12 + 4 * 9 + 13 * min(o.questions, 9) + 1
     freq = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
-    ang = torch.arange(longest, dtype=torch.float32)[:, None] * freq[None, :]
-    cos, sin = torch.cos(ang), torch.sin(ang)
-    mask = torch.full((longest, longest), float("-inf")).triu(1)
 
     def forward(tokens):
         b, t = tokens.shape
+        ang = torch.arange(t, dtype=torch.float32)[:, None] * freq[None, :]
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        mask = torch.full((t, t), float("-inf")).triu(1)
         x = embd[tokens]
         for blk in blocks:
             h = rms(x, blk.attn_norm)
             q, k, v = (w(h).view(b, t, o.heads, hd).transpose(1, 2) for w in (blk.wq, blk.wk, blk.wv))
-            q, k = rope(q, cos[:t], sin[:t]), rope(k, cos[:t], sin[:t])
-            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask[:t, :t], dim=-1)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, dim=-1)
             x = x + blk.wo((att @ v).transpose(1, 2).reshape(b, t, d))
             h = rms(x, blk.ffn_norm)
             x = x + blk.down(F.silu(blk.gate(h)) * blk.up(h))
