@@ -18,7 +18,7 @@ the answers alone.
 Prints the training loss and held-out exact match of every answer (argmax)
 with 1, 3 and 9 facts.
 
-    python3 bench/lookup_torch.py [--steps 1500] [--k-min 1] [--lr 3e-3] [--threads 2]
+    python3 bench/lookup_torch.py [--steps 1500] [--k-min 1] [--lr 3e-3] [--threads 2] [--seed 1]
         [--layers 4] [--embd 128] [--heads 4] [--ff 352] [--vocab 4096] [--names 1000]
         [--form facts|pairs] [--questions 1] [--answer-loss-only]
         [--separators] [--topic] [--question-prefix N]
@@ -44,6 +44,7 @@ def options():
     p.add_argument("--k-min", type=int, default=1, help="fewest facts in a training context")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1, help="seed of the initial weights")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--embd", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -109,7 +110,7 @@ class Block(torch.nn.Module):
 def main():
     o = options()
     torch.set_num_threads(o.threads)
-    torch.manual_seed(1)
+    torch.manual_seed(o.seed)
     d, hd = o.embd, o.embd // o.heads
     embd = torch.nn.Parameter(torch.randn(o.vocab, d) * 0.02)
     blocks = torch.nn.ModuleList(Block(d, o.ff) for _ in range(o.layers))

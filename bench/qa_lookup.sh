@@ -10,9 +10,10 @@
 #   bash bench/qa_lookup.sh [steps]         (default 1500; ~6 steps/s on 2 cores)
 # Environment: K_MIN (fewest facts per training context, default 1; 9 trains
 # on full contexts only), WORLDS (training worlds of 200 entities, 300),
-# LR (3e-3), LOSS=answer (loss on the answer alone), INIT (the model to
-# start from instead of a fresh one: another shape, or `model new
-# --qk-init-std`), THREADS, OUT (build/bench-qa-lookup).
+# LR (3e-3), LOSS=answer (loss on the answer alone), SEED (of the fresh
+# model's initial weights, 1), INIT (the model to start from instead of a
+# fresh one: another shape, or `model new --qk-init-std`), THREADS, OUT
+# (build/bench-qa-lookup).
 # The training log is OUT/lookup.log.jsonl (held-out loss and teacher-forced
 # exact match on 3-fact contexts every 250 steps).
 set -euo pipefail
@@ -46,9 +47,10 @@ if [ ! -f "$TRAIN" ]; then
   mv "$TRAIN.part" "$TRAIN"
 fi
 for k in 1 3 9; do [ -f "$OUT/held-$k.jsonl" ] || ask 9001 "$k" "$OUT/held-$k.jsonl"; done
-MODEL=${INIT:-$OUT/init.gguf}
+SEED=${SEED:-1}
+MODEL=${INIT:-$OUT/init-s$SEED.gguf}
 [ -n "${INIT:-}" ] || [ -f "$MODEL" ] || "$BIN" model new --preset tiny --tied --layers 4 --embd 128 \
-  --heads 4 --heads-kv 4 --ff 352 --ctx 1024 --vocab-from models/depcache-qa.gguf --seed 1 -o "$MODEL" >/dev/null
+  --heads 4 --heads-kv 4 --ff 352 --ctx 1024 --vocab-from models/depcache-qa.gguf --seed "$SEED" -o "$MODEL" >/dev/null
 LOSS_OPT=()
 [ "${LOSS:-all}" = answer ] && LOSS_OPT=(--answer-loss-only)
 rm -f "$OUT/lookup.gguf" "$OUT/lookup.gguf.ckpt" "$OUT/lookup.gguf.ckpt.optim" "$OUT/lookup.log.jsonl"
