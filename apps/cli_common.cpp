@@ -16,6 +16,33 @@
 
 namespace depcache::cli {
 
+PromptTemplate PromptTemplateOptions::apply(PromptTemplate base) const {
+  if (system) base.system = *system;
+  if (task_prefix) base.task_prefix = *task_prefix;
+  if (task_suffix) base.task_suffix = *task_suffix;
+  return base;
+}
+
+void add_prompt_template_options(CLI::App* cmd, PromptTemplateOptions& o) {
+  const PromptTemplate d;
+  // Shown quoted with \n for a newline; pass one with bash's $'...'.
+  const auto shown = [](std::string s) {
+    for (size_t at = 0; (at = s.find('\n', at)) != std::string::npos; at += 2) s.replace(at, 1, "\\n");
+    return "\"" + s + "\"";
+  };
+  cmd->add_option("--prompt-system", o.system,
+                  "RAG prompt: the text after BOS, before the context (default " + shown(d.system) + ")");
+  cmd->add_option("--prompt-task-prefix", o.task_prefix,
+                  "RAG prompt: the text before the question (default " + shown(d.task_prefix) + ")");
+  cmd->add_option("--prompt-task-suffix", o.task_suffix,
+                  "RAG prompt: the text after the question, where the answer follows (default " +
+                      shown(d.task_suffix) + ")");
+}
+
+PromptTemplate prompt_template_from(const std::string& gguf_path) {
+  return gguf_path.empty() ? PromptTemplate{} : PromptTemplate::from_gguf(GgufFile::open(gguf_path));
+}
+
 Tokenizer tokenizer_from(const std::string& gguf_path) {
   return Tokenizer(gguf_path.empty() ? Vocab::builtin_bytes() : Vocab::from_gguf(GgufFile::open(gguf_path)));
 }

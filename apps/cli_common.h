@@ -5,10 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "compute/dtype.h"
+#include "model/prompt_template.h"
 #include "model/tokenizer.h"
 #include "retrieval/bm25.h"
 #include "strategy/strategy.h"
@@ -28,6 +30,17 @@ const std::map<std::string, StageOrder>& stage_orders();
 const char* stage_order_name(StageOrder order);
 // SubGCache's clustering: --clusters, --linkage, --subgraph-embedding.
 void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o);
+
+// --prompt-system, --prompt-task-prefix, --prompt-task-suffix: the parts of
+// a prompt template given on the command line; apply() puts them over a base.
+struct PromptTemplateOptions {
+  std::optional<std::string> system, task_prefix, task_suffix;
+  bool any() const { return system || task_prefix || task_suffix; }
+  PromptTemplate apply(PromptTemplate base) const;
+};
+void add_prompt_template_options(CLI::App* cmd, PromptTemplateOptions& o);
+// The prompt template a GGUF file carries (the defaults for an empty path).
+PromptTemplate prompt_template_from(const std::string& gguf_path);
 
 // The tokenizer of a GGUF file, or the built-in byte vocab when path is empty.
 Tokenizer tokenizer_from(const std::string& gguf_path);

@@ -47,12 +47,13 @@ struct StreamChunk {
   std::string text;
 };
 
-std::vector<StreamChunk> distinct_chunks(const std::vector<RagRequest>& reqs, const Tokenizer& tok) {
+std::vector<StreamChunk> distinct_chunks(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
+                                         const PromptTemplate& tmpl) {
   std::vector<StreamChunk> out;
   std::map<uint64_t, size_t> seen;
   for (const RagRequest& r : reqs) {
-    const PromptParts parts = make_prompt_parts(tok, r);
-    const PromptTexts texts = prompt_texts(r);
+    const PromptParts parts = make_prompt_parts(tok, r, tmpl);
+    const PromptTexts texts = prompt_texts(r, tmpl);
     for (size_t i = 0; i < parts.items.size(); ++i) {
       uint64_t key = hash_bytes(parts.system.data(), parts.system.size() * sizeof(int32_t));
       for (const auto& p : parts.items[i].paths) key = hash_bytes(p.data(), p.size() * sizeof(int32_t), key);
@@ -79,7 +80,7 @@ void fuse(const FuseOptions& o) {
   const Tokenizer tok(Vocab::from_gguf(model->file()));
   const DType kv_type = parse_kv_type(o.kv_type);
   const auto t0 = Clock::now();
-  const std::vector<StreamChunk> chunks = distinct_chunks(reqs, tok);
+  const std::vector<StreamChunk> chunks = distinct_chunks(reqs, tok, model->config().prompt);
   Bm25Index bm25;
   for (const StreamChunk& c : chunks) bm25.add(c.text);
   bm25.finalize();

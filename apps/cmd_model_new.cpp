@@ -1,6 +1,7 @@
 // `depcache model new`: write a random-weight model of a preset shape.
 #include <fmt/format.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "model/model_writer.h"
 #include "prompt/chat_template.h"
@@ -42,6 +43,8 @@ void add_model_new_command(CLI::App& model) {
                   "Record in the metadata that the model was trained for this position scheme "
                   "(depcache.position_scheme): depth, sequential or stacked")
       ->check(CLI::IsMember({"depth", "sequential", "stacked"}));
+  static PromptTemplateOptions prompt;
+  add_prompt_template_options(cmd, prompt);
   static std::string chat;
   cmd->add_option(
          "--chat-template", chat,
@@ -75,6 +78,8 @@ void add_model_new_command(CLI::App& model) {
     }
     if (tied) shape->tied_embeddings = true;
     o.shape = *shape;
+    // Given parts go over the --vocab-from file's template (or the defaults).
+    if (prompt.any()) o.prompt = prompt.apply(prompt_template_from(vocab_from));
     const RandomModelReport r = write_random_model(out, o);
     for (const std::string& n : r.notes) fmt::print(stderr, "note: {}\n", n);
     fmt::print("wrote {}: {} layers, {} embd, vocab {}, {:.2f} M params, {:.2f} MiB\n", out, o.shape.n_layer,

@@ -152,7 +152,7 @@ std::vector<FullAnswer> full_answers(const std::vector<RagRequest>& reqs, const 
   Progress progress("full attention, for fidelity", reqs.size());
   std::vector<FullAnswer> out;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    const PrefillReport r = full->prefill(make_prompt_parts(tok, reqs[i]), kv, fwd);
+    const PrefillReport r = full->prefill(make_prompt_parts(tok, reqs[i], model.config().prompt), kv, fwd);
     FullAnswer a{r.logits, {argmax(r.logits)}, all_finite(std::span<const float>(r.logits))};
     a.finite = decode_greedy(fwd, kv, n, a.tokens) && a.finite;
     out.push_back(std::move(a));
@@ -744,20 +744,20 @@ void add_run_command(CLI::App& app) {
     };
     std::vector<PromptParts> parts;
     for (const RagRequest& r : reqs) {
-      parts.push_back(make_prompt_parts(tok, r));
+      parts.push_back(make_prompt_parts(tok, r, model->config().prompt));
       const int64_t n = rows_needed(parts.back());
       if (n > need) need = n, largest = r.id;
       all += n;
     }
     std::vector<PromptParts> subg_parts;
     for (const RagRequest& r : subg_reqs) {
-      subg_parts.push_back(make_prompt_parts(tok, r));
+      subg_parts.push_back(make_prompt_parts(tok, r, model->config().prompt));
       const int64_t n = rows_needed(subg_parts.back());
       if (n > need) need = n, largest = r.id + " (its cluster's subgraph)";
     }
     std::vector<PromptParts> warm;
     for (const RagRequest& r : warm_reqs) {
-      warm.push_back(make_prompt_parts(tok, r));
+      warm.push_back(make_prompt_parts(tok, r, model->config().prompt));
       const int64_t n = rows_needed(warm.back());
       if (n > need) need = n, largest = "warm-up " + r.id;
     }

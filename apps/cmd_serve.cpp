@@ -180,6 +180,7 @@ void add_serve_command(CLI::App& app) {
     served.tokenizer = tok;
     served.n_ctx = std::min<int64_t>(pool_rows, model->config().n_ctx_train);
     served.chat = served_chat_family(chat_template, tok->vocab().chat_template);
+    served.prompt = model->config().prompt;
     // Retrieval sources, read before the engine starts so a bad file stops the server at once.
     std::unique_ptr<KnowledgeGraph> kg;
     std::unique_ptr<GraphRetriever> graph;

@@ -70,10 +70,11 @@ int64_t parse_capacity(const std::string& s, int64_t distinct) {
 }
 
 std::vector<SimulatedRequest> prompts_of(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
-                                         const std::string& strategy, PositionScheme scheme) {
+                                         const PromptTemplate& tmpl, const std::string& strategy,
+                                         PositionScheme scheme) {
   std::vector<PromptParts> parts;
   parts.reserve(reqs.size());
-  for (const RagRequest& r : reqs) parts.push_back(make_prompt_parts(tok, r));
+  for (const RagRequest& r : reqs) parts.push_back(make_prompt_parts(tok, r, tmpl));
   return simulated_requests(parts, strategy, scheme);
 }
 
@@ -138,7 +139,7 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
   std::map<std::tuple<std::string, double, std::string>, Cell> cells;
   for (const std::string& wl : workloads) {
     const std::vector<SimulatedRequest> prompts =
-        prompts_of(graph_stream(kg, qa, wl, o), tok, o.strategy, scheme);
+        prompts_of(graph_stream(kg, qa, wl, o), tok, prompt_template_from(o.vocab_path), o.strategy, scheme);
     const int64_t distinct = distinct_kv_tokens(prompts);
     for (double f : fractions)
       for (const std::string& spec : specs) {
@@ -276,7 +277,8 @@ void add_simulate_command(CLI::App& app) {
       qopt.seed = o.seed;
       reqs = graph_stream(graph, make_graph_qa(graph, qopt), o.workload, o);
     }
-    const std::vector<SimulatedRequest> prompts = prompts_of(reqs, tok, o.strategy, scheme);
+    const std::vector<SimulatedRequest> prompts =
+        prompts_of(reqs, tok, prompt_template_from(o.vocab_path), o.strategy, scheme);
     const int64_t distinct = distinct_kv_tokens(prompts);
     const int64_t capacity = parse_capacity(o.capacity, distinct);
     if (!o.json)

@@ -111,6 +111,7 @@ void add_train_command(CLI::App& app) {
     qo.attention = c.attention == "dependency" ? TrainAttention::Dependency : TrainAttention::Causal;
     qo.scheme = c.scheme == "depth" ? PositionScheme::Depth : PositionScheme::Sequential;
     qo.loss_on_prompt = !c.answer_loss_only;
+    qo.prompt = init->config().prompt;
     const int64_t n_ctx = init->config().n_ctx_train;
     const std::vector<QaSequence> train =
         sequences(tok, read_requests(c.requests), qo, n_ctx, "training", c.pack);
@@ -121,7 +122,7 @@ void add_train_command(CLI::App& app) {
     if (train.empty()) fail(ErrorKind::InvalidInput, "no training sequence fits the model's context");
 
     for (const auto& [k, v] : init->file().metadata())
-      if (k.starts_with("tokenizer.")) t.metadata.emplace_back(k, v);
+      if (k.starts_with("tokenizer.") || k.starts_with(kPromptKeyPrefix)) t.metadata.emplace_back(k, v);
     if (qo.attention == TrainAttention::Dependency)
       t.metadata.emplace_back(kPositionSchemeKey, GgufValue::string(c.scheme));
     t.checkpoint = c.checkpoint.empty() ? c.out + ".ckpt" : c.checkpoint;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "model/gguf.h"
 #include "model/vocab_learner.h"
@@ -18,13 +19,14 @@ namespace depcache::cli {
 namespace {
 
 // Every string the trainer encodes for a request, each on its own.
-void append_request_texts(const RagRequest& r, std::vector<std::string>& out) {
-  const PromptTexts t = prompt_texts(r);
+void append_request_texts(const RagRequest& r, const PromptTemplate& tmpl, std::vector<std::string>& out) {
+  const PromptTexts t = prompt_texts(r, tmpl);
   out.push_back(t.system);
   for (const PromptTexts::Item& item : t.items) out.insert(out.end(), item.pieces.begin(), item.pieces.end());
   if (!t.text.empty()) out.push_back(t.text);
   out.push_back(t.task);
-  for (const std::string& a : r.answers) out.push_back(answer_text(a));
+  // The learned vocabulary prefixes a space, as SentencePiece does.
+  for (const std::string& a : r.answers) out.push_back(answer_text(a, true));
 }
 
 }  // namespace
@@ -50,13 +52,18 @@ void add_vocab_commands(CLI::App& app) {
   learn->add_option("--max-piece-chars", o.max_piece_chars, "No token longer than this many characters")
       ->capture_default_str()
       ->check(CLI::Range(2, 256));
+  static PromptTemplateOptions prompt;
+  add_prompt_template_options(learn, prompt);
   learn->add_option("-o,--output", out, "The vocabulary (GGUF with tokenizer.* keys only)")->required();
   learn->callback([] {
     if (requests.empty() && texts.empty())
       fail(ErrorKind::InvalidInput, "nothing to learn from: give --requests or --text");
+    // The prompts as a model made from this vocabulary will build them: it
+    // inherits the template (model new --vocab-from).
+    const PromptTemplate tmpl = prompt.apply({});
     std::vector<std::string> fragments;
     for (const std::string& path : requests)
-      for (const RagRequest& r : read_requests(path)) append_request_texts(r, fragments);
+      for (const RagRequest& r : read_requests(path)) append_request_texts(r, tmpl, fragments);
     for (const std::string& path : texts) {
       std::ifstream in(path);
       if (!in) fail(ErrorKind::NotFound, "cannot open {}", path);
@@ -66,6 +73,7 @@ void add_vocab_commands(CLI::App& app) {
     const Vocab v = learn_bpe_vocab(fragments, o, &rep);
     std::vector<std::pair<std::string, GgufValue>> md;
     v.append_gguf_metadata(md);
+    for (auto& kv : tmpl.metadata()) md.push_back(std::move(kv));
     GgufWriter w;
     w.set("general.name", GgufValue::string("depcache-bpe"));
     for (auto& [k, value] : md) w.set(k, std::move(value));

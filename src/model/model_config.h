@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/prompt_template.h"
+
 namespace depcache {
 
 class GgufFile;
@@ -33,6 +35,8 @@ struct ModelConfig {
   // depcache.position_scheme: the position scheme a model was fine-tuned for
   // under dependency attention (written by the trainer); empty when absent.
   std::string position_scheme;
+  // depcache.prompt.*: the RAG prompt's wrapping text (defaults when absent).
+  PromptTemplate prompt;
 
   int n_embd_kv() const { return n_head_kv * head_dim; }
 

@@ -57,7 +57,7 @@ std::vector<std::pair<std::string, GgufValue>> tokenizer_metadata(const RandomMo
     const GgufFile src = GgufFile::open(*o.vocab_from);
     Vocab::from_gguf(src);  // validates before copying
     for (const auto& [k, v] : src.metadata())
-      if (k.starts_with("tokenizer.")) md.emplace_back(k, v);
+      if (k.starts_with("tokenizer.") || k.starts_with(kPromptKeyPrefix)) md.emplace_back(k, v);
   } else {
     Vocab::builtin_bytes().append_gguf_metadata(md);
   }
@@ -241,6 +241,13 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   spec.shape.n_vocab = std::max(own_vocab, o.shape.n_vocab);
   if (!o.position_scheme.empty())
     md.insert(md.begin(), {kPositionSchemeKey, GgufValue::string(o.position_scheme)});
+  if (o.prompt)
+    for (auto& [k, v] : o.prompt->metadata()) {
+      if (GgufValue* old = find_key(md, k))
+        *old = std::move(v);
+      else
+        md.emplace_back(k, std::move(v));
+    }
   const std::string arch = o.shape.arch == Arch::Qwen2 ? "qwen2" : "llama";
   spec.name = fmt::format("depcache-random-{}", o.shape.preset.empty() ? arch : o.shape.preset);
   // Each tensor (numbered from 1 in file order) and each of its rows has its

@@ -11,6 +11,7 @@
 #include "compute/dtype.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
+#include "model/prompt_template.h"
 
 namespace depcache {
 
@@ -44,6 +45,8 @@ struct RandomModelOptions {
   std::optional<std::filesystem::path> vocab_from;  // GGUF whose tokenizer.* keys are copied
   std::string position_scheme;                      // written as depcache.position_scheme when set
   std::string chat_template;                        // tokenizer.chat_template (Jinja) when set
+  // Written as depcache.prompt.*; unset: the --vocab-from file's keys, if any.
+  std::optional<PromptTemplate> prompt;
   int n_threads = 0;
 };
 

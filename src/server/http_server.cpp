@@ -305,7 +305,8 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         429,
         fmt::format("the server is at capacity ({} requests waiting); retry shortly", options_.max_queue),
         "server_error", {}, "queue_full");
-  const PromptSources sources{model_.tokenizer.get(), model_.chat, model_.corpus, model_.graph};
+  const PromptSources sources{model_.tokenizer.get(), model_.chat, model_.corpus, model_.graph,
+                              model_.prompt};
   const auto fits = [&](const PromptParts& parts) {
     const int64_t n_prompt = parts.n_flat_tokens();
     if (n_prompt + cr.sampling.max_tokens > model_.n_ctx)

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "engine/engine_loop.h"
+#include "model/prompt_template.h"
 #include "model/tokenizer.h"
 #include "prompt/chat_template.h"
 #include "retrieval/corpus.h"
@@ -55,6 +56,7 @@ struct ServedModel {
   std::optional<ChatFamily> chat;
   const ChunkIndex* corpus = nullptr;
   const GraphRetriever* graph = nullptr;
+  PromptTemplate prompt;  // the model's, for RAG requests
 };
 
 class HttpServer {

@@ -90,7 +90,7 @@ std::optional<CorpusSearch> corpus_search(const CompletionRequest& r, const Prom
 PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources,
                            const RagRequest* given) {
   const Tokenizer& tok = *sources.tokenizer;
-  const PromptTemplate rag_template;
+  const PromptTemplate& rag_template = sources.prompt;
   PromptParts parts;
   if (!r.rag) {
     const std::string text = r.kind == ApiKind::Chat ? rendered_chat(sources, r.messages) : r.prompt;

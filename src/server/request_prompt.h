@@ -22,6 +22,7 @@ struct PromptSources {
   std::optional<ChatFamily> chat;         // nullopt: chat requests are refused
   const ChunkIndex* corpus = nullptr;     // --corpus
   const GraphRetriever* graph = nullptr;  // --kg
+  PromptTemplate prompt;                  // the model's, around a RAG context and question
 };
 
 // The corpus search a request asks the server for, or nullopt when it asks

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/prompt_template.h"
 #include "model/tokenizer.h"
 #include "prompt/dep_prompt.h"
 #include "retrieval/rag_request.h"
@@ -31,12 +32,6 @@ struct PromptParts {
   // Rows [begin, end) of each context item in flat(), in order.
   std::vector<std::pair<int64_t, int64_t>> flat_item_ranges() const;
   DepPrompt dep_prompt() const;
-};
-
-struct PromptTemplate {
-  std::string system = "Answer the question using the knowledge below.\n";
-  std::string task_prefix = "Question: ";
-  std::string task_suffix = "\nAnswer:";
 };
 
 // The same parts as text, each string exactly what is encoded on its own

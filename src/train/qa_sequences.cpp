@@ -10,7 +10,15 @@
 
 namespace depcache {
 
-std::string answer_text(const std::string& answer) { return " " + answer + "\n"; }
+std::string answer_text(const std::string& answer, bool space_prefixed) {
+  return (space_prefixed ? "" : " ") + answer + "\n";
+}
+
+std::vector<int32_t> answer_tokens(const Tokenizer& tok, const std::string& answer) {
+  std::vector<int32_t> out = tok.encode(answer_text(answer, tok.vocab().add_space_prefix), false, false);
+  if (tok.eos() >= 0) out.push_back(tok.eos());
+  return out;
+}
 
 std::string generated_answer(const Tokenizer& tok, const std::vector<int32_t>& tokens) {
   std::vector<int32_t> kept;
@@ -78,7 +86,7 @@ QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const Qa
 
 QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group, const QaSequenceOptions& o) {
   if (group.empty()) fail(ErrorKind::InvalidInput, "no request to make a training sequence of");
-  PromptParts parts = make_prompt_parts(tok, group.front());
+  PromptParts parts = make_prompt_parts(tok, group.front(), o.prompt);
   // Each request's task followed by its answer, in turn; answers[i]: whether
   // asked[i] is an answer token.
   std::vector<int32_t> asked;
@@ -93,9 +101,8 @@ QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group, 
       fail(ErrorKind::InvalidInput,
            "request {} does not have the context of request {}: cannot share a sequence", r.id,
            group.front().id);
-    const std::vector<int32_t> task = k == 0 ? parts.task : task_tokens(tok, r);
-    std::vector<int32_t> answer = tok.encode(answer_text(r.answers.front()), false, false);
-    if (tok.eos() >= 0) answer.push_back(tok.eos());
+    const std::vector<int32_t> task = k == 0 ? parts.task : task_tokens(tok, r, o.prompt);
+    const std::vector<int32_t> answer = answer_tokens(tok, r.answers.front());
     asked.insert(asked.end(), task.begin(), task.end());
     answers.insert(answers.end(), task.size(), false);
     if (k == 0) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/prompt_template.h"
 #include "model/tokenizer.h"
 #include "prompt/dep_prompt.h"
 #include "retrieval/rag_request.h"
@@ -24,6 +25,7 @@ struct QaSequenceOptions {
   // Language-model loss on the context and question too (a small model
   // learns to read its context only so), or on the answer alone.
   bool loss_on_prompt = true;
+  PromptTemplate prompt;  // the model's (ModelConfig::prompt)
 };
 
 struct QaSequence {
@@ -42,8 +44,13 @@ QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const Qa
 QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group,
                        const QaSequenceOptions& options);
 
-// The text the model is trained to produce after "Answer:".
-std::string answer_text(const std::string& answer);
+// The text the model is trained to produce after the task: the answer as the
+// prompt's next word, then a newline. It is encoded on its own, so a
+// tokenizer that prefixes a space (space_prefixed) supplies the word's space
+// itself; writing one too would train a lone space token before every answer.
+std::string answer_text(const std::string& answer, bool space_prefixed);
+// answer_text's tokens for this tokenizer, then EOS (when it has one).
+std::vector<int32_t> answer_tokens(const Tokenizer& tok, const std::string& answer);
 
 // What a generated continuation answers: its text up to the first
 // end-of-generation token or newline, without surrounding spaces.

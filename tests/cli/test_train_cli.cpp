@@ -11,7 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "retrieval/rag_request.h"
+#include "strategy/prompt_parts.h"
 #include "test_support.h"
+#include "train/qa_sequences.h"
 
 namespace depcache {
 namespace {
@@ -104,6 +110,58 @@ TEST_F(TrainCli, TrainsLogsAndWritesAModelTheEngineRuns) {
     EXPECT_NE(run.out.find(fmt::format("{:<10} answers: {} of 24 exact", strategy, right[strategy])),
               std::string::npos)
         << run.out;
+}
+
+// The prompt template goes from the vocabulary (learned from prompts built
+// with it) to the model made from it, through training, to `run`'s prompts.
+TEST_F(TrainCli, APromptTemplateGoesFromTheVocabularyThroughTrainingToRun) {
+  auto r = run_cli(
+      "vocab learn --requests " + file("train.jsonl") +
+      " --size 400 --prompt-system 'Facts:\n' --prompt-task-prefix '' --prompt-task-suffix ' ->' -o " +
+      file("tv.gguf"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("model info " + file("tv.gguf"));
+  EXPECT_NE(r.out.find("depcache.prompt.task_suffix"), std::string::npos) << r.out;
+  r = run_cli(
+      "model new --preset tiny --layers 1 --embd 32 --heads 2 --heads-kv 1 --ff 64 --tied --vocab-from " +
+      file("tv.gguf") + " --prompt-task-prefix 'Q: ' -o " + file("tinit.gguf"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli(fmt::format("train --init {} --requests {} -o {} --steps 2 --batch 2 -t 2", file("tinit.gguf"),
+                          file("train.jsonl"), file("tmodel.gguf")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto model = Model::load(file("tmodel.gguf"));
+  PromptTemplate want;
+  want.system = "Facts:\n";
+  want.task_prefix = "Q: ";
+  want.task_suffix = " ->";
+  EXPECT_EQ(model->config().prompt, want);
+  // The trainer built its sequences with it: prompt, answer, EOS.
+  const Tokenizer tok(Vocab::from_gguf(model->file()));
+  double sum = 0;
+  const std::vector<RagRequest> train = read_requests(file("train.jsonl"));
+  for (const RagRequest& q : train)
+    sum += static_cast<double>(make_prompt_parts(tok, q, want).n_flat_tokens() +
+                               static_cast<int64_t>(answer_tokens(tok, q.answers.front()).size()));
+  EXPECT_NE(r.out.find(fmt::format("training on {} sequences ({:.1f} tokens each)", train.size(),
+                                   sum / static_cast<double>(train.size()))),
+            std::string::npos)
+      << r.out;
+  // `run` builds each prompt with it.
+  r = run_cli(fmt::format("run -m {} --requests {} -s full -n 1 -q --json {}", file("tmodel.gguf"),
+                          file("eval.jsonl"), file("trows.jsonl")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<RagRequest> requests = read_requests(file("eval.jsonl"));
+  std::ifstream rows(file("trows.jsonl"));
+  std::string line;
+  size_t n = 0;
+  for (; std::getline(rows, line) && n < requests.size(); ++n) {
+    const int64_t tokens = nlohmann::json::parse(line)["prompt_tokens"];
+    EXPECT_EQ(tokens, make_prompt_parts(tok, requests[n], want).n_flat_tokens());
+    EXPECT_LT(tokens, make_prompt_parts(tok, requests[n]).n_flat_tokens());
+  }
+  EXPECT_EQ(n, requests.size());
+  r = run_cli("model new --prompt-task-prefix -o " + file("x.gguf"));
+  EXPECT_EQ(r.code, 2) << r.out;
 }
 
 TEST_F(TrainCli, ARunStoppedBySigtermResumesToTheSameModel) {

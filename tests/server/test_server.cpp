@@ -61,7 +61,8 @@ struct Served {
   std::optional<ChatFamily> chat = ChatFamily::ChatML;
   const ChunkIndex* corpus = nullptr;
   const GraphRetriever* graph = nullptr;
-  void ready() { http->ready({"tiny", tok, 32768, chat, corpus, graph}, *loop); }
+  PromptTemplate prompt;
+  void ready() { http->ready({"tiny", tok, 32768, chat, corpus, graph, prompt}, *loop); }
   // Joins the server's threads: what they read may be destroyed after this.
   void stop() { http->shutdown(std::chrono::steady_clock::now() + std::chrono::seconds(5)); }
   ~Served() { stop(); }
@@ -352,6 +353,28 @@ json documents_rag(const std::string& strategy, std::vector<int> order) {
   json picked = json::array();
   for (int i : order) picked.push_back(docs[static_cast<size_t>(i)]);
   return {{"strategy", strategy}, {"documents", picked}};
+}
+
+// RAG prompts are built with the served model's template, as the model was
+// trained.
+TEST(Server, RagPromptsFollowTheModelsTemplate) {
+  REQUIRE_CURL();
+  Served s({}, false);
+  s.prompt.system = "Facts:\n";
+  s.prompt.task_prefix = "";
+  s.prompt.task_suffix = " ->";
+  s.ready();
+  const json rag = documents_rag("full", {0, 1});
+  Reply r = curl(s.port, "/v1/completions",
+                 post({{"prompt", "Which glacier is the largest?"}, {"max_tokens", 1}, {"rag", rag}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  RagRequest by_hand;
+  by_hand.question = "Which glacier is the largest?";
+  for (const json& d : rag["documents"])
+    by_hand.documents.push_back({d["id"], d.value("title", ""), d["text"]});
+  EXPECT_EQ(r.j()["usage"]["prompt_tokens"], make_prompt_parts(*s.tok, by_hand, s.prompt).n_flat_tokens());
+  EXPECT_NE(r.j()["usage"]["prompt_tokens"], make_prompt_parts(*s.tok, by_hand).n_flat_tokens());
+  s.stop();
 }
 
 // The RAG extension: context given with the request, reused by the strategy it names.

@@ -287,6 +287,45 @@ TEST(Strategies, PositionSchemeMetadataSetsTheDefault) {
   std::filesystem::remove(path);
 }
 
+// A model carries its prompt template: written with it, read back, inherited
+// from the vocabulary file a model is made from (one part overridden), and
+// every part lands where make_prompt_parts puts it.
+TEST(Strategies, TheModelsPromptTemplateShapesItsPrompts) {
+  RandomModelOptions o;
+  o.shape = *model_preset("tiny");
+  const auto plain = test::temp_path("tmpl-plain") += ".gguf", own = test::temp_path("tmpl-own") += ".gguf",
+             derived = test::temp_path("tmpl-derived") += ".gguf";
+  write_random_model(plain, o);
+  EXPECT_EQ(Model::load(plain)->config().prompt, PromptTemplate{}) << "no keys: the defaults";
+  PromptTemplate facts;
+  facts.system = "Facts:\n";
+  facts.task_prefix = "";
+  facts.task_suffix = " ->";
+  o.prompt = facts;
+  write_random_model(own, o);
+  const auto model = Model::load(own);
+  EXPECT_EQ(model->config().prompt, facts);
+  o.prompt.reset();
+  o.vocab_from = own;
+  write_random_model(derived, o);
+  EXPECT_EQ(Model::load(derived)->config().prompt, facts) << "inherited from --vocab-from";
+  PromptTemplate other = facts;
+  other.task_prefix = "Q: ";
+  o.prompt = other;
+  write_random_model(derived, o);
+  EXPECT_EQ(Model::load(derived)->config().prompt, other) << "given parts replace the inherited keys";
+
+  const Tokenizer tok(Vocab::from_gguf(model->file()));
+  const RagRequest r = graph_request({kDog}, "Which animal?");
+  const PromptParts parts = make_prompt_parts(tok, r, model->config().prompt);
+  std::vector<int32_t> system = {tok.bos()};
+  for (int32_t t : tok.encode("Facts:\n", false, false)) system.push_back(t);
+  EXPECT_EQ(parts.system, system);
+  EXPECT_EQ(parts.task, tok.encode("Which animal? ->", false, false));
+  EXPECT_LT(parts.n_flat_tokens(), make_prompt_parts(tok, r).n_flat_tokens());
+  for (const auto& p : {plain, own, derived}) std::filesystem::remove(p);
+}
+
 // A prefill that fails after the cached spans were matched and pinned (here:
 // a token the model does not have, found by the forward pass) leaves no pin
 // behind: the request's lease releases them, and the index can evict again.

@@ -34,7 +34,11 @@ TEST(QaSequence, CausalIsTheFlatPromptThenTheAnswer) {
   EXPECT_EQ(slice(q.sequence.tokens, 0, q.answer_begin), flat);
   const std::vector<int32_t> answer = slice(q.sequence.tokens, q.answer_begin, q.answer_size);
   EXPECT_EQ(answer.back(), tok.eos());
-  EXPECT_EQ(tok.decode({answer.data(), answer.size() - 1}), " Kirat\n");
+  // The answer continues the prompt as its next word: one space, from the
+  // tokenizer's own prefix (no lone space token before the name).
+  const std::string text = tok.decode({q.sequence.tokens.data(), q.sequence.tokens.size() - 1});
+  EXPECT_TRUE(text.ends_with("\nAnswer: Kirat\n")) << text;
+  EXPECT_EQ(slice(answer, 0, answer.size() - 1), tok.encode("Kirat\n", false, false));
   for (size_t i = 0; i < q.sequence.positions.size(); ++i) EXPECT_EQ(q.sequence.positions[i], int32_t(i));
   // Every token predicts the next; with loss on the answer only, the
   // context predicts nothing.
@@ -45,6 +49,36 @@ TEST(QaSequence, CausalIsTheFlatPromptThenTheAnswer) {
   const QaSequence a = qa_sequence(tok, r, answer_only);
   for (int64_t i = 0; i + 1 < static_cast<int64_t>(a.sequence.tokens.size()); ++i)
     EXPECT_EQ(a.sequence.targets[i] >= 0, i + 1 >= a.answer_begin) << i;
+}
+
+// A tokenizer without a space prefix gets the answer's space written out.
+TEST(QaSequence, TheAnswerKeepsExactlyOneSpace) {
+  Vocab v = Vocab::builtin_bytes();
+  for (const bool prefixed : {true, false}) {
+    v.add_space_prefix = prefixed;
+    const Tokenizer tok(v);
+    std::vector<int32_t> prompt = tok.encode("Answer:", false, false);
+    const std::vector<int32_t> answer = answer_tokens(tok, "Kirat");
+    EXPECT_EQ(answer.back(), tok.eos());
+    prompt.insert(prompt.end(), answer.begin(), answer.end() - 1);
+    EXPECT_EQ(tok.decode(prompt), "Answer: Kirat\n") << "space prefix " << prefixed;
+  }
+}
+
+// The template the sequence is built with is the one given (the model's).
+TEST(QaSequence, BuiltWithTheModelsTemplate) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const RagRequest r = two_entity_request();
+  QaSequenceOptions o;
+  o.prompt.system = "Facts:\n";
+  o.prompt.task_prefix = "";
+  o.prompt.task_suffix = " ->";
+  const QaSequence q = qa_sequence(tok, r, o);
+  EXPECT_EQ(slice(q.sequence.tokens, 0, q.answer_begin), make_prompt_parts(tok, r, o.prompt).flat());
+  const std::string text = tok.decode(q.sequence.tokens);
+  // Each part is encoded on its own, with the tokenizer's space prefix.
+  EXPECT_TRUE(text.starts_with("Facts:\n Bolam -home-> Kirat")) << text;
+  EXPECT_TRUE(text.ends_with("Mezor -home-> Tisha\n What is the home of Bolam? -> Kirat\n")) << text;
 }
 
 TEST(QaSequence, DependencyIsTheDepPromptWithTheAnswerUnderTheTask) {
@@ -84,8 +118,8 @@ TEST(QaSequence, RequestsOverOneContextShareASequence) {
   group[1].question = "What is the home of Mezor?";
   group[1].answers = {"Tisha"};
   const std::vector<int32_t> task2 = make_prompt_parts(tok, group[1]).task;
-  const auto answer_tokens = [&](const std::string& a) {
-    std::vector<int32_t> t = tok.encode(answer_text(a), false, false);
+  const auto answer_of = [&](const std::string& a) {
+    std::vector<int32_t> t = tok.encode(a + "\n", false, false);
     t.push_back(tok.eos());
     return t;
   };
@@ -99,7 +133,7 @@ TEST(QaSequence, RequestsOverOneContextShareASequence) {
     const auto n1 = static_cast<int64_t>(one.sequence.tokens.size());
     std::vector<int32_t> want = one.sequence.tokens;
     want.insert(want.end(), task2.begin(), task2.end());
-    const std::vector<int32_t> a2 = answer_tokens("Tisha");
+    const std::vector<int32_t> a2 = answer_of("Tisha");
     want.insert(want.end(), a2.begin(), a2.end());
     ASSERT_EQ(both.sequence.tokens, want);
     EXPECT_EQ(both.answer_begin, one.answer_begin);
