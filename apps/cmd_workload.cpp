@@ -36,6 +36,7 @@ struct GenerateOptions {
   size_t qa_items = 500, entities_per_request = 10, paths_per_entity = 30, min_paths = 10, max_fanout = 64;
   int hops = 2, question_hops = 0;
   std::string context = "paths";
+  std::string question_form = "words";
   // chunk RAG
   size_t top_k = 5;
   ChunkOptions chunking;
@@ -43,6 +44,9 @@ struct GenerateOptions {
 };
 
 std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
+  if (o.question_form == "cloze" && o.context == "csv")
+    fail(ErrorKind::InvalidInput,
+         "--question-form cloze follows the notation of paths or documents; CSV text has none to follow");
   auto t0 = std::chrono::steady_clock::now();
   const KnowledgeGraph kg = KnowledgeGraph::load(o.kg_path);
   fmt::print("kg: {} entities, {} triples (loaded in {:.2f} s)\n", kg.n_entities(), kg.n_triples(),
@@ -66,6 +70,7 @@ std::vector<RagRequest> generate_graph(const GenerateOptions& o) {
   wopt.entities_per_request = o.entities_per_request;
   wopt.questions_per_context = o.questions_per_context;
   wopt.documents = o.context == "documents";
+  wopt.question_form = *parse_question_form(o.question_form);
   wopt.access = o.access;
   wopt.each_once = o.pattern == "dataset";
   if (!wopt.each_once) wopt.access.pattern = parse_access_pattern(o.pattern);
@@ -179,6 +184,13 @@ void add_generate(CLI::App& parent) {
                   "sentences, or the request's subgraph as G-Retriever CSV text (csv: what SubGCache serves)")
       ->capture_default_str()
       ->check(CLI::IsMember({"paths", "documents", "csv"}));
+  cmd->add_option("--question-form", o.question_form,
+                  "GraphRAG: the question in words (\"What is the r of A?\") or as a cloze in the context's "
+                  "notation, the fact up to its answer (\"A -r->\" over paths, \"The r of A is\" over "
+                  "documents); a model for cloze questions wants `model new --prompt-task-prefix '' "
+                  "--prompt-task-suffix ''`")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"words", "cloze"}));
   cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{100000}));

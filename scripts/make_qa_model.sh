@@ -35,6 +35,13 @@ VOCAB=${VOCAB:-4096}
 THREADS=${THREADS:-2}
 CONTEXTS=${CONTEXTS:-paths documents}
 QUESTIONS=${QUESTIONS:-1}
+QUESTION_FORM=${QUESTION_FORM:-cloze}
+LOSS=${LOSS:-answer}
+LR=${LR:-1e-3}
+BATCH=${BATCH:-32}
+LAYERS=${LAYERS:-4}
+EMBD=${EMBD:-128}
+FF=${FF:-352}
 mkdir -p "$OUT/data"
 D=$OUT/data
 log() { echo "[$(date +%H:%M:%S)] $*"; }
@@ -54,7 +61,7 @@ ask() {
   [ "$5" = 0 ] && pattern=(--pattern dataset)
   "$BIN" workload generate --kg "$D/world$1.dkg" "${pattern[@]}" --qa-items "$6" --entities-per-request "$4" \
     --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops "$2" --context "$3" \
-    --seed "$((1000 * $1 + 100 * $2 + 10 * $4))" --out "$7" >/dev/null
+    --question-form "$QUESTION_FORM" --seed "$((1000 * $1 + 100 * $2 + 10 * $4))" --out "$7" >/dev/null
 }
 
 # The requests of training world $1 (8 contexts per hop count, form and
@@ -79,7 +86,7 @@ training_set() {
   log "training worlds $2..$3"
   mkdir -p "$D/part"
   export -f world ask world_requests
-  export BIN D NAME_POOL CONTEXTS QUESTIONS
+  export BIN D NAME_POOL CONTEXTS QUESTIONS QUESTION_FORM
   seq "$2" "$3" | xargs -P "$THREADS" -I{} bash -c 'set -euo pipefail; world_requests {}'
   for w in $(seq "$2" "$3"); do cat "$D/part/$w.jsonl"; done >"$1.part"
   mv "$1.part" "$1"  # the trainer draws batches from its own permutation
@@ -103,6 +110,7 @@ if [ ! -f "$D/ood-wordnet-1-hop-paths.jsonl" ]; then
   [ -f "$D/wordnet.dkg" ] || "$BIN" kg import --wordnet -o "$D/wordnet.dkg" >/dev/null
   "$BIN" workload generate --kg "$D/wordnet.dkg" --pattern dataset --qa-items 250 --entities-per-request 3 \
     --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --context paths --seed 9003 \
+    --question-form "$QUESTION_FORM" \
     --out "$D/ood-wordnet-1-hop-paths.jsonl" >/dev/null
 fi
 [ "${DATA_ONLY:-0}" = heldout ] && exit 0
@@ -113,23 +121,30 @@ if [ "$MORE_STEPS" -gt 0 ]; then training_set "$D/train2.jsonl" "$((WORLDS + 1))
 log "data: $(cat "$D"/train*.jsonl | wc -l) training requests; held-out sets of $(wc -l <"$D/heldout-1-hop-paths.jsonl")"
 [ "${DATA_ONLY:-0}" = 0 ] || exit 0
 
-[ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size "$VOCAB" -o "$OUT/vocab.gguf"
-[ -f "$OUT/init.gguf" ] || "$BIN" model new --preset tiny --tied --layers 4 --embd 128 --heads 4 --heads-kv 4 \
-  --ff 352 --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed 1 -o "$OUT/init.gguf"
+# A cloze ends where the answer starts: no text between them. The vocabulary
+# carries the template to the model made from it, and on to every model
+# trained from that.
+TEMPLATE=()
+[ "$QUESTION_FORM" = cloze ] && TEMPLATE=(--prompt-task-prefix "" --prompt-task-suffix "")
+[ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size "$VOCAB" "${TEMPLATE[@]}" \
+  -o "$OUT/vocab.gguf"
+[ -f "$OUT/init.gguf" ] || "$BIN" model new --preset tiny --tied --layers "$LAYERS" --embd "$EMBD" --heads 4 \
+  --heads-kv 4 --ff "$FF" --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed "${SEED:-2}" -o "$OUT/init.gguf"
 
 # Several questions over one context are trained as one sequence.
-PACK=()
-[ "$QUESTIONS" -gt 1 ] && PACK=(--pack-shared-context)
+TRAIN_OPTS=()
+[ "$QUESTIONS" -gt 1 ] && TRAIN_OPTS=(--pack-shared-context)
+[ "$LOSS" = answer ] && TRAIN_OPTS+=(--answer-loss-only)
 train() {  # $1 output, $2 init, $3 steps, $4 training requests, then trainer options
   local out=$1 init=$2 steps=$3 requests=$4
   shift 4
   [ -f "$OUT/$out" ] && return
   log "training $out ($steps steps)"
   "$BIN" train --init "$init" --requests "$requests" --eval "$D/eval.jsonl" --eval-limit 400 \
-    -o "$OUT/$out" --steps "$steps" --batch 16 -t "$THREADS" --log "$OUT/$out.log.jsonl" --log-every 20 \
-    --eval-every 250 --checkpoint-every 100 --resume "${PACK[@]}" "$@"
+    -o "$OUT/$out" --steps "$steps" --batch "$BATCH" -t "$THREADS" --log "$OUT/$out.log.jsonl" --log-every 20 \
+    --eval-every 250 --checkpoint-every 100 --resume "${TRAIN_OPTS[@]}" "$@"
 }
-train causal1.gguf "$OUT/init.gguf" "$STEPS" "$D/train.jsonl" --attention causal --lr 3e-3 --warmup 200
+train causal1.gguf "$OUT/init.gguf" "$STEPS" "$D/train.jsonl" --attention causal --lr "$LR" --warmup 200
 # The second phase re-warms the learning rate on worlds the first never saw
 # (a second pass over the same worlds memorises their facts instead).
 FT_DATA=$D/train.jsonl

@@ -170,6 +170,7 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
     std::string phrase;
     for (size_t i = asked.steps.size(); i-- > 0;) phrase += "the " + step_phrase(kg, asked.steps[i]) + " of ";
     qa.question = fmt::format("What is {}{}?", phrase, kg.entity_label(e));
+    qa.asked = asked;
     for (const RelationPath& whole : qa.paths) {
       if (static_cast<int>(whole.steps.size()) < asked_hops) continue;
       const RelationPath p = prefix(whole, asked_hops);
@@ -184,6 +185,26 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
          "the graph has no entity with {} paths of which one has {} hops: cannot make QA items",
          std::min(options.min_paths, options.paths_per_entity), options.hops);
   return out;
+}
+
+std::optional<QuestionForm> parse_question_form(std::string_view name) {
+  if (name == "words") return QuestionForm::Words;
+  if (name == "cloze") return QuestionForm::Cloze;
+  return std::nullopt;
+}
+
+std::string cloze_question(const KnowledgeGraph& kg, const RelationPath& asked, bool documents) {
+  std::string s;
+  if (documents) {
+    for (size_t i = asked.steps.size(); i-- > 0;)
+      s += (s.empty() ? "The " : "the ") + step_phrase(kg, asked.steps[i]) + " of ";
+    return (s.empty() ? std::string("The ") : s) + std::string(kg.entity_label(asked.root)) + " is";
+  }
+  s = kg.entity_label(asked.root);
+  for (const PathStep& step : asked.steps)
+    s += (step.inverse ? " <-" : " -") + std::string(kg.relation_name(step.relation)) +
+         (step.inverse ? "-" : "->");
+  return s;
 }
 
 std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
@@ -221,7 +242,9 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
     RagRequest r;
     r.id = std::to_string(i);
     r.arrival_s = arrivals[i];
-    r.question = asked.question;
+    r.question = options.question_form == QuestionForm::Words
+                     ? asked.question
+                     : cloze_question(kg, asked.asked, options.documents);
     for (EntityId a : asked.answers) r.answers.emplace_back(kg.entity_label(a));
     for (size_t item : items) {
       const EntityId topic = qa[item].topic;

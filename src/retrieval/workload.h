@@ -3,6 +3,7 @@
 // (entities or questions), Poisson arrival times, DepCache-style synthetic
 // GraphRAG QA, and the locality report that bounds what any cache can reuse.
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -56,6 +57,7 @@ struct GraphQa {
   EntityId topic = 0;
   std::vector<RelationPath> paths;  // <= paths_per_entity, the entity's context
   std::string question;             // "What is the <r2> of the <r1> of <topic>?"
+  RelationPath asked;               // the relations asked, from the topic (one path's first steps)
   std::vector<EntityId> answers;    // every leaf reached by the same relations
 };
 
@@ -77,12 +79,24 @@ struct GraphQaOptions {
 // entities; none is an InvalidInput error).
 std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOptions& options);
 
+// How a request asks its question: in words ("What is the r of A?"), or as a
+// cloze in the context's own notation, the fact up to the answer ("A -r->"
+// over relation paths, "The r of A is" over documents): the key the answer
+// is looked up by sits right before it.
+enum class QuestionForm { Words, Cloze };
+std::optional<QuestionForm> parse_question_form(std::string_view name);  // words|cloze
+// The cloze of an asked path: over relation paths (documents false) each step
+// as a path writes it, the entities on the way left out ("A -r1-> -r2->");
+// over documents a sentence stem ("The r2 of the r1 of A is").
+std::string cloze_question(const KnowledgeGraph& kg, const RelationPath& asked, bool documents);
+
 struct GraphWorkloadOptions {
   size_t n_requests = 100;
   size_t entities_per_request = 10;  // the QA topic plus context entities
   // Each entity as a document of fact sentences (chunk RAG) instead of its
   // relation paths (DepPrompt trees).
   bool documents = false;
+  QuestionForm question_form = QuestionForm::Words;
   // Every QA item asked once, in order (n_requests is ignored); the other
   // entities of a request are drawn uniformly. Otherwise `access` draws.
   bool each_once = false;

@@ -135,6 +135,12 @@ TEST_F(GraphCli, WorkloadErrors) {
       3);
   EXPECT_EQ(run_cli("workload generate --kg " + kg() + " --corpus c.json --out " + file("x.jsonl")).code, 2);
   EXPECT_EQ(run_cli("workload stats --requests /nonexistent.jsonl").code, 4);
+  const auto cloze_csv = run_cli("workload generate --kg " + kg() +
+                                 " --question-form cloze --context csv --out " + file("x.jsonl"));
+  EXPECT_EQ(cloze_csv.code, 3) << cloze_csv.out;
+  EXPECT_NE(cloze_csv.out.find("CSV"), std::string::npos) << cloze_csv.out;
+  EXPECT_EQ(
+      run_cli("workload generate --kg " + kg() + " --question-form riddle --out " + file("x.jsonl")).code, 2);
   std::ofstream(file("bad.jsonl")) << "{\"question\": 3}\n";
   const auto bad = run_cli("workload stats --requests " + file("bad.jsonl"));
   EXPECT_EQ(bad.code, 3);

@@ -261,6 +261,67 @@ TEST(GraphWorkload, EntitiesAsDocumentsOfFactSentences) {
   EXPECT_NE(as_docs[0].documents[0].text.find("is " + as_docs[0].answers[0] + "."), std::string::npos);
 }
 
+// A cloze question is the asked fact in the context's own notation, cut
+// right before the answer: a prefix of one of the asked entity's paths (the
+// entities on the way left out at 2 hops), or a sentence of its document.
+TEST(GraphWorkload, ClozeQuestionsEndWhereTheAnswerStarts) {
+  SyntheticKgOptions so;
+  so.n_entities = 30;
+  so.n_relations = 4;
+  so.facts_per_entity = 2;
+  const KnowledgeGraph kg = make_synthetic_kg(so);
+  for (const int hops : {1, 2}) {
+    GraphQaOptions qopt;
+    qopt.n_items = 10;
+    qopt.min_paths = 1;
+    qopt.question_hops = hops;
+    const auto qa = make_graph_qa(kg, qopt);
+    GraphWorkloadOptions w;
+    w.n_requests = 8;
+    w.entities_per_request = 2;
+    const auto words = make_graph_workload(kg, qa, w);
+    w.question_form = QuestionForm::Cloze;
+    const auto as_paths = make_graph_workload(kg, qa, w);
+    w.documents = true;
+    const auto as_docs = make_graph_workload(kg, qa, w);
+    for (size_t i = 0; i < as_paths.size(); ++i) {
+      EXPECT_EQ(as_paths[i].answers, words[i].answers) << "the same question, asked otherwise";
+      ASSERT_EQ(as_paths[i].answers.size(), 1u);
+      const std::string& answer = as_paths[i].answers[0];
+      // "A -r1-> -r2->" asks the path "A -r1-> X -r2-> answer".
+      std::vector<std::string> asked;
+      std::istringstream in(as_paths[i].question);
+      for (std::string word; in >> word;) asked.push_back(word);
+      ASSERT_EQ(asked.size(), static_cast<size_t>(hops + 1)) << as_paths[i].question;
+      EXPECT_TRUE(asked[1].starts_with("-") && asked[1].ends_with("->")) << as_paths[i].question;
+      bool found = false;
+      for (const std::string& p : as_paths[i].entities[0].paths) {
+        std::vector<std::string> parts;
+        std::istringstream pin(p);
+        for (std::string word; pin >> word;) parts.push_back(word);
+        if (parts.size() < 2 * asked.size() - 1) continue;
+        bool same = parts[0] == asked[0] && parts[2 * asked.size() - 2] == answer;
+        for (size_t k = 1; k < asked.size(); ++k) same = same && parts[2 * k - 1] == asked[k];
+        found = found || same;
+      }
+      EXPECT_TRUE(found) << as_paths[i].question << " " << answer;
+      // Over documents: "The r2 of the r1 of A is"; at 1 hop, the sentence's stem.
+      std::string stem = "The ";
+      for (size_t k = asked.size(); k-- > 1;)
+        stem += asked[k].substr(1, asked[k].size() - 3) + (k > 1 ? " of the " : " of ");
+      EXPECT_EQ(as_docs[i].question, stem + asked[0] + " is");
+      if (hops == 1) {
+        EXPECT_NE(as_docs[i].documents[0].text.find(as_docs[i].question + " " + answer + "."),
+                  std::string::npos)
+            << as_docs[i].question;
+      }
+    }
+  }
+  EXPECT_EQ(parse_question_form("cloze"), QuestionForm::Cloze);
+  EXPECT_EQ(parse_question_form("words"), QuestionForm::Words);
+  EXPECT_FALSE(parse_question_form("riddle"));
+}
+
 // A default synthetic world of n_entities, with up to n_items QA items of
 // any number of paths.
 std::pair<KnowledgeGraph, std::vector<GraphQa>> synthetic_qa(size_t n_entities, size_t n_items) {
