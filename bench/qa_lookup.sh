@@ -12,8 +12,11 @@
 # on full contexts only), WORLDS (training worlds of 200 entities, 300),
 # LR (3e-3), LOSS=answer (loss on the answer alone), SEED (of the fresh
 # model's initial weights, 1), INIT (the model to start from instead of a
-# fresh one: another shape, or `model new --qk-init-std`), THREADS, OUT
-# (build/bench-qa-lookup).
+# fresh one: another shape, or `model new --qk-init-std`), LAYERS, EMBD, FF
+# (the fresh model's shape: 4, 128, 352), QUESTION_FORM (words, or cloze:
+# "A -r->", with a fresh model whose prompt template has no text around the
+# question), ENTITIES (entities per context, 1; with more, each fact's key is
+# its entity and relation together), THREADS, OUT (build/bench-qa-lookup).
 # The training log is OUT/lookup.log.jsonl (held-out loss and teacher-forced
 # exact match on 3-fact contexts every 250 steps).
 set -euo pipefail
@@ -25,43 +28,50 @@ K_MIN=${K_MIN:-1}
 WORLDS=${WORLDS:-300}
 LR=${LR:-3e-3}
 THREADS=${THREADS:-2}
+QUESTION_FORM=${QUESTION_FORM:-words}
+ENTITIES=${ENTITIES:-1}
 mkdir -p "$OUT/worlds"
 world() {  # world $1: 200 entities, 9 facts each (one per relation, 12 relations)
   [ -f "$OUT/worlds/$1.dkg" ] || "$BIN" kg import --synthetic --entities 200 --relations 12 \
     --facts-per-entity 9 --name-pool 1000 --seed "$1" -o "$OUT/worlds/$1.dkg" >/dev/null
 }
-ask() {  # world $1, $2 facts per context, every entity asked once, into $3
+ask() {  # world $1, $2 facts per entity, every entity asked once, into $3
   world "$1"
   "$BIN" workload generate --kg "$OUT/worlds/$1.dkg" --pattern dataset --qa-items 200 \
-    --entities-per-request 1 --paths-per-entity "$2" --min-paths 1 --hops 1 --question-hops 1 \
-    --context paths --seed "$((100 * $1 + $2))" --out "$3" >/dev/null
+    --entities-per-request "$ENTITIES" --paths-per-entity "$2" --min-paths 1 --hops 1 --question-hops 1 \
+    --context paths --question-form "$QUESTION_FORM" --seed "$((100 * $1 + $2))" --out "$3" >/dev/null
 }
 export -f world ask
-export BIN OUT
-TRAIN=$OUT/train-k$K_MIN-$WORLDS.jsonl
+export BIN OUT ENTITIES QUESTION_FORM
+FORM=$QUESTION_FORM-e$ENTITIES
+TRAIN=$OUT/train-k$K_MIN-$WORLDS-$FORM.jsonl
 if [ ! -f "$TRAIN" ]; then
   # World w gives contexts of k = K_MIN + w mod (10 - K_MIN) facts: every k equally often.
   seq 1 "$WORLDS" | xargs -P "$THREADS" -I{} bash -c \
-    'k=$(( '"$K_MIN"' + {} % (10 - '"$K_MIN"') )); ask {} "$k" "$OUT/worlds/{}.jsonl"'
-  for w in $(seq 1 "$WORLDS"); do cat "$OUT/worlds/$w.jsonl"; done >"$TRAIN.part"
+    'k=$(( '"$K_MIN"' + {} % (10 - '"$K_MIN"') )); ask {} "$k" "$OUT/worlds/{}-'"$FORM"'.jsonl"'
+  for w in $(seq 1 "$WORLDS"); do cat "$OUT/worlds/$w-$FORM.jsonl"; done >"$TRAIN.part"
   mv "$TRAIN.part" "$TRAIN"
 fi
-for k in 1 3 9; do [ -f "$OUT/held-$k.jsonl" ] || ask 9001 "$k" "$OUT/held-$k.jsonl"; done
+for k in 1 3 9; do [ -f "$OUT/held-$k-$FORM.jsonl" ] || ask 9001 "$k" "$OUT/held-$k-$FORM.jsonl"; done
 SEED=${SEED:-1}
-MODEL=${INIT:-$OUT/init-s$SEED.gguf}
-[ -n "${INIT:-}" ] || [ -f "$MODEL" ] || "$BIN" model new --preset tiny --tied --layers 4 --embd 128 \
-  --heads 4 --heads-kv 4 --ff 352 --ctx 1024 --vocab-from models/depcache-qa.gguf --seed "$SEED" -o "$MODEL" >/dev/null
+LAYERS=${LAYERS:-4} EMBD=${EMBD:-128} FF=${FF:-352}
+TEMPLATE=()
+[ "$QUESTION_FORM" = cloze ] && TEMPLATE=(--prompt-task-prefix "" --prompt-task-suffix "")
+MODEL=${INIT:-$OUT/init-l$LAYERS-w$EMBD-f$FF-s$SEED-$QUESTION_FORM.gguf}
+[ -n "${INIT:-}" ] || [ -f "$MODEL" ] || "$BIN" model new --preset tiny --tied --layers "$LAYERS" --embd "$EMBD" \
+  --heads 4 --heads-kv 4 --ff "$FF" --ctx 1024 --vocab-from models/depcache-qa.gguf --seed "$SEED" \
+  "${TEMPLATE[@]}" -o "$MODEL" >/dev/null
 LOSS_OPT=()
 [ "${LOSS:-all}" = answer ] && LOSS_OPT=(--answer-loss-only)
 rm -f "$OUT/lookup.gguf" "$OUT/lookup.gguf.ckpt" "$OUT/lookup.gguf.ckpt.optim" "$OUT/lookup.log.jsonl"
-"$BIN" train --init "$MODEL" --requests "$TRAIN" --eval "$OUT/held-3.jsonl" --eval-limit 200 \
+"$BIN" train --init "$MODEL" --requests "$TRAIN" --eval "$OUT/held-3-$FORM.jsonl" --eval-limit 200 \
   -o "$OUT/lookup.gguf" --steps "$STEPS" --batch 32 --lr "$LR" --warmup 100 -t "$THREADS" \
   --log "$OUT/lookup.log.jsonl" --log-every 50 --eval-every 250 --checkpoint-every 1000 "${LOSS_OPT[@]}"
 echo "| facts in the context | 1 | 3 | 9 |"
 echo "|---|---|---|---|"
 line="| greedy exact match after $STEPS steps |"
 for k in 1 3 9; do
-  em=$("$BIN" run -m "$OUT/lookup.gguf" --requests "$OUT/held-$k.jsonl" -s full -n 4 -t "$THREADS" -q 2>/dev/null |
+  em=$("$BIN" run -m "$OUT/lookup.gguf" --requests "$OUT/held-$k-$FORM.jsonl" -s full -n 4 -t "$THREADS" -q 2>/dev/null |
     sed -n 's/.*answers: .* exact (\(.*%\)).*/\1/p')
   line="$line ${em:-?} |"
 done
