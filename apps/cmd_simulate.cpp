@@ -123,8 +123,8 @@ struct Cell {
   double token_hit = 0, item_hit = 0;
 };
 
-void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme scheme,
-              const std::function<double(int64_t, int64_t)>& cost) {
+void run_grid(const SimulateOptions& o, const Tokenizer& tok, const PromptTemplate& tmpl,
+              PositionScheme scheme, const std::function<double(int64_t, int64_t)>& cost) {
   if (o.kg_path.empty()) throw CLI::ValidationError("--grid", "needs --kg to generate the three workloads");
   std::ofstream report;
   if (!o.report_path.empty()) report = open_output(o.report_path);  // fail before the long run
@@ -139,7 +139,7 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, PositionScheme sch
   std::map<std::tuple<std::string, double, std::string>, Cell> cells;
   for (const std::string& wl : workloads) {
     const std::vector<SimulatedRequest> prompts =
-        prompts_of(graph_stream(kg, qa, wl, o), tok, prompt_template_from(o.vocab_path), o.strategy, scheme);
+        prompts_of(graph_stream(kg, qa, wl, o), tok, tmpl, o.strategy, scheme);
     const int64_t distinct = distinct_kv_tokens(prompts);
     for (double f : fractions)
       for (const std::string& spec : specs) {
@@ -260,13 +260,14 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_flag("--json", o.json, "Print one JSON object per policy");
   cmd->callback([] {
     const Tokenizer tok = tokenizer_from(o.vocab_path);
+    const PromptTemplate tmpl = prompt_template_from(o.vocab_path);
     const PositionScheme scheme = *parse_position_scheme(o.scheme);
     for (const std::string& spec : split_list(o.grid ? "pgdsf" : o.policies))
       if (parse_policy_spec(spec).first == "pgdsf" && o.cost_model_path.empty())
         throw CLI::ValidationError("--cost-model",
                                    "pgdsf ranks by a profiled prefill cost table: give a model");
     const auto cost = profiled_cost_model(o);
-    if (o.grid) return run_grid(o, tok, scheme, cost);
+    if (o.grid) return run_grid(o, tok, tmpl, scheme, cost);
     if (o.requests_path.empty() && o.kg_path.empty()) throw CLI::ValidationError("give --requests or --kg");
     std::vector<RagRequest> reqs;
     if (!o.requests_path.empty()) {
@@ -277,8 +278,7 @@ void add_simulate_command(CLI::App& app) {
       qopt.seed = o.seed;
       reqs = graph_stream(graph, make_graph_qa(graph, qopt), o.workload, o);
     }
-    const std::vector<SimulatedRequest> prompts =
-        prompts_of(reqs, tok, prompt_template_from(o.vocab_path), o.strategy, scheme);
+    const std::vector<SimulatedRequest> prompts = prompts_of(reqs, tok, tmpl, o.strategy, scheme);
     const int64_t distinct = distinct_kv_tokens(prompts);
     const int64_t capacity = parse_capacity(o.capacity, distinct);
     if (!o.json)

@@ -122,7 +122,7 @@ void add_train_command(CLI::App& app) {
     if (train.empty()) fail(ErrorKind::InvalidInput, "no training sequence fits the model's context");
 
     for (const auto& [k, v] : init->file().metadata())
-      if (k.starts_with("tokenizer.") || k.starts_with(kPromptKeyPrefix)) t.metadata.emplace_back(k, v);
+      if (inherited_metadata_key(k)) t.metadata.emplace_back(k, v);
     if (qo.attention == TrainAttention::Dependency)
       t.metadata.emplace_back(kPositionSchemeKey, GgufValue::string(c.scheme));
     t.checkpoint = c.checkpoint.empty() ? c.out + ".ckpt" : c.checkpoint;

@@ -51,13 +51,21 @@ std::string fallback_note(const std::string& name, int64_t n_in, DType wanted, D
                      dtype_info(wanted).name, dtype_info(written).name);
 }
 
+}  // namespace
+
+bool inherited_metadata_key(std::string_view key) {
+  return key.starts_with("tokenizer.") || key.starts_with(kPromptKeyPrefix);
+}
+
+namespace {
+
 std::vector<std::pair<std::string, GgufValue>> tokenizer_metadata(const RandomModelOptions& o) {
   std::vector<std::pair<std::string, GgufValue>> md;
   if (o.vocab_from) {
     const GgufFile src = GgufFile::open(*o.vocab_from);
     Vocab::from_gguf(src);  // validates before copying
     for (const auto& [k, v] : src.metadata())
-      if (k.starts_with("tokenizer.") || k.starts_with(kPromptKeyPrefix)) md.emplace_back(k, v);
+      if (inherited_metadata_key(k)) md.emplace_back(k, v);
   } else {
     Vocab::builtin_bytes().append_gguf_metadata(md);
   }
@@ -68,6 +76,13 @@ GgufValue* find_key(std::vector<std::pair<std::string, GgufValue>>& md, std::str
   for (auto& [k, v] : md)
     if (k == key) return &v;
   return nullptr;
+}
+
+void set_key(std::vector<std::pair<std::string, GgufValue>>& md, const std::string& key, GgufValue value) {
+  if (GgufValue* old = find_key(md, key))
+    *old = std::move(value);
+  else
+    md.emplace_back(key, std::move(value));
 }
 
 // Pads the token list (and its parallel arrays) with unused tokens up to n.
@@ -224,12 +239,7 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   spec.n_threads = o.n_threads;
   spec.metadata = tokenizer_metadata(o);
   auto& md = spec.metadata;
-  if (!o.chat_template.empty()) {
-    if (GgufValue* t = find_key(md, "tokenizer.chat_template"))
-      *t = GgufValue::string(o.chat_template);
-    else
-      md.emplace_back("tokenizer.chat_template", GgufValue::string(o.chat_template));
-  }
+  if (!o.chat_template.empty()) set_key(md, "tokenizer.chat_template", GgufValue::string(o.chat_template));
   const int own_vocab =
       static_cast<int>(find_key(md, "tokenizer.ggml.tokens")->as_array("tokenizer.ggml.tokens").size());
   if (o.shape.n_vocab > own_vocab) {
@@ -242,12 +252,7 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   if (!o.position_scheme.empty())
     md.insert(md.begin(), {kPositionSchemeKey, GgufValue::string(o.position_scheme)});
   if (o.prompt)
-    for (auto& [k, v] : o.prompt->metadata()) {
-      if (GgufValue* old = find_key(md, k))
-        *old = std::move(v);
-      else
-        md.emplace_back(k, std::move(v));
-    }
+    for (auto& [k, v] : o.prompt->metadata()) set_key(md, k, std::move(v));
   const std::string arch = o.shape.arch == Arch::Qwen2 ? "qwen2" : "llama";
   spec.name = fmt::format("depcache-random-{}", o.shape.preset.empty() ? arch : o.shape.preset);
   // Each tensor (numbered from 1 in file order) and each of its rows has its

@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compute/dtype.h"
@@ -42,7 +43,7 @@ struct RandomModelOptions {
   // The query and key projections' std (0: stddev): larger makes attention
   // less uniform at the start of training.
   float qk_stddev = 0;
-  std::optional<std::filesystem::path> vocab_from;  // GGUF whose tokenizer.* keys are copied
+  std::optional<std::filesystem::path> vocab_from;  // GGUF whose inherited keys are copied
   std::string position_scheme;                      // written as depcache.position_scheme when set
   std::string chat_template;                        // tokenizer.chat_template (Jinja) when set
   // Written as depcache.prompt.*; unset: the --vocab-from file's keys, if any.
@@ -58,6 +59,10 @@ struct RandomModelReport {
 };
 
 RandomModelReport write_random_model(const std::filesystem::path& path, const RandomModelOptions& opts);
+
+// Metadata a model made from a file takes over from it: the tokenizer
+// (tokenizer.*) and the prompt template (depcache.prompt.*).
+bool inherited_metadata_key(std::string_view key);
 
 // A tensor of a Llama-family model of some shape, in file order: 2-D weights
 // are (n_out rows of n_in), vectors (norms, biases) one row of n_in.

@@ -123,6 +123,13 @@ std::string step_phrase(const KnowledgeGraph& kg, const PathStep& step) {
   return step.inverse ? "inverse " + rel : rel;
 }
 
+// "the r2 of the r1 of ": the asked relations read outward from the topic.
+std::string relations_phrase(const KnowledgeGraph& kg, const RelationPath& asked) {
+  std::string phrase;
+  for (size_t i = asked.steps.size(); i-- > 0;) phrase += "the " + step_phrase(kg, asked.steps[i]) + " of ";
+  return phrase;
+}
+
 bool same_relations(const RelationPath& a, const RelationPath& b) {
   if (a.steps.size() != b.steps.size()) return false;
   for (size_t i = 0; i < a.steps.size(); ++i)
@@ -166,10 +173,7 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
     if (full.empty() || qa.paths.size() < std::min(options.min_paths, options.paths_per_entity)) continue;
     const RelationPath asked =
         prefix(qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]], asked_hops);
-    // "What is the r2 of the r1 of topic?" reads outward from the topic.
-    std::string phrase;
-    for (size_t i = asked.steps.size(); i-- > 0;) phrase += "the " + step_phrase(kg, asked.steps[i]) + " of ";
-    qa.question = fmt::format("What is {}{}?", phrase, kg.entity_label(e));
+    qa.question = fmt::format("What is {}{}?", relations_phrase(kg, asked), kg.entity_label(e));
     qa.asked = asked;
     for (const RelationPath& whole : qa.paths) {
       if (static_cast<int>(whole.steps.size()) < asked_hops) continue;
@@ -194,13 +198,12 @@ std::optional<QuestionForm> parse_question_form(std::string_view name) {
 }
 
 std::string cloze_question(const KnowledgeGraph& kg, const RelationPath& asked, bool documents) {
-  std::string s;
   if (documents) {
-    for (size_t i = asked.steps.size(); i-- > 0;)
-      s += (s.empty() ? "The " : "the ") + step_phrase(kg, asked.steps[i]) + " of ";
-    return (s.empty() ? std::string("The ") : s) + std::string(kg.entity_label(asked.root)) + " is";
+    std::string phrase = relations_phrase(kg, asked);  // asked has at least one step
+    phrase[0] = 'T';
+    return phrase + std::string(kg.entity_label(asked.root)) + " is";
   }
-  s = kg.entity_label(asked.root);
+  std::string s(kg.entity_label(asked.root));
   for (const PathStep& step : asked.steps)
     s += (step.inverse ? " <-" : " -") + std::string(kg.relation_name(step.relation)) +
          (step.inverse ? "-" : "->");

@@ -211,12 +211,17 @@ TEST(GraphQa, SyntheticWorldsCanShareANamePool) {
   EXPECT_THROW(make_synthetic_kg(so), Error) << "a pool smaller than the world";
 }
 
-TEST(GraphWorkload, EntitiesAsDocumentsOfFactSentences) {
+// A small world: 30 entities, 3 relations, 2 facts each.
+KnowledgeGraph small_world() {
   SyntheticKgOptions so;
   so.n_entities = 30;
   so.n_relations = 3;
   so.facts_per_entity = 2;
-  const KnowledgeGraph kg = make_synthetic_kg(so);
+  return make_synthetic_kg(so);
+}
+
+TEST(GraphWorkload, EntitiesAsDocumentsOfFactSentences) {
+  const KnowledgeGraph kg = small_world();
   GraphQaOptions qopt;
   qopt.n_items = 10;
   qopt.min_paths = 1;
@@ -265,11 +270,7 @@ TEST(GraphWorkload, EntitiesAsDocumentsOfFactSentences) {
 // right before the answer: a prefix of one of the asked entity's paths (the
 // entities on the way left out at 2 hops), or a sentence of its document.
 TEST(GraphWorkload, ClozeQuestionsEndWhereTheAnswerStarts) {
-  SyntheticKgOptions so;
-  so.n_entities = 30;
-  so.n_relations = 4;
-  so.facts_per_entity = 2;
-  const KnowledgeGraph kg = make_synthetic_kg(so);
+  const KnowledgeGraph kg = small_world();
   for (const int hops : {1, 2}) {
     GraphQaOptions qopt;
     qopt.n_items = 10;
