@@ -164,7 +164,8 @@ void add_generate(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--questions-per-context", o.questions_per_context,
                   "GraphRAG: consecutive requests over each drawn context, asking about its entities in "
-                  "turn (for `train --pack-shared-context`; not with --pattern dataset)")
+                  "turn, then about their other relations (fewer when none is left; for `train "
+                  "--pack-shared-context`; not with --pattern dataset)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--paths-per-entity", o.paths_per_entity, "GraphRAG: relation paths per entity")

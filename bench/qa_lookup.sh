@@ -16,7 +16,10 @@
 # (the fresh model's shape: 4, 128, 352), QUESTION_FORM (words, or cloze:
 # "A -r->", with a fresh model whose prompt template has no text around the
 # question), ENTITIES (entities per context, 1; with more, each fact's key is
-# its entity and relation together), THREADS, OUT (build/bench-qa-lookup).
+# its entity and relation together), QUESTIONS (questions asked over each
+# training context, 1; more ask about every entity's other facts too, and the
+# trainer packs them after the context as one sequence with every answer in
+# the loss), THREADS, OUT (build/bench-qa-lookup).
 # The training log is OUT/lookup.log.jsonl (held-out loss and teacher-forced
 # exact match on 3-fact contexts every 250 steps).
 set -euo pipefail
@@ -35,21 +38,24 @@ world() {  # world $1: 200 entities, 9 facts each (one per relation, 12 relation
   [ -f "$OUT/worlds/$1.dkg" ] || "$BIN" kg import --synthetic --entities 200 --relations 12 \
     --facts-per-entity 9 --name-pool 1000 --seed "$1" -o "$OUT/worlds/$1.dkg" >/dev/null
 }
-ask() {  # world $1, $2 facts per entity, every entity asked once, into $3
+ask() {  # world $1, $2 facts per entity, every entity asked once (or $4 questions per context), into $3
   world "$1"
-  "$BIN" workload generate --kg "$OUT/worlds/$1.dkg" --pattern dataset --qa-items 200 \
+  local pattern=(--pattern dataset)
+  [ "${4:-1}" -gt 1 ] && pattern=(--pattern uniform --requests "$((200 * $4))" --questions-per-context "$4")
+  "$BIN" workload generate --kg "$OUT/worlds/$1.dkg" "${pattern[@]}" --qa-items 200 \
     --entities-per-request "$ENTITIES" --paths-per-entity "$2" --min-paths 1 --hops 1 --question-hops 1 \
     --context paths --question-form "$QUESTION_FORM" --seed "$((100 * $1 + $2))" --out "$3" >/dev/null
 }
 export -f world ask
-export BIN OUT ENTITIES QUESTION_FORM
+QUESTIONS=${QUESTIONS:-1}
+export BIN OUT ENTITIES QUESTION_FORM QUESTIONS
 FORM=$QUESTION_FORM-e$ENTITIES
-TRAIN=$OUT/train-k$K_MIN-$WORLDS-$FORM.jsonl
+TRAIN=$OUT/train-k$K_MIN-$WORLDS-$FORM-q$QUESTIONS.jsonl
 if [ ! -f "$TRAIN" ]; then
   # World w gives contexts of k = K_MIN + w mod (10 - K_MIN) facts: every k equally often.
   seq 1 "$WORLDS" | xargs -P "$THREADS" -I{} bash -c \
-    'k=$(( '"$K_MIN"' + {} % (10 - '"$K_MIN"') )); ask {} "$k" "$OUT/worlds/{}-'"$FORM"'.jsonl"'
-  for w in $(seq 1 "$WORLDS"); do cat "$OUT/worlds/$w-$FORM.jsonl"; done >"$TRAIN.part"
+    'k=$(( '"$K_MIN"' + {} % (10 - '"$K_MIN"') )); ask {} "$k" "$OUT/worlds/{}-'"$FORM-q$QUESTIONS"'.jsonl" "$QUESTIONS"'
+  for w in $(seq 1 "$WORLDS"); do cat "$OUT/worlds/$w-$FORM-q$QUESTIONS.jsonl"; done >"$TRAIN.part"
   mv "$TRAIN.part" "$TRAIN"
 fi
 for k in 1 3 9; do [ -f "$OUT/held-$k-$FORM.jsonl" ] || ask 9001 "$k" "$OUT/held-$k-$FORM.jsonl"; done
@@ -63,6 +69,7 @@ MODEL=${INIT:-$OUT/init-l$LAYERS-w$EMBD-f$FF-s$SEED-$QUESTION_FORM.gguf}
   "${TEMPLATE[@]}" -o "$MODEL" >/dev/null
 LOSS_OPT=()
 [ "${LOSS:-all}" = answer ] && LOSS_OPT=(--answer-loss-only)
+[ "$QUESTIONS" -gt 1 ] && LOSS_OPT+=(--pack-shared-context)
 rm -f "$OUT/lookup.gguf" "$OUT/lookup.gguf.ckpt" "$OUT/lookup.gguf.ckpt.optim" "$OUT/lookup.log.jsonl"
 "$BIN" train --init "$MODEL" --requests "$TRAIN" --eval "$OUT/held-3-$FORM.jsonl" --eval-limit 200 \
   -o "$OUT/lookup.gguf" --steps "$STEPS" --batch 32 --lr "$LR" --warmup 100 -t "$THREADS" \

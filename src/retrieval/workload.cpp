@@ -137,7 +137,65 @@ bool same_relations(const RelationPath& a, const RelationPath& b) {
   return true;
 }
 
+// The first `n` steps of a path.
+RelationPath prefix(const RelationPath& p, size_t n) {
+  RelationPath out = p;
+  out.steps.resize(n);
+  return out;
+}
+
+// The questions one context can ask: first each item's own, in item order,
+// then round after round each item's next relations (a prefix of one of its
+// paths as long as its own question, not asked yet), until `count` or none is
+// left. Rounds keep the entities interleaved, so packed answers are not
+// grouped by entity.
+std::vector<GraphQa> context_questions(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
+                                       const std::vector<size_t>& items, size_t count) {
+  std::vector<GraphQa> out;
+  std::vector<std::vector<RelationPath>> asked(items.size());
+  std::vector<size_t> next(items.size(), 0);  // the next of the item's paths to try
+  for (size_t i = 0; i < items.size() && out.size() < count; ++i) {
+    out.push_back(qa[items[i]]);
+    asked[i].push_back(qa[items[i]].asked);
+  }
+  for (bool more = true; more && out.size() < count;) {
+    more = false;
+    for (size_t i = 0; i < items.size() && out.size() < count; ++i) {
+      const GraphQa& item = qa[items[i]];
+      const size_t hops = item.asked.steps.size();
+      for (; next[i] < item.paths.size(); ++next[i]) {
+        const RelationPath& whole = item.paths[next[i]];
+        if (whole.steps.size() < hops) continue;
+        const RelationPath p = prefix(whole, hops);
+        if (std::any_of(asked[i].begin(), asked[i].end(),
+                        [&](const RelationPath& a) { return same_relations(a, p); }))
+          continue;
+        asked[i].push_back(p);
+        GraphQa q = item;
+        ask_about(kg, q, p);
+        out.push_back(std::move(q));
+        more = true;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+void ask_about(const KnowledgeGraph& kg, GraphQa& qa, const RelationPath& asked) {
+  qa.question = fmt::format("What is {}{}?", relations_phrase(kg, asked), kg.entity_label(qa.topic));
+  qa.asked = asked;
+  qa.answers.clear();
+  for (const RelationPath& whole : qa.paths) {
+    if (whole.steps.size() < asked.steps.size()) continue;
+    const RelationPath p = prefix(whole, asked.steps.size());
+    if (same_relations(p, asked) &&
+        std::find(qa.answers.begin(), qa.answers.end(), p.leaf()) == qa.answers.end())
+      qa.answers.push_back(p.leaf());
+  }
+}
 
 std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOptions& options) {
   if (options.paths_per_entity == 0) fail(ErrorKind::InvalidInput, "paths per entity must be at least 1");
@@ -155,12 +213,6 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
   if (asked_hops > options.hops)
     fail(ErrorKind::InvalidInput, "questions of {} hops need paths of as many (paths have {})", asked_hops,
          options.hops);
-  // The first `n` steps of a path.
-  const auto prefix = [](const RelationPath& p, int n) {
-    RelationPath out = p;
-    out.steps.resize(static_cast<size_t>(n));
-    return out;
-  };
   std::vector<GraphQa> out;
   for (EntityId e : candidates) {
     if (out.size() == options.n_items) break;
@@ -171,17 +223,9 @@ std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOption
     for (size_t i = 0; i < qa.paths.size(); ++i)
       if (static_cast<int>(qa.paths[i].steps.size()) == options.hops) full.push_back(i);
     if (full.empty() || qa.paths.size() < std::min(options.min_paths, options.paths_per_entity)) continue;
-    const RelationPath asked =
-        prefix(qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]], asked_hops);
-    qa.question = fmt::format("What is {}{}?", relations_phrase(kg, asked), kg.entity_label(e));
-    qa.asked = asked;
-    for (const RelationPath& whole : qa.paths) {
-      if (static_cast<int>(whole.steps.size()) < asked_hops) continue;
-      const RelationPath p = prefix(whole, asked_hops);
-      if (same_relations(p, asked) &&
-          std::find(qa.answers.begin(), qa.answers.end(), p.leaf()) == qa.answers.end())
-        qa.answers.push_back(p.leaf());
-    }
+    ask_about(kg, qa,
+              prefix(qa.paths[full[std::uniform_int_distribution<size_t>(0, full.size() - 1)(rng)]],
+                     static_cast<size_t>(asked_hops)));
     out.push_back(std::move(qa));
   }
   if (out.empty())
@@ -226,13 +270,13 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
   if (options.each_once && options.questions_per_context > 1)
     fail(ErrorKind::InvalidInput, "asking every QA item once leaves one question per context");
   const size_t per_request = std::min(options.entities_per_request, qa.size());
-  const size_t per_context = std::min(options.questions_per_context, per_request);
   std::vector<RagRequest> out;
   out.reserve(n_requests);
-  std::vector<size_t> items;  // the context being asked about
-  for (size_t i = 0; i < n_requests; ++i) {
-    const size_t turn = i % per_context;
-    if (turn == 0) {
+  std::vector<size_t> items;       // the context being asked about
+  std::vector<GraphQa> questions;  // what it is asked, in turn
+  for (size_t i = 0, turn = 0; i < n_requests; ++i, ++turn) {
+    if (turn == questions.size()) {
+      turn = 0;
       items = sampler.next_distinct(per_request);
       if (options.each_once) {
         // Item i asks; the others are context (distractors).
@@ -240,8 +284,9 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
         items.erase(at != items.end() ? at : items.end() - 1);
         items.insert(items.begin(), i);
       }
+      questions = context_questions(kg, qa, items, options.questions_per_context);
     }
-    const GraphQa& asked = qa[items[turn]];
+    const GraphQa& asked = questions[turn];
     RagRequest r;
     r.id = std::to_string(i);
     r.arrival_s = arrivals[i];

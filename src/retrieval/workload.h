@@ -78,6 +78,9 @@ struct GraphQaOptions {
 // one QA item per entity, up to n_items (fewer if the graph has fewer such
 // entities; none is an InvalidInput error).
 std::vector<GraphQa> make_graph_qa(const KnowledgeGraph& kg, const GraphQaOptions& options);
+// Points qa at `asked` (relations from its topic): its question in words and
+// every leaf of its paths reached by those relations as the answers.
+void ask_about(const KnowledgeGraph& kg, GraphQa& qa, const RelationPath& asked);
 
 // How a request asks its question: in words ("What is the r of A?"), or as a
 // cloze in the context's own notation, the fact up to the answer ("A -r->"
@@ -100,10 +103,12 @@ struct GraphWorkloadOptions {
   // Every QA item asked once, in order (n_requests is ignored); the other
   // entities of a request are drawn uniformly. Otherwise `access` draws.
   bool each_once = false;
-  // Requests asked over each drawn context (not with each_once): the i-th
-  // asks the question of the context's i-th entity, the context unchanged,
-  // so a trainer can pack several answers about one context into one
-  // sequence. n_requests counts requests, not contexts.
+  // Requests asked over each drawn context (not with each_once): the first
+  // ask each entity's own question in turn; beyond the entities, round after
+  // round each entity's next relations not asked yet (as many hops as its own
+  // question), fewer when none is left. The context is unchanged, so a
+  // trainer can pack several answers about one context into one sequence.
+  // n_requests counts requests, not contexts.
   size_t questions_per_context = 1;
   AccessOptions access;
   double rate = 0;  // requests/s for Poisson arrivals
@@ -114,7 +119,7 @@ struct GraphWorkloadOptions {
 // drawn by the access pattern) and carries the paths of its topic and of
 // entities_per_request - 1 more entities drawn by the same pattern. With
 // questions_per_context > 1, consecutive requests share a context and ask
-// about its entities in turn.
+// about its entities in turn, then about their other relations.
 std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std::vector<GraphQa>& qa,
                                             const GraphWorkloadOptions& options);
 

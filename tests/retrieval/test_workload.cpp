@@ -403,11 +403,8 @@ TEST(GraphWorkload, QuestionsPerContextAskAboutEachEntityInTurn) {
     EXPECT_EQ(r.question, asked.question) << "request " << i << " asks about entity " << i % 3;
     EXPECT_EQ(r.answers.front(), kg.entity_label(asked.answers.front()));
   }
-  // No more questions than entities; one question per context is the plain stream.
+  // One question per context is the plain stream.
   w.entities_per_request = 2;
-  const auto two = make_graph_workload(kg, qa, w);
-  EXPECT_TRUE(same_context(two[0], two[1]));
-  EXPECT_FALSE(same_context(two[1], two[2]));
   w.questions_per_context = 1;
   for (const RagRequest& r : make_graph_workload(kg, qa, w))
     EXPECT_EQ(r.question, by_topic.at(r.entities[0].name)->question) << "the first entity asks";
@@ -418,6 +415,118 @@ TEST(GraphWorkload, QuestionsPerContextAskAboutEachEntityInTurn) {
   w.each_once = false;
   w.questions_per_context = 0;
   EXPECT_THROW(make_graph_workload(kg, qa, w), Error);
+}
+
+TEST(GraphWorkload, QuestionsBeyondTheEntitiesAskTheirOtherRelations) {
+  const auto [kg, qa] = synthetic_qa(40, 20);
+  std::map<std::string, const GraphQa*> by_topic;
+  for (const GraphQa& q : qa) by_topic[std::string(kg.entity_name(q.topic))] = &q;
+  GraphWorkloadOptions w;
+  w.n_requests = 200;
+  w.entities_per_request = 2;
+  w.questions_per_context = 1000;  // every question each context can ask
+  const auto reqs = make_graph_workload(kg, qa, w);
+  // Rebuild each context's questions from the requests and check them against
+  // the relation paths as the request shows them.
+  size_t contexts = 0, beyond = 0;
+  for (size_t begin = 0, end = 0; begin < reqs.size(); begin = end) {
+    for (end = begin + 1; end < reqs.size() && same_context(reqs[begin], reqs[end]);) ++end;
+    if (end == reqs.size()) break;  // the last context may be cut short by n_requests
+    ++contexts;
+    const auto& entities = reqs[begin].entities;
+    std::map<std::string, std::vector<std::string>> expected;  // question -> answers
+    std::set<std::string> asked;
+    for (size_t e = 0; e < entities.size(); ++e) {
+      const GraphQa& item = *by_topic.at(entities[e].name);
+      const size_t hops = item.asked.steps.size();
+      EXPECT_EQ(reqs[begin + e].question, item.question) << "each entity's own question first";
+      // Every distinct relation prefix of the item's paths is asked once.
+      for (const RelationPath& p : item.paths) {
+        if (p.steps.size() < hops) continue;
+        RelationPath head = p;
+        head.steps.resize(hops);
+        GraphQa q = item;
+        ask_about(kg, q, head);
+        for (const EntityId a : q.answers) expected[q.question].emplace_back(kg.entity_label(a));
+      }
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const RagRequest& r = reqs[i];
+      EXPECT_TRUE(asked.insert(r.question).second) << "asked twice: " << r.question;
+      ASSERT_TRUE(expected.count(r.question)) << "not a question of this context: " << r.question;
+      EXPECT_EQ(r.answers, expected.at(r.question)) << r.question;
+      if (i >= begin + entities.size()) ++beyond;
+    }
+    EXPECT_EQ(asked.size(), expected.size()) << "context at request " << begin;
+  }
+  EXPECT_GT(contexts, 3u);
+  EXPECT_GT(beyond, contexts) << "contexts ask more questions than they have entities";
+}
+
+TEST(GraphWorkload, AskAboutAnswersWithEveryEntityTheRelationsReach) {
+  KnowledgeGraph kg;
+  kg.add_triple("ann", "friend", "bob");
+  kg.add_triple("ann", "friend", "cy");
+  kg.add_triple("ann", "boss", "dan");
+  kg.add_triple("bob", "home", "oslo");
+  kg.add_triple("cy", "home", "rome");
+  kg.add_triple("dan", "home", "oslo");
+  kg.finalize();
+  GraphQaOptions o;
+  o.n_items = 10;
+  o.min_paths = 1;
+  GraphQa item;
+  for (GraphQa& q : make_graph_qa(kg, o))
+    if (kg.entity_name(q.topic) == "ann") item = q;
+  ASSERT_EQ(kg.entity_name(item.topic), "ann");
+  const auto answers = [&](const GraphQa& q) {
+    std::set<std::string> out;
+    for (const EntityId a : q.answers) out.emplace(kg.entity_label(a));
+    return out;
+  };
+  for (const RelationPath& p : item.paths) {
+    GraphQa q = item;
+    ask_about(kg, q, p);
+    const std::string first(kg.relation_name(p.steps[0].relation));
+    if (p.steps.size() == 2) {
+      const std::set<std::string> homes =
+          first == "friend" ? std::set<std::string>{"oslo", "rome"} : std::set<std::string>{"oslo"};
+      EXPECT_EQ(answers(q), homes) << q.question;
+    }
+    RelationPath head = p;
+    head.steps.resize(1);
+    ask_about(kg, q, head);
+    const std::set<std::string> people =
+        first == "friend" ? std::set<std::string>{"bob", "cy"} : std::set<std::string>{"dan"};
+    EXPECT_EQ(answers(q), people) << q.question;
+    EXPECT_EQ(q.question, "What is the " + first + " of ann?");
+  }
+}
+
+TEST(GraphWorkload, AskAboutFindsEveryLeafOfTheRelations) {
+  const auto [kg, qa] = synthetic_qa(40, 20);
+  for (const GraphQa& item : qa)
+    for (const RelationPath& p : item.paths) {
+      GraphQa q = item;
+      ask_about(kg, q, p);
+      EXPECT_EQ(q.asked.steps.size(), p.steps.size());
+      EXPECT_NE(std::find(q.answers.begin(), q.answers.end(), p.leaf()), q.answers.end())
+          << "the asked path's own leaf answers it";
+      EXPECT_NE(q.question.find(kg.entity_label(item.topic)), std::string::npos);
+      // Every answer is reached by the same relations from the topic.
+      for (const EntityId a : q.answers) {
+        const bool reached = std::any_of(item.paths.begin(), item.paths.end(), [&](const RelationPath& o) {
+          if (o.steps.size() < p.steps.size()) return false;
+          for (size_t s = 0; s < p.steps.size(); ++s)
+            if (o.steps[s].relation != p.steps[s].relation || o.steps[s].inverse != p.steps[s].inverse)
+              return false;
+          RelationPath head = o;
+          head.steps.resize(p.steps.size());
+          return head.leaf() == a;
+        });
+        EXPECT_TRUE(reached) << q.question;
+      }
+    }
 }
 
 TEST(Locality, HandComputedReport) {
