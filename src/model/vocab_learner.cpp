@@ -20,14 +20,27 @@ struct Word {
   int64_t count = 0;
 };
 
+// Punctuation that ends a sentence or clause.
+bool is_sentence_punctuation(char c) { return std::string_view(".,;:!?").find(c) != std::string_view::npos; }
+
 // The words of one normalised fragment: each starts at a space mark (or the
-// fragment's start); a newline is a word of its own. Characters as the
+// fragment's start); a newline is a word of its own, and so is the sentence
+// punctuation ending a word, so that no piece joins a word to it: a name is
+// the same tokens whether a sentence ends after it or not, and a model that
+// reads "is Tirsa." can answer " Tirsa" by copying. Characters as the
 // tokenizer splits them (a malformed byte stands alone).
 void split_words(const std::string& s, std::map<std::string, int64_t>& words) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::string word;
   const auto flush = [&] {
-    if (!word.empty()) ++words[word];
+    size_t head = word.size();
+    while (head > 0 && is_sentence_punctuation(word[head - 1])) --head;
+    if (head > 0 && head < word.size()) {
+      ++words[word.substr(0, head)];
+      ++words[word.substr(head)];
+    } else if (!word.empty()) {
+      ++words[word];
+    }
     word.clear();
   };
   for (size_t i = 0; i < s.size();) {

@@ -28,7 +28,8 @@ struct VocabLearnReport {
 
 // Each fragment is learned from as the tokenizer encodes it on its own: a
 // space prefixed, spaces as U+2581, merges inside a word (a piece starts at a
-// space mark; a newline stands alone). InvalidInput if `size` leaves no room
+// space mark; a newline stands alone, and so does the sentence punctuation
+// ". , ; : ! ?" ending a word). InvalidInput if `size` leaves no room
 // beyond the fixed tokens.
 Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLearnOptions& options,
                       VocabLearnReport* report = nullptr);

@@ -45,9 +45,17 @@ TEST(VocabLearner, FrequentWordsBecomeSingleTokens) {
   EXPECT_EQ(rep.n_chars + rep.n_merges + 259, v.n_tokens());
   const Tokenizer tok(v);
   EXPECT_EQ(pieces(tok, "employer"), std::vector<std::string>{" employer"});
-  // Every word of a seen sentence is one token (the last with its full stop).
+  // Every word of a seen sentence is one token, the full stop another: a
+  // name is the same token where a sentence ends after it and where not.
   EXPECT_EQ(pieces(tok, "The teacher of Bolam is Kirat."),
-            (std::vector<std::string>{" The", " teacher", " of", " Bolam", " is", " Kirat."}));
+            (std::vector<std::string>{" The", " teacher", " of", " Bolam", " is", " Kirat", "."}));
+  EXPECT_EQ(pieces(tok, "Kirat"), std::vector<std::string>{" Kirat"});
+  for (int32_t id = 259; id < v.n_tokens(); ++id) {
+    const std::string& t = v.tokens[static_cast<size_t>(id)];
+    if (t.size() > 1 && t.find_first_not_of(".,;:!?") != std::string::npos)
+      EXPECT_EQ(std::string_view(".,;:!?").find(t.back()), std::string_view::npos)
+          << "a piece joins a word to the punctuation ending it: " << t;
+  }
   // A smaller vocabulary is filled to its size, the most frequent merges first.
   o.size = 300;
   const Vocab small = learn_bpe_vocab(world_text(1, 500), o);
@@ -73,9 +81,9 @@ TEST(VocabLearner, AnyTextRoundTripsThroughTheEngineTokenizer) {
     const std::vector<int32_t> ids = tok.encode(text, false, false);
     EXPECT_EQ(tok.decode(ids), text);
   }
-  // A token per word on text like what it learned from.
+  // A token per word (and the full stop) on text like what it learned from.
   const std::string seen = "The home of Shivon is Tishaun.\n";
-  EXPECT_EQ(tok.encode(seen, false, false).size(), 7u);
+  EXPECT_EQ(tok.encode(seen, false, false).size(), 8u);
 }
 
 TEST(VocabLearner, DeterministicAndShapedByItsText) {
