@@ -12,7 +12,8 @@
 # Environment: OUT (work folder, default build/qa-model), STEPS (causal
 # steps), FT_STEPS (fine-tuning steps per scheme), WORLDS (training worlds),
 # MORE_WORLDS and MORE_STEPS (a second causal phase on that many fresh
-# worlds, continuing from the first; MORE_STEPS=0, the default, skips it),
+# worlds, continuing from the first; MORE_STEPS=0, the default, skips it;
+# MORE_LR its learning rate, 2e-3),
 # NAME_POOL (names every world draws from), VOCAB (vocabulary size),
 # DATA_ONLY=1 (make the training and held-out requests, then stop; heldout:
 # the held-out requests only), CONTEXTS (context forms trained and
@@ -157,7 +158,8 @@ train causal1.gguf "$OUT/init.gguf" "$STEPS" "$D/train.jsonl" --attention causal
 FT_DATA=$D/train.jsonl
 if [ "$MORE_STEPS" -gt 0 ]; then
   FT_DATA=$D/train2.jsonl
-  train causal.gguf "$OUT/causal1.gguf" "$MORE_STEPS" "$D/train2.jsonl" --attention causal --lr 2e-3 --warmup 200
+  train causal.gguf "$OUT/causal1.gguf" "$MORE_STEPS" "$D/train2.jsonl" --attention causal --lr "${MORE_LR:-2e-3}" \
+    --warmup 200
 else
   [ -f "$OUT/causal.gguf" ] || cp "$OUT/causal1.gguf" "$OUT/causal.gguf"
 fi
@@ -180,7 +182,7 @@ row() {  # $1 label, $2 model, $3 strategy, then run options
   echo "$line"
 }
 {
-  echo "| model, attention | $(echo $SETS | sed 's/heldout-//g; s/ood-wordnet-/WordNet (OOD) /; s/ / | /g') |"
+  echo "| model, attention | $(echo $SETS | sed 's/ / | /g; s/heldout-//g; s/ood-wordnet-/WordNet (OOD) /') |"
   echo "|---|$(for _ in $SETS; do printf -- '---|'; done)"
   row "self-attention (causal model, full)" causal.gguf full
   row "self-attention, prefix reuse" causal.gguf prefix
