@@ -88,15 +88,20 @@ world_requests() {
   done; done; done
   mv "$f.part" "$f"
 }
-# Training worlds $2..$3 into $1, made $THREADS at a time, concatenated in order.
+# The held-out worlds' seeds; training skips them.
+HELD_OUT_WORLDS="9001 9002"
+# Training worlds $2..$3 (but the held-out ones) into $1, made $THREADS at a
+# time, concatenated in order.
 training_set() {
   [ -f "$1" ] && return
   log "training worlds $2..$3"
   mkdir -p "$D/part"
   export -f world ask world_requests
   export BIN D NAME_POOL CONTEXTS QUESTIONS QUESTION_FORM
-  seq "$2" "$3" | xargs -P "$THREADS" -I{} bash -c 'set -euo pipefail; world_requests {}'
-  for w in $(seq "$2" "$3"); do cat "$D/part/$w.jsonl"; done >"$1.part"
+  local worlds
+  worlds=$(seq "$2" "$3" | grep -vxF -f <(tr ' ' '\n' <<<"$HELD_OUT_WORLDS") || true)
+  xargs -P "$THREADS" -I{} bash -c 'set -euo pipefail; world_requests {}' <<<"$worlds"
+  for w in $worlds; do cat "$D/part/$w.jsonl"; done >"$1.part"
   mv "$1.part" "$1"  # the trainer draws batches from its own permutation
 }
 # Held-out worlds: 2 x 250 distinct questions per (hops, form), 3 entities per request.
@@ -104,7 +109,7 @@ for hops in 1 2; do for ctx in $CONTEXTS; do
   f="$D/heldout-$hops-hop-$ctx.jsonl"
   [ -f "$f" ] && continue
   : >"$f.part"
-  for w in 9001 9002; do
+  for w in $HELD_OUT_WORLDS; do
     world "$w" 300
     ask "$w" "$hops" "$ctx" 3 0 250 "$D/tmp.jsonl"
     cat "$D/tmp.jsonl" >>"$f.part"
