@@ -336,6 +336,14 @@ std::pair<KnowledgeGraph, std::vector<GraphQa>> synthetic_qa(size_t n_entities, 
   return {std::move(kg), std::move(qa)};
 }
 
+// Each QA item by its topic entity's name, as requests name their entities.
+std::map<std::string, const GraphQa*> items_by_topic(const KnowledgeGraph& kg,
+                                                     const std::vector<GraphQa>& qa) {
+  std::map<std::string, const GraphQa*> out;
+  for (const GraphQa& q : qa) out[std::string(kg.entity_name(q.topic))] = &q;
+  return out;
+}
+
 TEST(GraphWorkload, EachOnceAsksEveryItemInOrder) {
   const auto [kg, qa] = synthetic_qa(30, 12);
   GraphWorkloadOptions w;
@@ -389,8 +397,7 @@ TEST(GraphWorkload, QuestionsPerContextAskAboutEachEntityInTurn) {
   w.questions_per_context = 3;
   const auto reqs = make_graph_workload(kg, qa, w);
   ASSERT_EQ(reqs.size(), 8u);
-  std::map<std::string, const GraphQa*> by_topic;
-  for (const GraphQa& q : qa) by_topic[std::string(kg.entity_name(q.topic))] = &q;
+  const auto by_topic = items_by_topic(kg, qa);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const RagRequest& r = reqs[i];
     const size_t first = i - i % 3;
@@ -419,15 +426,14 @@ TEST(GraphWorkload, QuestionsPerContextAskAboutEachEntityInTurn) {
 
 TEST(GraphWorkload, QuestionsBeyondTheEntitiesAskTheirOtherRelations) {
   const auto [kg, qa] = synthetic_qa(40, 20);
-  std::map<std::string, const GraphQa*> by_topic;
-  for (const GraphQa& q : qa) by_topic[std::string(kg.entity_name(q.topic))] = &q;
+  const auto by_topic = items_by_topic(kg, qa);
   GraphWorkloadOptions w;
   w.n_requests = 200;
   w.entities_per_request = 2;
   w.questions_per_context = 1000;  // every question each context can ask
   const auto reqs = make_graph_workload(kg, qa, w);
-  // Rebuild each context's questions from the requests and check them against
-  // the relation paths as the request shows them.
+  // Split the stream into its contexts and check each context's questions
+  // against every relation prefix of its entities' paths.
   size_t contexts = 0, beyond = 0;
   for (size_t begin = 0, end = 0; begin < reqs.size(); begin = end) {
     for (end = begin + 1; end < reqs.size() && same_context(reqs[begin], reqs[end]);) ++end;
