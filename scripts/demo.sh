@@ -3,8 +3,8 @@
 # GraphRAG over WordNet (from Debian's wordnet-base) with a random-weight
 # model the project makes itself, comparing full prefill, prefix caching and
 # DepCache (dependency attention + subgraph KV reuse) on a Zipfian stream;
-# then the shipped question-answering model answers questions about a world it
-# never saw.
+# then the shipped question-answering models answer questions about a world
+# they never saw.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -27,8 +27,12 @@ QA=models/depcache-qa.gguf
   -o "$D/qa-world.dkg" >/dev/null
 [ -f "$D/qa.jsonl" ] || $BIN workload generate --kg "$D/qa-world.dkg" --pattern dataset --qa-items 60 \
   --entities-per-request 3 --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --seed 77 \
-  --out "$D/qa.jsonl" >/dev/null
+  --question-form cloze --out "$D/qa.jsonl" >/dev/null
 $BIN run -m "$QA" --requests "$D/qa.jsonl" --strategy full,prefix,depcache -n 12 --quiet
+# Its copy fine-tuned under dependency attention (depth positions), which
+# depcache serves: with subtree reuse, and computing every subtree afresh.
+$BIN run -m models/depcache-qa-depth.gguf --requests "$D/qa.jsonl" --strategy depcache -n 12 --quiet
+$BIN run -m models/depcache-qa-depth.gguf --requests "$D/qa.jsonl" --strategy depcache --no-reuse -n 12 --quiet
 # With the reference material beside the clone, also show a real trained model.
 STORIES=../shared/models/stories260K-f32.v1.gguf
 if [ -f "$STORIES" ]; then

@@ -10,46 +10,47 @@
 # run it again.
 #   bash scripts/make_qa_model.sh            (hours on 2 cores; nice it)
 # Environment: OUT (work folder, default build/qa-model), STEPS (causal
-# steps), FT_STEPS (fine-tuning steps per scheme), WORLDS (training worlds),
-# MORE_WORLDS and MORE_STEPS (a second causal phase on that many fresh
-# worlds, continuing from the first; MORE_STEPS=0, the default, skips it;
-# MORE_LR its learning rate, 2e-3),
+# steps, 45000), FT_STEPS (fine-tuning steps per scheme, 2000), WORLDS
+# (training worlds, 9000), MORE_STEPS (a second causal phase, continuing
+# from the first with the learning rate warmed up again, 8000; 0 skips it),
+# MORE_WORLDS (its worlds: 0, the default, the first phase's again, in
+# another order; N: N fresh worlds), MORE_LR (its learning rate, 1e-3),
 # NAME_POOL (names every world draws from), VOCAB (vocabulary size),
 # DATA_ONLY=1 (make the training and held-out requests, then stop; heldout:
 # the held-out requests only), CONTEXTS (context forms trained and
 # evaluated, default "paths documents"; add csv for the subgraph as
 # G-Retriever CSV, the form SubGCache serves), QUESTIONS (questions asked
 # over each training context, trained as one sequence; default 1),
-# QUESTION_FORM (words, the default: "What is the r of A?" between
-# "Question: " and "\nAnswer:"; cloze: the asked fact in the context's
+# QUESTION_FORM (cloze, the default: the asked fact in the context's
 # notation up to the answer, "A -r->" or "The r of A is", and a model whose
-# prompt template has no text around it), LOSS (all, the default: the loss
-# on every token; answer: on the answers alone), LR (causal learning rate,
-# 3e-3), BATCH (16), LAYERS, EMBD, FF (the model's shape, 4 x 128, ff 352),
-# SEED (of its initial weights, 1), THREADS, BIN. The defaults make the
-# shipped model's recipe (which was trained before answers lost their lone
-# leading space token, so it makes a model like it, not the same bytes).
+# prompt template has no text around it; words: "What is the r of A?"
+# between "Question: " and "\nAnswer:"), LOSS (answer, the default: the loss
+# on the answers alone; all: on every token), LR (causal learning rate,
+# 1e-3), BATCH (32), LAYERS, EMBD, FF (the model's shape, 2 x 64, ff 176),
+# SEED (of its initial weights, 2), THREADS, BIN. The defaults are the
+# shipped models' recipe (models/depcache-qa.gguf is its causal.gguf,
+# models/depcache-qa-depth.gguf its dep-depth.gguf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/depcache}
 OUT=${OUT:-build/qa-model}
-STEPS=${STEPS:-2500}
-FT_STEPS=${FT_STEPS:-200}
-WORLDS=${WORLDS:-400}
-MORE_WORLDS=${MORE_WORLDS:-2000}
-MORE_STEPS=${MORE_STEPS:-0}
+STEPS=${STEPS:-45000}
+FT_STEPS=${FT_STEPS:-2000}
+WORLDS=${WORLDS:-9000}
+MORE_WORLDS=${MORE_WORLDS:-0}
+MORE_STEPS=${MORE_STEPS:-8000}
 NAME_POOL=${NAME_POOL:-1000}
 VOCAB=${VOCAB:-4096}
 THREADS=${THREADS:-2}
 CONTEXTS=${CONTEXTS:-paths documents}
 QUESTIONS=${QUESTIONS:-1}
-QUESTION_FORM=${QUESTION_FORM:-words}
-LOSS=${LOSS:-all}
-LR=${LR:-3e-3}
-BATCH=${BATCH:-16}
-LAYERS=${LAYERS:-4}
-EMBD=${EMBD:-128}
-FF=${FF:-352}
+QUESTION_FORM=${QUESTION_FORM:-cloze}
+LOSS=${LOSS:-answer}
+LR=${LR:-1e-3}
+BATCH=${BATCH:-32}
+LAYERS=${LAYERS:-2}
+EMBD=${EMBD:-64}
+FF=${FF:-176}
 mkdir -p "$OUT/data"
 D=$OUT/data
 log() { echo "[$(date +%H:%M:%S)] $*"; }
@@ -128,7 +129,11 @@ if [ ! -f "$D/ood-wordnet-1-hop-paths.jsonl" ]; then
 fi
 [ "${DATA_ONLY:-0}" = heldout ] && exit 0
 training_set "$D/train.jsonl" 1 "$WORLDS"
-if [ "$MORE_STEPS" -gt 0 ]; then training_set "$D/train2.jsonl" "$((WORLDS + 1))" "$((WORLDS + MORE_WORLDS))"; fi
+MORE_DATA=$D/train.jsonl
+if [ "$MORE_STEPS" -gt 0 ] && [ "$MORE_WORLDS" -gt 0 ]; then
+  MORE_DATA=$D/train2.jsonl
+  training_set "$MORE_DATA" "$((WORLDS + 1))" "$((WORLDS + MORE_WORLDS))"
+fi
 # Evaluated while training: every fifth held-out request (400).
 [ -f "$D/eval.jsonl" ] || awk 'FNR % 5 == 0' "$D"/heldout-*.jsonl >"$D/eval.jsonl"
 log "data: $(cat "$D"/train*.jsonl | wc -l) training requests; held-out sets of $(wc -l <"$D/heldout-1-hop-paths.jsonl")"
@@ -142,7 +147,7 @@ TEMPLATE=()
 [ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/train.jsonl" --size "$VOCAB" "${TEMPLATE[@]}" \
   -o "$OUT/vocab.gguf"
 [ -f "$OUT/init.gguf" ] || "$BIN" model new --preset tiny --tied --layers "$LAYERS" --embd "$EMBD" --heads 4 \
-  --heads-kv 4 --ff "$FF" --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed "${SEED:-1}" -o "$OUT/init.gguf"
+  --heads-kv 4 --ff "$FF" --ctx 1024 --vocab-from "$OUT/vocab.gguf" --seed "${SEED:-2}" -o "$OUT/init.gguf"
 
 # Several questions over one context are trained as one sequence.
 TRAIN_OPTS=()
@@ -158,13 +163,15 @@ train() {  # $1 output, $2 init, $3 steps, $4 training requests, then trainer op
     --eval-every 250 --checkpoint-every 100 --resume "${TRAIN_OPTS[@]}" "$@"
 }
 train causal1.gguf "$OUT/init.gguf" "$STEPS" "$D/train.jsonl" --attention causal --lr "$LR" --warmup 200
-# The second phase re-warms the learning rate on worlds the first never saw
-# (a second pass over the same worlds memorises their facts instead).
+# The second phase warms the learning rate up again where the first one's
+# cosine ended, while the held-out loss was still falling: with 9000 worlds a
+# second pass does not memorise them (with 400 or 1000 worlds it did, and
+# fresh worlds were needed). Its own data seed draws another order.
 FT_DATA=$D/train.jsonl
 if [ "$MORE_STEPS" -gt 0 ]; then
-  FT_DATA=$D/train2.jsonl
-  train causal.gguf "$OUT/causal1.gguf" "$MORE_STEPS" "$D/train2.jsonl" --attention causal --lr "${MORE_LR:-2e-3}" \
-    --warmup 200
+  FT_DATA=$MORE_DATA
+  train causal.gguf "$OUT/causal1.gguf" "$MORE_STEPS" "$MORE_DATA" --attention causal --lr "${MORE_LR:-1e-3}" \
+    --warmup 200 --seed 3
 else
   [ -f "$OUT/causal.gguf" ] || cp "$OUT/causal1.gguf" "$OUT/causal.gguf"
 fi
