@@ -93,9 +93,11 @@ TEST(QaModel, DependencyTunedModelAnswersAsWellWithReuseAsWithout) {
 // question the chunk, realigned, is read as full attention reads it, the
 // two score alike and the ratio is undefined. With three, each document's
 // cache was computed without the ones before it: this model answers worse
-// from that (fullreuse loses answers), and recomputing CacheBlend's 15% of
-// the tokens wins most of them back; without the RoPE fix full reuse loses
-// at least as many.
+// from that (fullreuse loses answers), and FusionRAG's recomputing 15% of
+// the chunk tokens wins part of them back; without the RoPE fix full reuse
+// loses at least as many. CacheBlend picks its tokens at layer 1 after
+// recomputing layers 0 and 1 for every token, which on this 2-layer model
+// is all of it: it answers as full attention does.
 TEST(QaModel, RecomputationWinsBackTheAnswersFullReuseLoses) {
   const std::filesystem::path model = std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa.gguf";
   const auto dir = test::temp_path("qa-model-f1");
@@ -113,10 +115,10 @@ TEST(QaModel, RecomputationWinsBackTheAnswersFullReuseLoses) {
     return file;
   };
   const std::string run =
-      "run -m " + model.string() + " -s full,fullreuse,cacheblend --recompute-ratio 0.15 -n 12 -q";
+      "run -m " + model.string() + " -s full,fullreuse,fusionrag,cacheblend --recompute-ratio 0.15 -n 12 -q";
   auto r = run_cli(run + " --requests " + requests(1));
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("cacheblend normalized F1: undefined"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fusionrag  normalized F1: undefined"), std::string::npos) << r.out;
 
   const std::string three = requests(3);
   r = run_cli(run + " --requests " + three);
@@ -128,9 +130,10 @@ TEST(QaModel, RecomputationWinsBackTheAnswersFullReuseLoses) {
   ASSERT_TRUE(std::regex_search(
       r.out, m,
       std::regex(
-          R"(cacheblend normalized F1 \(F1 - F1 fullreuse\) / \(F1 full - F1 fullreuse\): ([-0-9.]+))")))
+          R"(fusionrag  normalized F1 \(F1 - F1 fullreuse\) / \(F1 full - F1 fullreuse\): ([-0-9.]+))")))
       << r.out;
-  EXPECT_GT(std::stod(m[1]), 0.5) << "recomputing 15% wins back most of what fullreuse lost:\n" << r.out;
+  EXPECT_GT(std::stod(m[1]), 0.2) << "recomputing 15% wins back part of what fullreuse lost:\n" << r.out;
+  EXPECT_EQ(strategy_exact_match(r.out, "cacheblend"), full) << r.out;
 
   r = run_cli(run + " --requests " + three + " --no-realign");
   ASSERT_EQ(r.code, 0) << r.out;
