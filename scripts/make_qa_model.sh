@@ -129,6 +129,8 @@ if [ ! -f "$D/ood-wordnet-1-hop-paths.jsonl" ]; then
 fi
 [ "${DATA_ONLY:-0}" = heldout ] && exit 0
 training_set "$D/train.jsonl" 1 "$WORLDS"
+# The second phase's requests, which fine-tuning also draws from (without a
+# second phase, or with MORE_WORLDS=0, the first phase's).
 MORE_DATA=$D/train.jsonl
 if [ "$MORE_STEPS" -gt 0 ] && [ "$MORE_WORLDS" -gt 0 ]; then
   MORE_DATA=$D/train2.jsonl
@@ -167,16 +169,14 @@ train causal1.gguf "$OUT/init.gguf" "$STEPS" "$D/train.jsonl" --attention causal
 # cosine ended, while the held-out loss was still falling: with 9000 worlds a
 # second pass does not memorise them (with 400 or 1000 worlds it did, and
 # fresh worlds were needed). Its own data seed draws another order.
-FT_DATA=$D/train.jsonl
 if [ "$MORE_STEPS" -gt 0 ]; then
-  FT_DATA=$MORE_DATA
   train causal.gguf "$OUT/causal1.gguf" "$MORE_STEPS" "$MORE_DATA" --attention causal --lr "${MORE_LR:-1e-3}" \
     --warmup 200 --seed 3
 else
   [ -f "$OUT/causal.gguf" ] || cp "$OUT/causal1.gguf" "$OUT/causal.gguf"
 fi
 for scheme in depth sequential; do
-  train "dep-$scheme.gguf" "$OUT/causal.gguf" "$FT_STEPS" "$FT_DATA" --attention dependency \
+  train "dep-$scheme.gguf" "$OUT/causal.gguf" "$FT_STEPS" "$MORE_DATA" --attention dependency \
     --scheme "$scheme" --lr 1e-3 --warmup 50
 done
 

@@ -36,8 +36,27 @@ std::string held_out_world(const std::filesystem::path& dir) {
   return world;
 }
 
+// Cloze questions of 1 hop over world, each over `entities` entities' relation
+// paths or documents (`context`), as the shipped models were trained on,
+// written to file.
+std::string cloze_requests(const std::string& world, const std::string& context, int qa_items, int entities,
+                           const std::string& file) {
+  const auto g =
+      run_cli("workload generate --kg " + world + " --pattern dataset --qa-items " +
+              std::to_string(qa_items) + " --entities-per-request " + std::to_string(entities) +
+              " --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --question-form cloze "
+              "--context " +
+              context + " --seed 77 --out " + file);
+  EXPECT_EQ(g.code, 0) << g.out;
+  return file;
+}
+
+std::string shipped_model(const char* name) {
+  return (std::filesystem::path(DEPCACHE_MODELS_DIR) / name).string();
+}
+
 TEST(QaModel, ShippedModelAnswersHeldOutQuestionsAboveAFloor) {
-  const std::filesystem::path model = std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa.gguf";
+  const std::string model = shipped_model("depcache-qa.gguf");
   ASSERT_TRUE(std::filesystem::exists(model)) << model << " is part of the repository";
   const auto dir = test::temp_path("qa-model");
   std::filesystem::create_directories(dir);
@@ -47,13 +66,9 @@ TEST(QaModel, ShippedModelAnswersHeldOutQuestionsAboveAFloor) {
   // argmaxes; a model that does not answer scores 0.
   const std::pair<const char*, double> forms[] = {{"paths", 25.0}, {"documents", 27.0}};
   for (const auto& [form, floor] : forms) {
-    const std::string requests = (dir / (std::string(form) + ".jsonl")).string();
-    const auto g = run_cli("workload generate --kg " + world +
-                           " --pattern dataset --qa-items 100 --entities-per-request 3 --paths-per-entity 9 "
-                           "--min-paths 1 --hops 2 --question-hops 1 --question-form cloze --context " +
-                           form + " --seed 77 --out " + requests);
-    ASSERT_EQ(g.code, 0) << g.out;
-    const auto r = run_cli("run -m " + model.string() + " --requests " + requests + " -s full -n 12 -q");
+    const std::string requests =
+        cloze_requests(world, form, 100, 3, (dir / (std::string(form) + ".jsonl")).string());
+    const auto r = run_cli("run -m " + model + " --requests " + requests + " -s full -n 12 -q");
     ASSERT_EQ(r.code, 0) << r.out;
     const double em = strategy_exact_match(r.out, "full");
     EXPECT_GE(em, floor) << form << ":\n" << r.out;
@@ -67,19 +82,13 @@ TEST(QaModel, ShippedModelAnswersHeldOutQuestionsAboveAFloor) {
 // made), and reusing subtrees' caches gives exactly the answers of computing
 // them afresh: depth positions make the reuse exact.
 TEST(QaModel, DependencyTunedModelAnswersAsWellWithReuseAsWithout) {
-  const std::filesystem::path model = std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa-depth.gguf";
+  const std::string model = shipped_model("depcache-qa-depth.gguf");
   ASSERT_TRUE(std::filesystem::exists(model)) << model << " is part of the repository";
   const auto dir = test::temp_path("qa-model-depth");
   std::filesystem::create_directories(dir);
-  const std::string world = held_out_world(dir), requests = (dir / "paths.jsonl").string();
-  ASSERT_EQ(
-      run_cli("workload generate --kg " + world +
-              " --pattern dataset --qa-items 100 --entities-per-request 3 --paths-per-entity 9 --min-paths 1 "
-              "--hops 2 --question-hops 1 --question-form cloze --context paths --seed 77 --out " +
-              requests)
-          .code,
-      0);
-  const std::string run = "run -m " + model.string() + " --requests " + requests + " -s depcache -n 12 -q";
+  const std::string requests =
+      cloze_requests(held_out_world(dir), "paths", 100, 3, (dir / "paths.jsonl").string());
+  const std::string run = "run -m " + model + " --requests " + requests + " -s depcache -n 12 -q";
   const auto reused = run_cli(run), fresh = run_cli(run + " --no-reuse");
   ASSERT_EQ(reused.code, 0) << reused.out;
   ASSERT_EQ(fresh.code, 0) << fresh.out;
@@ -99,23 +108,15 @@ TEST(QaModel, DependencyTunedModelAnswersAsWellWithReuseAsWithout) {
 // recomputing layers 0 and 1 for every token, which on this 2-layer model
 // is all of it: it answers as full attention does.
 TEST(QaModel, RecomputationWinsBackTheAnswersFullReuseLoses) {
-  const std::filesystem::path model = std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa.gguf";
   const auto dir = test::temp_path("qa-model-f1");
   std::filesystem::create_directories(dir);
   const std::string world = held_out_world(dir);
   const auto requests = [&](int documents) {
-    const std::string file = (dir / ("documents" + std::to_string(documents) + ".jsonl")).string();
-    const auto g =
-        run_cli("workload generate --kg " + world +
-                " --pattern dataset --qa-items 40 --entities-per-request " + std::to_string(documents) +
-                " --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --question-form cloze "
-                "--context documents --seed 77 --out " +
-                file);
-    EXPECT_EQ(g.code, 0) << g.out;
-    return file;
+    return cloze_requests(world, "documents", 40, documents,
+                          (dir / ("documents" + std::to_string(documents) + ".jsonl")).string());
   };
-  const std::string run =
-      "run -m " + model.string() + " -s full,fullreuse,fusionrag,cacheblend --recompute-ratio 0.15 -n 12 -q";
+  const std::string run = "run -m " + shipped_model("depcache-qa.gguf") +
+                          " -s full,fullreuse,fusionrag,cacheblend --recompute-ratio 0.15 -n 12 -q";
   auto r = run_cli(run + " --requests " + requests(1));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("fusionrag  normalized F1: undefined"), std::string::npos) << r.out;
