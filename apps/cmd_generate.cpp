@@ -1,5 +1,8 @@
 // `depcache generate`: complete a prompt, streaming text to stdout and
-// timings to stderr.
+// timings to stderr. The prompt is text, or a RAG request built with the
+// model's prompt template exactly as `run` and the trainer build it (each
+// context piece tokenized on its own), so a QA model sees what it was
+// trained on.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -12,6 +15,9 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
+#include "retrieval/rag_request.h"
+#include "strategy/prompt_parts.h"
+#include "train/qa_sequences.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -19,13 +25,24 @@ namespace depcache::cli {
 
 void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "Complete a prompt with a GGUF model");
-  static std::string model_path, prompt, kv_type = "f16";
+  static std::string model_path, prompt, request_file, kv_type = "f16";
   static int n_predict = 64, threads = 0, ctx = 0;
+  static size_t request_line = 1;
   static bool no_bos = false, ignore_eos = false;
   static SamplerParams sp{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
   static int64_t seed = -1;
   cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
-  cmd->add_option("-p,--prompt", prompt, "Prompt text")->required();
+  CLI::Option* prompt_opt = cmd->add_option("-p,--prompt", prompt, "Prompt text");
+  CLI::Option* request_opt =
+      cmd->add_option("--request", request_file,
+                      "Instead of --prompt: a RAG request file (JSONL, as `workload generate` writes); the "
+                      "prompt is the request's context and question in the model's prompt template, as `run` "
+                      "builds it, and with answers in the request the greedy answer is judged on stderr")
+          ->excludes(prompt_opt);
+  cmd->add_option("--line", request_line, "--request: which request of the file (1: the first)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->needs(request_opt);
   cmd->add_option("-n,--n-predict", n_predict, "Tokens to generate")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -40,13 +57,29 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
   cmd->add_flag("--no-bos", no_bos, "Do not prepend the BOS token");
   cmd->add_flag("--ignore-eos", ignore_eos, "Keep generating after an end-of-generation token");
-  cmd->callback([] {
+  cmd->callback([cmd] {
     sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
     sp.validate();
     const DType kv = parse_kv_type(kv_type);
     auto model = Model::load(model_path);
     const Tokenizer tok(Vocab::from_gguf(model->file()));
-    const std::vector<int32_t> ids = tok.encode(prompt, !no_bos, true);
+    if (cmd->count("--prompt") == 0 && cmd->count("--request") == 0)
+      throw CLI::RequiredError("--prompt or --request");
+    std::vector<int32_t> ids;
+    std::vector<std::string> answers;
+    if (request_file.empty()) {
+      ids = tok.encode(prompt, !no_bos, true);
+    } else {
+      std::vector<RagRequest> requests = read_requests(request_file);
+      if (request_line > requests.size())
+        fail(ErrorKind::InvalidInput, "{} has {} requests; --line {} is beyond them", request_file,
+             requests.size(), request_line);
+      const RagRequest& req = requests[request_line - 1];
+      ids = make_prompt_parts(tok, req, model->config().prompt).flat();
+      if (no_bos && !ids.empty() && ids.front() == tok.bos()) ids.erase(ids.begin());
+      prompt = tok.decode(ids);
+      answers = req.answers;
+    }
     if (ids.empty())
       fail(ErrorKind::InvalidInput, "the prompt tokenizes to nothing; give text or drop --no-bos");
     const int64_t want = static_cast<int64_t>(ids.size()) + n_predict;
@@ -84,6 +117,12 @@ void add_generate_command(CLI::App& app) {
                "TTFT: {:.1f} ms\n",
                r.n_prompt, r.prompt_ms, r.n_prompt * 1000.0 / std::max(r.prompt_ms, 1e-9), r.tokens.size(),
                n_gen_after_first > 0 ? n_gen_after_first * 1000.0 / r.decode_ms : 0.0, r.ttft_ms);
+    if (!answers.empty()) {
+      const std::string answer = generated_answer(tok, r.tokens);
+      fmt::print(stderr, "answer: \"{}\" ({}; expected \"{}\")\n", answer,
+                 answer_matches(answer, answers) ? "exact match" : "no match",
+                 fmt::join(answers, "\" or \""));
+    }
   });
 }
 

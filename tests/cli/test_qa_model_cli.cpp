@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 
@@ -95,6 +97,49 @@ TEST(QaModel, DependencyTunedModelAnswersAsWellWithReuseAsWithout) {
   const double em = strategy_exact_match(reused.out, "depcache");
   EXPECT_GE(em, 58.0) << reused.out;
   EXPECT_EQ(em, strategy_exact_match(fresh.out, "depcache")) << reused.out << fresh.out;
+  std::filesystem::remove_all(dir);
+}
+
+// `generate --request` builds a request's prompt as `run` does (the model's
+// template, each context piece tokenized on its own), so it answers each
+// question exactly as `run -s full` does, and judges the answer; a prompt
+// typed as one text tokenizes the lines' first names otherwise. Bad lines and
+// a missing prompt are clear errors.
+TEST(QaModel, GenerateAnswersARequestAsRunDoes) {
+  const std::string model = shipped_model("depcache-qa.gguf");
+  const auto dir = test::temp_path("qa-model-generate");
+  std::filesystem::create_directories(dir);
+  const std::string requests =
+      cloze_requests(held_out_world(dir), "paths", 12, 3, (dir / "paths.jsonl").string());
+  const std::string rows = (dir / "rows.jsonl").string();
+  const auto r = run_cli("run -m " + model + " --requests " + requests + " -s full -n 12 -q --json " + rows);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(rows);
+  std::string line;
+  int n = 0, matched = 0;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    ++n;
+    const auto g = run_cli("generate -m " + model + " --request " + requests + " --line " +
+                           std::to_string(n) + " -n 12 --temp 0");
+    ASSERT_EQ(g.code, 0) << g.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(g.out, m, std::regex(R"re(answer: "([^"]*)" \((exact match|no match);)re")))
+        << g.out;
+    EXPECT_EQ(m[1].str(), row["answer"].get<std::string>()) << "request " << n << ":\n" << g.out;
+    EXPECT_EQ(m[2].str() == "exact match", row["exact_match"].get<bool>()) << g.out;
+    matched += row["exact_match"].get<bool>();
+  }
+  EXPECT_EQ(n, 12);
+  EXPECT_GT(matched, 0) << "the model answers some of them";
+
+  const auto beyond = run_cli("generate -m " + model + " --request " + requests + " --line 13");
+  EXPECT_EQ(beyond.code, 3) << beyond.out;
+  EXPECT_NE(beyond.out.find("has 12 requests"), std::string::npos) << beyond.out;
+  EXPECT_EQ(run_cli("generate -m " + model).code, 2) << "neither --prompt nor --request";
+  EXPECT_EQ(run_cli("generate -m " + model + " -p x --request " + requests).code, 2) << "both";
+  EXPECT_EQ(run_cli("generate -m " + model + " -p x --line 2").code, 2) << "--line without --request";
+  EXPECT_EQ(run_cli("generate -m " + model + " --request " + (dir / "none.jsonl").string()).code, 4);
   std::filesystem::remove_all(dir);
 }
 
