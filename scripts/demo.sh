@@ -29,10 +29,18 @@ QA=models/depcache-qa.gguf
   --entities-per-request 3 --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --seed 77 \
   --question-form cloze --out "$D/qa.jsonl" >/dev/null
 $BIN run -m "$QA" --requests "$D/qa.jsonl" --strategy full,prefix,depcache -n 12 --quiet
+# The first of those questions through `generate`: the prompt's last line
+# (the cloze) with the model's greedy answer after it, then the judgement.
+$BIN generate -m "$QA" --request "$D/qa.jsonl" --line 1 -n 12 --temp 0 2>&1 | grep -E -- "-> |^answer" | tail -2
 # Its copy fine-tuned under dependency attention (depth positions), which
 # depcache serves: with subtree reuse, and computing every subtree afresh.
 $BIN run -m models/depcache-qa-depth.gguf --requests "$D/qa.jsonl" --strategy depcache -n 12 --quiet
 $BIN run -m models/depcache-qa-depth.gguf --requests "$D/qa.jsonl" --strategy depcache --no-reuse -n 12 --quiet
+# The copy fine-tuned with sequential positions: computing every subtree
+# afresh, then with reuse, which is approximate under sequential positions
+# (a cached tree sits at another offset in a later prompt).
+$BIN run -m models/depcache-qa-sequential.gguf --requests "$D/qa.jsonl" --strategy depcache --no-reuse -n 12 --quiet
+$BIN run -m models/depcache-qa-sequential.gguf --requests "$D/qa.jsonl" --strategy depcache -n 12 --quiet
 # With the reference material beside the clone, also show a real trained model.
 STORIES=../shared/models/stories260K-f32.v1.gguf
 if [ -f "$STORIES" ]; then

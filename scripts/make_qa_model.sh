@@ -10,7 +10,7 @@
 # run it again.
 #   bash scripts/make_qa_model.sh            (hours on 2 cores; nice it)
 # Environment: OUT (work folder, default build/qa-model), STEPS (causal
-# steps, 45000), FT_STEPS (fine-tuning steps per scheme, 2000), WORLDS
+# steps, 45000), FT_STEPS (fine-tuning steps per scheme, 6000), WORLDS
 # (training worlds, 9000), MORE_STEPS (a second causal phase, continuing
 # from the first with the learning rate warmed up again, 8000; 0 skips it),
 # MORE_WORLDS (its worlds: 0, the default, the first phase's again, in
@@ -29,13 +29,14 @@
 # 1e-3), BATCH (32), LAYERS, EMBD, FF (the model's shape, 2 x 64, ff 176),
 # SEED (of its initial weights, 2), THREADS, BIN. The defaults are the
 # shipped models' recipe (models/depcache-qa.gguf is its causal.gguf,
-# models/depcache-qa-depth.gguf its dep-depth.gguf).
+# models/depcache-qa-depth.gguf its dep-depth.gguf and
+# models/depcache-qa-sequential.gguf its dep-sequential.gguf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/depcache}
 OUT=${OUT:-build/qa-model}
 STEPS=${STEPS:-45000}
-FT_STEPS=${FT_STEPS:-2000}
+FT_STEPS=${FT_STEPS:-6000}
 WORLDS=${WORLDS:-9000}
 MORE_WORLDS=${MORE_WORLDS:-0}
 MORE_STEPS=${MORE_STEPS:-8000}
@@ -203,6 +204,7 @@ row() {  # $1 label, $2 model, $3 strategy, then run options
   row "dependency + fine-tuning, depth" dep-depth.gguf depcache --scheme depth
   row "dependency + fine-tuning, depth, no reuse" dep-depth.gguf depcache --scheme depth --no-reuse
   row "dependency + fine-tuning, sequential" dep-sequential.gguf depcache --scheme sequential
+  row "dependency + fine-tuning, sequential, no reuse" dep-sequential.gguf depcache --scheme sequential --no-reuse
   row "dependency + fine-tuning, sequential, no realignment" dep-sequential.gguf depcache --scheme sequential --no-realign
 } | tee "$OUT/eval.md"
 log "done: models and logs in $OUT, exact match in $OUT/eval.md"
