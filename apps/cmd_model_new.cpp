@@ -43,6 +43,10 @@ void add_model_new_command(CLI::App& model) {
                   "Record in the metadata that the model was trained for this position scheme "
                   "(depcache.position_scheme): depth, sequential or stacked")
       ->check(CLI::IsMember({"depth", "sequential", "stacked"}));
+  cmd->add_option("--tree-context", o.tree_context,
+                  "Record in the metadata what context trees saw when it was trained "
+                  "(depcache.tree_context): system or none")
+      ->check(CLI::IsMember({"system", "none"}));
   static PromptTemplateOptions prompt;
   add_prompt_template_options(cmd, prompt);
   static std::string chat;

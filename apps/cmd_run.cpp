@@ -66,10 +66,11 @@ struct RunOptions {
   bool quiet = false, verify = false, no_reuse = false, no_realign = false, fidelity = false, serial = false,
        sweep = false;
   double slo_ms = 0;
-  StrategyOptions chunk;  // the chunk strategies' options
+  StrategyOptions chunk;  // every strategy's options but the scheme, reuse and realignment (set per run)
   std::string report_path;
   std::string warmup_path;
   std::string graph_format = "auto";
+  std::string tree_context = "auto";
   SubgcacheOptions subgcache;
 };
 
@@ -607,6 +608,12 @@ void add_run_command(CLI::App& app) {
                   "depth (exact reuse, further from full attention)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "depth", "sequential", "stacked"}));
+  cmd->add_option("--tree-context", o.tree_context,
+                  "depcache: what a context tree sees besides itself: auto (the model's "
+                  "depcache.tree_context, else system), system (the system text, as DepCache lays it out) or "
+                  "none (for a model trained so: a moved tree is then reused exactly)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "system", "none"}));
   cmd->add_option("--kv-type", o.kv_type, "KV storage: f16 or f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"f16", "f32"}));
@@ -780,11 +787,20 @@ void add_run_command(CLI::App& app) {
                                                      : kDefaultPositionScheme;
     const std::string scheme_source =
         o.scheme != "auto" ? "--scheme" : (c.position_scheme.empty() ? "default" : "the model's metadata");
+    o.chunk.tree_context = o.tree_context != "auto" ? *parse_tree_context(o.tree_context)
+                           : dependency             ? default_tree_context(c)
+                                                    : TreeContext::System;
+    // Printed only when it is not DepCache's layout, which every other model is served with.
+    const std::string trees =
+        o.chunk.tree_context == TreeContext::None
+            ? fmt::format("; trees see only themselves ({})",
+                          o.tree_context != "auto" ? "--tree-context" : "the model's metadata")
+            : "";
     fmt::print(
         "model: {} ({} layers, {} embd, {}/{} heads); {} requests; KV {} ; pool {} rows; positions {} "
-        "({})\n",
+        "({}){}\n",
         o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, reqs.size(), o.kv_type, n_ctx,
-        position_scheme_name(scheme), scheme_source);
+        position_scheme_name(scheme), scheme_source, trees);
     ThreadPool pool(o.threads);
     Forward fwd(model, pool);
     std::vector<StrategyRun> runs;

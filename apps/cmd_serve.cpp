@@ -204,6 +204,7 @@ void add_serve_command(CLI::App& app) {
     eo.cache_bytes = static_cast<size_t>(cache_mib * 1048576.0);
     eo.policy = policy;
     eo.strategy.scheme = default_position_scheme(model->config());
+    eo.strategy.tree_context = default_tree_context(model->config());
     eo.strategy.reuse = true;
     eo.scheduler = {scheduler, 32};
     eo.prefetch = prefetch;

@@ -18,7 +18,8 @@ namespace depcache::cli {
 namespace {
 
 struct TrainCliOptions {
-  std::string init, requests, eval, out, checkpoint, log, attention = "causal", scheme = "sequential";
+  std::string init, requests, eval, out, checkpoint, log, attention = "causal", scheme = "sequential",
+                                                          tree_context = "system";
   bool answer_loss_only = false, resume = false, pack = false;
   size_t eval_limit = 500;
   int threads = 0;
@@ -75,6 +76,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--scheme", c.scheme, "Position scheme under dependency attention")
       ->capture_default_str()
       ->check(CLI::IsMember({"sequential", "depth"}));
+  cmd->add_option("--tree-context", c.tree_context,
+                  "What a context tree sees besides itself under dependency attention: system (the system "
+                  "text) or none (a tree moved to another offset is then reused exactly under sequential "
+                  "positions too); written into the model")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"system", "none"}));
   cmd->add_flag("--answer-loss-only", c.answer_loss_only, "Loss on the answer alone (default: every token)");
   cmd->add_flag("--pack-shared-context", c.pack,
                 "Consecutive training requests over the same context form one sequence: the context once, "
@@ -110,6 +117,7 @@ void add_train_command(CLI::App& app) {
     QaSequenceOptions qo;
     qo.attention = c.attention == "dependency" ? TrainAttention::Dependency : TrainAttention::Causal;
     qo.scheme = c.scheme == "depth" ? PositionScheme::Depth : PositionScheme::Sequential;
+    qo.tree_context = *parse_tree_context(c.tree_context);
     qo.loss_on_prompt = !c.answer_loss_only;
     qo.prompt = init->config().prompt;
     const int64_t n_ctx = init->config().n_ctx_train;
@@ -123,8 +131,10 @@ void add_train_command(CLI::App& app) {
 
     for (const auto& [k, v] : init->file().metadata())
       if (inherited_metadata_key(k)) t.metadata.emplace_back(k, v);
-    if (qo.attention == TrainAttention::Dependency)
+    if (qo.attention == TrainAttention::Dependency) {
       t.metadata.emplace_back(kPositionSchemeKey, GgufValue::string(c.scheme));
+      t.metadata.emplace_back(kTreeContextKey, GgufValue::string(c.tree_context));
+    }
     t.checkpoint = c.checkpoint.empty() ? c.out + ".ckpt" : c.checkpoint;
     t.log = c.log;
     ThreadPool pool(c.threads);
@@ -144,7 +154,11 @@ void add_train_command(CLI::App& app) {
     fmt::print(stderr,
                "training on {} sequences ({:.1f} tokens each), {} held out; {} attention{}; {} steps of {}\n",
                train.size(), static_cast<double>(n_tokens) / static_cast<double>(train.size()), eval.size(),
-               c.attention, qo.attention == TrainAttention::Dependency ? ", " + c.scheme + " positions" : "",
+               c.attention,
+               qo.attention == TrainAttention::Dependency
+                   ? ", " + c.scheme + " positions, trees see " +
+                         (c.tree_context == "none" ? "only themselves" : "the system text")
+                   : "",
                t.adam.total_steps, t.batch_size);
     struct sigaction action {};
     action.sa_handler = on_stop_signal;

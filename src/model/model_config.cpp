@@ -50,6 +50,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     fail(ErrorKind::InvalidInput, "{}: rope dimension count {} must be even and at most the head size {}",
          f.source(), c.n_rot, c.head_dim);
   c.position_scheme = f.get_string_or(kPositionSchemeKey).value_or("");
+  c.tree_context = f.get_string_or(kTreeContextKey).value_or("");
   c.prompt = PromptTemplate::from_gguf(f);
   c.rms_eps = static_cast<float>(f.get_float_or(a + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
   if (!(c.rms_eps > 0)) fail(ErrorKind::InvalidInput, "{}: RMSNorm epsilon must be positive", f.source());

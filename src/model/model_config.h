@@ -15,6 +15,9 @@ enum class RopeStyle { Normal, Neox };
 
 // GGUF metadata key naming the position scheme a model was trained for.
 inline constexpr const char* kPositionSchemeKey = "depcache.position_scheme";
+// GGUF metadata key naming what a model's context trees see under dependency
+// attention besides themselves (system or none).
+inline constexpr const char* kTreeContextKey = "depcache.tree_context";
 
 struct ModelConfig {
   Arch arch = Arch::Llama;
@@ -35,6 +38,8 @@ struct ModelConfig {
   // depcache.position_scheme: the position scheme a model was fine-tuned for
   // under dependency attention (written by the trainer); empty when absent.
   std::string position_scheme;
+  // depcache.tree_context: what trees saw when it was fine-tuned; empty when absent.
+  std::string tree_context;
   // depcache.prompt.*: the RAG prompt's wrapping text (defaults when absent).
   PromptTemplate prompt;
 

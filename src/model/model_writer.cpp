@@ -251,6 +251,7 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   spec.shape.n_vocab = std::max(own_vocab, o.shape.n_vocab);
   if (!o.position_scheme.empty())
     md.insert(md.begin(), {kPositionSchemeKey, GgufValue::string(o.position_scheme)});
+  if (!o.tree_context.empty()) md.insert(md.begin(), {kTreeContextKey, GgufValue::string(o.tree_context)});
   if (o.prompt)
     for (auto& [k, v] : o.prompt->metadata()) set_key(md, k, std::move(v));
   const std::string arch = o.shape.arch == Arch::Qwen2 ? "qwen2" : "llama";

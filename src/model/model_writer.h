@@ -45,6 +45,7 @@ struct RandomModelOptions {
   float qk_stddev = 0;
   std::optional<std::filesystem::path> vocab_from;  // GGUF whose inherited keys are copied
   std::string position_scheme;                      // written as depcache.position_scheme when set
+  std::string tree_context;                         // written as depcache.tree_context when set
   std::string chat_template;                        // tokenizer.chat_template (Jinja) when set
   // Written as depcache.prompt.*; unset: the --vocab-from file's keys, if any.
   std::optional<PromptTemplate> prompt;

@@ -46,7 +46,8 @@ int32_t DepPrompt::segment_anchor(int32_t segment) const {
   return anchor;
 }
 
-int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32_t>> paths) {
+int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32_t>> paths,
+                            TreeContext context) {
   // A tree placed after a linear segment that saw an earlier tree would
   // depend on that tree through the linear segment's KV without attending to
   // it: a dependency neither visibility nor cache keys would show.
@@ -98,6 +99,7 @@ int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32
   segments_.push_back(std::move(seg));
   const int32_t anchor = segment_anchor(id);
   PromptSegment& s = segments_.back();
+  if (context == TreeContext::None) s.depends_on.clear();  // the root still hangs under the anchor
   s.tokens.begin = static_cast<int32_t>(tokens_.size());
   s.first_node = static_cast<int32_t>(nodes_.size());
 
@@ -185,6 +187,16 @@ std::string_view position_scheme_name(PositionScheme scheme) {
 std::optional<PositionScheme> parse_position_scheme(std::string_view name) {
   for (PositionScheme s : {PositionScheme::Sequential, PositionScheme::Depth, PositionScheme::Stacked})
     if (position_scheme_name(s) == name) return s;
+  return std::nullopt;
+}
+
+std::string_view tree_context_name(TreeContext context) {
+  return context == TreeContext::System ? "system" : "none";
+}
+
+std::optional<TreeContext> parse_tree_context(std::string_view name) {
+  for (TreeContext c : {TreeContext::System, TreeContext::None})
+    if (tree_context_name(c) == name) return c;
   return std::nullopt;
 }
 

@@ -26,6 +26,19 @@ enum class SegmentKind { Linear, Tree };
 //         positions, trees do not overlap).
 enum class PositionScheme { Sequential, Depth, Stacked };
 
+// What a tree's tokens see besides their ancestors in the tree.
+//  System: every linear segment before the tree (the system text): the
+//          layout DepCache describes.
+//  None:   nothing else, so a tree's KV depends on its own tokens alone and a
+//          tree moved to another offset is re-encoded exactly by rotating its
+//          keys, under every position scheme. A model must be trained for it.
+// Positions do not change: a tree still hangs under the system text.
+enum class TreeContext { System, None };
+
+// "system", "none"; parse returns nullopt for other names.
+std::string_view tree_context_name(TreeContext context);
+std::optional<TreeContext> parse_tree_context(std::string_view name);
+
 // "sequential", "depth", "stacked"; parse returns nullopt for other names.
 std::string_view position_scheme_name(PositionScheme scheme);
 std::optional<PositionScheme> parse_position_scheme(std::string_view name);
@@ -65,9 +78,11 @@ class DepPrompt {
 
   // A tree segment from token paths (each non-empty), merged on shared
   // prefixes; children keep first-insertion order. It depends on the linear
-  // segments added before it, not on other trees. Trees must all precede any
-  // linear segment that follows a tree (else InvalidInput).
-  int32_t add_tree(std::string label, std::span<const std::vector<int32_t>> paths);
+  // segments added before it (none under TreeContext::None), not on other
+  // trees. Trees must all precede any linear segment that follows a tree
+  // (else InvalidInput).
+  int32_t add_tree(std::string label, std::span<const std::vector<int32_t>> paths,
+                   TreeContext context = TreeContext::System);
 
   size_t size() const { return tokens_.size(); }
   const std::vector<int32_t>& tokens() const { return tokens_; }  // pre-order

@@ -31,10 +31,10 @@ std::vector<std::pair<int64_t, int64_t>> PromptParts::flat_item_ranges() const {
   return out;
 }
 
-DepPrompt PromptParts::dep_prompt() const {
+DepPrompt PromptParts::dep_prompt(TreeContext tree_context) const {
   DepPrompt p;
   p.add_linear("system", system);
-  for (const ContextItem& item : items) p.add_tree(item.label, item.paths);
+  for (const ContextItem& item : items) p.add_tree(item.label, item.paths, tree_context);
   if (!text.empty()) p.add_linear("text", text);
   p.add_linear("task", task);
   return p;

@@ -31,7 +31,7 @@ struct PromptParts {
   std::vector<int32_t> flat() const;
   // Rows [begin, end) of each context item in flat(), in order.
   std::vector<std::pair<int64_t, int64_t>> flat_item_ranges() const;
-  DepPrompt dep_prompt() const;
+  DepPrompt dep_prompt(TreeContext tree_context = TreeContext::System) const;
 };
 
 // The same parts as text, each string exactly what is encoded on its own

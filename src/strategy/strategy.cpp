@@ -71,17 +71,21 @@ class FlatStrategy final : public Strategy {
 
 class DepCacheStrategy final : public Strategy {
  public:
-  DepCacheStrategy(RadixIndex& index, uint64_t ns, PositionScheme scheme, bool reuse, bool realign)
-      : Strategy(index, reuse), ns_(ns), scheme_(scheme), realign_(realign) {}
+  DepCacheStrategy(RadixIndex& index, uint64_t ns, const StrategyOptions& options)
+      : Strategy(index, options.reuse),
+        ns_(ns),
+        scheme_(options.scheme),
+        tree_context_(options.tree_context),
+        realign_(options.realign) {}
   std::string_view name() const override { return "depcache"; }
   RequestPlan plan(const PromptParts& parts) const override {
-    auto prompt = std::make_shared<const DepPrompt>(parts.dep_prompt());
+    auto prompt = std::make_shared<const DepPrompt>(parts.dep_prompt(tree_context_));
     RequestPlan p;
     p.tokens = prompt->tokens();
     p.positions = prompt->positions(scheme_);
     p.flat_tokens = parts.n_flat_tokens();
     p.realign = realign_;
-    if (reuse()) p.runs = dependency_runs(*prompt, ns_, scheme_);
+    if (reuse()) p.runs = dependency_runs(*prompt, ns_, scheme_, tree_context_);
     p.visibility = [prompt](std::span<const int64_t> computed) { return dependency_dag(*prompt, computed); };
     return p;
   }
@@ -89,6 +93,7 @@ class DepCacheStrategy final : public Strategy {
  private:
   uint64_t ns_;
   PositionScheme scheme_;
+  TreeContext tree_context_;
   bool realign_;
 };
 
@@ -151,7 +156,8 @@ uint64_t strategy_namespace(uint64_t fingerprint, DType kv_type, std::string_vie
   return hash_string(kind, h);
 }
 
-std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme) {
+std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme,
+                                      TreeContext tree_context) {
   std::vector<CacheRun> runs;
   const auto& tokens = prompt.tokens();
   // The leading linear segments (system, and for plain-text requests the
@@ -172,7 +178,9 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
   // (up to float rounding); under the sequential and stacked schemes a
   // subtree is reused wherever it moves, its keys rotated to the new
   // positions — approximate by design unless the tree and its offset are
-  // unchanged.
+  // unchanged, or the tree sees nothing but itself (TreeContext::None): then
+  // its KV depends on relative positions inside it alone and the rotation
+  // is exact.
   std::vector<bool> has_child(prompt.nodes().size(), false);
   for (const PromptNode& node : prompt.nodes())
     if (node.parent >= 0) has_child[node.parent] = true;
@@ -181,6 +189,8 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
     const PromptSegment& seg = prompt.segments()[si];
     if (seg.kind != SegmentKind::Tree) continue;
     uint64_t tree_ns = hash_bytes(&scheme_id, sizeof scheme_id, hash_string("tree", ns));
+    // A tree that saw nothing has other KV than one that saw an empty system segment.
+    if (tree_context == TreeContext::None) tree_ns = hash_string("alone", tree_ns);
     for (int32_t dep : seg.depends_on) {
       const TokenRange d = prompt.segments()[dep].tokens;
       const int32_t size = d.size();
@@ -211,6 +221,15 @@ PositionScheme default_position_scheme(const ModelConfig& config) {
          "the model's {} is '{}', not a position scheme (depth, sequential, stacked)", kPositionSchemeKey,
          config.position_scheme);
   return *s;
+}
+
+TreeContext default_tree_context(const ModelConfig& config) {
+  if (config.tree_context.empty()) return TreeContext::System;
+  const auto c = parse_tree_context(config.tree_context);
+  if (!c)
+    fail(ErrorKind::InvalidInput, "the model's {} is '{}', not a tree context (system, none)",
+         kTreeContextKey, config.tree_context);
+  return *c;
 }
 
 PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0)
@@ -651,8 +670,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index
     return std::make_unique<FlatStrategy>(std::string(name), index,
                                           strategy_namespace(fp, kv_type, "ragcache"), options.reuse, true);
   if (name == "depcache")
-    return std::make_unique<DepCacheStrategy>(index, strategy_namespace(fp, kv_type, "depcache"),
-                                              options.scheme, options.reuse, options.realign);
+    return std::make_unique<DepCacheStrategy>(index, strategy_namespace(fp, kv_type, "depcache"), options);
   if (name == "cachecraft") return make_cache_craft(index, fp, kv_type, options);
   const std::pair<std::string_view, ChunkRecompute> chunk[] = {{"fullreuse", ChunkRecompute::None},
                                                                {"cacheblend", ChunkRecompute::CacheBlend},

@@ -112,7 +112,8 @@ void insert_run(RadixIndex& index, const CacheRun& run, const RadixIndex::SpanMa
 // model and KV type: KV computed by another model or stored in another type
 // never matches.
 uint64_t strategy_namespace(uint64_t model_fingerprint, DType kv_type, std::string_view kind);
-std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
+std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme,
+                                      TreeContext tree_context = TreeContext::System);
 
 // One forward pass over part of an assembly, in plan rows: a pass of a
 // strategy that computes in several (chunk reuse).
@@ -322,11 +323,14 @@ class Strategy {
 // a model not trained for dependency attention (README, "Fidelity").
 inline constexpr PositionScheme kDefaultPositionScheme = PositionScheme::Sequential;
 PositionScheme default_position_scheme(const ModelConfig& config);
+// Likewise what trees see: the model's depcache.tree_context, else System.
+TreeContext default_tree_context(const ModelConfig& config);
 
 struct StrategyOptions {
   PositionScheme scheme = kDefaultPositionScheme;  // depcache
   bool reuse = true;                               // prefix, depcache: look up and insert
   bool realign = true;                             // depcache, chunk strategies: see RequestPlan::realign
+  TreeContext tree_context = TreeContext::System;  // depcache
   double recompute_ratio = 0.15;                   // cacheblend, fusionrag: chunk tokens recomputed
   // cachecraft (strategy/cache_craft.h): alpha scales the cache-fix
   // overhead; variants kept per chunk; layers the focused chunks must hold

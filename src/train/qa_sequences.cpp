@@ -131,7 +131,7 @@ QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group, 
   }
   // The tasks and answers continue the task segment, which sees the whole
   // context.
-  const DepPrompt p = parts.dep_prompt();
+  const DepPrompt p = parts.dep_prompt(o.tree_context);
   s.tokens = p.tokens();
   s.positions = p.positions(o.scheme);
   const auto n = static_cast<int64_t>(s.tokens.size());

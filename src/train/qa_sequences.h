@@ -22,6 +22,7 @@ enum class TrainAttention { Causal, Dependency };
 struct QaSequenceOptions {
   TrainAttention attention = TrainAttention::Causal;
   PositionScheme scheme = PositionScheme::Sequential;  // dependency attention only
+  TreeContext tree_context = TreeContext::System;      // dependency attention only
   // Language-model loss on the context and question too (a small model
   // learns to read its context only so), or on the answer alone.
   bool loss_on_prompt = true;

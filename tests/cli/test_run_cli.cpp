@@ -323,6 +323,40 @@ TEST_F(RunCli, PositionSchemeFromTheModelsMetadata) {
   EXPECT_NE(run_cli("model new --preset tiny --position-scheme diagonal -o " + marked).code, 0);
 }
 
+// Likewise what context trees see: a model trained with trees alone is
+// served so; --tree-context wins; other strategies never change.
+TEST_F(RunCli, TreeContextFromTheModelsMetadata) {
+  const std::string alone = file("alone.gguf");
+  ASSERT_EQ(run_cli("model new --preset tiny --seed 3 --tree-context none -o " + alone).code, 0);
+  EXPECT_NE(run_cli("model info " + alone).out.find("depcache.tree_context"), std::string::npos);
+  // Each request's divergence from full attention: what trees saw shows in it.
+  const auto served = [&](const std::string& model, const std::string& options) {
+    const auto r = run_cli("run -m " + model + " --requests " + file("requests.jsonl") +
+                           " -s depcache -q -n 2 --fidelity --json " + file("tc.jsonl") + options);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::vector<double> kl;
+    std::ifstream rows(file("tc.jsonl"));
+    for (std::string line; std::getline(rows, line);)
+      kl.push_back(nlohmann::json::parse(line)["fidelity"]["kl_first_token"].get<double>());
+    return std::pair{r.out, kl};
+  };
+  const auto [by_metadata, kl_alone] = served(alone, "");
+  EXPECT_NE(by_metadata.find("trees see only themselves (the model's metadata)"), std::string::npos)
+      << by_metadata;
+  const auto [by_option, kl_system] = served(alone, " --tree-context system");
+  EXPECT_EQ(by_option.find("trees see only themselves"), std::string::npos) << by_option;
+  EXPECT_NE(kl_alone, kl_system) << "what trees see changed no answer";
+  // The same weights without the key, told by the option: served as the marked model.
+  const auto [told, kl_told] = served(file("model.gguf"), " --tree-context none");
+  EXPECT_NE(told.find("trees see only themselves (--tree-context)"), std::string::npos) << told;
+  EXPECT_EQ(kl_told, kl_alone);
+  const auto full = run_cli("run -m " + alone + " --requests " + file("requests.jsonl") + " -s full -q -n 2");
+  EXPECT_EQ(full.out.find("trees see only themselves"), std::string::npos) << full.out;
+  EXPECT_NE(run_cli("model new --preset tiny --tree-context some -o " + alone).code, 0);
+  EXPECT_NE(
+      run_cli("run -m " + alone + " --requests " + file("requests.jsonl") + " --tree-context some").code, 0);
+}
+
 // Model B is model A with one weight changed in the middle of a matrix: it
 // must not reuse A's spans from a shared cache directory.
 TEST_F(RunCli, ModelsThatDifferInOneWeightShareNoCachedKv) {

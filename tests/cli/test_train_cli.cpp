@@ -87,9 +87,10 @@ TEST_F(TrainCli, TrainsLogsAndWritesAModelTheEngineRuns) {
   EXPECT_EQ(lines, 4) << "a line every 5 of 20 steps";
   EXPECT_TRUE(evaluated);
   EXPECT_LT(last, first) << "the loss falls";
-  // The engine runs it, and it knows the scheme it was trained for.
+  // The engine runs it, and it knows the scheme it was trained for and what trees saw.
   const auto info = run_cli("model info " + file("model.gguf"));
   EXPECT_NE(info.out.find("depth"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("depcache.tree_context"), std::string::npos) << info.out;
   const auto gen = run_cli(fmt::format("generate -m {} -p 'What is' -n 3 --temp 0", file("model.gguf")));
   EXPECT_EQ(gen.code, 0) << gen.out;
   // `run` judges its answers: the summary's count is the rows' count.

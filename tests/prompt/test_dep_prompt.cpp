@@ -120,6 +120,41 @@ TEST(DepPrompt, TreesDoNotSeeEachOther) {
   EXPECT_EQ(p.positions(PositionScheme::Depth), (std::vector<int32_t>{0, 1, 2, 1, 2, 3}));
 }
 
+// A tree that sees nothing but itself: its tokens lose the system text and
+// keep their positions (the root still hangs under it); the task still sees
+// everything.
+TEST(DepPrompt, TreesAloneSeeOnlyThemselves) {
+  DepPrompt p;
+  p.add_linear("system", std::vector<int32_t>{1, 2});
+  const Paths a = {{4, 5}, {4, 6}}, b = {{7, 8}};
+  p.add_tree("a", a, TreeContext::None);
+  p.add_tree("b", b, TreeContext::None);
+  p.add_linear("task", std::vector<int32_t>{9});
+  // system 0-1 | a: 4@2 5@3 6@4 | b: 7@5 8@6 | task 9@7
+  EXPECT_EQ(p.visible_ranges(2), (std::vector<TokenRange>{{2, 3}}));  // a root sees only itself
+  EXPECT_EQ(p.visible_ranges(4), (std::vector<TokenRange>{{2, 3}, {4, 5}}));
+  EXPECT_EQ(p.visible_ranges(6), (std::vector<TokenRange>{{5, 7}}));
+  EXPECT_EQ(p.visible_ranges(7), (std::vector<TokenRange>{{0, 8}}));
+  EXPECT_FALSE(p.attends(3, 1));
+  EXPECT_FALSE(p.attends(5, 0));
+  EXPECT_TRUE(p.attends(7, 1));
+  EXPECT_EQ(p.node_context(p.token_nodes()[3]), (std::vector<TokenRange>{{2, 3}}));
+  EXPECT_TRUE(p.segments()[1].depends_on.empty());
+  // Positions as when the trees see the system text.
+  DepPrompt seen;
+  seen.add_linear("system", std::vector<int32_t>{1, 2});
+  seen.add_tree("a", a);
+  seen.add_tree("b", b);
+  seen.add_linear("task", std::vector<int32_t>{9});
+  for (PositionScheme s : {PositionScheme::Sequential, PositionScheme::Depth, PositionScheme::Stacked})
+    EXPECT_EQ(p.positions(s), seen.positions(s)) << position_scheme_name(s);
+  // 1 + 2 (system) + 1 + 2 + 2 (a) + 1 + 2 (b) + 8 (task).
+  EXPECT_EQ(p.n_attention_pairs(), 19);
+  EXPECT_EQ(parse_tree_context("none"), TreeContext::None);
+  EXPECT_EQ(parse_tree_context("system"), TreeContext::System);
+  EXPECT_EQ(parse_tree_context("all"), std::nullopt);
+}
+
 TEST(DepPrompt, AChainIsCausalAttention) {
   DepPrompt p;
   p.add_linear("system", std::vector<int32_t>{1, 2});

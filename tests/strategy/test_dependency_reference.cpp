@@ -1,8 +1,9 @@
 // Dependency attention against an independent float64 reference. The test
 // builds, from a request's prompt parts alone, what DepCache's dependency
 // attention means — the pre-order token layout of each entity's merged paths,
-// who sees whom (a tree token: the system prompt, its ancestors and itself;
-// the task: everything before it) and the positions of both schemes — and
+// who sees whom (a tree token: the system prompt unless trees are alone, its
+// ancestors and itself; the task: everything before it) and the positions of
+// every scheme — and
 // runs the reference forward pass on it. The engine's DepPrompt, visibility
 // lists, position schemes, span placement with RoPE re-encoding and the
 // depcache strategy with reuse are then compared with it: every computed
@@ -38,6 +39,7 @@ struct ExpectedLayout {
   std::vector<int64_t> parent;  // within the tree, -1 for a root
   std::vector<int32_t> depth;   // within the tree, 0 for a root
   int64_t n_system = 0;
+  bool trees_see_system = true;
   std::vector<int32_t> positions(PositionScheme scheme) const;
   bool sees(int64_t q, int64_t k) const;
 };
@@ -58,8 +60,9 @@ void lay_out(const Trie& node, int32_t item, int64_t parent, int32_t depth, Expe
   }
 }
 
-ExpectedLayout expected_layout(const PromptParts& parts) {
+ExpectedLayout expected_layout(const PromptParts& parts, TreeContext tree_context = TreeContext::System) {
   ExpectedLayout l;
+  l.trees_see_system = tree_context == TreeContext::System;
   const auto linear = [&l](const std::vector<int32_t>& run) {
     for (int32_t t : run) {
       l.tokens.push_back(t);
@@ -118,7 +121,7 @@ std::vector<int32_t> ExpectedLayout::positions(PositionScheme scheme) const {
 bool ExpectedLayout::sees(int64_t q, int64_t k) const {
   if (k > q) return false;
   if (tree[q] < 0) return true;  // system (causal) and the segments after the trees: all before
-  if (k < n_system) return true;
+  if (k < n_system) return trees_see_system;
   for (int64_t a = q; a >= 0; a = parent[a])
     if (a == k) return true;
   return false;
@@ -145,11 +148,13 @@ struct Case {
   std::string preset;  // tiny: normal rotary; tiny-qwen2: NeoX rotary and q/k/v biases
   DType kv_type;
   PositionScheme scheme;
+  TreeContext tree_context = TreeContext::System;
 };
 
 std::string case_name(const Case& c) {
   std::string n = c.preset + "_" + std::string(dtype_info(c.kv_type).name) + "_" +
-                  std::string(position_scheme_name(c.scheme));
+                  std::string(position_scheme_name(c.scheme)) +
+                  (c.tree_context == TreeContext::None ? "_alone" : "");
   for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
   return n;
 }
@@ -175,8 +180,8 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
   Outcome run(const RagRequest& request, bool reuse = true) {
     const Case& c = GetParam();
     const PromptParts parts = make_prompt_parts(tok_, request);
-    const ExpectedLayout want = expected_layout(parts);
-    EXPECT_EQ(parts.dep_prompt().tokens(), want.tokens) << "the pre-order layout differs";
+    const ExpectedLayout want = expected_layout(parts, c.tree_context);
+    EXPECT_EQ(parts.dep_prompt(c.tree_context).tokens(), want.tokens) << "the pre-order layout differs";
     const auto positions = want.positions(c.scheme);
     EXPECT_EQ(parts.dep_prompt().positions(c.scheme), positions);
     const auto ref = test::reference_forward(*model_, want.tokens, positions,
@@ -184,8 +189,9 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
 
     KvCache kv(model_->config(), 1024, c.kv_type);
     Outcome o;
-    o.report =
-        make_strategy("depcache", index_, *model_, c.kv_type, {c.scheme, reuse})->prefill(parts, kv, fwd_);
+    StrategyOptions so{c.scheme, reuse};
+    so.tree_context = c.tree_context;
+    o.report = make_strategy("depcache", index_, *model_, c.kv_type, so)->prefill(parts, kv, fwd_);
     const auto n = static_cast<int64_t>(want.tokens.size());
     EXPECT_EQ(o.report.prompt_tokens, n);
     EXPECT_EQ(kv.n_past(), n);
@@ -239,8 +245,8 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
 TEST_P(DependencyReference, EveryTokenOfASparsePrefill) {
   const Case& c = GetParam();
   const PromptParts parts = make_prompt_parts(tok_, graph_request({kDog, kCat, kOwl}, "Which animals?"));
-  const ExpectedLayout want = expected_layout(parts);
-  const DepPrompt prompt = parts.dep_prompt();
+  const ExpectedLayout want = expected_layout(parts, c.tree_context);
+  const DepPrompt prompt = parts.dep_prompt(c.tree_context);
   ASSERT_EQ(prompt.tokens(), want.tokens);
   const auto n = static_cast<int64_t>(prompt.size());
   PrefillPlan plan;
@@ -263,14 +269,17 @@ TEST_P(DependencyReference, EveryTokenOfASparsePrefill) {
 // request's answer logits and every K/V row equal the reference. Under the
 // depth scheme a subtree has the positions it would have alone wherever it
 // sits, so reuse is exact; under the sequential scheme it is exact while the
-// reused subtrees stay where they were computed.
+// reused subtrees stay where they were computed. Trees that see nothing but
+// themselves are exact wherever they move under every scheme (rotation is
+// all a move changes), as long as a reused node keeps its offset inside its tree.
 TEST_P(DependencyReference, ReuseAcrossRequests) {
-  const bool depth = GetParam().scheme == PositionScheme::Depth;
+  const bool moves_exactly =
+      GetParam().scheme == PositionScheme::Depth || GetParam().tree_context == TreeContext::None;
   expect_exact(run(graph_request({kDog, kCat}, "Which animals?")), "cold");
   const Outcome same = run(graph_request({kDog, kCat}, "Which animals are carnivores?"));
   EXPECT_GT(same.report.reused_tokens, 60);
   expect_exact(same, "same trees, other question");
-  if (depth) {
+  if (moves_exactly) {
     const Outcome moved = run(graph_request({kOwl, kCat, kDog2}, "Which animals eat mice?"));
     EXPECT_GT(moved.report.reused_tokens, 40);
     EXPECT_GT(moved.report.computed_tokens, 20);  // the owl and dog's changed path
@@ -281,7 +290,7 @@ TEST_P(DependencyReference, ReuseAcrossRequests) {
   docs.question = "Who barks?";
   docs.documents = {{"d1", "Dogs", "Dogs bark at night."}, {"d2", "Cats", "Cats purr."}};
   expect_exact(run(docs), "documents");
-  if (depth) {
+  if (moves_exactly) {
     std::swap(docs.documents[0], docs.documents[1]);
     const Outcome swapped = run(docs);
     EXPECT_EQ(swapped.report.computed_tokens,
@@ -344,6 +353,16 @@ INSTANTIATE_TEST_SUITE_P(Depth, DependencyReference,
                                            Case{"tiny-qwen2", DType::F32, PositionScheme::Depth},
                                            Case{"tiny-qwen2", DType::F16, PositionScheme::Depth}),
                          [](const auto& info) { return case_name(info.param); });
+// Trees that see only themselves, under the schemes whose positions move them.
+INSTANTIATE_TEST_SUITE_P(
+    Alone, DependencyReference,
+    ::testing::Values(Case{"tiny", DType::F32, PositionScheme::Sequential, TreeContext::None},
+                      Case{"tiny", DType::F16, PositionScheme::Sequential, TreeContext::None},
+                      Case{"tiny-qwen2", DType::F32, PositionScheme::Sequential, TreeContext::None},
+                      Case{"tiny-qwen2", DType::F16, PositionScheme::Sequential, TreeContext::None},
+                      Case{"tiny", DType::F32, PositionScheme::Stacked, TreeContext::None},
+                      Case{"tiny", DType::F32, PositionScheme::Depth, TreeContext::None}),
+    [](const auto& info) { return case_name(info.param); });
 INSTANTIATE_TEST_SUITE_P(Offset, DependencyReference, kOffsetCases,
                          [](const auto& info) { return case_name(info.param); });
 INSTANTIATE_TEST_SUITE_P(Offset, OffsetSchemes, kOffsetCases,

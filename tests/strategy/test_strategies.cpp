@@ -287,6 +287,30 @@ TEST(Strategies, PositionSchemeMetadataSetsTheDefault) {
   std::filesystem::remove(path);
 }
 
+// depcache.tree_context likewise: absent means trees see the system text.
+TEST(Strategies, TreeContextMetadataSetsTheDefault) {
+  RandomModelOptions o;
+  o.shape = *model_preset("tiny");
+  const auto path = test::temp_path("tree-context") += ".gguf";
+  write_random_model(path, o);
+  EXPECT_EQ(default_tree_context(Model::load(path)->config()), TreeContext::System);
+  for (TreeContext c : {TreeContext::None, TreeContext::System}) {
+    o.tree_context = std::string(tree_context_name(c));
+    write_random_model(path, o);
+    EXPECT_EQ(default_tree_context(Model::load(path)->config()), c);
+  }
+  o.tree_context = "siblings";
+  write_random_model(path, o);
+  try {
+    default_tree_context(Model::load(path)->config());
+    ADD_FAILURE() << "an unknown tree context was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
+    EXPECT_NE(std::string(e.what()).find("siblings"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
 // A model carries its prompt template: written with it, read back, inherited
 // from the vocabulary file a model is made from (one part overridden), and
 // every part lands where make_prompt_parts puts it.

@@ -111,6 +111,28 @@ TEST(QaSequence, DependencyIsTheDepPromptWithTheAnswerUnderTheTask) {
   }
 }
 
+// Trees alone: what a tree token sees in training is what the served
+// DepPrompt says, the system text no longer; the task still sees everything.
+TEST(QaSequence, TreesAloneAreTrainedAsServed) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const RagRequest r = two_entity_request();
+  QaSequenceOptions o;
+  o.attention = TrainAttention::Dependency;
+  o.tree_context = TreeContext::None;
+  const QaSequence q = qa_sequence(tok, r, o);
+  const DepPrompt served = make_prompt_parts(tok, r).dep_prompt(TreeContext::None);
+  const auto n_system = static_cast<int64_t>(served.segments()[0].tokens.size());
+  for (int32_t t = 0; t < static_cast<int32_t>(served.size()); ++t) {
+    int64_t n = 0;
+    for (const TokenRange& range : served.visible_ranges(t)) n += range.size();
+    EXPECT_EQ(q.sequence.visibility.n_visible(t), n) << "token " << t;
+  }
+  const int64_t first_root = n_system;  // the first tree's root sees only itself
+  EXPECT_EQ(q.sequence.visibility.n_visible(first_root), 1);
+  const auto n_prompt = static_cast<int64_t>(served.size());
+  EXPECT_EQ(q.sequence.visibility.n_visible(n_prompt - 1), n_prompt) << "the task sees everything";
+}
+
 TEST(QaSequence, RequestsOverOneContextShareASequence) {
   const Tokenizer tok(Vocab::builtin_bytes());
   std::vector<RagRequest> group(2, two_entity_request());
