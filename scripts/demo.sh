@@ -41,6 +41,11 @@ $BIN run -m models/depcache-qa-depth.gguf --requests "$D/qa.jsonl" --strategy de
 # (a cached tree sits at another offset in a later prompt).
 $BIN run -m models/depcache-qa-sequential.gguf --requests "$D/qa.jsonl" --strategy depcache --no-reuse -n 12 --quiet
 $BIN run -m models/depcache-qa-sequential.gguf --requests "$D/qa.jsonl" --strategy depcache -n 12 --quiet
+# The copy fine-tuned with sequential positions and trees that see only
+# themselves: reuse re-encodes a moved tree exactly, so it answers as
+# computing afresh does (with reuse, then without).
+$BIN run -m models/depcache-qa-alone.gguf --requests "$D/qa.jsonl" --strategy depcache -n 12 --quiet
+$BIN run -m models/depcache-qa-alone.gguf --requests "$D/qa.jsonl" --strategy depcache --no-reuse -n 12 --quiet
 # With the reference material beside the clone, also show a real trained model.
 STORIES=../shared/models/stories260K-f32.v1.gguf
 if [ -f "$STORIES" ]; then
