@@ -29,9 +29,11 @@ enum class PositionScheme { Sequential, Depth, Stacked };
 // What a tree's tokens see besides their ancestors in the tree.
 //  System: every linear segment before the tree (the system text): the
 //          layout DepCache describes.
-//  None:   nothing else, so a tree's KV depends on its own tokens alone and a
-//          tree moved to another offset is re-encoded exactly by rotating its
-//          keys, under every position scheme. A model must be trained for it.
+//  None:   nothing else, so a tree's KV depends on its own tokens and their
+//          distances alone: a tree moved whole to another offset is
+//          re-encoded exactly by rotating its keys, under every position
+//          scheme (a node moved inside its tree is not, but under depth
+//          positions). A model must be trained for it.
 // Positions do not change: a tree still hangs under the system text.
 enum class TreeContext { System, None };
 

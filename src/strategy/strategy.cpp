@@ -178,9 +178,9 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
   // (up to float rounding); under the sequential and stacked schemes a
   // subtree is reused wherever it moves, its keys rotated to the new
   // positions — approximate by design unless the tree and its offset are
-  // unchanged, or the tree sees nothing but itself (TreeContext::None): then
-  // its KV depends on relative positions inside it alone and the rotation
-  // is exact.
+  // unchanged, or the tree sees nothing but itself (TreeContext::None) and
+  // moved whole: its KV depends on distances inside it alone, so the
+  // rotation is exact wherever the matched nodes kept theirs.
   std::vector<bool> has_child(prompt.nodes().size(), false);
   for (const PromptNode& node : prompt.nodes())
     if (node.parent >= 0) has_child[node.parent] = true;
