@@ -85,7 +85,7 @@ class DepCacheStrategy final : public Strategy {
     p.positions = prompt->positions(scheme_);
     p.flat_tokens = parts.n_flat_tokens();
     p.realign = realign_;
-    if (reuse()) p.runs = dependency_runs(*prompt, ns_, scheme_, tree_context_);
+    if (reuse()) p.runs = dependency_runs(*prompt, ns_, scheme_);
     p.visibility = [prompt](std::span<const int64_t> computed) { return dependency_dag(*prompt, computed); };
     return p;
   }
@@ -156,8 +156,7 @@ uint64_t strategy_namespace(uint64_t fingerprint, DType kv_type, std::string_vie
   return hash_string(kind, h);
 }
 
-std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme,
-                                      TreeContext tree_context) {
+std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme) {
   std::vector<CacheRun> runs;
   const auto& tokens = prompt.tokens();
   // The leading linear segments (system, and for plain-text requests the
@@ -188,9 +187,9 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
   for (int32_t si = 0; si < static_cast<int32_t>(prompt.segments().size()); ++si) {
     const PromptSegment& seg = prompt.segments()[si];
     if (seg.kind != SegmentKind::Tree) continue;
+    // What the tree saw keys it: the segments it depends on (none for a tree
+    // alone, which keeps its keys apart from a tree that saw an empty one).
     uint64_t tree_ns = hash_bytes(&scheme_id, sizeof scheme_id, hash_string("tree", ns));
-    // A tree that saw nothing has other KV than one that saw an empty system segment.
-    if (tree_context == TreeContext::None) tree_ns = hash_string("alone", tree_ns);
     for (int32_t dep : seg.depends_on) {
       const TokenRange d = prompt.segments()[dep].tokens;
       const int32_t size = d.size();

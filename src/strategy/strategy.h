@@ -112,8 +112,7 @@ void insert_run(RadixIndex& index, const CacheRun& run, const RadixIndex::SpanMa
 // model and KV type: KV computed by another model or stored in another type
 // never matches.
 uint64_t strategy_namespace(uint64_t model_fingerprint, DType kv_type, std::string_view kind);
-std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme,
-                                      TreeContext tree_context = TreeContext::System);
+std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, PositionScheme scheme);
 
 // One forward pass over part of an assembly, in plan rows: a pass of a
 // strategy that computes in several (chunk reuse).
