@@ -29,7 +29,14 @@ QA=models/depcache-qa.gguf
   --entities-per-request 3 --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --seed 77 \
   --question-form cloze --out "$D/qa.jsonl" >/dev/null
 $BIN run -m "$QA" --requests "$D/qa.jsonl" --strategy full,prefix,depcache -n 12 --quiet
-# The first of those questions through `generate`: the prompt's last line
+# The same facts as documents of sentences, one per entity (chunk RAG):
+# full attention, each document's cache reused as computed alone
+# (fullreuse), and FusionRAG recomputing 15% of the chunk tokens.
+[ -f "$D/qa-documents.jsonl" ] || $BIN workload generate --kg "$D/qa-world.dkg" --pattern dataset \
+  --qa-items 60 --entities-per-request 3 --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 \
+  --seed 77 --question-form cloze --context documents --out "$D/qa-documents.jsonl" >/dev/null
+$BIN run -m "$QA" --requests "$D/qa-documents.jsonl" --strategy full,fullreuse,fusionrag -n 12 --quiet
+# The first of the path questions through `generate`: the prompt's last line
 # (the cloze) with the model's greedy answer after it, then the judgement.
 $BIN generate -m "$QA" --request "$D/qa.jsonl" --line 1 -n 12 --temp 0 2>&1 | grep -E -- "-> |^answer" | tail -2
 # Its copy fine-tuned under dependency attention (depth positions), which
