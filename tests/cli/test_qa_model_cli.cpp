@@ -105,13 +105,13 @@ ReuseRuns depcache_with_and_without_reuse(const char* name, const std::string& o
 
 // The model fine-tuned under dependency attention with depth positions
 // (models/depcache-qa-depth.gguf) answers above a floor (10 points under the
-// 75% it scored when it was made), and reusing subtrees' caches gives
+// 66% it scored when it was made), and reusing subtrees' caches gives
 // exactly the answers of computing them afresh: depth positions make the
 // reuse exact.
 TEST(QaModel, DependencyTunedModelAnswersAsWellWithReuseAsWithout) {
   const ReuseRuns r = depcache_with_and_without_reuse("depcache-qa-depth.gguf");
   EXPECT_NE(r.reused.out.find("positions depth"), std::string::npos) << r.reused.out;
-  EXPECT_GE(r.reused_em, 65.0) << r.reused.out;
+  EXPECT_GE(r.reused_em, 56.0) << r.reused.out;
   EXPECT_EQ(r.reused_em, r.fresh_em) << r.reused.out << r.fresh.out;
 }
 
@@ -120,7 +120,7 @@ TEST(QaModel, DependencyTunedModelAnswersAsWellWithReuseAsWithout) {
 // subtree is computed afresh (100% when it was made; floor 90%). Reuse under
 // sequential positions is approximate by design: a cached entity tree sits
 // at another offset from the system text in a later request, and this model
-// reads that offset, so reuse costs answers (40% with 68% of the prompt
+// reads that offset, so reuse costs answers (41% with 68% of the prompt
 // reused, when the model was made); held here at or below the fresh figure.
 TEST(QaModel, SequentialTunedModelAnswersFreshAndReuseIsApproximate) {
   const ReuseRuns r = depcache_with_and_without_reuse("depcache-qa-sequential.gguf");
@@ -133,8 +133,8 @@ TEST(QaModel, SequentialTunedModelAnswersFreshAndReuseIsApproximate) {
 // themselves (models/depcache-qa-alone.gguf): a tree's cache depends on its
 // own tokens, so a tree reused at another offset is re-encoded exactly by
 // rotating its keys. Reuse gives the answers of computing afresh, and
-// `--verify` finds the logits equal to float rounding with f32 KV (1.3e-5
-// when it was made; f16 KV adds a rounding of each rotated key, 1.5e-2) with
+// `--verify` finds the logits equal to float rounding with f32 KV (1.9e-5
+// when it was made; f16 KV adds a rounding of each rotated key, 1.4e-2) with
 // most of the prompt reused.
 TEST(QaModel, TreesAloneModelReusesExactlyUnderSequentialPositions) {
   const ReuseRuns r = depcache_with_and_without_reuse("depcache-qa-alone.gguf", " --verify --kv-type f32");
@@ -144,7 +144,7 @@ TEST(QaModel, TreesAloneModelReusesExactlyUnderSequentialPositions) {
       << r.reused.out;
   EXPECT_GE(r.fresh_em, 90.0) << r.fresh.out;
   EXPECT_EQ(r.reused_em, r.fresh_em) << r.reused.out << r.fresh.out;
-  // "depcache  100 ... 68.3%  37855  1.29e-05  100/100": hit rate, attention pairs, max |dlogit|, top-1.
+  // "depcache  100 ... 68.3%  37855  1.91e-05  100/100": hit rate, attention pairs, max |dlogit|, top-1.
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.reused.out, m,
                                 std::regex(R"(depcache +100 .* ([0-9.]+)% +\d+ +([0-9.e+-]+) +(\d+)/100)")))
