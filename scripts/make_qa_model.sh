@@ -156,7 +156,8 @@ fi
 [ -f "$D/eval.jsonl" ] || awk 'FNR % 5 == 0' "$D"/heldout-*.jsonl >"$D/eval.jsonl"
 # The documents curriculum: one entity's three facts as a document (1-hop
 # contexts), 8 questions in each of the first CURRICULUM_WORLDS training
-# worlds; evaluated on 200 such requests of the first held-out world.
+# worlds (at most WORLDS); evaluated on 200 such requests of the first
+# held-out world.
 curriculum() {  # world $1, seed $2, requests $3 (0: every QA item once), into $4
   local pattern=(--pattern uniform --requests "$3")
   [ "$3" = 0 ] && pattern=(--pattern dataset)
@@ -165,7 +166,7 @@ curriculum() {  # world $1, seed $2, requests $3 (0: every QA item once), into $
     --question-form "$QUESTION_FORM" --seed "$2" --out "$4" >/dev/null
 }
 if [ "$CURRICULUM_STEPS" -gt 0 ] && [ ! -f "$D/curriculum.jsonl" ]; then
-  for w in $(seq 1 "$CURRICULUM_WORLDS" | grep -vxF -f <(tr ' ' '\n' <<<"$HELD_OUT_WORLDS") || true); do
+  for w in $(seq 1 "$((CURRICULUM_WORLDS < WORLDS ? CURRICULUM_WORLDS : WORLDS))" | grep -vxF -f <(tr ' ' '\n' <<<"$HELD_OUT_WORLDS") || true); do
     curriculum "$w" "$((1000 * w + 1))" 8 "$D/tmp.jsonl"
     cat "$D/tmp.jsonl"
   done >"$D/curriculum.jsonl.part"
