@@ -80,13 +80,15 @@ world() { [ -f "$D/world$1.dkg" ] || "$BIN" kg import --synthetic --entities "$2
   --facts-per-entity 3 --name-pool "$NAME_POOL" --seed "$1" -o "$D/world$1.dkg" >/dev/null; }
 # Requests over world $1: $2 hops asked, $3 = paths|documents|csv, $4 entities
 # per request, $5 requests (0: every QA item once), $6 QA items, into $7; $8
-# questions asked over each context (default 1).
+# questions asked over each context (default 1). CONTEXT_HOPS (hops of the
+# paths each entity's context holds, 2) and ASK_SEED (the generator's seed,
+# else one drawn from the world, hops and entity count) may be set for a call.
 ask() {
   local pattern=(--pattern uniform --requests "$5" --questions-per-context "${8:-1}")
   [ "$5" = 0 ] && pattern=(--pattern dataset)
   "$BIN" workload generate --kg "$D/world$1.dkg" "${pattern[@]}" --qa-items "$6" --entities-per-request "$4" \
-    --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops "$2" --context "$3" \
-    --question-form "$QUESTION_FORM" --seed "$((1000 * $1 + 100 * $2 + 10 * $4))" --out "$7" >/dev/null
+    --paths-per-entity 9 --min-paths 1 --hops "${CONTEXT_HOPS:-2}" --question-hops "$2" --context "$3" \
+    --question-form "$QUESTION_FORM" --seed "${ASK_SEED:-$((1000 * $1 + 100 * $2 + 10 * $4))}" --out "$7" >/dev/null
 }
 
 # The requests of training world $1 (8 contexts per hop count, form and
@@ -158,22 +160,16 @@ fi
 # contexts), 8 questions in each of the first CURRICULUM_WORLDS training
 # worlds (at most WORLDS); evaluated on 200 such requests of the first
 # held-out world.
-curriculum() {  # world $1, seed $2, requests $3 (0: every QA item once), into $4
-  local pattern=(--pattern uniform --requests "$3")
-  [ "$3" = 0 ] && pattern=(--pattern dataset)
-  "$BIN" workload generate --kg "$D/world$1.dkg" "${pattern[@]}" --qa-items 200 --entities-per-request 1 \
-    --paths-per-entity 9 --min-paths 1 --hops 1 --question-hops 1 --context documents \
-    --question-form "$QUESTION_FORM" --seed "$2" --out "$4" >/dev/null
-}
 if [ "$CURRICULUM_STEPS" -gt 0 ] && [ ! -f "$D/curriculum.jsonl" ]; then
   for w in $(seq 1 "$((CURRICULUM_WORLDS < WORLDS ? CURRICULUM_WORLDS : WORLDS))" | grep -vxF -f <(tr ' ' '\n' <<<"$HELD_OUT_WORLDS") || true); do
-    curriculum "$w" "$((1000 * w + 1))" 8 "$D/tmp.jsonl"
+    CONTEXT_HOPS=1 ASK_SEED=$((1000 * w + 1)) ask "$w" 1 documents 1 8 200 "$D/tmp.jsonl"
     cat "$D/tmp.jsonl"
   done >"$D/curriculum.jsonl.part"
   rm -f "$D/tmp.jsonl"
   mv "$D/curriculum.jsonl.part" "$D/curriculum.jsonl"
 fi
-[ -f "$D/eval-curriculum.jsonl" ] || curriculum "${HELD_OUT_WORLDS%% *}" 5 0 "$D/eval-curriculum.jsonl"
+[ -f "$D/eval-curriculum.jsonl" ] ||
+  CONTEXT_HOPS=1 ASK_SEED=5 ask "${HELD_OUT_WORLDS%% *}" 1 documents 1 0 200 "$D/eval-curriculum.jsonl"
 log "data: $(cat "$D"/train*.jsonl | wc -l) training requests; held-out sets of $(wc -l <"$D/heldout-1-hop-paths.jsonl")"
 [ "${DATA_ONLY:-0}" = 0 ] || exit 0
 
