@@ -254,7 +254,7 @@ train dep-alone.gguf "$OUT/causal.gguf" "$FT_STEPS" "$MORE_DATA" --attention dep
 # Markdown tables: one row per (model, strategy, options), one column per set.
 SETS="$(for ctx in $CONTEXTS; do echo "heldout-1-hop-$ctx heldout-2-hop-$ctx"; done | tr '\n' ' ')ood-wordnet-1-hop-paths"
 row() {  # $1 label, $2 model, $3 strategy, then run options
-  local label=$1 model=$2 strategy=$3 line="| $1 |"
+  local model=$2 strategy=$3 line="| $1 |"
   shift 3
   for set in $SETS; do
     em=$("$BIN" run -m "$OUT/$model" --requests "$D/$set.jsonl" -s "$strategy" -n 12 -t "$THREADS" -q "$@" |
