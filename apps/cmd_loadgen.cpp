@@ -4,9 +4,16 @@
 // extension, at the file's arrival times, a Poisson rate, or as fast as the
 // clients allow. Reports TTFT and end-to-end latency from arrival, throughput,
 // SLO attainment and the server's reuse; exits non-zero when any request
-// failed, so it doubles as a load test.
+// failed, so it doubles as a load test. With --hostile, hostile clients are
+// mixed in (slow senders, malformed and oversized bodies, garbage): the
+// figures of the normal requests show what they cost the others.
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,6 +39,7 @@ struct LoadOptions {
   size_t limit = 0, concurrency = 32, plain_every = 0;
   size_t retrieve = 0;  // > 0: the server searches its corpus for this many chunks
   double rate = 0, rate_scale = 0, slo_ms = 0, timeout_s = 600;
+  double hostile = 0;  // share of all connections that are hostile
   int max_tokens = 4;
   uint64_t seed = 1;
   bool chat = false, stop_at_eos = false;
@@ -155,6 +163,105 @@ Outcome send(httplib::Client& client, const std::string& path, const httplib::He
   return out;
 }
 
+// The hostile clients --hostile mixes in, in turn.
+enum class Hostile { SlowSender, InvalidUtf8, DeepNesting, HugeNumber, ChunkedFlood, Garbage, kCount };
+const char* hostile_name(Hostile h) {
+  switch (h) {
+    case Hostile::SlowSender:
+      return "slow sender";
+    case Hostile::InvalidUtf8:
+      return "invalid UTF-8";
+    case Hostile::DeepNesting:
+      return "deep nesting";
+    case Hostile::HugeNumber:
+      return "1e400";
+    case Hostile::ChunkedFlood:
+      return "chunked flood";
+    default:
+      return "garbage";
+  }
+}
+
+// host:port of an http:// URL.
+std::pair<std::string, int> url_address(const std::string& url) {
+  std::string rest = url.starts_with("http://") ? url.substr(7) : url;
+  rest = rest.substr(0, rest.find('/'));
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) return {rest, 80};
+  return {rest.substr(0, colon), std::atoi(rest.c_str() + colon + 1)};
+}
+
+// One hostile client: connects, misbehaves, returns the status the server
+// answered (0: none, the connection was closed or reset).
+int hostile_exchange(const std::string& host, int port, Hostile kind, double limit_s) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  const auto send_all = [&](std::string_view b) {
+    while (!b.empty()) {
+      const ssize_t n = ::send(fd, b.data(), b.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      b.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  };
+  const auto post = [](const std::string& body) {
+    return fmt::format(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+        "application/json\r\nContent-Length: {}\r\n\r\n{}",
+        body.size(), body);
+  };
+  const Clock::time_point t0 = Clock::now();
+  switch (kind) {
+    case Hostile::SlowSender:
+      // A byte a second until the server gives up on it.
+      send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+      while (seconds_since(t0) < limit_s && send_all("X")) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 1000) > 0) break;
+      }
+      break;
+    case Hostile::InvalidUtf8:
+      send_all(post("{\"prompt\":\"caf\xe9\"}"));
+      break;
+    case Hostile::DeepNesting:
+      send_all(post("{\"prompt\":" + std::string(100000, '[') + std::string(100000, ']') + "}"));
+      break;
+    case Hostile::HugeNumber:
+      send_all(post("{\"prompt\":\"hi\",\"max_tokens\":1e400}"));
+      break;
+    case Hostile::ChunkedFlood: {
+      send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+      const std::string chunk = fmt::format("{:x}\r\n{}\r\n", 1 << 16, std::string(1 << 16, 'a'));
+      for (int i = 0; i < 512 && send_all(chunk); ++i) {
+      }
+      break;
+    }
+    default: {
+      std::string junk(4096, '\0');
+      for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>((i * 2654435761u) >> 13);
+      send_all(junk);
+    }
+  }
+  std::string reply;
+  char buf[4096];
+  while (seconds_since(t0) < limit_s) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return reply.starts_with("HTTP/1.1 ") ? std::atoi(reply.c_str() + 9) : 0;
+}
+
 void run(const LoadOptions& o) {
   std::vector<RagRequest> reqs = read_requests(o.requests_path);
   if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
@@ -204,8 +311,31 @@ void run(const LoadOptions& o) {
       }
     });
   }
+  // Hostile clients spread over the normal stream's span, each on a thread
+  // of its own, bounded in time.
+  std::vector<std::thread> hostile;
+  std::mutex hostile_mu;
+  std::map<std::pair<Hostile, int>, size_t> hostile_status;  // (kind, status) -> count
+  if (o.hostile > 0) {
+    const auto n_hostile =
+        static_cast<size_t>(std::llround(static_cast<double>(reqs.size()) * o.hostile / (1 - o.hostile)));
+    const double span = open_loop && !arrival.empty() ? std::max(arrival.back(), 1.0) : 1.0;
+    const auto [host, port] = url_address(o.url);
+    for (size_t h = 0; h < n_hostile; ++h) {
+      const double at = span * static_cast<double>(h) / static_cast<double>(n_hostile);
+      const auto kind = static_cast<Hostile>(h % static_cast<size_t>(Hostile::kCount));
+      hostile.emplace_back([&, at, kind, host = host, port = port] {
+        const double wait = at - seconds_since(t0);
+        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        const int status = hostile_exchange(host, port, kind, std::min(o.timeout_s, 120.0));
+        std::lock_guard lk(hostile_mu);
+        ++hostile_status[{kind, status}];
+      });
+    }
+  }
   for (std::thread& t : clients) t.join();
   const double wall_s = seconds_since(t0);
+  for (std::thread& t : hostile) t.join();
 
   // TTFT to the first token: the wait before the request could be sent plus
   // the server's own TTFT (a token that completes no character yet sends no
@@ -245,6 +375,11 @@ void run(const LoadOptions& o) {
                                 : std::string("closed loop"),
              ttft.size(), n_failed);
   for (const auto& [what, n] : errors) fmt::print("  {} x {}\n", n, what);
+  if (!hostile.empty()) {
+    fmt::print("{} hostile clients mixed in (HTTP status they got; 0: closed without one):\n", hostile.size());
+    for (const auto& [key, n] : hostile_status)
+      fmt::print("  {} x {}: {}\n", n, hostile_name(key.first), key.second);
+  }
   if (!ttft.empty()) {
     // The SLO is on TTFT to the first token where the server tells it (as run measures it).
     const std::vector<double>& slo_ttft = token_ttft.size() == ttft.size() ? token_ttft : ttft;
@@ -361,6 +496,11 @@ void add_loadgen_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--api-key", o.api_key, "Sent as 'Authorization: Bearer KEY'");
+  cmd->add_option("--hostile", o.hostile,
+                  "Share of connections that are hostile, mixed into the stream: slow senders, bodies with "
+                  "invalid UTF-8, 100,000-deep nesting or 1e400, chunked floods, garbage (the report counts "
+                  "what they got; only the normal requests count in the figures)")
+      ->check(CLI::Range(0.0, 0.9));
   cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
   cmd->callback([] {
     if (o.rate > 0 && o.rate_scale > 0)

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -60,17 +61,55 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", so.port, "Port to listen on (0: any free port, printed at start)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", so.api_key, "Require 'Authorization: Bearer KEY' (default: no key)");
-  cmd->add_option("--max-body", so.max_body_bytes, "Largest request body in bytes (larger: 413)")
+  static std::string api_key, api_key_file;
+  cmd->add_option(
+      "--api-key", api_key,
+      "Require 'Authorization: Bearer KEY' (visible in the process list: prefer --api-key-file or "
+      "the DEPCACHE_API_KEY environment variable)");
+  cmd->add_option(
+         "--api-key-file", api_key_file,
+         "Keys clients may present, one per line: 'KEY' (KV reused among that key's requests only) or "
+         "'KEY NAMESPACE' (keys naming the same namespace share their cache)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-special-tokens", so.special_in_text,
+                "Special-token strings in prompts and messages become control tokens (trusted clients only; "
+                "by default they are plain text)");
+  static int64_t request_timeout_ms = so.http.request_timeout.count(),
+                 keep_alive_ms = so.http.keep_alive_timeout.count(),
+                 write_timeout_ms = so.http.write_timeout.count();
+  cmd->add_option("--max-body", so.http.max_body_bytes,
+                  "Largest request body in bytes, whatever its transfer encoding (larger: 413)")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 30));
-  cmd->add_option("--http-threads", so.http_threads,
-                  "Requests served at once (a streaming client holds one; the rest queue in the kernel)")
+  cmd->add_option("--max-header-bytes", so.http.max_header_bytes,
+                  "Largest request line and headers together, in bytes (larger: 431)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(size_t{256}, size_t{1} << 24));
+  cmd->add_option("--max-headers", so.http.max_header_lines, "Most header lines of a request (more: 431)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{100000}));
+  cmd->add_option("--request-timeout", request_timeout_ms,
+                  "Milliseconds a client has to send a whole request, from its first byte (slower: 408)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  cmd->add_option("--keep-alive-timeout", keep_alive_ms,
+                  "Milliseconds an idle connection is kept open for its next request")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
+  cmd->add_option("--write-timeout", write_timeout_ms,
+                  "Milliseconds a response may wait for a client that does not read it (then the request is "
+                  "cancelled)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}));
   cmd->add_option(
-         "--max-queue", so.max_queue,
-         "Requests waiting for the engine at most; more are refused with 429 and Retry-After (0: no limit)")
+         "--http-threads", so.http.max_connections,
+         "Connections served at once, a thread each (a streaming client holds one); one more gets an "
+         "immediate 503 with Retry-After")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{900}));
+  cmd->add_option("--max-queue", so.max_queue,
+                  "Requests waiting for the engine at most; more are refused with 429 and Retry-After (0: no "
+                  "limit)")
       ->capture_default_str();
   cmd->add_option("--chat-template", chat_template,
                   "Chat format of /v1/chat/completions (default: recognised from the model's "
@@ -166,6 +205,18 @@ void add_serve_command(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
     so.search.stage_latency = std::chrono::microseconds(std::llround(stage_latency_ms * 1000));
+    so.http.request_timeout = std::chrono::milliseconds(request_timeout_ms);
+    so.http.keep_alive_timeout = std::chrono::milliseconds(keep_alive_ms);
+    so.http.write_timeout = std::chrono::milliseconds(write_timeout_ms);
+    // Keys: from a file, the environment or the command line (one source).
+    const char* env_key = std::getenv("DEPCACHE_API_KEY");
+    const int sources = !api_key_file.empty() + !api_key.empty() + (env_key && *env_key);
+    if (sources > 1)
+      throw CLI::ValidationError("--api-key-file",
+                                 "give keys in one way: --api-key-file, --api-key or DEPCACHE_API_KEY");
+    if (!api_key_file.empty()) so.api_keys = read_api_key_file(api_key_file);
+    if (!api_key.empty()) so.api_keys = {ApiKey{api_key, {}}};
+    if (env_key && *env_key) so.api_keys = {ApiKey{env_key, {}}};
     so.subgcache.window = std::chrono::milliseconds(batch_window_ms);
     if (so.search.speculate && so.search.stages < 2)
       throw CLI::ValidationError("--speculate", "needs --search-stages 2 or more");

@@ -3,8 +3,13 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
 
 #include "util/error.h"
+#include "util/mac.h"
 
 namespace depcache::cli {
 namespace {
@@ -49,6 +54,38 @@ void add_tier_options(CLI::App& cmd, TierOptions& o) {
   cmd.add_option("--redis-block", o.redis_block, "Tokens per remote block")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--cache-key-file", o.cache_key_file,
+                 "Secret of at least 32 bytes (e.g. head -c 32 /dev/urandom), the same for every replica: "
+                 "records in --cache-dir and Redis are sealed with HMAC-SHA256 under it, and records that "
+                 "fail it are refused. Without it, anyone who can write to the tier can plant K/V");
+  cmd.add_option("--redis-password-file", o.redis_password_file,
+                 "File holding the Redis password, sent with AUTH on every connect (a trailing newline is "
+                 "ignored)");
+  cmd.add_option("--redis-user", o.redis_user, "Redis ACL user for AUTH (with --redis-password-file)");
+  cmd.add_option("--remote-timeout-ms", o.remote_timeout_ms,
+                 "Deadline of a whole Redis command (connect, GET, SET), after which it is a miss and Redis "
+                 "is skipped for a while")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
+}
+
+RedisOptions redis_options(const TierOptions& o) {
+  RedisOptions r = parse_redis_address(o.redis);
+  r.timeout_ms = o.remote_timeout_ms;
+  r.user = o.redis_user;
+  if (!o.redis_user.empty() && o.redis_password_file.empty())
+    fail(ErrorKind::InvalidInput, "--redis-user needs --redis-password-file");
+  if (!o.redis_password_file.empty()) {
+    std::ifstream in(o.redis_password_file, std::ios::binary);
+    if (!in.is_open() || std::filesystem::is_directory(o.redis_password_file))
+      fail(ErrorKind::InvalidInput, "Redis password file {} cannot be read", o.redis_password_file);
+    std::string password((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) password.pop_back();
+    if (password.empty())
+      fail(ErrorKind::InvalidInput, "Redis password file {} is empty", o.redis_password_file);
+    r.password = std::move(password);
+  }
+  return r;
 }
 
 RadixIndex::LayerPreload parse_layer_preload(const std::string& s) {
@@ -63,19 +100,26 @@ RadixIndex::LayerPreload parse_layer_preload(const std::string& s) {
 }
 
 LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::string& log_prefix) {
+  std::shared_ptr<const MacKey> key;
+  if (!o.cache_key_file.empty()) key = std::make_shared<const MacKey>(MacKey::from_file(o.cache_key_file));
+  // Options and credentials are checked before anything is attached.
+  const std::optional<RedisOptions> redis = o.redis.empty() ? std::nullopt : std::optional(redis_options(o));
+  if (!key && (!o.cache_dir.empty() || redis))
+    fmt::print(
+        stderr,
+        "{}warning: no --cache-key-file: {} records are only checksummed, so anyone who can write to {} "
+        "can plant K/V this process will serve\n",
+        log_prefix, redis ? "Redis" : "disk", redis ? "that Redis" : o.cache_dir);
   if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0), o.swap_out_once);
   if (!o.cache_dir.empty()) {
-    disk_ = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0));
+    disk_ = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0), key);
     index.attach_disk(*disk_);
     index.set_layer_preload(parse_layer_preload(o.layer_preload));
     if (disk_->n_files() > 0)
       fmt::print(stderr, "{}disk tier: {} spans ({:.1f} MiB) adopted from {}\n", log_prefix, disk_->n_files(),
                  disk_->bytes() / 1048576.0, o.cache_dir);
   }
-  if (!o.redis.empty()) {
-    redis_ = std::make_unique<RedisStore>(parse_redis_address(o.redis));
-    index.attach_remote(*redis_, o.redis_block);
-  }
+  if (redis) index.attach_remote(std::make_shared<RedisStore>(*redis), o.redis_block, key);
 }
 
 LowerTiers::~LowerTiers() = default;

@@ -17,6 +17,10 @@
 #            first token <= SLO_MS, default 5x the unloaded TTFT p50 of run);
 #            the highest rate whose p99 is within the SLO is the throughput at
 #            the SLO.
+#            With HOSTILE=F (e.g. 0.1), each rate is also served with that
+#            share of hostile connections mixed in (loadgen --hostile: slow
+#            senders, malformed and oversized bodies, garbage); the figures are
+#            the normal requests'.
 #   bash bench/serve.sh [MODEL] [N] [RATES...]     (default N = 20, RATES = 0.25 0.5 1 2)
 # BIN overrides the binary (to keep measuring while the tree is rebuilt).
 set -euo pipefail
@@ -111,4 +115,9 @@ for r in $RATES; do
   echo "| $r | run | $P50 | $P99 | | $RPS | $WITHIN |"
   read -r T_P50 T_P99 X_P50 X_P99 _ _ _ RPS WITHIN <<<"$(http_stats --rate "$r" --seed 1 --concurrency 64)"
   echo "| $r | serve | $T_P50 | $T_P99 | $X_P50 / $X_P99 | $RPS | $WITHIN |"
+  if [ -n "${HOSTILE:-}" ]; then
+    read -r T_P50 T_P99 X_P50 X_P99 _ _ _ RPS WITHIN <<<"$(http_stats --rate "$r" --seed 1 --concurrency 64 \
+      --hostile "$HOSTILE")"
+    echo "| $r | serve, $HOSTILE hostile | $T_P50 | $T_P99 | $X_P50 / $X_P99 | $RPS | $WITHIN |"
+  fi
 done

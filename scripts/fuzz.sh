@@ -1,15 +1,104 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang and runs each for SECONDS (default 120).
+# Builds the libFuzzer targets (fuzz/) with clang into build-fuzz/ and runs
+# them, each from its checked-in seeds in fuzz/corpus/<name>/.
+#
+#   scripts/fuzz.sh [SECONDS] [NAME...]   run each target SECONDS (default 120); inputs that
+#                                         add coverage are kept in build-fuzz/corpus/<name>/
+#   scripts/fuzz.sh --ci [SECONDS]        the test command's stage: SECONDS each (default 20), new
+#                                         inputs in a temporary folder, checked-in seeds untouched
+#
+# NAME is a target without "_fuzz" (gguf, tokenizer, pretokenizer, chat_template, openai,
+# span_record, requests, kg); default all. FUZZ_BUILD=0 skips the build, FUZZ_BUILD=only
+# builds and stops. Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
+# build-fuzz/findings/<name>/; reproduce one with `build-fuzz/fuzz/<name>_fuzz FILE`. Ends
+# with executions and findings per target, and fails if any target found something.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_PER_TARGET=${1:-120}
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEPCACHE_FUZZ=ON \
-  -DDEPCACHE_TESTS=OFF -DDEPCACHE_BENCH=OFF
-cmake --build build-fuzz --target gguf_fuzz tokenizer_fuzz
-mkdir -p build-fuzz/corpus/gguf build-fuzz/corpus/tokenizer
-# Seed the GGUF corpus with a small valid model.
-[ -f build-fuzz/corpus/gguf/seed.gguf ] || ./build/depcache model new --preset tiny --layers 1 -o build-fuzz/corpus/gguf/seed.gguf >/dev/null
-for t in gguf tokenizer; do
-  echo "== ${t}_fuzz for ${SECONDS_PER_TARGET}s"
-  ./build-fuzz/fuzz/${t}_fuzz -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 -print_final_stats=1 build-fuzz/corpus/$t
+
+CI=0
+if [ "${1:-}" = --ci ]; then
+  CI=1
+  shift
+fi
+SECONDS_PER_TARGET=${1:-$([ "$CI" = 1 ] && echo 20 || echo 120)}
+[ $# -gt 0 ] && shift
+ALL=(gguf tokenizer pretokenizer chat_template openai span_record requests kg)
+NAMES=("$@")
+[ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
+
+if [ "${FUZZ_BUILD:-1}" != 0 ]; then
+  # Lean: the library as a unity build (batches of sources compiled as one
+  # unit, the JSON and fmt headers parsed once per batch) at -O1 with line
+  # tables, and only the fuzz targets; no CLI, tests or benchmarks.
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" -DCMAKE_UNITY_BUILD=ON \
+    -DDEPCACHE_FUZZ=ON -DDEPCACHE_TESTS=OFF -DDEPCACHE_BENCH=OFF >/dev/null
+  cmake --build build-fuzz --target fuzz_targets
+fi
+[ "${FUZZ_BUILD:-1}" != only ] || exit 0
+
+# Longest input per target: enough for the structures each one reads, small
+# enough to keep executions fast.
+max_len() {
+  case $1 in
+    gguf) echo 65536 ;;
+    tokenizer | pretokenizer | chat_template) echo 4096 ;;
+    *) echo 16384 ;;
+  esac
+}
+
+# The tokenizer targets read real vocabularies from ../shared/tokenizers
+# (DEPCACHE_SHARED overrides): without them they are skipped, or in strict
+# mode (DEPCACHE_STRICT=1, as CI runs) they fail.
+SHARED=${DEPCACHE_SHARED:-../shared}
+needs_shared() { [ "$1" = pretokenizer ] || [ "$1" = chat_template ]; }
+
+SCRATCH=""
+if [ "$CI" = 1 ]; then
+  SCRATCH=$(mktemp -d)
+  trap 'rm -rf "$SCRATCH"' EXIT
+fi
+mkdir -p build-fuzz/logs
+failed=0
+summary=()
+for name in "${NAMES[@]}"; do
+  exe=build-fuzz/fuzz/${name}_fuzz
+  seeds=fuzz/corpus/$name
+  if [ ! -x "$exe" ] || [ ! -d "$seeds" ]; then
+    echo "no fuzz target or seed corpus named '$name' (targets: ${ALL[*]})" >&2
+    exit 2
+  fi
+  if needs_shared "$name" && [ ! -d "$SHARED/tokenizers" ]; then
+    echo "== ${name}_fuzz: $SHARED/tokenizers not found"
+    summary+=("$(printf '%-16s %12s %8s %6s %s' "$name" - - - "not run: no $SHARED/tokenizers")")
+    [ "${DEPCACHE_STRICT:-0}" = 0 ] || failed=1
+    continue
+  fi
+  if [ "$CI" = 1 ]; then work=$SCRATCH/$name; else work=build-fuzz/corpus/$name; fi
+  findings=build-fuzz/findings/$name
+  mkdir -p "$work" "$findings"
+  dict=()
+  [ -f "fuzz/dict/$name.dict" ] && dict=(-dict="fuzz/dict/$name.dict")
+  log=build-fuzz/logs/$name.log
+  before=$(find "$findings" -type f | wc -l)
+  echo "== ${name}_fuzz for ${SECONDS_PER_TARGET}s (log: $log)"
+  status=0
+  # New inputs go to the first folder; the checked-in seeds are only read.
+  "$exe" -max_total_time="$SECONDS_PER_TARGET" -max_len="$(max_len "$name")" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$findings/" "${dict[@]}" "$work" "$seeds" >"$log" 2>&1 || status=$?
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || true)
+  # After a crash libFuzzer prints no final stats: the last progress line.
+  [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#' || true)
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
+  new=$(($(find "$findings" -type f | wc -l) - before))
+  summary+=("$(printf '%-16s %12s %8s %6s %s' "$name" "${execs:-?}" "${rate:--}" "$new" \
+    "$([ "$status" = 0 ] || echo "exit $status")")")
+  if [ "$status" != 0 ] || [ "$new" != 0 ]; then
+    failed=1
+    grep -E '^==[0-9]+==ERROR|fuzz property violated|SUMMARY|Test unit written|threw' "$log" | head -20 | sed 's/^/   /' || true
+  fi
 done
+echo "== fuzzing: ${SECONDS_PER_TARGET}s per target"
+printf '%-16s %12s %8s %6s\n' target executions exec/s findings
+printf '%s\n' "${summary[@]}"
+exit $failed

@@ -34,6 +34,12 @@ struct Engine::Sequence {
   int32_t next_position = 0;                 // RoPE position of the next token
   int passed_over = 0;                       // times the scheduler picked another
   uint64_t admitted = 0;                     // admission order (the latest is preempted first)
+  // Logprobs of tokens whose text is still held back (text_offset: in bytes
+  // of the decoded text, until released), and how far offsets were counted
+  // in characters.
+  std::deque<OutputLogprob> held_logprobs;
+  size_t counted_bytes = 0;
+  int64_t counted_chars = 0;
   Sequence(const SamplingParams& s) : sampling(s), sampler(s.sampler) {}
   const RequestPlan& active_plan() const { return resumed ? *resumed : plan; }
 };
@@ -47,6 +53,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
       index_(options.cache_bytes, make_policy(options.policy)) {
   if (options.batch_tokens < 1) fail(ErrorKind::InvalidInput, "batch tokens must be at least 1");
   check_scheduler(options.scheduler.order);
+  // Records from the shared tiers of any other shape are refused, not placed.
+  index_.expect_span_shape({pool_.kv().n_layer(), pool_.kv().row_elems(), options.kv_type});
   for (const std::string& name : strategy_names())
     strategies_.emplace(name, make_strategy(name, index_, *model_, options.kv_type, options.strategy));
 }
@@ -76,7 +84,10 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
   if (sampling.max_tokens < 1) fail(ErrorKind::InvalidInput, "max_tokens must be at least 1");
   if (sampling.prefill_piece_tokens < 0)
     fail(ErrorKind::InvalidInput, "prefill_piece_tokens must not be negative");
-  sampling.sampler.validate();
+  sampling.sampler.validate(model_->config().n_vocab);
+  if (sampling.logprobs < -1 || sampling.logprobs > SamplingParams::kMaxTopLogprobs)
+    fail(ErrorKind::InvalidInput, "logprobs must be from 0 to {} (or -1: none), got {}",
+         SamplingParams::kMaxTopLogprobs, sampling.logprobs);
   if (!sampling.stop.empty() && !options_.tokenizer)
     fail(ErrorKind::InvalidInput, "stop strings need an engine with a tokenizer");
   auto s = std::make_unique<Sequence>(sampling);
@@ -85,6 +96,7 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
   s->parts = std::move(parts);
   s->on_token = std::move(on_token);
   s->plan = s->strategy->plan(s->parts);  // planning changes nothing: done once, up front
+  scope_plan(s->plan, s->parts.cache_scope);
   s->lookups = s->plan.lookups();
   s->rows_needed = static_cast<int64_t>(s->plan.tokens.size()) + sampling.max_tokens - 1;
   s->id = next_id_++;
@@ -124,20 +136,42 @@ void Engine::retire(RequestId id, RequestState state, const std::string& error, 
   live_.erase(id);  // its rows go back to the pool, its pins (if any) to the index
 }
 
-void Engine::emit(Sequence& s, int32_t token) {
+void Engine::emit(Sequence& s, int32_t token, std::span<const float> logits) {
   RequestResult& r = results_[s.id];
   r.tokens.push_back(token);
   const int index = static_cast<int>(r.tokens.size()) - 1;
   if (index == 0) r.first_token = Clock::now();
   const bool eog = s.sampling.stop_at_eog && std::find(options_.eog_ids.begin(), options_.eog_ids.end(),
                                                        token) != options_.eog_ids.end();
-  TokenEvent event{s.id, token, index, false, {}};
+  TokenEvent event{s.id, token, index, false, {}, {}};
+  if (s.sampling.logprobs >= 0 && !eog)
+    s.held_logprobs.push_back({token_logprob(logits, token, s.sampling.logprobs),
+                               static_cast<int64_t>(s.text ? s.text->decoded_size() : 0)});
   if (s.text && !eog) event.text = s.text->push(token);
   const bool stopped = s.text && s.text->stopped();
   const bool length = static_cast<int>(r.tokens.size()) >= s.sampling.max_tokens;
   event.last = eog || stopped || length;
   if (event.last && s.text && !stopped) event.text += s.text->finish();
   r.text += event.text;  // what TextOutput emitted, piece by piece
+  // A token's logprobs go out with the first of its text, so they are held
+  // back as its text is (a stop string may yet swallow it); at the end,
+  // those whose text was cut off by a stop string are dropped.
+  const size_t emitted = s.text ? s.text->text().size() : 0;
+  while (!s.held_logprobs.empty()) {
+    OutputLogprob& lp = s.held_logprobs.front();
+    const auto begin = static_cast<size_t>(lp.text_offset);
+    if (s.text && begin >= emitted && !(event.last && !stopped)) break;
+    if (s.text) {
+      const std::string& text = s.text->text();
+      for (; s.counted_bytes < std::min(begin, text.size()); ++s.counted_bytes)
+        s.counted_chars += (static_cast<unsigned char>(text[s.counted_bytes]) & 0xC0) != 0x80;
+      lp.text_offset = s.counted_chars;
+    }
+    event.logprobs.push_back(std::move(lp));
+    s.held_logprobs.pop_front();
+  }
+  if (event.last) s.held_logprobs.clear();
+  r.logprobs.insert(r.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
   if (event.last)
     r.finish_reason = stopped ? FinishReason::Stop
                       : eog   ? FinishReason::EndOfGeneration
@@ -441,7 +475,7 @@ bool Engine::step() {
     ++s->next_position;
     RequestResult& r = results_.at(s->id);
     r.finite = r.finite && all_finite(logits);
-    emit(*s, s->sampler.sample(logits));
+    emit(*s, s->sampler.sample(logits), logits);
   }
   for (const Piece& piece : pieces) {
     Sequence& s = *piece.s;
@@ -477,7 +511,7 @@ bool Engine::step() {
     r.finite = r.finite && all_finite(logits);
     std::erase(prefilling_, s.id);
     decoding_.push_back(s.id);
-    emit(s, s.sampler.sample(logits));
+    emit(s, s.sampler.sample(logits), logits);
   }
   return true;
 }

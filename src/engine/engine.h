@@ -37,11 +37,17 @@
 namespace depcache {
 
 struct SamplingParams {
-  SamplerParams sampler;    // temperature <= 0: greedy
+  SamplerParams sampler;    // temperature <= 0: greedy; penalties, logit bias
   int max_tokens = 16;      // tokens generated, the first included
   bool stop_at_eog = true;  // end at EngineOptions::eog_ids
   // The text ends before the first of these (needs EngineOptions::tokenizer).
   std::vector<std::string> stop;
+  // >= 0: each generated token's log-probability under the model's raw
+  // logits (before bias, penalties and temperature) and this many of the
+  // most likely tokens (at most kMaxTopLogprobs). A pass over the vocabulary
+  // per token: only when asked.
+  int logprobs = -1;
+  static constexpr int kMaxTopLogprobs = 20;
   // At most this many of its prompt tokens are computed in one step (0: as
   // many as the step's budget allows). Small pieces let a cancel take effect
   // soon (speculative prefills).
@@ -93,12 +99,23 @@ enum class RequestState { Waiting, Running, Finished, Cancelled, Failed };
 // stop string.
 enum class FinishReason { None, Length, EndOfGeneration, Stop };
 
+// A generated token's log-probabilities (SamplingParams::logprobs) and where
+// its text begins in the request's text, in characters (code points).
+struct OutputLogprob {
+  TokenLogprob logprob;
+  int64_t text_offset = 0;
+};
+
 struct TokenEvent {
   RequestId id = 0;
   int32_t token = 0;
   int index = 0;      // 0 for the first generated token
   bool last = false;  // the request is done after this one
   std::string text;   // with a tokenizer: the text that became final with this token
+  // With SamplingParams::logprobs: those of the tokens whose text begins in
+  // `text` (held back with it; a token wholly inside a stop string or an
+  // end-of-generation token has none).
+  std::vector<OutputLogprob> logprobs;
 };
 
 struct RequestResult {
@@ -108,6 +125,7 @@ struct RequestResult {
   PrefillReport report;                        // its prefill (logits: of the first generated token)
   std::vector<int32_t> tokens;                 // generated
   std::string text;                            // with a tokenizer: their text, up to any stop string
+  std::vector<OutputLogprob> logprobs;         // every TokenEvent's, in order
   FinishReason finish_reason = FinishReason::None;
   bool finite = true;   // every logits row it produced was finite
   int preemptions = 0;  // times its rows were taken back and it was prefilled again
@@ -156,7 +174,8 @@ class Engine {
   struct Sequence;
   Strategy& strategy(std::string_view name);
   Sequence& live(RequestId id) { return *live_.at(id); }
-  void emit(Sequence& s, int32_t token);
+  // The token sampled from `logits` (the model's, for logprobs) goes out.
+  void emit(Sequence& s, int32_t token, std::span<const float> logits);
   void retire(RequestId id, RequestState state, const std::string& error = {},
               ErrorKind kind = ErrorKind::Internal);
   void preempt(Sequence& s);

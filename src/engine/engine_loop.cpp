@@ -78,7 +78,7 @@ EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineOptions& 
       ready = true;
     }
     idle_.notify_all();
-    if (!engine) return;
+    if (!engine || setup_failed_) return;  // the constructor rethrows after joining
     run(*engine);
     if (teardown) teardown(*engine);
   });
@@ -109,6 +109,7 @@ std::shared_ptr<RequestStream> EngineLoop::submit(std::string strategy, PromptPa
       stream->end(failed(ErrorKind::LimitExceeded, "the engine is shutting down"));
       return stream;
     }
+    ++queued_submits_;
     commands_.push_back([stream, strategy = std::move(strategy), parts = std::move(parts),
                          sampling = std::move(sampling)](Engine& e, Live& live) mutable {
       try {
@@ -169,7 +170,11 @@ bool EngineLoop::drain(std::chrono::steady_clock::time_point deadline) {
 
 EngineSnapshot EngineLoop::snapshot() const {
   std::lock_guard lk(mu_);
-  return snapshot_;
+  EngineSnapshot s = snapshot_;
+  // Submissions the engine has not seen in a step yet wait too: a burst
+  // that arrives during one long step is counted at once.
+  s.waiting += queued_submits_;
+  return s;
 }
 
 void EngineLoop::run(Engine& engine) {
@@ -178,6 +183,7 @@ void EngineLoop::run(Engine& engine) {
   bool stop = false;
   for (;;) {
     std::vector<Command> commands;
+    size_t taken = 0;  // submissions among `commands`
     {
       std::unique_lock lk(mu_);
       busy_ = false;
@@ -185,6 +191,7 @@ void EngineLoop::run(Engine& engine) {
       if (!work) idle_.notify_all();
       wake_.wait(lk, [&] { return stopping_ || !commands_.empty() || work; });
       commands.swap(commands_);
+      taken = queued_submits_;
       stop = stopping_;
       busy_ = true;
     }
@@ -230,6 +237,7 @@ void EngineLoop::run(Engine& engine) {
     s.preemptions = engine.preemptions();
     std::lock_guard lk(mu_);
     snapshot_ = s;
+    queued_submits_ -= taken;  // now in s.waiting or running (or ended)
   }
   // Stopping: whatever is left is cancelled, and its stream ends.
   for (const auto& [id, stream] : live) {

@@ -80,6 +80,8 @@ class EngineLoop {
   // Stops accepting, lets what is in flight finish until `deadline`, then
   // cancels the rest. Returns true when everything finished in time.
   bool drain(std::chrono::steady_clock::time_point deadline);
+  // The state after the last step; `waiting` also counts submissions the
+  // engine has not taken in yet.
   EngineSnapshot snapshot() const;
 
  private:
@@ -94,6 +96,7 @@ class EngineLoop {
   std::vector<Command> commands_;
   bool stopping_ = false, draining_ = false, busy_ = false;
   EngineSnapshot snapshot_;
+  size_t queued_submits_ = 0;  // submissions queued or taken but not yet in snapshot_
   std::exception_ptr setup_failed_;
   std::thread thread_;
 };

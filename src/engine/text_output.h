@@ -21,6 +21,9 @@ class TextOutput {
   std::string finish();
   bool stopped() const { return stopped_; }
   const std::string& text() const { return text_; }  // all emitted so far
+  // Bytes decoded so far, emitted or held back: where the next token's text
+  // begins.
+  size_t decoded_size() const { return text_.size() + pending_.size(); }
 
  private:
   std::string take(bool all);  // what of pending_ is final (all: generation ended)

@@ -23,8 +23,9 @@ constexpr const char* kPartial = ".kvspan.partial";
 
 }  // namespace
 
-DiskSpanStore::DiskSpanStore(std::filesystem::path dir, size_t byte_budget)
-    : dir_(std::move(dir)), budget_(byte_budget) {
+DiskSpanStore::DiskSpanStore(std::filesystem::path dir, size_t byte_budget, std::shared_ptr<const MacKey> key)
+    : dir_(std::move(dir)), budget_(byte_budget), key_(std::move(key)) {
+  seal_.key = key_.get();
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec || !std::filesystem::is_directory(dir_))
@@ -83,7 +84,7 @@ void DiskSpanStore::remove(uint64_t key) { forget(key, true); }
 
 bool DiskSpanStore::put(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix,
                         const KvSpan& span) {
-  const std::vector<uint8_t> buf = encode_span_record(key, ns, tokens, prefix, span);
+  const std::vector<uint8_t> buf = encode_span_record(key, ns, tokens, prefix, span, seal_.key);
   const size_t size = buf.size();
   forget(key, true);
   if (size > budget_) return false;
@@ -99,8 +100,9 @@ bool DiskSpanStore::put(uint64_t key, uint64_t ns, std::span<const int32_t> toke
   return true;
 }
 
-void DiskSpanStore::drop(uint64_t key) {
+void DiskSpanStore::drop(uint64_t key, RecordStatus why) {
   ++n_dropped_;
+  if (why != RecordStatus::Ok) ++n_rejected_[reject_index(why)];
   forget(key, true);
 }
 
@@ -108,8 +110,8 @@ std::optional<DiskSpanStore::LayerReader> DiskSpanStore::open_layers(uint64_t ke
                                                                      std::span<const int32_t> tokens,
                                                                      int64_t prefix) {
   if (!files_.count(key)) return std::nullopt;
-  const auto bad = [&]() -> std::optional<LayerReader> {
-    drop(key);
+  const auto bad = [&](RecordStatus why = RecordStatus::Other) -> std::optional<LayerReader> {
+    drop(key, why);
     return std::nullopt;
   };
   Fd fd = open_read(path_of(key));
@@ -122,16 +124,16 @@ std::optional<DiskSpanStore::LayerReader> DiskSpanStore::open_layers(uint64_t ke
   head.resize(h->head_bytes());
   if (!read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader, kSpanRecordHeader))
     return bad();
-  SpanRecordHead decoded = decode_span_record_head(head, key, ns, tokens, prefix);
-  if (decoded.status == RecordStatus::Corrupt) return bad();
-  if (decoded.status == RecordStatus::Other) {
-    // Another key's file under this name is foreign; the right key with other
-    // tokens is a hash collision: not this span, but a sound file.
-    if (h->key != key) return bad();
+  SpanRecordHead decoded = decode_span_record_head(head, key, ns, tokens, prefix, seal_);
+  if (decoded.status == RecordStatus::Other && h->key == key) {
+    // The right key with other tokens is a hash collision: not this span,
+    // but an authentic file.
+    ++n_rejected_[reject_index(RecordStatus::Other)];
     return std::nullopt;
   }
+  if (decoded.status != RecordStatus::Ok) return bad(decoded.status);
   touch(key);
-  return LayerReader(std::move(fd), std::move(decoded));
+  return LayerReader(std::move(fd), std::move(decoded), key_);
 }
 
 bool DiskSpanStore::LayerReader::read_layer(int il) {
@@ -147,7 +149,7 @@ std::optional<KvSpan> DiskSpanStore::get(uint64_t key, uint64_t ns, std::span<co
   if (!reader) return std::nullopt;
   for (int il = 0; il < reader->n_layer(); ++il)
     if (!reader->read_layer(il)) {
-      drop(key);
+      drop(key, RecordStatus::Mac);
       return std::nullopt;
     }
   return std::move(reader->span());
@@ -155,23 +157,33 @@ std::optional<KvSpan> DiskSpanStore::get(uint64_t key, uint64_t ns, std::span<co
 
 std::vector<DiskSpanStore::StoredSpan> DiskSpanStore::scan() {
   std::vector<StoredSpan> out;
-  std::vector<uint64_t> bad;
+  std::vector<std::pair<uint64_t, RecordStatus>> bad;
   for (const auto& [key, entry] : files_) {
+    // The head is checked (tag, shape) against what it says it holds, so a
+    // planted file is refused here, before the index hangs a node on it.
     const Fd fd = open_read(path_of(key));
     std::vector<uint8_t> head(kSpanRecordHeader);
     std::optional<SpanRecordHeader> h;
     if (fd.ok() && read_exact_at(fd, head.data(), head.size(), 0)) h = decode_span_record_header(head);
-    if (h && h->key == key && h->size == entry.bytes) {
-      head.resize(kSpanRecordHeader + 4 * static_cast<size_t>(h->n_tokens));
-      if (read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader,
-                        kSpanRecordHeader))
-        out.push_back({key, h->ns, span_record_tokens(head, h->n_tokens), h->prefix});
-      else
-        h.reset();
+    if (!h || h->key != key || h->size != entry.bytes) {
+      bad.emplace_back(key, RecordStatus::Other);
+      continue;
     }
-    if (!h) bad.push_back(key);
+    head.resize(h->head_bytes());
+    if (!read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader,
+                       kSpanRecordHeader)) {
+      bad.emplace_back(key, RecordStatus::Other);
+      continue;
+    }
+    std::vector<int32_t> tokens = span_record_tokens(head, h->n_tokens);
+    const SpanRecordHead checked = decode_span_record_head(head, key, h->ns, tokens, h->prefix, seal_);
+    if (checked.status != RecordStatus::Ok) {
+      bad.emplace_back(key, checked.status);
+      continue;
+    }
+    out.push_back({key, h->ns, std::move(tokens), h->prefix});
   }
-  for (uint64_t key : bad) drop(key);
+  for (const auto& [key, why] : bad) drop(key, why);
   return out;
 }
 

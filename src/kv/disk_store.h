@@ -1,13 +1,16 @@
 #pragma once
 // The disk tier's storage: one file per span in a cache directory, surviving
 // restarts. Every file is a span record (kv/span_record.h): its key, its
-// namespace, its tokens and a checksum of its contents; files are written to a temporary name, fsynced and
-// renamed, so a crash leaves either the old state or the new one. A file that is corrupt, truncated, foreign
-// or holds other tokens is dropped and reported as a miss — never served. The store keeps to a byte budget
+// namespace, its tokens and its tags (keyed with the deployment's key when it has one, so files planted
+// by whoever else can write to the directory are refused); files are written to a temporary name, fsynced
+// and renamed, so a crash leaves either the old state or the new one. A file that is forged, corrupt,
+// truncated, foreign, of another shape or holds other tokens is dropped, counted by reason and reported as
+// a miss — never served. The store keeps to a byte budget
 // (oldest use first out) and removes leftovers of interrupted writes when it opens.
 #include <cstdint>
 #include <filesystem>
 #include <list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -21,8 +24,13 @@ namespace depcache {
 
 class DiskSpanStore {
  public:
-  // Creates the directory if needed; indexes the span files in it.
-  DiskSpanStore(std::filesystem::path dir, size_t byte_budget);
+  // Creates the directory if needed; indexes the span files in it. key:
+  // the deployment's MAC key (null: unkeyed checksums).
+  DiskSpanStore(std::filesystem::path dir, size_t byte_budget, std::shared_ptr<const MacKey> key = nullptr);
+  // The shape every span must have (the running model's); files of another
+  // are refused from then on.
+  void set_shape(const SpanShape& shape) { seal_.shape = shape; }
+  const RecordSeal& seal() const { return seal_; }
 
   // Stores `span` for `tokens` under `key` (replacing what was there), then
   // evicts the least recently used files beyond the budget. `tokens` is the
@@ -49,7 +57,7 @@ class DiskSpanStore {
     uint64_t key() const { return head_.header.key; }
     size_t layer_bytes() const { return head_.header.layer_bytes(); }
     // Reads layer il into span(); false when it cannot be read or does not
-    // match its checksum (the layer's K/V in span() is then not to be used).
+    // match its tag (the layer's K/V in span() is then not to be used).
     bool read_layer(int il);
     // The span: positions set; layer il's K/V once read_layer(il) is true.
     KvSpan& span() { return head_.span; }
@@ -57,9 +65,11 @@ class DiskSpanStore {
 
    private:
     friend class DiskSpanStore;
-    LayerReader(Fd fd, SpanRecordHead head) : fd_(std::move(fd)), head_(std::move(head)) {}
+    LayerReader(Fd fd, SpanRecordHead head, std::shared_ptr<const MacKey> key)
+        : fd_(std::move(fd)), head_(std::move(head)), key_(std::move(key)) {}
     Fd fd_;
     SpanRecordHead head_;
+    std::shared_ptr<const MacKey> key_;  // head_.mac's, kept alive with the reader
   };
   // The file of `key` opened for reading layer by layer, when its head is
   // sound and holds exactly this sequence; otherwise nullopt (a bad or
@@ -67,11 +77,12 @@ class DiskSpanStore {
   std::optional<LayerReader> open_layers(uint64_t key, uint64_t ns, std::span<const int32_t> tokens,
                                          int64_t prefix);
   // Deletes a file found bad after it was opened (a layer that did not
-  // match its checksum), counted in n_dropped().
-  void drop(uint64_t key);
+  // match its tag), counted in n_dropped() and n_rejected(why).
+  void drop(uint64_t key, RecordStatus why = RecordStatus::Mac);
 
-  // What each file says it holds, from headers only (K/V is not read or
-  // checked until get). Files whose header is unreadable are deleted.
+  // What each file says it holds, from heads only (K/V is not read or
+  // checked until get). Files whose head is unreadable, fails its tag or is
+  // of another shape are deleted (and counted).
   struct StoredSpan {
     uint64_t key = 0, ns = 0;
     std::vector<int32_t> tokens;
@@ -94,6 +105,8 @@ class DiskSpanStore {
   size_t n_files() const { return files_.size(); }
   size_t budget() const { return budget_; }
   int64_t n_dropped() const { return n_dropped_; }  // bad files found and deleted
+  // Files refused, by reason (reject_index(RecordStatus)).
+  int64_t n_rejected(int reason) const { return n_rejected_[reason]; }
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
@@ -109,6 +122,9 @@ class DiskSpanStore {
   size_t budget_;
   size_t bytes_ = 0;
   int64_t n_dropped_ = 0;
+  int64_t n_rejected_[kRejectReasons] = {};
+  std::shared_ptr<const MacKey> key_;
+  RecordSeal seal_;
   std::unordered_map<uint64_t, Entry> files_;
   std::list<uint64_t> lru_;
 };

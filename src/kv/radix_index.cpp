@@ -23,9 +23,48 @@ void RadixIndex::attach_host(size_t byte_budget, bool swap_out_once) {
   tiers_.attach_host(byte_budget, swap_out_once);
 }
 
-void RadixIndex::attach_remote(RemoteStore& store, int64_t block_tokens) {
+void RadixIndex::attach_remote(RemoteStore& store, int64_t block_tokens, std::shared_ptr<const MacKey> key) {
+  attach_remote(std::shared_ptr<RemoteStore>(&store, [](RemoteStore*) {}), block_tokens, std::move(key));
+}
+
+void RadixIndex::attach_remote(std::shared_ptr<RemoteStore> store, int64_t block_tokens,
+                               std::shared_ptr<const MacKey> key) {
   auto lk = lock();
-  remote_ = std::make_unique<RemoteBlocks>(store, block_tokens);
+  remote_ = std::make_shared<RemoteBlocks>(std::move(store), block_tokens, std::move(key));
+}
+
+void RadixIndex::detach_remote() {
+  std::shared_ptr<RemoteBlocks> remote;
+  {
+    auto lk = lock();
+    remote = std::move(remote_);
+  }
+  // Draining the queue waits on the store: without the lock. A fetch still
+  // running holds its own reference and finishes first.
+  if (remote) remote->flush();
+}
+
+void RadixIndex::flush_remote() {
+  std::shared_ptr<RemoteBlocks> remote;
+  {
+    auto lk = lock();
+    remote = remote_;
+  }
+  if (remote) remote->flush();
+}
+
+void RadixIndex::expect_span_shape(const SpanShape& shape) {
+  auto lk = lock();
+  shape_ = shape;
+  if (tiers_.disk()) tiers_.disk()->set_shape(shape);
+}
+
+const RadixIndex::Stats& RadixIndex::stats() const {
+  auto lk = lock();
+  if (const DiskSpanStore* disk = tiers_.disk())
+    for (int r = 0; r < kRejectReasons; ++r) stats_.rejected[kRejectDisk][r] = disk->n_rejected(r);
+  stats_.rejected[kRejectDisk][reject_index(RecordStatus::Mac)] += disk_layer_rejects_;
+  return stats_;
 }
 
 void RadixIndex::set_cost_model(std::function<double(int64_t, int64_t)> cost) {
@@ -41,6 +80,7 @@ double RadixIndex::cost_per_token(int64_t cached, int64_t fresh, double measured
 
 void RadixIndex::attach_disk(DiskSpanStore& store) {
   auto lk = lock();
+  if (shape_) store.set_shape(*shape_);  // before the scan refuses what does not fit
   tiers_.attach_disk(store);
   // Adopt what an earlier process left: shortest sequences first, so every
   // span's context is in place before it. A span whose context is missing,
@@ -298,16 +338,32 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens,
   const Match held = m;
   if (remote_ && m.length < static_cast<int64_t>(tokens.size())) {
     const int64_t local = m.length;
-    const int64_t total = fetch_remote(ns, tokens, local);
-    if (total > local) {
+    bool unlocked = false;
+    const int64_t total = fetch_remote(ns, tokens, local, &unlocked);
+    if (total > local || unlocked) {
       int64_t from[kTiers];
       std::copy(std::begin(m.tokens_from), std::end(m.tokens_from), from);
       // Inserting the remote blocks walked the match and so read any piece
-      // still loading whole (insert hangs new nodes below hot ones only):
-      // the new match has no loaders.
+      // still loading whole (insert hangs new nodes below hot ones only);
+      // with the lock released, other threads may have split its nodes. So
+      // the match is taken again; a loader carries over to a piece that is
+      // still the node it was reading, still on disk.
+      std::vector<std::pair<NodeId, std::shared_ptr<LayerLoader>>> loaders;
+      for (size_t i = 0; i < m.loading.size(); ++i)
+        if (m.loading[i]) loaders.emplace_back(m.pieces[i].node, m.loading[i]);
       m = peek_locked(ns, tokens.first(static_cast<size_t>(total)));
+      for (size_t i = 0; i < m.pieces.size() && !loaders.empty(); ++i)
+        for (const auto& [node, loader] : loaders)
+          if (node == m.pieces[i].node && tier(node) == Tier::Disk &&
+              nodes_[node].slot.disk_key == loader->key() && m.pieces[i].offset == 0 &&
+              m.pieces[i].length == nodes_[node].slot.n_tokens) {
+            m.loading.resize(m.pieces.size());
+            m.loading[i] = loader;
+          }
       std::copy(std::begin(from), std::end(from), m.tokens_from);
-      m.tokens_from[kRemote] = total - local;
+      m.tokens_from[kRemote] = std::max<int64_t>(0, m.length - local);
+      if (m.length < local)
+        m.tokens_from[kHot] = std::max<int64_t>(0, m.tokens_from[kHot] - (local - m.length));
     }
   }
   // Back to the budget, keeping what this match brought in.
@@ -342,6 +398,7 @@ bool RadixIndex::drop_bad_load(NodeId id, uint64_t disk_key) {
   const SpanSlot& slot = nodes_[id].slot;
   if (slot.tier != Tier::Disk || slot.disk_key != disk_key) return false;
   ++stats_.dropped_bad;
+  ++disk_layer_rejects_;  // a layer failed its tag (or could not be read)
   drop_subtree(id);
   return true;
 }
@@ -386,20 +443,56 @@ int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens) {
   return m.length - m.tokens_from[kHot];
 }
 
-int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length) {
+int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length,
+                                 bool* unlocked) {
+  const std::shared_ptr<RemoteBlocks> remote = remote_;
+  const std::optional<SpanShape> shape = shape_;
+  RemoteBlocks::Fetched got;
+  if (mu_.depth() == 1) {
+    // Only this call holds the lock: release it for the reads (the match so
+    // far is pinned), take it back to adopt what came.
+    *unlocked = true;
+    mu_.unlock();
+    struct Relock {
+      IndexMutex& mu;
+      ~Relock() { mu.lock(); }
+    } relock{mu_};
+    got = remote->fetch(ns, tokens, length, shape);
+  } else {
+    got = remote->fetch(ns, tokens, length, shape);  // under the caller's lock: it expects nothing to move
+  }
+  for (int r = 0; r < kRejectReasons; ++r) {
+    stats_.rejected[kRejectRemote][r] += got.rejected[r];
+    stats_.dropped_bad += got.rejected[r];
+  }
   std::vector<Match> held;  // each block stays pinned until all are in
-  const auto take = [&](int64_t b0, int64_t b1, const KvSpan& block) {
+  for (const RemoteBlocks::Block& block : got.blocks) {
+    // The block hangs below its context, which must be in the tree and hot
+    // (the tree may have changed while the lock was released).
+    const Match context = peek_locked(ns, tokens.first(static_cast<size_t>(block.b0)));
+    if (context.length < block.b0) break;
+    bool context_ok = true;
+    for (const Piece& p : context.pieces)
+      if (tier(p.node) != Tier::Hot && !promote(p.node)) {
+        ++stats_.dropped_bad;
+        drop_subtree(p.node);
+        context_ok = false;
+        break;
+      }
+    if (!context_ok) break;
     const SpanMaker from_block = [&](int64_t begin, int64_t end) {
-      return block.slice(begin - b0, end - b0);
+      if (begin < block.b0 || end > block.b1)
+        fail(ErrorKind::Internal, "remote block [{}, {}) asked for [{}, {})", block.b0, block.b1, begin, end);
+      return block.span.slice(begin - block.b0, end - block.b0);
     };
     Match path;
-    insert_impl(ns, tokens.first(static_cast<size_t>(b1)), &from_block, 0, 1.0, &path, /*publish=*/false);
-    if (path.length < b1) return false;  // larger than the hot tier
+    insert_impl(ns, tokens.first(static_cast<size_t>(block.b1)), &from_block, 0, 1.0, &path,
+                /*publish=*/false);
+    if (path.length < block.b1) break;  // larger than the hot tier
     pin(path);
     held.push_back(std::move(path));
-    return true;
-  };
-  length = remote_->fetch(ns, tokens, length, take, &stats_.dropped_bad);
+    length = block.b1;
+  }
   for (const Match& m : held) unpin_locked(m, false);
   return length;
 }
@@ -432,7 +525,13 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
 int64_t RadixIndex::insert(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker& make_span,
                            double cost_per_token, Match* path) {
   auto lk = lock();
-  return insert_impl(ns, tokens, &make_span, 0, cost_per_token, path, true);
+  // Unset, the shape is what this process computes: learned from its first span.
+  const SpanMaker learning = [&](int64_t begin, int64_t end) {
+    KvSpan span = make_span(begin, end);
+    if (!shape_ && span.n_layer() > 0) expect_span_shape({span.n_layer(), span.row_elems(), span.type()});
+    return span;
+  };
+  return insert_impl(ns, tokens, shape_ ? &make_span : &learning, 0, cost_per_token, path, true);
 }
 
 int64_t RadixIndex::insert_virtual(uint64_t ns, std::span<const int32_t> tokens, size_t bytes_per_token,

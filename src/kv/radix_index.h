@@ -34,12 +34,27 @@
 //
 // All public methods lock the index; a caller that uses span() of matched
 // nodes holds lock() (or pins the nodes) so a concurrent prefetch cannot move
-// them.
+// them. The remote tier is read without the lock when match or prefetch
+// holds it alone (not under a caller's lock()): what is matched so far stays
+// pinned, the blocks are read (and their tags checked) with the lock
+// released, and adopted under it again against the tree as it is then, so a
+// slow Redis holds up only the request reading from it. Publishing to the
+// remote tier never waits on it (RemoteBlocks queues). Disk reads and writes
+// still run under the lock, except the layers a layer-wise preload reads on
+// its own thread.
+//
+// Records from the disk and remote tiers are checked against the running
+// model's span shape (expect_span_shape) and the deployment's MAC key (the
+// stores', kv/span_record.h); a refused one is dropped, counted in
+// Stats::rejected by tier and reason, and its tokens recomputed.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -52,10 +67,50 @@
 
 namespace depcache {
 
+// A recursive mutex that knows how deep its owner holds it, so the index can
+// tell its own lock (released around remote reads) from a caller's.
+class IndexMutex {
+ public:
+  void lock() {
+    const std::thread::id me = std::this_thread::get_id();
+    // Only this thread can have stored its own id: a relaxed load suffices.
+    if (owner_.load(std::memory_order_relaxed) == me) {
+      ++depth_;
+      return;
+    }
+    mu_.lock();
+    owner_.store(me, std::memory_order_relaxed);
+    depth_ = 1;
+  }
+  bool try_lock() {
+    const std::thread::id me = std::this_thread::get_id();
+    if (owner_.load(std::memory_order_relaxed) == me) {
+      ++depth_;
+      return true;
+    }
+    if (!mu_.try_lock()) return false;
+    owner_.store(me, std::memory_order_relaxed);
+    depth_ = 1;
+    return true;
+  }
+  void unlock() {
+    if (--depth_ > 0) return;
+    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    mu_.unlock();
+  }
+  int depth() const { return depth_; }  // for the owning thread
+
+ private:
+  std::mutex mu_;
+  std::atomic<std::thread::id> owner_{};
+  int depth_ = 0;
+};
+
 class RadixIndex {
  public:
   using NodeId = int32_t;
   static constexpr int kTiers = 4;  // Tier values; Remote is not a node's tier
+  static constexpr int kRejectDisk = 0, kRejectRemote = 1;
 
   // A matched run: tokens [offset, offset + length) of a node's span.
   struct Piece {
@@ -86,7 +141,10 @@ class RadixIndex {
     double load_ms = 0;               // time spent doing so
     int64_t layered_loads = 0;        // spans read layer by layer and adopted
     double layer_wait_ms = 0;         // time passes waited for their layers (the rest was hidden)
-    int64_t dropped_bad = 0;          // disk or remote records found corrupt and dropped
+    int64_t dropped_bad = 0;          // disk or remote records refused and dropped (all reasons)
+    // Records refused, by tier (kRejectDisk, kRejectRemote) and reason
+    // (reject_index: mac, shape, other; kv/span_record.h).
+    int64_t rejected[2][kRejectReasons] = {};
     int64_t remote_published = 0;     // blocks offered to the remote tier
     int64_t disk_write_failures = 0;  // spans that could not be written (disk full)
     // Spans alone larger than a tier's budget: in the hot tier never cached,
@@ -108,7 +166,22 @@ class RadixIndex {
   // against the host budget and are the first to go when it needs room.
   void attach_host(size_t byte_budget, bool swap_out_once = false);
   void attach_disk(DiskSpanStore& store);
-  void attach_remote(RemoteStore& store, int64_t block_tokens = 32);
+  // key: the deployment's MAC key for the records (null: unkeyed checksums).
+  // A store given by reference must outlive the index (or detach_remote());
+  // one given shared lives until what is queued for it was sent.
+  void attach_remote(RemoteStore& store, int64_t block_tokens = 32,
+                     std::shared_ptr<const MacKey> key = nullptr);
+  void attach_remote(std::shared_ptr<RemoteStore> store, int64_t block_tokens = 32,
+                     std::shared_ptr<const MacKey> key = nullptr);
+  // Publishes what is queued for the remote tier, then lets go of the store
+  // (before it is destroyed).
+  void detach_remote();
+  // Waits until what insert queued for the remote tier was sent.
+  void flush_remote();
+  // The shape of the running model's spans: records of any other from the
+  // disk or remote tier are refused (never placed into a KV cache of the
+  // wrong shape). Unset, the first span inserted with K/V sets it.
+  void expect_span_shape(const SpanShape& shape);
   // Moves every span still in memory to the disk tier, children first (as
   // far as its budget allows), so the next process finds them; for a clean
   // shutdown.
@@ -203,7 +276,7 @@ class RadixIndex {
     keys_dirty_ = true;
     return *policy_;
   }
-  std::unique_lock<std::recursive_mutex> lock() const { return std::unique_lock(mu_); }
+  std::unique_lock<IndexMutex> lock() const { return std::unique_lock(mu_); }
   // Bytes and budget of the hot tier; of any tier.
   size_t bytes() const { return tiers_.bytes(Tier::Hot); }
   size_t budget() const { return tiers_.budget(Tier::Hot); }
@@ -213,7 +286,7 @@ class RadixIndex {
   size_t n_pinned() const;  // nodes with at least one pin
   size_t n_nodes(Tier t) const;
   int64_t n_evicted() const { return n_evicted_; }  // nodes that left the index
-  const Stats& stats() const { return stats_; }
+  const Stats& stats() const;
   // Moves hot nodes down (or out) until the hot tier holds <= target bytes.
   void evict_to(size_t target);
   // Walks every live node; checks the tree's and the tiers' invariants,
@@ -275,8 +348,10 @@ class RadixIndex {
   // read layer by layer when fresh >= 0.
   Match load(uint64_t ns, std::span<const int32_t> tokens, int64_t fresh, uint64_t request_tick = 0);
   // Extends a match of `length` tokens from the remote store block by block,
-  // inserting what is found; returns the new length.
-  int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length);
+  // inserting what is found; returns the new length. Reads with the lock
+  // released when the index holds it alone (*unlocked is then set: the
+  // caller's pieces may have been split meanwhile and are to be re-peeked).
+  int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length, bool* unlocked);
   void unpin_locked(const Match& m, bool evict);
   void make_room(Tier t);
   void demote(NodeId node);
@@ -296,7 +371,7 @@ class RadixIndex {
     return node >= 0 && node < static_cast<NodeId>(nodes_.size()) && nodes_[node].live;
   }
 
-  mutable std::recursive_mutex mu_;
+  mutable IndexMutex mu_;
   // The depth of a match's layered loads: disk_bytes of its pieces on disk.
   int preload_layers(int n_layer, size_t disk_bytes, int64_t cached, int64_t fresh) const;
   LayerPreload layer_preload_;
@@ -310,9 +385,12 @@ class RadixIndex {
   double read_bytes_per_ms_ = 0;     // the disk's, from finished layered loads (0: unknown)
   double prefill_ms_per_token_ = 0;  // from finished passes (0: unknown)
   SpanTiers tiers_;
-  std::unique_ptr<RemoteBlocks> remote_;
+  // Shared with a fetch running without the lock, which a detach must not pull away.
+  std::shared_ptr<RemoteBlocks> remote_;
+  std::optional<SpanShape> shape_;
+  int64_t disk_layer_rejects_ = 0;  // layered loads that found a layer's tag wrong
   std::function<double(int64_t, int64_t)> cost_model_;
-  Stats stats_;
+  mutable Stats stats_;  // stats() folds the disk store's counts in
   std::unique_ptr<ReplacementPolicy> policy_;
   size_t n_live_ = 0;
   int64_t n_evicted_ = 0;

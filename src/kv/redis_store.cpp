@@ -1,5 +1,7 @@
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 
 #include <chrono>
 #include <cstdio>
@@ -18,12 +20,22 @@ int64_t now_ms() {
 
 timeval to_timeval(int ms) { return {ms / 1000, static_cast<suseconds_t>((ms % 1000) * 1000)}; }
 
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+// Waits until fd is ready for `events` or the deadline passes (false).
+bool wait_fd(int fd, short events, int64_t deadline_ms) {
+  for (;;) {
+    const int64_t left = deadline_ms - now_ms();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
 
 }  // namespace
+
+void RedisStore::ReplyDeleter::operator()(void* r) const { freeReplyObject(r); }
 
 RedisOptions parse_redis_address(const std::string& address) {
   RedisOptions o;
@@ -41,7 +53,24 @@ RedisOptions parse_redis_address(const std::string& address) {
   return o;
 }
 
-RedisStore::RedisStore(RedisOptions options) : o_(std::move(options)) { ready(); }
+RedisStore::RedisStore(RedisOptions options) : o_(std::move(options)) {
+  std::lock_guard lk(mu_);
+  if (!ready()) {
+    if (auth_refused_)
+      fail(ErrorKind::InvalidInput, "{} (check --redis-password-file and --redis-user)", last_error_);
+    started_ = true;
+    return;  // unreachable: warned, retried later
+  }
+  // A server that wants credentials we lack, or refuses ours, will refuse
+  // every command: that is a configuration error, said once, now.
+  const Reply r = command({"PING"}, "PING");
+  if (r && r->type == REDIS_REPLY_ERROR) {
+    const std::string why(r->str, r->len);
+    fail(ErrorKind::InvalidInput, "Redis at {}:{} refuses commands: {}{}", o_.host, o_.port, why,
+         o_.password.empty() ? " (give its password with --redis-password-file)" : "");
+  }
+  started_ = true;
+}
 
 RedisStore::~RedisStore() {
   if (ctx_) redisFree(ctx_);
@@ -59,8 +88,28 @@ bool RedisStore::ready() {
     failed(fmt::format("cannot connect to Redis at {}:{}: {}", o_.host, o_.port, why));
     return false;
   }
-  redisSetTimeout(c, to_timeval(o_.timeout_ms));
+  // Non-blocking from here: command() bounds a whole command by poll()ing
+  // against its deadline, which a per-call socket timeout cannot.
+  const int flags = ::fcntl(c->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    redisFree(c);
+    failed(fmt::format("cannot set up the connection to Redis at {}:{}", o_.host, o_.port));
+    return false;
+  }
+  c->flags &= ~REDIS_BLOCK;
   ctx_ = c;
+  if (!o_.password.empty()) {
+    const Reply r = o_.user.empty() ? command({"AUTH", o_.password}, "AUTH")
+                                    : command({"AUTH", o_.user, o_.password}, "AUTH");
+    if (!r) return false;
+    if (r->type == REDIS_REPLY_ERROR) {
+      const std::string why(r->str, r->len);
+      auth_refused_ = true;
+      failed(fmt::format("Redis at {}:{} refused AUTH{}: {}", o_.host, o_.port,
+                         o_.user.empty() ? "" : fmt::format(" as user '{}'", o_.user), why));
+      return false;
+    }
+  }
   if (warned_) fmt::print(stderr, "warning: Redis at {}:{} is reachable again\n", o_.host, o_.port);
   warned_ = false;
   return true;
@@ -74,19 +123,46 @@ void RedisStore::failed(const std::string& what) {
     ctx_ = nullptr;
   }
   retry_at_ms_ = now_ms() + o_.retry_after_ms;
-  if (!warned_)
+  if (!warned_ && !(auth_refused_ && !started_))  // refused at startup: the constructor says why
     fmt::print(stderr, "warning: {}; the remote KV tier is skipped (requests are computed locally)\n", what);
   warned_ = true;
 }
 
+RedisStore::Reply RedisStore::command(std::initializer_list<std::string_view> args, const char* what) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string_view a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  const int64_t deadline = now_ms() + o_.timeout_ms;
+  const auto broke = [&](const std::string& why) {
+    failed(fmt::format("Redis {} failed: {}", what, why));
+    return Reply();
+  };
+  if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK)
+    return broke(ctx_->errstr);
+  for (int done = 0; !done;) {
+    if (redisBufferWrite(ctx_, &done) != REDIS_OK) return broke(ctx_->errstr);
+    if (!done && !wait_fd(ctx_->fd, POLLOUT, deadline))
+      return broke(fmt::format("no room to send within {} ms", o_.timeout_ms));
+  }
+  for (;;) {
+    void* reply = nullptr;
+    if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) return broke(ctx_->errstr);
+    if (reply) return Reply(static_cast<redisReply*>(reply));
+    if (!wait_fd(ctx_->fd, POLLIN, deadline))
+      return broke(fmt::format("no whole reply within {} ms", o_.timeout_ms));
+    if (redisBufferRead(ctx_) != REDIS_OK) return broke(ctx_->errstr);
+  }
+}
+
 std::optional<std::vector<uint8_t>> RedisStore::get(uint64_t key) {
+  std::lock_guard lk(mu_);
   if (!ready()) return std::nullopt;
   const std::string k = key_of(key);
-  Reply r(static_cast<redisReply*>(redisCommand(ctx_, "GET %b", k.data(), k.size())));
-  if (!r) {
-    failed(fmt::format("Redis GET failed: {}", ctx_->errstr));
-    return std::nullopt;
-  }
+  const Reply r = command({"GET", k}, "GET");
+  if (!r) return std::nullopt;
   if (r->type == REDIS_REPLY_STRING)
     return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(r->str),
                                 reinterpret_cast<const uint8_t*>(r->str) + r->len);
@@ -95,18 +171,15 @@ std::optional<std::vector<uint8_t>> RedisStore::get(uint64_t key) {
 }
 
 void RedisStore::put(uint64_t key, std::span<const uint8_t> record) {
+  std::lock_guard lk(mu_);
   if (!ready()) return;
   const std::string k = key_of(key);
+  const std::string_view value(reinterpret_cast<const char*>(record.data()), record.size());
+  const std::string ttl = std::to_string(o_.ttl_seconds);
   // NX: a block another process published first is the same KV; keep it.
-  Reply r(static_cast<redisReply*>(
-      o_.ttl_seconds > 0
-          ? redisCommand(ctx_, "SET %b %b NX EX %lld", k.data(), k.size(), record.data(), record.size(),
-                         static_cast<long long>(o_.ttl_seconds))
-          : redisCommand(ctx_, "SET %b %b NX", k.data(), k.size(), record.data(), record.size())));
-  if (!r) {
-    failed(fmt::format("Redis SET failed: {}", ctx_->errstr));
-    return;
-  }
+  const Reply r = o_.ttl_seconds > 0 ? command({"SET", k, value, "NX", "EX", ttl}, "SET")
+                                     : command({"SET", k, value, "NX"}, "SET");
+  if (!r) return;
   // An error reply (e.g. OOM under maxmemory-policy noeviction) loses only this block.
   if (r->type == REDIS_REPLY_ERROR) {
     ++n_failures_;
@@ -115,10 +188,10 @@ void RedisStore::put(uint64_t key, std::span<const uint8_t> record) {
 }
 
 void RedisStore::remove(uint64_t key) {
+  std::lock_guard lk(mu_);
   if (!ready()) return;
   const std::string k = key_of(key);
-  Reply r(static_cast<redisReply*>(redisCommand(ctx_, "DEL %b", k.data(), k.size())));
-  if (!r) failed(fmt::format("Redis DEL failed: {}", ctx_->errstr));
+  command({"DEL", k}, "DEL");
 }
 
 }  // namespace depcache

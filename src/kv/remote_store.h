@@ -2,15 +2,20 @@
 // The remote tier: a key-value store shared by several depcache processes,
 // holding span records (kv/span_record.h) under their content keys. A
 // remote store never fails a request: when it cannot answer, a get is a
-// miss and a put is dropped, and the store reports the trouble once.
+// miss and a put is dropped, and the store reports the trouble once. Its
+// calls may come from several threads (the index reads it without holding
+// its own lock, and publishes from a thread of its own).
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 struct redisContext;  // hiredis
+struct redisReply;
 
 namespace depcache {
 
@@ -26,12 +31,21 @@ struct RedisOptions {
   std::string host = "127.0.0.1";
   int port = 6379;
   std::string prefix = "depcache:";  // key prefix, so one Redis can serve other uses too
-  int timeout_ms = 200;              // connect and per-command
-  int retry_after_ms = 2000;         // after a failure, calls are misses until then
-  int64_t ttl_seconds = 0;           // 0: no expiry (Redis's maxmemory policy bounds the tier)
+  // Deadline of a whole command (send and reply; also of a connect), not of
+  // each system call: a server that answers slowly, byte by byte, still
+  // costs at most this much.
+  int timeout_ms = 200;
+  int retry_after_ms = 2000;  // after a failure, calls are misses until then
+  int64_t ttl_seconds = 0;    // 0: no expiry (Redis's maxmemory policy bounds the tier)
+  // AUTH after every connect when a password is set (with `user`, Redis 6
+  // ACLs, when that is set too).
+  std::string user, password;
 };
 
-// Redis through hiredis. Not thread-safe (the index serializes its calls).
+// Redis through hiredis; thread-safe (one command at a time). Construction
+// connects: a server that refuses the password, or wants one that was not
+// given, is an InvalidInput error then (a configuration mistake); one that
+// cannot be reached is a warning, and the tier a miss until it can.
 class RedisStore final : public RemoteStore {
  public:
   explicit RedisStore(RedisOptions options);
@@ -43,21 +57,40 @@ class RedisStore final : public RemoteStore {
   void put(uint64_t key, std::span<const uint8_t> record) override;
   void remove(uint64_t key) override;
 
-  bool connected() const { return ctx_ != nullptr; }
-  int64_t n_failures() const { return n_failures_; }  // commands lost to errors or timeouts
-  const std::string& last_error() const { return last_error_; }
+  bool connected() {
+    std::lock_guard lk(mu_);
+    return ctx_ != nullptr;
+  }
+  int64_t n_failures() {  // commands lost to errors or timeouts
+    std::lock_guard lk(mu_);
+    return n_failures_;
+  }
+  std::string last_error() {
+    std::lock_guard lk(mu_);
+    return last_error_;
+  }
 
  private:
-  bool ready();  // connects if needed and allowed
+  struct ReplyDeleter {
+    void operator()(void* r) const;
+  };
+  using Reply = std::unique_ptr<::redisReply, ReplyDeleter>;
+  bool ready();  // connects if needed and allowed; mu_ held
   void failed(const std::string& what);
+  // One command and its reply within the deadline; null (after failed())
+  // when the connection broke or the deadline passed.
+  Reply command(std::initializer_list<std::string_view> args, const char* what);
   std::string key_of(uint64_t key) const;
 
   RedisOptions o_;
+  std::mutex mu_;
   ::redisContext* ctx_ = nullptr;
   int64_t n_failures_ = 0;
   std::string last_error_;
   int64_t retry_at_ms_ = 0;
-  bool warned_ = false;  // one warning per outage
+  bool warned_ = false;        // one warning per outage
+  bool auth_refused_ = false;  // the last connect's AUTH was refused
+  bool started_ = false;       // the constructor is done
 };
 
 // "host:port" (host optional) into options; throws InvalidInput when malformed.

@@ -5,31 +5,65 @@
 // root to the span's end (the first `prefix` tokens are context, the rest
 // are the span's own), the positions its keys were encoded at and the K/V
 // bytes, layer after layer. A reader accepts a record only when all of these
-// agree with what it asked for.
+// agree with what it asked for, and its shape (layers, row size, dtype) is
+// the running model's.
 //
-// Two kinds of checksum (XXH3-64), so a record can be read layer by layer
-// (Cache-Craft's layer-wise preload: the first layers computed on while the
-// later ones are still being read): one over the head (the header after the
-// checksum itself, the tokens, the positions and the table of layer
-// checksums), and one per layer over that layer's K/V bytes.
+// Integrity, and authenticity against whoever can write to the tier. The
+// disk directory and Redis are shared: anyone who can write there could
+// otherwise plant K/V that every replica serves. With a deployment key
+// (util/mac.h, --cache-key-file) a record is authenticated in two levels, so
+// it can still be read layer by layer (Cache-Craft's layer-wise preload: the
+// first layers computed on while the later ones are still being read):
+//  - each layer's K/V has its own tag, HMAC-SHA256(key, "L" | K/V bytes),
+//    checked as that layer arrives;
+//  - the head (header, tokens, positions and the table of layer tags) ends
+//    with HMAC-SHA256(key, "H" | everything before it), checked before any
+//    layer is used.
+// The head tag binds the layer tags to this key, namespace, token sequence,
+// positions and shape, so a layer cannot be swapped for another's and a
+// valid record cannot be replayed under another key (the reader compares
+// key, namespace and tokens). Per-layer tags cost no more than one tag over
+// all the K/V (HMAC is a hash of the bytes plus two blocks). Without a key
+// the same slots hold XXH3-64 checksums (in the first 8 bytes): they catch
+// torn or flipped bytes, not someone writing a record on purpose. The
+// scheme is in the header and a reader accepts only its own, so an unkeyed
+// record is never accepted by a keyed reader, nor the reverse.
 //
-// Layout (little-endian): magic "DKVSPAN4" | head checksum u64 | key u64 |
-// size u64 | n_layer u32 | dtype u32 | row_elems u64 | n_tokens u64 |
-// prefix u64 | ns u64 | reserved u64 | tokens i32[n_tokens] |
-// positions i32[n_tokens - prefix] | layer checksums u64[n_layer] |
-// per layer: K rows, then V rows (the layout of KvSpan::data()).
+// Layout (little-endian): magic "DKVSPAN5" | scheme u32 | reserved u32 |
+// key u64 | size u64 | n_layer u32 | dtype u32 | row_elems u64 |
+// n_tokens u64 | prefix u64 | ns u64 | reserved u64 | tokens i32[n_tokens] |
+// positions i32[n_tokens - prefix] | layer tags [32 B][n_layer] |
+// head tag [32 B] | per layer: K rows, then V rows (KvSpan::data()).
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "kv/kv_span.h"
+#include "util/mac.h"
 
 namespace depcache {
 
 inline constexpr size_t kSpanRecordHeader = 80;
+inline constexpr size_t kSpanRecordTag = 32;
+
+// What a span's K/V looks like for the running model and KV dtype.
+struct SpanShape {
+  int n_layer = 0;
+  int64_t row_elems = 0;
+  DType type = DType::F32;
+  bool operator==(const SpanShape&) const = default;
+};
+
+// How records are written and checked: a key (null: unkeyed checksums) and,
+// when known, the shape every record must have.
+struct RecordSeal {
+  const MacKey* key = nullptr;
+  std::optional<SpanShape> shape;
+};
 
 struct SpanRecordHeader {
+  uint32_t scheme = 0;  // 1: XXH3 checksums, 2: HMAC-SHA256
   uint64_t key = 0;
   uint64_t ns = 0;
   uint64_t size = 0;  // bytes of the whole record
@@ -39,10 +73,11 @@ struct SpanRecordHeader {
   DType type = DType::F32;
   int64_t row_elems = 0;
 
-  // Bytes before layer 0's K/V: header, tokens, positions, layer checksums.
+  // Bytes before layer 0's K/V: header, tokens, positions, layer tags, head tag.
   size_t head_bytes() const;
   // Bytes of one layer's K and V rows.
   size_t layer_bytes() const;
+  SpanShape shape() const { return {n_layer, row_elems, type}; }
 };
 
 // The content key of a token sequence in a namespace: what the disk and
@@ -51,42 +86,51 @@ uint64_t span_content_key(uint64_t ns, std::span<const int32_t> tokens);
 
 // tokens: the whole sequence; the span holds its last tokens.size() - prefix.
 std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<const int32_t> tokens,
-                                        int64_t prefix, const KvSpan& span);
+                                        int64_t prefix, const KvSpan& span, const MacKey* mac = nullptr);
 size_t span_record_bytes(int64_t n_tokens, const KvSpan& span);
 
 // The header of a record whose first kSpanRecordHeader bytes are given
-// (sanity-checked: magic, dtype, sizes); no checksum is verified.
+// (sanity-checked: magic, dtype, sizes); no tag is verified.
 std::optional<SpanRecordHeader> decode_span_record_header(std::span<const uint8_t> head);
 
-// Corrupt: the record is not sound (magic, size, a checksum, shape). Other:
-// sound but not the one asked for (key, namespace, tokens, prefix: a hash
-// collision or a stale record).
-enum class RecordStatus { Ok, Corrupt, Other };
+// Why a record is refused. Mac: a tag or checksum does not match (forged or
+// damaged, or sealed under another key or scheme). Shape: authentic but not
+// the running model's layers, row size or dtype. Other: malformed (magic,
+// version, sizes, truncated) or authentic but not the one asked for (key,
+// namespace, tokens, prefix: a hash collision or a record replayed under
+// another name).
+enum class RecordStatus { Ok, Mac, Shape, Other };
+inline constexpr int kRejectReasons = 3;  // Mac, Shape, Other
+inline int reject_index(RecordStatus s) { return static_cast<int>(s) - 1; }
+const char* reject_reason_name(int reason);  // "mac", "shape", "other"
 
 // A record's head, checked, for reading its layers one at a time: `span` has
 // its positions and room for every layer's K/V, none of it filled yet.
 struct SpanRecordHead {
-  RecordStatus status = RecordStatus::Corrupt;
+  RecordStatus status = RecordStatus::Other;
   SpanRecordHeader header;
   KvSpan span;
-  std::vector<uint64_t> layer_checksums;
+  std::vector<MacTag> layer_tags;
+  const MacKey* mac = nullptr;  // what the layers are checked with
 };
 // `head`: at least the record's first head_bytes() bytes (more is ignored);
 // a record's size is taken from its header, the caller checks it against
 // what it holds.
 SpanRecordHead decode_span_record_head(std::span<const uint8_t> head, uint64_t key, uint64_t ns,
-                                       std::span<const int32_t> tokens, int64_t prefix);
-// Whether layer il's K/V, as now in head.span, matches the record's checksum.
+                                       std::span<const int32_t> tokens, int64_t prefix,
+                                       const RecordSeal& seal = {});
+// Whether layer il's K/V, as now in head.span, matches the record's tag.
 bool span_record_layer_ok(const SpanRecordHead& head, int il);
 
 // A whole record read back: its head and every layer checked.
 struct DecodedSpan {
-  RecordStatus status = RecordStatus::Corrupt;
+  RecordStatus status = RecordStatus::Other;
   KvSpan span;
 };
 DecodedSpan decode_span_record(std::span<const uint8_t> record, uint64_t key, uint64_t ns,
-                               std::span<const int32_t> tokens, int64_t prefix);
-// The tokens of a record (after its header), for scanning without loading K/V.
+                               std::span<const int32_t> tokens, int64_t prefix, const RecordSeal& seal = {});
+// The tokens of a record (after its header), for scanning without loading
+// K/V: not authenticated (a scan only decides what to look at later).
 std::vector<int32_t> span_record_tokens(std::span<const uint8_t> record_start, int64_t n_tokens);
 
 }  // namespace depcache

@@ -159,7 +159,8 @@ std::vector<int32_t> Tokenizer::eog_ids() const {
   return ids;
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special,
+                                       std::span<const std::pair<size_t, size_t>> plain_ranges) const {
   const Impl& m = *impl_;
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
@@ -176,10 +177,18 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
   };
   size_t start = 0;
   if (parse_special) {
+    size_t r = 0;  // the first plain range not wholly before i
     for (size_t i = 0; i < text.size();) {
+      while (r < plain_ranges.size() && plain_ranges[r].second <= i) ++r;
+      if (r < plain_ranges.size() && plain_ranges[r].first <= i) {
+        i = plain_ranges[r].second;
+        continue;
+      }
+      // A special token must end before the next plain range begins.
+      const size_t limit = r < plain_ranges.size() ? std::min(plain_ranges[r].first, text.size()) : text.size();
       int32_t hit = -1;
       for (int32_t id : m.specials[static_cast<unsigned char>(text[i])])
-        if (text.substr(i).starts_with(m.v.tokens[id])) {
+        if (m.v.tokens[id].size() <= limit - i && text.substr(i).starts_with(m.v.tokens[id])) {
           hit = id;  // lists are sorted longest first
           break;
         }

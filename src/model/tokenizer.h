@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "model/vocab.h"
@@ -25,7 +26,13 @@ class Tokenizer {
   // strings become those tokens (leftmost, longest first); otherwise they are
   // plain text. For SentencePiece, a space is prefixed (add_space_prefix) to the
   // text at the start and after each special token.
-  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+  // plain_ranges: with parse_special, byte ranges [begin, end) (ascending,
+  // disjoint) where nothing is parsed as special, e.g. a client's text inside
+  // a chat format whose own markers are: a special token is matched only
+  // where it lies wholly outside them. The text is otherwise encoded as
+  // without them.
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special,
+                              std::span<const std::pair<size_t, size_t>> plain_ranges = {}) const;
 
   // The bytes a token stands for. Control and unused tokens give "" unless
   // render_special; unknown tokens give U+FFFD unless render_special. Throws

@@ -18,12 +18,6 @@ constexpr std::array<std::pair<ChatFamily, std::string_view>, 6> kNames = {{{Cha
 
 constexpr std::string_view kQwen2DefaultSystem = "You are a helpful assistant.";
 
-std::string_view trim(std::string_view s) {
-  const auto first = s.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos) return {};
-  return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
-}
-
 void check_messages(std::span<const ChatMessage> messages) {
   if (messages.empty()) fail(ErrorKind::InvalidInput, "the conversation has no messages");
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -36,51 +30,111 @@ void check_messages(std::span<const ChatMessage> messages) {
          messages.back().role);
 }
 
+// A rendering under way: markup (the format's own text and control
+// markers) and message text, kept apart so the message text can be
+// tokenized as text. Pieces are gathered per turn so that a turn can be
+// trimmed as a whole, as the templates trim it.
+class Pieces {
+ public:
+  Pieces& mark(std::string_view s) { return add(s, false); }
+  Pieces& text(std::string_view s) { return add(s, true); }
+  // Strips " \t\r\n" from both ends of the whole, across pieces (the
+  // templates' `trim` of the concatenated turn).
+  Pieces& trim() {
+    while (!pieces_.empty()) {
+      std::string& s = pieces_.front().first;
+      s.erase(0, std::min(s.size(), s.find_first_not_of(kSpace)));
+      if (!s.empty()) break;
+      pieces_.erase(pieces_.begin());
+    }
+    while (!pieces_.empty()) {
+      std::string& s = pieces_.back().first;
+      const size_t last = s.find_last_not_of(kSpace);
+      s.erase(last == std::string::npos ? 0 : last + 1);
+      if (!s.empty()) break;
+      pieces_.pop_back();
+    }
+    return *this;
+  }
+  Pieces& append(const Pieces& other) {
+    pieces_.insert(pieces_.end(), other.pieces_.begin(), other.pieces_.end());
+    return *this;
+  }
+  RenderedChat render() const {
+    RenderedChat out;
+    for (const auto& [s, is_text] : pieces_) {
+      if (is_text && !s.empty()) out.text_ranges.push_back({out.text.size(), out.text.size() + s.size()});
+      out.text += s;
+    }
+    return out;
+  }
+
+ private:
+  static constexpr const char* kSpace = " \t\r\n";
+  Pieces& add(std::string_view s, bool is_text) {
+    if (!s.empty()) pieces_.emplace_back(std::string(s), is_text);
+    return *this;
+  }
+  std::vector<std::pair<std::string, bool>> pieces_;
+};
+
 // ChatML and Qwen2: every message in its own im_start/im_end block.
-std::string render_chatml(std::span<const ChatMessage> messages, bool default_system) {
-  std::string out;
+Pieces render_chatml(std::span<const ChatMessage> messages, bool default_system) {
+  Pieces out;
   if (default_system && messages.front().role != "system")
-    out += fmt::format("<|im_start|>system\n{}<|im_end|>\n", kQwen2DefaultSystem);
+    out.mark(fmt::format("<|im_start|>system\n{}<|im_end|>\n", kQwen2DefaultSystem));
   for (const ChatMessage& m : messages)
-    out += fmt::format("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content);
-  return out + "<|im_start|>assistant\n";
+    out.mark(fmt::format("<|im_start|>{}\n", m.role)).text(m.content).mark("<|im_end|>\n");
+  return out.mark("<|im_start|>assistant\n");
 }
 
-std::string render_llama3(std::span<const ChatMessage> messages) {
-  std::string out;
+Pieces render_llama3(std::span<const ChatMessage> messages) {
+  Pieces out;
   for (const ChatMessage& m : messages)
-    out += fmt::format("<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>", m.role, trim(m.content));
-  return out + "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    out.mark(fmt::format("<|start_header_id|>{}<|end_header_id|>\n\n", m.role))
+        .append(Pieces().text(m.content).trim())
+        .mark("<|eot_id|>");
+  return out.mark("<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 // Llama 2 and Mistral: [INST] turns, the system text folded into the first
 // user turn. Llama 2 wraps it in <<SYS>> and opens every later turn with BOS.
-std::string render_inst(std::span<const ChatMessage> messages, bool llama2, std::string_view bos,
-                        std::string_view eos) {
-  std::string system, out;
+Pieces render_inst(std::span<const ChatMessage> messages, bool llama2, std::string_view bos,
+                   std::string_view eos) {
+  Pieces system, out;
   bool first_user = true;
   for (const ChatMessage& m : messages) {
     if (m.role == "system") {
-      system += system.empty() ? m.content : "\n" + m.content;
+      if (system.render().text.empty())
+        system.text(m.content);
+      else
+        system.mark("\n").text(m.content);
     } else if (m.role == "user") {
-      std::string content = m.content;
-      if (first_user && !system.empty())
-        content = llama2 ? fmt::format("<<SYS>>\n{}\n<</SYS>>\n\n{}", system, content)
-                         : fmt::format("{}\n\n{}", system, content);
-      if (!first_user && llama2) out += bos;
-      out += fmt::format("[INST] {} [/INST]", trim(content));
+      Pieces turn;
+      if (first_user && !system.render().text.empty()) {
+        if (llama2)
+          turn.mark("<<SYS>>\n").append(system).mark("\n<</SYS>>\n\n");
+        else
+          turn.append(system).mark("\n\n");
+      }
+      turn.text(m.content);
+      if (!first_user && llama2) out.mark(bos);
+      out.mark("[INST] ").append(turn.trim()).mark(" [/INST]");
       first_user = false;
+    } else if (llama2) {
+      out.mark(" ").append(Pieces().text(m.content).trim()).mark(" ").mark(eos);
     } else {
-      out += llama2 ? fmt::format(" {} {}", trim(m.content), eos) : fmt::format("{}{}", m.content, eos);
+      out.text(m.content).mark(eos);
     }
   }
   return out;
 }
 
-std::string render_zephyr(std::span<const ChatMessage> messages, std::string_view eos) {
-  std::string out;
-  for (const ChatMessage& m : messages) out += fmt::format("<|{}|>\n{}{}\n", m.role, m.content, eos);
-  return out + "<|assistant|>\n";
+Pieces render_zephyr(std::span<const ChatMessage> messages, std::string_view eos) {
+  Pieces out;
+  for (const ChatMessage& m : messages)
+    out.mark(fmt::format("<|{}|>\n", m.role)).text(m.content).mark(eos).mark("\n");
+  return out.mark("<|assistant|>\n");
 }
 
 }  // namespace
@@ -150,24 +204,29 @@ std::string chat_template_jinja(ChatFamily f) {
   return {};
 }
 
-std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos,
-                        std::string_view eos) {
+RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos,
+                              std::string_view eos) {
   check_messages(messages);
   switch (f) {
     case ChatFamily::ChatML:
-      return render_chatml(messages, false);
+      return render_chatml(messages, false).render();
     case ChatFamily::Qwen2:
-      return render_chatml(messages, true);
+      return render_chatml(messages, true).render();
     case ChatFamily::Llama3:
-      return render_llama3(messages);
+      return render_llama3(messages).render();
     case ChatFamily::Llama2:
-      return render_inst(messages, true, bos, eos);
+      return render_inst(messages, true, bos, eos).render();
     case ChatFamily::Mistral:
-      return render_inst(messages, false, bos, eos);
+      return render_inst(messages, false, bos, eos).render();
     case ChatFamily::Zephyr:
-      return render_zephyr(messages, eos);
+      return render_zephyr(messages, eos).render();
   }
   return {};
+}
+
+std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos,
+                        std::string_view eos) {
+  return render_chat_text(f, messages, bos, eos).text;
 }
 
 }  // namespace depcache

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace depcache {
@@ -40,5 +41,15 @@ std::string chat_template_jinja(ChatFamily f);
 // that does not end with a user message.
 std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos = "<s>",
                         std::string_view eos = "</s>");
+
+// The same text, with where the messages' own text sits in it: a client's
+// text is tokenized as text (a special token's spelling in it stays plain
+// text), the format's markers as control tokens.
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> text_ranges;  // [begin, end) byte ranges, ascending
+};
+RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> messages,
+                              std::string_view bos = "<s>", std::string_view eos = "</s>");
 
 }  // namespace depcache

@@ -298,9 +298,10 @@ void KnowledgeGraph::save(const std::filesystem::path& path) const {
 }
 
 KnowledgeGraph KnowledgeGraph::load(const std::filesystem::path& path) {
-  const std::string file = path.string();
-  const std::string data = read_file(path, "KG file");
+  return parse(read_file(path, "KG file"), path.string());
+}
 
+KnowledgeGraph KnowledgeGraph::parse(const std::string& data, const std::string& file) {
   if (data.empty()) fail(ErrorKind::InvalidInput, "{}: empty file, not a depcache KG file", file);
   if (data.size() < sizeof kKgMagic && std::memcmp(data.data(), kKgMagic, data.size()) == 0)
     fail(ErrorKind::InvalidInput, "{}: truncated KG file: {} bytes", file, data.size());

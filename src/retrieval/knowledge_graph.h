@@ -66,6 +66,8 @@ class KnowledgeGraph {
   // truncated, corrupt or foreign files with a precise error.
   void save(const std::filesystem::path& path) const;
   static KnowledgeGraph load(const std::filesystem::path& path);
+  // The bytes of a KG file, checked as load() checks them; errors name `source_name`.
+  static KnowledgeGraph parse(const std::string& bytes, const std::string& source_name);
 
  private:
   void require_finalized(const char* what) const;

@@ -118,11 +118,15 @@ RagRequest request_from_json(const json& j, const std::string& where) {
 std::vector<RagRequest> read_requests(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorKind::NotFound, "cannot open request file {}", path.string());
+  return read_requests(in, path.string());
+}
+
+std::vector<RagRequest> read_requests(std::istream& in, const std::string& source_name) {
   std::vector<RagRequest> out;
   std::string line;
   for (size_t line_no = 1; std::getline(in, line); ++line_no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path.string(), line_no);
+    const std::string where = fmt::format("{}:{}", source_name, line_no);
     json j;
     try {
       j = json::parse(line);
@@ -132,8 +136,8 @@ std::vector<RagRequest> read_requests(const std::filesystem::path& path) {
     out.push_back(request_from_json(j, where));
     if (out.back().id.empty()) out.back().id = std::to_string(out.size() - 1);
   }
-  if (in.bad()) fail(ErrorKind::InvalidInput, "reading {} failed", path.string());
-  if (out.empty()) fail(ErrorKind::InvalidInput, "{}: no requests in the file", path.string());
+  if (in.bad()) fail(ErrorKind::InvalidInput, "reading {} failed", source_name);
+  if (out.empty()) fail(ErrorKind::InvalidInput, "{}: no requests in the file", source_name);
   return out;
 }
 

@@ -3,6 +3,7 @@
 // context, which is plain text, a list of documents (chunk RAG) or relation
 // paths per entity (GraphRAG). Stored one JSON object per line.
 #include <filesystem>
+#include <iosfwd>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ nlohmann::json request_to_json(const RagRequest& r);
 RagRequest request_from_json(const nlohmann::json& j, const std::string& where);
 
 std::vector<RagRequest> read_requests(const std::filesystem::path& path);
+// The same from a stream (one request per line); errors name `source_name`.
+std::vector<RagRequest> read_requests(std::istream& in, const std::string& source_name);
 // Atomic: written to path.partial, then renamed.
 void write_requests(const std::filesystem::path& path, const std::vector<RagRequest>& requests);
 

@@ -1,14 +1,19 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <openssl/crypto.h>
 #include <sys/socket.h>
 
+#include <charconv>
 #include <ctime>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "server/openai.h"
 #include "server/request_prompt.h"
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/timing.h"
 
 namespace depcache {
@@ -18,7 +23,7 @@ using nlohmann::json;
 
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(json_text(body), "application/json");
 }
 
 void send_error(httplib::Response& res, const ApiError& e) {
@@ -50,7 +55,7 @@ Usage usage_of(const RequestResult& r) {
   return u;
 }
 
-std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
+std::string event(const json& j) { return "data: " + json_text(j) + "\n\n"; }
 
 // Times a request's tokens for the latency histograms, and its corpus search.
 struct TokenClock {
@@ -95,11 +100,15 @@ json timings_json(const RequestResult& r, const TokenClock& clock) {
   return j;
 }
 
-// The final response or chunk: OpenAI's, plus the server's timings.
+// The final response or chunk: OpenAI's, plus the server's timings. With
+// `logprobs` (the request asked for them), a whole response carries every
+// token's; a stream's went out with their chunks.
 json final_json(ApiKind kind, bool chunk, const std::string& id, int64_t created, const std::string& model,
-                const RequestResult& r, bool include_usage, const TokenClock& clock) {
+                const RequestResult& r, bool include_usage, const TokenClock& clock,
+                const Tokenizer* logprobs) {
   json j = completion_json(kind, chunk, id, created, model, chunk ? "" : r.text, r.finish_reason,
-                           include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt);
+                           include_usage ? std::optional<Usage>(usage_of(r)) : std::nullopt,
+                           logprobs && !chunk ? logprobs_json(kind, *logprobs, r.logprobs) : json(nullptr));
   j["timings"] = timings_json(r, clock);
   return j;
 }
@@ -120,15 +129,62 @@ const char* state_name(RequestState s) {
 }  // namespace
 
 HttpServer::HttpServer(const ServerOptions& options)
-    : options_(options), http_(std::make_unique<httplib::Server>()), started_(std::time(nullptr)) {
-  const int threads = std::max(options_.http_threads, 1);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(options_.max_body_bytes);
+    : options_(options),
+      http_(std::make_unique<GuardedHttpServer>(options.http)),
+      started_(std::time(nullptr)) {
   http_->set_socket_options([this](socket_t sock) {
     httplib::default_socket_options(sock);
     listen_fd_ = sock;
   });
   routes();
+}
+
+std::vector<ApiKey> read_api_key_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(ErrorKind::NotFound, "cannot read the API key file {}", path);
+  std::vector<ApiKey> keys;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::istringstream words(line);
+    ApiKey k;
+    if (!(words >> k.key) || k.key.starts_with('#')) continue;
+    words >> k.cache_namespace;
+    std::string extra;
+    if (words >> extra)
+      fail(ErrorKind::InvalidInput, "{}:{}: a line holds a key and at most a namespace name", path, n);
+    if (k.key.size() < 16)
+      fail(ErrorKind::InvalidInput, "{}:{}: a key shorter than 16 characters is too easy to guess", path, n);
+    // A key without a namespace keeps its requests' KV to itself.
+    if (k.cache_namespace.empty()) k.cache_namespace = "key:" + k.key;
+    keys.push_back(std::move(k));
+  }
+  if (keys.empty()) fail(ErrorKind::InvalidInput, "the API key file {} holds no key", path);
+  return keys;
+}
+
+const ApiKey* HttpServer::authorized(const httplib::Request& req) const {
+  const std::string header = req.get_header_value("Authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  const std::string_view given =
+      header.starts_with(kBearer) ? std::string_view(header).substr(kBearer.size()) : std::string_view();
+  // Every key is compared, each in constant time for its length, so the
+  // time taken tells nothing of how much of a key matched.
+  const ApiKey* found = nullptr;
+  for (const ApiKey& k : options_.api_keys)
+    if (given.size() == k.key.size() && CRYPTO_memcmp(given.data(), k.key.data(), given.size()) == 0 &&
+        !found)
+      found = &k;
+  return found;
+}
+
+uint64_t HttpServer::cache_scope(const httplib::Request& req, const std::string& cache_salt) const {
+  const ApiKey* key = options_.api_keys.empty() ? nullptr : authorized(req);
+  const std::string ns = key ? key->cache_namespace : std::string();
+  if (ns.empty() && cache_salt.empty()) return 0;  // the shared scope
+  // Length-prefixed, so no namespace and salt pair reads as another.
+  const std::string both = fmt::format("{}:{}{}:{}", ns.size(), ns, cache_salt.size(), cache_salt);
+  return std::max<uint64_t>(hash_string(both, 0x74656e616e74ULL), 1);
 }
 
 HttpServer::~HttpServer() { stop_listening(); }
@@ -224,8 +280,25 @@ void HttpServer::routes() {
   http_->set_logger(
       [this](const httplib::Request&, const httplib::Response& res) { metrics_.response(res.status); });
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // A declared body over the limit is refused before it is read (the
+    // library would read it all to skip it).
+    if (req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      uint64_t n = 0;
+      const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
+      if (ec != std::errc() || end != length.data() + length.size() || n > options_.http.max_body_bytes) {
+        GuardedHttpServer::close_after_response();
+        res.set_header("Connection", "close");
+        send_error(res, ec != std::errc() || end != length.data() + length.size()
+                            ? ApiError(400, "the Content-Length header is not a number")
+                            : ApiError(413, fmt::format("the request body holds {} bytes, more than the server "
+                                                        "accepts ({}, --max-body)",
+                                                        n, options_.http.max_body_bytes)));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     if (req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
-    if (!options_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
+    if (!options_.api_keys.empty() && !authorized(req)) {
       send_error(res, ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
                                "invalid_request_error", {}, "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
@@ -241,8 +314,15 @@ void HttpServer::routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   // Errors httplib answers itself (413, 404 of unknown paths, 400 of bad
-  // HTTP) get an OpenAI error body too.
+  // HTTP) and those of the connection layer's limits get an OpenAI error
+  // body too.
   http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (const HttpViolation v = GuardedHttpServer::current_violation(); v != HttpViolation::None) {
+      // The library saw a read fail (400); the connection layer knows why.
+      // The connection is closed after this response.
+      res.set_header("Connection", "close");
+      return send_error(res, ApiError(violation_status(v), violation_message(v)));
+    }
     if (!res.body.empty()) return;
     if (res.status == 413)
       send_error(res, ApiError(413, "the request body is larger than the server accepts (--max-body)"));
@@ -256,8 +336,15 @@ void HttpServer::routes() {
       std::rethrow_exception(ep);
     } catch (const ApiError& e) {
       send_error(res, e);
+    } catch (const Error& e) {
+      // What the engine's own checks refused in a request is the client's.
+      const bool client = e.kind() == ErrorKind::InvalidInput || e.kind() == ErrorKind::NotFound ||
+                          e.kind() == ErrorKind::LimitExceeded;
+      send_error(res, client ? ApiError(400, e.what()) : ApiError(500, e.what(), "server_error"));
     } catch (const std::exception& e) {
       send_error(res, ApiError(500, e.what(), "server_error"));
+    } catch (...) {
+      send_error(res, ApiError(500, "internal error", "server_error"));
     }
   });
 
@@ -270,7 +357,7 @@ void HttpServer::routes() {
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const EngineSnapshot engine =
         ready_.load(std::memory_order_acquire) ? loop_->snapshot() : EngineSnapshot{};
-    res.set_content(metrics_.render(engine), "text/plain; version=0.0.4");
+    res.set_content(metrics_.render(engine) + render_http_metrics(*http_), "text/plain; version=0.0.4");
   });
 
   http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
@@ -282,15 +369,36 @@ void HttpServer::routes() {
                                       {"owned_by", "depcache"}}})}});
   });
 
-  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  // The body's size is checked here whatever its transfer encoding (the
+  // connection layer bounds the bytes as sent, framing included).
+  const auto body_fits = [this](const httplib::Request& req) {
+    // Only JSON bodies: a web page may send a form or text/plain request to
+    // a server on the operator's machine without asking first, but not
+    // application/json (the browser asks the server's leave, which this
+    // server never gives).
+    const std::string type = req.get_header_value("Content-Type");
+    if (std::string_view(type).substr(0, type.find(';')) != "application/json")
+      throw ApiError(415, fmt::format("the body must be sent as Content-Type: application/json (not '{}')", type));
+    if (req.body.size() > options_.http.max_body_bytes)
+      throw ApiError(413, fmt::format("the request body holds {} bytes, more than the server accepts ({}, "
+                                      "--max-body)",
+                                      req.body.size(), options_.http.max_body_bytes));
+  };
+  http_->Post("/v1/completions", [this, body_fits](const httplib::Request& req, httplib::Response& res) {
     const auto arrived = Clock::now();
+    body_fits(req);
     thread_local std::mt19937_64 rng(std::random_device{}());
-    complete(parse_completion_request(req.body, rng()), res, arrived);
+    CompletionRequest cr = parse_completion_request(req.body, rng());
+    cr.cache_scope = cache_scope(req, cr.cache_salt);
+    complete(cr, res, arrived);
   });
-  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  http_->Post("/v1/chat/completions", [this, body_fits](const httplib::Request& req, httplib::Response& res) {
     const auto arrived = Clock::now();
+    body_fits(req);
     thread_local std::mt19937_64 rng(std::random_device{}());
-    complete(parse_chat_request(req.body, rng()), res, arrived);
+    CompletionRequest cr = parse_chat_request(req.body, rng());
+    cr.cache_scope = cache_scope(req, cr.cache_salt);
+    complete(cr, res, arrived);
   });
 }
 
@@ -300,13 +408,14 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         404,
         fmt::format("the model '{}' is not served here (this server serves '{}')", cr.model, model_.name),
         "invalid_request_error", "model", "model_not_found");
+  check_vocab(cr, model_.tokenizer->n_vocab());
   if (options_.max_queue > 0 && loop_->snapshot().waiting >= options_.max_queue)
     throw ApiError(
         429,
         fmt::format("the server is at capacity ({} requests waiting); retry shortly", options_.max_queue),
         "server_error", {}, "queue_full");
-  const PromptSources sources{model_.tokenizer.get(), model_.chat, model_.corpus, model_.graph,
-                              model_.prompt};
+  const PromptSources sources{model_.tokenizer.get(), model_.chat,   model_.corpus,
+                              model_.graph,           model_.prompt, options_.special_in_text};
   const auto fits = [&](const PromptParts& parts) {
     const int64_t n_prompt = parts.n_flat_tokens();
     if (n_prompt + cr.sampling.max_tokens > model_.n_ctx)
@@ -346,9 +455,12 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
                      "them from the server's knowledge graph (rag.retrieve.from = kg)",
                      "invalid_request_error", "rag.strategy");
     try {
-      QueryBatcher::Batched b = batcher_->submit(std::move(context), [&](const RagRequest& representative) {
-        return loop_->submit("prefix", fits(request_prompt(cr, sources, &representative)), cr.sampling);
-      });
+      QueryBatcher::Batched b = batcher_->submit(
+          std::move(context),
+          [&](const RagRequest& representative) {
+            return loop_->submit("prefix", fits(request_prompt(cr, sources, &representative)), cr.sampling);
+          },
+          cr.cache_scope);
       stream = std::move(b.stream);
       clock->batch = b.report;
     } catch (const Error& e) {
@@ -362,6 +474,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   const int64_t created = std::time(nullptr);
   const ApiKind kind = cr.kind;
   const bool streaming = cr.stream, include_usage = cr.include_usage;
+  const Tokenizer* logprobs = cr.sampling.logprobs >= 0 ? model_.tokenizer.get() : nullptr;
   if (!streaming) {
     // Until the first token the status is open: a request that ends before
     // it (a failure, usually) is answered with its own status.
@@ -371,7 +484,8 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
       const RequestResult r = stream->result();
       finished(id, strategy, r, arrived);
       if (r.state != RequestState::Finished) throw engine_error(r);
-      return send_json(res, 200, final_json(kind, false, id, created, model_.name, r, true, *clock));
+      return send_json(res, 200,
+                       final_json(kind, false, id, created, model_.name, r, true, *clock, logprobs));
     }
   }
   res.set_header("Cache-Control", "no-cache");
@@ -386,16 +500,18 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   // comment when streaming, else a space before the JSON.
   res.set_chunked_content_provider(
       streaming ? "text/event-stream" : "application/json",
-      [this, stream, id, strategy, created, kind, streaming, include_usage, clock, pending, writing](
-          size_t, httplib::DataSink& sink) {
+      [this, stream, id, strategy, created, kind, streaming, include_usage, logprobs, clock, pending,
+       writing](size_t, httplib::DataSink& sink) {
         std::string out = std::exchange(*pending, {});
         const auto until = Clock::now() + std::chrono::seconds(1);
         while (out.empty() && !stream->done() && Clock::now() < until) {
           const std::optional<TokenEvent> e = stream->next(std::chrono::milliseconds(100));
           if (!e) continue;
           clock->tick(metrics_);
-          if (streaming && !e->text.empty())
-            out = event(completion_json(kind, true, id, created, model_.name, e->text, {}, {}));
+          if (streaming && (!e->text.empty() || (logprobs && !e->logprobs.empty())))
+            out = event(
+                completion_json(kind, true, id, created, model_.name, e->text, {}, {},
+                                logprobs ? logprobs_json(kind, *logprobs, e->logprobs) : json(nullptr)));
         }
         if (!stream->done()) {
           if (out.empty()) out = streaming ? ": waiting\n\n" : " ";
@@ -406,14 +522,13 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         clock->reported = true;
         if (!streaming) {
           // The status is sent; a failure this late is told in the body.
-          out = (r.state == RequestState::Finished
-                     ? final_json(kind, false, id, created, model_.name, r, true, *clock)
-                     : error_body(engine_error(r)))
-                    .dump();
+          out = json_text(r.state == RequestState::Finished
+                              ? final_json(kind, false, id, created, model_.name, r, true, *clock, logprobs)
+                              : error_body(engine_error(r)));
         } else {
-          out += event(r.state == RequestState::Finished
-                           ? final_json(kind, true, id, created, model_.name, r, include_usage, *clock)
-                           : error_body(engine_error(r)));
+          out += event(r.state == RequestState::Finished ? final_json(kind, true, id, created, model_.name, r,
+                                                                      include_usage, *clock, logprobs)
+                                                         : error_body(engine_error(r)));
           out += "data: [DONE]\n\n";
         }
         if (!sink.write(out.data(), out.size())) return false;

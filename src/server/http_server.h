@@ -7,7 +7,9 @@
 // cancels its request, so its rows and pins are freed. shutdown() stops
 // taking requests, lets the engine finish what is in flight (bounded by a
 // deadline) and closes the listener. /health and /metrics need no API key
-// (probes and scrapers); everything else does when one is set.
+// (probes and scrapers); everything else does when keys are set. Requests
+// reuse KV only within their cache scope: the API key's namespace and the
+// request's cache_salt.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,29 +25,39 @@
 #include "prompt/chat_template.h"
 #include "retrieval/corpus.h"
 #include "retrieval/retriever.h"
+#include "server/http_connection.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/query_batcher.h"
 #include "server/speculation.h"
 #include "util/timing.h"
 
-namespace httplib {
-class Server;
-struct Response;
-}  // namespace httplib
-
 namespace depcache {
+
+// A key a client may present (Authorization: Bearer KEY), and the cache
+// namespace its requests reuse KV within.
+struct ApiKey {
+  std::string key;
+  std::string cache_namespace;  // empty: the shared one
+};
+// Keys from a file: one per line, "KEY" (a namespace of its own) or
+// "KEY NAMESPACE" (keys naming the same namespace share their cache);
+// blank lines and lines starting with # are skipped. Throws InvalidInput
+// naming the file and line for a malformed one, or a file with no key.
+std::vector<ApiKey> read_api_key_file(const std::string& path);
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                  // 0: any free port
-  std::string api_key;              // empty: no authentication
-  size_t max_body_bytes = 1 << 20;  // larger bodies: 413
-  int http_threads = 64;            // requests served at once (a streaming client holds one)
+  std::vector<ApiKey> api_keys;     // empty: no authentication
+  HttpLimits http;                  // connections, sizes, timeouts
   std::string strategy = "prefix";  // of requests that name none
-  size_t max_queue = 256;           // requests waiting for the engine; more: 429 with Retry-After
-  SpeculationOptions search;        // how corpus searches run (stages, speculative pipelining)
-  QueryBatchOptions subgcache;      // requests with strategy "subgcache": batching and clustering
+  // Requests waiting for the engine; more: 429 with Retry-After. Below
+  // http.max_connections, so that it is reached before connections run out.
+  size_t max_queue = 64;
+  bool special_in_text = false;  // PromptSources::special_in_text
+  SpeculationOptions search;     // how corpus searches run (stages, speculative pipelining)
+  QueryBatchOptions subgcache;   // requests with strategy "subgcache": batching and clustering
 };
 
 // The model being served and what requests may draw their prompts from.
@@ -83,6 +95,11 @@ class HttpServer {
   void stop_listening();
   // Both completion endpoints: parse, build the prompt, run, respond.
   void complete(const CompletionRequest& cr, httplib::Response& res, Clock::time_point arrived);
+  // The key a request presents, compared in constant time with every key;
+  // nullptr when none matches.
+  const ApiKey* authorized(const httplib::Request& req) const;
+  // The cache scope of a request: its key's namespace and its cache_salt.
+  uint64_t cache_scope(const httplib::Request& req, const std::string& cache_salt) const;
   // A request that ran on the engine ended: its metrics and its log line.
   void finished(const std::string& id, const std::string& strategy, const RequestResult& r,
                 Clock::time_point arrived);
@@ -105,7 +122,7 @@ class HttpServer {
 
   ServerOptions options_;
   Writing writing_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<GuardedHttpServer> http_;
   std::thread listener_;
   std::atomic<bool> listener_done_{false};  // listen_after_bind returned
   int listen_fd_ = -1;                      // the listening socket, seen as it is made

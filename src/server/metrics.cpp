@@ -103,14 +103,16 @@ std::string ServerMetrics::render(const EngineSnapshot& e) const {
          "Searches whose final list was the one being speculated on.", accepted_);
   itl_.render(out, "depcache_inter_token_seconds", "Time between consecutive tokens of a request.");
   metric(out, "depcache_prompt_tokens_total", "counter", "Prompt tokens of ended requests.", prompt_tokens_);
-  metric(out, "depcache_computed_tokens_total", "counter", "Prompt tokens run through the model.",
+  metric(out, "depcache_computed_tokens_total", "counter",
+         "Prompt tokens run through the model (prompt = computed + reused, except "
+         "that a reused token recomputed counts in both).",
          computed_tokens_);
   metric(out, "depcache_reused_tokens_total", "counter", "Prompt tokens placed from the KV index.",
          reused_tokens_);
   metric(out, "depcache_generated_tokens_total", "counter", "Tokens generated.", generated_tokens_);
-  header(
-      out, "depcache_reused_tokens_by_tier_total", "counter",
-      "Reused prompt tokens by the tier their KV was found in (hit rate by tier: divide by prompt tokens).");
+  header(out, "depcache_reused_tokens_by_tier_total", "counter",
+         "Reused prompt tokens by the tier their KV was found in, each once; they sum to "
+         "depcache_reused_tokens_total (hit rate by tier: divide by prompt tokens).");
   for (int t = 0; t < RadixIndex::kTiers; ++t)
     out += fmt::format("depcache_reused_tokens_by_tier_total{{tier=\"{}\"}} {}\n", kTierNames[t],
                        reused_from_[t]);
@@ -134,7 +136,8 @@ std::string ServerMetrics::render(const EngineSnapshot& e) const {
   for (int t = 0; t < RadixIndex::kTiers - 1; ++t)
     out += fmt::format("depcache_kv_tier_bytes{{tier=\"{}\"}} {}\n", kTierNames[t], e.tier_bytes[t]);
   header(out, "depcache_index_hit_tokens_total", "counter",
-         "Tokens matched in the KV index by tier found in.");
+         "Tokens matched in the KV index by tier found in, per lookup (a token several lookups of a "
+         "request match counts in each).");
   for (int t = 0; t < RadixIndex::kTiers; ++t)
     out += fmt::format("depcache_index_hit_tokens_total{{tier=\"{}\"}} {}\n", kTierNames[t],
                        e.index.hit_tokens[t]);
@@ -148,6 +151,15 @@ std::string ServerMetrics::render(const EngineSnapshot& e) const {
          e.index.layer_wait_ms / 1000.0);
   metric(out, "depcache_index_bad_records_dropped_total", "counter",
          "Disk or remote records found corrupt and dropped (their tokens recomputed).", e.index.dropped_bad);
+  header(out, "depcache_tier_records_rejected_total", "counter",
+         "Disk or remote records refused (tokens recomputed), by reason: mac (a tag failed: forged, damaged "
+         "or another key), shape (not this model's layers, row size or dtype), other (malformed or not the "
+         "span asked for).");
+  for (int t = 0; t < 2; ++t)
+    for (int r = 0; r < kRejectReasons; ++r)
+      out += fmt::format("depcache_tier_records_rejected_total{{tier=\"{}\",reason=\"{}\"}} {}\n",
+                         t == RadixIndex::kRejectDisk ? "disk" : "remote", reject_reason_name(r),
+                         e.index.rejected[t][r]);
   return out;
 }
 

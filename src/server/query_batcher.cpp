@@ -1,5 +1,7 @@
 #include "server/query_batcher.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace depcache {
@@ -22,12 +24,12 @@ void QueryBatcher::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-QueryBatcher::Batched QueryBatcher::submit(RagRequest context, Submit submit) {
+QueryBatcher::Batched QueryBatcher::submit(RagRequest context, Submit submit, uint64_t scope) {
   std::future<Batched> done;
   {
     std::lock_guard lk(mu_);
     if (stopping_) fail(ErrorKind::Unavailable, "the server is shutting down");
-    Pending p{std::move(context), std::move(submit), Clock::now(), {}};
+    Pending p{std::move(context), std::move(submit), Clock::now(), {}, scope};
     done = p.done.get_future();
     pending_.push_back(std::move(p));
   }
@@ -40,13 +42,19 @@ void QueryBatcher::run() {
   while (true) {
     wake_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
     if (pending_.empty()) return;  // stopping, nothing left
-    // A batch is full, or its first query waited the window, or the server stops.
+    // A batch is full, or its first query waited the window, or the server
+    // stops. A batch holds the first query's scope only.
+    const uint64_t scope = pending_.front().scope;
+    const auto same_scope = [&] {
+      return static_cast<size_t>(std::count_if(pending_.begin(), pending_.end(),
+                                               [&](const Pending& p) { return p.scope == scope; }));
+    };
     const auto deadline = pending_.front().arrived + options_.window;
-    wake_.wait_until(lk, deadline, [&] { return stopping_ || pending_.size() >= options_.subgcache.batch; });
-    const size_t n = std::min(pending_.size(), options_.subgcache.batch);
-    std::vector<Pending> batch(std::make_move_iterator(pending_.begin()),
-                               std::make_move_iterator(pending_.begin() + static_cast<std::ptrdiff_t>(n)));
-    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+    wake_.wait_until(lk, deadline, [&] { return stopping_ || same_scope() >= options_.subgcache.batch; });
+    std::vector<Pending> batch, rest;
+    for (Pending& p : pending_)
+      (p.scope == scope && batch.size() < options_.subgcache.batch ? batch : rest).push_back(std::move(p));
+    pending_ = std::move(rest);
     lk.unlock();
     serve(std::move(batch));
     lk.lock();

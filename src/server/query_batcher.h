@@ -58,8 +58,10 @@ class QueryBatcher {
   // Blocks until the request's batch is clustered and the request submitted
   // (`submit` must stay callable until then). Throws the batch's planning
   // error (a subgraph that does not parse: InvalidInput) or submit's.
-  // After stop(): Unavailable.
-  Batched submit(RagRequest context, Submit submit);
+  // After stop(): Unavailable. Requests are batched only with requests of
+  // the same cache scope (tenant): a cluster's representative subgraph is
+  // the union of its members' contexts.
+  Batched submit(RagRequest context, Submit submit, uint64_t scope = 0);
 
   // Serves what is waiting at once, and refuses what comes after.
   void stop();
@@ -70,6 +72,7 @@ class QueryBatcher {
     Submit submit;
     Clock::time_point arrived;
     std::promise<Batched> done;
+    uint64_t scope = 0;
   };
   void run();
   void serve(std::vector<Pending> batch);

@@ -56,7 +56,9 @@ RagRequest request_context(const CompletionRequest& r, const PromptSources& sour
 
 namespace {
 
-std::string rendered_chat(const PromptSources& sources, std::span<const ChatMessage> messages) {
+using Ranges = std::vector<std::pair<size_t, size_t>>;
+
+RenderedChat rendered_chat(const PromptSources& sources, std::span<const ChatMessage> messages) {
   if (!sources.chat)
     throw ApiError(400,
                    "this model has no chat template the server recognises; start the server with "
@@ -64,17 +66,31 @@ std::string rendered_chat(const PromptSources& sources, std::span<const ChatMess
   const Vocab& v = sources.tokenizer->vocab();
   const auto special = [&](int32_t id) { return id >= 0 ? sources.tokenizer->token_to_piece(id, true) : ""; };
   try {
-    return render_chat(*sources.chat, messages, special(v.bos), special(v.eos));
+    RenderedChat chat = render_chat_text(*sources.chat, messages, special(v.bos), special(v.eos));
+    if (sources.special_in_text) chat.text_ranges.clear();
+    return chat;
   } catch (const Error& e) {
     throw bad_request("messages", e.what());
   }
 }
 
-// BOS (when the vocab has one), then the text with control markers parsed.
-std::vector<int32_t> opening_tokens(const Tokenizer& tok, const std::string& text) {
+// The ranges of [begin, end) of a rendered text, relative to begin.
+Ranges ranges_within(const Ranges& ranges, size_t begin, size_t end) {
+  Ranges out;
+  for (auto [b, e] : ranges) {
+    b = std::max(b, begin);
+    e = std::min(e, end);
+    if (b < e) out.emplace_back(b - begin, e - begin);
+  }
+  return out;
+}
+
+// BOS (when the vocab has one), then the text with control markers parsed
+// outside the client's text.
+std::vector<int32_t> opening_tokens(const Tokenizer& tok, const std::string& text, const Ranges& plain) {
   std::vector<int32_t> out;
   if (tok.bos() >= 0) out.push_back(tok.bos());
-  const std::vector<int32_t> body = tok.encode(text, false, true);
+  const std::vector<int32_t> body = tok.encode(text, false, true, plain);
   out.insert(out.end(), body.begin(), body.end());
   return out;
 }
@@ -93,22 +109,35 @@ PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sour
   const PromptTemplate& rag_template = sources.prompt;
   PromptParts parts;
   if (!r.rag) {
-    const std::string text = r.kind == ApiKind::Chat ? rendered_chat(sources, r.messages) : r.prompt;
-    parts.task = tok.encode(text, true, true);
+    if (r.kind == ApiKind::Chat) {
+      const RenderedChat chat = rendered_chat(sources, r.messages);
+      parts.task = tok.encode(chat.text, true, true, chat.text_ranges);
+    } else {
+      parts.task = tok.encode(r.prompt, true, sources.special_in_text);
+    }
+    parts.cache_scope = r.cache_scope;
     return parts;
   }
   const RagRequest context = given ? *given : request_context(r, sources);
   parts = make_prompt_parts(tok, context, rag_template);
+  parts.cache_scope = r.cache_scope;
   if (r.kind == ApiKind::Completion) return parts;
   // The chat format around the context: everything before the mark opens
   // the prompt (with the RAG instruction), the question and the rest of the
   // format close it.
   std::vector<ChatMessage> messages = r.messages;
   messages.back().content = std::string(kContextMark) + rag_template.task_prefix + context.question;
-  const std::string chat = rendered_chat(sources, messages);
-  const size_t mark = chat.find(kContextMark);
-  parts.system = opening_tokens(tok, chat.substr(0, mark) + rag_template.system);
-  parts.task = tok.encode(chat.substr(mark + kContextMark.size()), false, true);
+  const RenderedChat chat = rendered_chat(sources, messages);
+  // The mark is the last message's first bytes: the first occurrence after
+  // the earlier messages' text (which may hold the same bytes) is its own.
+  size_t mark = chat.text.rfind(kContextMark);
+  for (auto [b, e] : chat.text_ranges)
+    if (chat.text.compare(b, kContextMark.size(), kContextMark) == 0) mark = b;
+  const size_t rest = mark + kContextMark.size();
+  parts.system = opening_tokens(tok, chat.text.substr(0, mark) + rag_template.system,
+                                ranges_within(chat.text_ranges, 0, mark));
+  parts.task = tok.encode(chat.text.substr(rest), false, true,
+                          ranges_within(chat.text_ranges, rest, chat.text.size()));
   return parts;
 }
 

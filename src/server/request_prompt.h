@@ -23,6 +23,10 @@ struct PromptSources {
   const ChunkIndex* corpus = nullptr;     // --corpus
   const GraphRetriever* graph = nullptr;  // --kg
   PromptTemplate prompt;                  // the model's, around a RAG context and question
+  // Special-token strings in a client's text (prompt, messages) become those
+  // tokens; off, they are plain text and only the chat format's own markers
+  // are control tokens (serve --allow-special-tokens: trusted callers only).
+  bool special_in_text = false;
 };
 
 // The corpus search a request asks the server for, or nullopt when it asks

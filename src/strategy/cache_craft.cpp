@@ -232,7 +232,7 @@ PassPlan craft_pass(const CraftPlan& cp, const PassState& state) {
     }
     const uint64_t source = state.source[chunk.begin];
     for (const Candidate& cand : cp.choices[c]) {
-      if (cand.ns != source) continue;
+      if (scoped_namespace(cand.ns, state.scope) != source) continue;
       const auto n = std::min<int64_t>(static_cast<int64_t>(cand.ranked.size()),
                                        static_cast<int64_t>(std::ceil(cand.fit.cfo * chunk.size() - 1e-9)));
       for (int64_t i = 0; i < n; ++i) {

@@ -26,6 +26,9 @@ struct PromptParts {
   std::vector<ContextItem> items;
   std::vector<int32_t> text;  // plain context (requests with "text")
   std::vector<int32_t> task;
+  // Whose cache the request may reuse and fill (scoped_namespace): 0 is the
+  // shared scope; a server gives each tenant its own.
+  uint64_t cache_scope = 0;
 
   int64_t n_flat_tokens() const;
   std::vector<int32_t> flat() const;

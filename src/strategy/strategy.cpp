@@ -17,11 +17,19 @@ namespace {
 
 uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) { return hash_bytes(v.data(), v.size_bytes(), h); }
 
-// A match's load figures into the report. Tokens found in several runs
-// (shared tree prefixes) count once per run here; they are placed once.
-void add_load(PrefillReport& r, const RadixIndex::Match& m) {
-  for (int t = 0; t < RadixIndex::kTiers; ++t) r.reused_from[t] += m.tokens_from[t];
-  r.load_ms += m.load_ms;
+// The tier a match's token `at` was found in. A node is never in a slower
+// tier than its parent and remote blocks extend the local match, so a
+// match's tokens are its hot ones, then host, disk and remote, in that order.
+// A match cut short (match_run's whole stops) loses its slowest tokens.
+int8_t found_tier(const RadixIndex::Match& m, int64_t at) {
+  int last = 0;
+  for (int t = 0; t < RadixIndex::kTiers; ++t) {
+    if (m.tokens_from[t] <= 0) continue;
+    if (at < m.tokens_from[t]) return static_cast<int8_t>(t);
+    at -= m.tokens_from[t];
+    last = t;
+  }
+  return static_cast<int8_t>(last);
 }
 
 RadixIndex::SpanMaker rows_span(const KvCache& kv, std::span<const int64_t> rows) {
@@ -149,6 +157,17 @@ void insert_run(RadixIndex& index, const CacheRun& run, const RadixIndex::SpanMa
   insert(all);
 }
 
+uint64_t scoped_namespace(uint64_t ns, uint64_t scope) {
+  if (scope == 0) return ns;
+  const uint64_t both[2] = {ns, scope};
+  return hash_bytes(both, sizeof both, 0x73636f7065ULL);
+}
+
+void scope_plan(RequestPlan& plan, uint64_t scope) {
+  plan.scope = scope;
+  for (CacheRun& run : plan.runs) run.ns = scoped_namespace(run.ns, scope);
+}
+
 uint64_t strategy_namespace(uint64_t fingerprint, DType kv_type, std::string_view kind) {
   uint64_t h = hash_bytes(&fingerprint, sizeof fingerprint);
   const auto t = static_cast<int32_t>(kv_type);
@@ -243,6 +262,7 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
   const std::vector<int32_t>& at = plan.fill_positions.empty() ? plan.positions : plan.fill_positions;
   placed_.assign(n, false);
   placed_ns_.assign(n, 0);
+  placed_tier_.assign(n, 0);
   if (!plan.runs.empty()) {
     const auto lk = index.lock();  // match, place and pin before anything else moves
     const uint64_t tick = index.begin_request();
@@ -268,23 +288,13 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
         if (run.fix_overhead >= 0) index.set_fix_overhead(peeked, run.fix_overhead);
       }
       const RadixIndex::Match match = match_run(index, run, tick, fresh);
-      add_load(report_, match);
+      report_.load_ms += match.load_ms;
       place_match(match, run, row0, at, kv);
       lease_.hold(match);
     }
   }
-  if (placed_[n - 1]) {
-    // The last token always runs (its logits start the answer), so it is not
-    // reused even when cached. It ends the deepest node of its run, which is
-    // in the slowest tier that run was found in (a parent is never in a
-    // slower tier than its child); with other runs found in slower tiers the
-    // tier charged may be theirs, the total stays right.
-    for (int t = RadixIndex::kTiers - 1; t >= 0; --t)
-      if (report_.reused_from[t] > 0) {
-        --report_.reused_from[t];
-        break;
-      }
-  }
+  // The last token always runs (its logits start the answer), so it is not
+  // reused even when cached.
   placed_[n - 1] = false;
   // Nor placed from a load: the hook places after the pass set each row's
   // position, and would give the last row its cached one.
@@ -351,6 +361,7 @@ void PlanExecution::place_match(const RadixIndex::Match& match, const CacheRun& 
       for (int64_t r = i; r < j; ++r) {
         placed_[run.rows[at + r]] = true;
         placed_ns_[run.rows[at + r]] = run.ns;
+        placed_tier_[run.rows[at + r]] = found_tier(match, at + r);
       }
       i = j;
     }
@@ -490,7 +501,7 @@ void PlanExecution::after_fill(KvCache& kv, int64_t row0, double ms_per_token) {
       r = e;
     }
   }
-  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, nullptr}), plan_.positions);
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, nullptr, plan_.scope}), plan_.positions);
   ++done_;
 }
 
@@ -502,7 +513,7 @@ void PlanExecution::next_pass(KvCache& kv, int64_t row0, const PassResult& done)
     after_fill(kv, row0, done.ms_per_token);
     return;
   }
-  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, probed(done)}), plan_.positions);
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, probed(done), plan_.scope}), plan_.positions);
   ++done_;
 }
 
@@ -555,12 +566,19 @@ PrefillReport PlanExecution::finish(KvCache& kv, int64_t row0, std::vector<float
   after_pass(kv, row0, done);
   if (!plan_.next_pass) insert_runs(kv, row0, done.ms_per_token, RunInsert::AfterFill);
   insert_runs(kv, row0, done.ms_per_token, RunInsert::AtEnd);
-  if (plan_.learn) plan_.learn(PassState{kv, row0, placed_, placed_ns_, done_, probed(done)});
+  if (plan_.learn) plan_.learn(PassState{kv, row0, placed_, placed_ns_, done_, probed(done), plan_.scope});
   lease_.release();
   const auto n = static_cast<int64_t>(plan_.tokens.size());
   report_.prompt_tokens = n;
   report_.computed_tokens = (layer_tokens_ + n_layer_ / 2) / std::max(n_layer_, 1);
-  report_.reused_tokens = static_cast<int64_t>(std::count(placed_.begin(), placed_.end(), true));
+  // Each placed row once, to the tier its first placement found it in: rows
+  // shared by several runs (a tree's common prefix) are placed once, so the
+  // tiers add up to the rows reused.
+  for (int64_t r = 0; r < n; ++r)
+    if (placed_[r]) {
+      ++report_.reused_tokens;
+      ++report_.reused_from[placed_tier_[r]];
+    }
   report_.attention_pairs += done.attention_pairs;
   report_.flat_tokens = plan_.flat_tokens;
   report_.logits = std::move(logits);

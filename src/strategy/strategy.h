@@ -42,11 +42,13 @@ struct PrefillReport {
   // pairs over the layers), summed over passes: a token recomputed is
   // counted again, one computed in 2 of 24 layers as 1/12.
   int64_t computed_tokens = 0;
-  int64_t reused_tokens = 0;                     // tokens placed from the index
-  int64_t attention_pairs = 0;                   // (query, key) pairs per layer
-  int64_t flat_tokens = 0;                       // tokens of the flat serialization, for reference
-  int64_t reused_from[RadixIndex::kTiers] = {};  // reused tokens by the tier they were found in
-  double load_ms = 0;                            // bringing them to the hot tier (part of TTFT)
+  int64_t reused_tokens = 0;    // tokens placed from the index
+  int64_t attention_pairs = 0;  // (query, key) pairs per layer
+  int64_t flat_tokens = 0;      // tokens of the flat serialization, for reference
+  // Reused tokens by the tier their KV was found in: each placed row once
+  // (rows placed by several runs, to the first), so they sum to reused_tokens.
+  int64_t reused_from[RadixIndex::kTiers] = {};
+  double load_ms = 0;  // bringing them to the hot tier (part of TTFT)
   // Layer-wise preload: time the pass waited for layers still being read
   // (the part of the disk read not hidden behind computation; in TTFT too).
   double layer_wait_ms = 0;
@@ -97,6 +99,10 @@ struct CacheRun {
   std::vector<int64_t> stops{};
 };
 
+// A namespace confined to a cache scope (a tenant: an API key's namespace,
+// a request's cache_salt); scope 0 is the shared one and leaves ns as it is.
+uint64_t scoped_namespace(uint64_t ns, uint64_t scope);
+
 // A run's match and insert, as every caller of the index makes them (the
 // executor and the simulator): the match ends at a stop, the insert puts a
 // node end at each.
@@ -142,6 +148,7 @@ struct PassState {
   // The previous pass's probe: [layer][query][target] in its order (layers
   // before from_layer empty); null when it had none.
   const AttentionMass* mass = nullptr;
+  uint64_t scope = 0;  // RequestPlan::scope: `source` holds namespaces scoped by it
 };
 
 // What a strategy decides for a request before anything is looked up: the
@@ -168,6 +175,9 @@ struct RequestPlan {
   int64_t fill_end = 0;
   std::vector<int32_t> fill_positions;  // empty: `positions`
   std::function<PassPlan(const PassState&)> next_pass;
+  // The cache scope (tenant) the runs' namespaces were confined to by
+  // scope_plan; 0: the shared scope.
+  uint64_t scope = 0;
   // Optional, after the final pass: what a strategy keeps of the request's
   // computation (Cache-Craft's attention metadata of the chunks it computed).
   std::function<void(const PassState&)> learn;
@@ -176,6 +186,12 @@ struct RequestPlan {
   // LACR's lookahead and prefetchers peek at before it runs.
   std::vector<Lookup> lookups() const;
 };
+
+// Confines every run of a plan to `scope`, after the strategy planned it:
+// whatever runs a strategy asks for (Cache-Craft's variants learned from
+// other requests included), the index is only ever read and written inside
+// the request's scope.
+void scope_plan(RequestPlan& plan, uint64_t scope);
 
 // A span read layer by layer (RadixIndex::set_layer_preload) failed a layer's
 // checksum during the pass that placed it: what the pass computed is void.
@@ -263,6 +279,7 @@ class PlanExecution {
   PinLease lease_;
   std::vector<bool> placed_;         // plan rows placed from the index
   std::vector<uint64_t> placed_ns_;  // the namespace each placed row came from
+  std::vector<int8_t> placed_tier_;  // the Tier each placed row's KV was found in
   int done_ = 0;                     // passes made by plan.next_pass
   bool filling_ = false;             // the current pass fills the runs (plan.next_pass follows)
   bool last_ = false;

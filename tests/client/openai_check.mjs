@@ -4,12 +4,53 @@
 // Greedy (temperature 0) completions and chat, each whole and streamed; a
 // completion whose context comes in the RAG extension, sent twice; and the
 // errors the client raises for a wrong key and an unknown model.
+//   node openai_check.mjs BASE_URL MODEL API_KEY PROMPT MAX_TOKENS sampling TOKEN_ID STOP
+// Instead: logprobs (completions: logprobs N; chat: logprobs, top_logprobs,
+// whole and streamed), penalties, a logit bias of +100 on TOKEN_ID, a stop
+// string, and JSON mode, which the server refuses.
 import OpenAI from 'openai';
 
-const [baseURL, model, apiKey, prompt, maxTokensArg] = process.argv.slice(2);
+const [baseURL, model, apiKey, prompt, maxTokensArg, mode, tokenId, stop] = process.argv.slice(2);
 const maxTokens = Number(maxTokensArg);
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
 const out = {};
+
+if (mode === 'sampling') {
+  const greedy = { model, max_tokens: maxTokens, temperature: 0 };
+  const completion = await client.completions.create({ ...greedy, prompt, logprobs: 3 });
+  out.completion = completion.choices[0].text;
+  out.completion_logprobs = completion.choices[0].logprobs;
+
+  const messages = [{ role: 'user', content: prompt }];
+  const asked = { ...greedy, messages, logprobs: true, top_logprobs: 2 };
+  const chat = await client.chat.completions.create(asked);
+  out.chat = chat.choices[0].message.content;
+  out.chat_logprobs = chat.choices[0].logprobs.content;
+  const streamed = [];
+  for await (const chunk of await client.chat.completions.create({ ...asked, stream: true }))
+    streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+  out.chat_streamed_logprobs = streamed;
+
+  const penalized = await client.chat.completions.create({
+    ...greedy, messages, presence_penalty: 0.5, frequency_penalty: 1.5,
+  });
+  out.penalized = penalized.choices[0].message.content;
+  const biased = await client.completions.create({
+    model, prompt, max_tokens: 4, temperature: 1, seed: 7, logit_bias: { [tokenId]: 100 },
+  });
+  out.biased = biased.choices[0].text;
+  const stopped = await client.completions.create({ ...greedy, prompt, stop: [stop] });
+  out.stopped = stopped.choices[0].text;
+  out.stopped_reason = stopped.choices[0].finish_reason;
+  try {
+    await client.chat.completions.create({ ...greedy, messages, response_format: { type: 'json_object' } });
+    out.json_mode = { status: 200 };
+  } catch (e) {
+    out.json_mode = { status: e.status, param: e.param ?? e.error?.param };
+  }
+  console.log(JSON.stringify(out));
+  process.exit(0);
+}
 
 const completion = await client.completions.create({ model, prompt, max_tokens: maxTokens, temperature: 0 });
 out.completion = completion.choices[0].text;

@@ -500,6 +500,7 @@ TEST(RemoteTier, TwoIndexesShareSpansThroughRedis) {
   const Tokens s1 = sequence(1, 30, 10), s2 = sequence(2, 27, 10);
   a.insert(5, s1, maker(s1));
   a.insert(5, s2, maker(s2));
+  a.flush_remote();                              // publishing runs on a thread of its own
   EXPECT_EQ(a.stats().remote_published, 4 + 3);  // 30 -> blocks 0..3; 27 -> blocks 1..3 are new
   // The other process (index) has nothing locally and finds everything remotely.
   const RadixIndex::Match m = b.match(5, s1);
@@ -523,6 +524,7 @@ TEST(RemoteTier, RedisStoppedMidRunDegradesAndRecovers) {
   RedisStore &store_a = two.store_a, &store_b = two.store_b;
   const Tokens s1 = sequence(1, 20), s2 = sequence(2, 20);
   a.insert(1, s1, maker(s1));
+  a.flush_remote();
   redis.stop();
   a.insert(1, s2, maker(s2));  // publishing fails quietly
   RadixIndex::Match m;
@@ -536,6 +538,7 @@ TEST(RemoteTier, RedisStoppedMidRunDegradesAndRecovers) {
   usleep(100000);                        // past the retry delay
   const Tokens s3 = sequence(3, 20);
   a.insert(1, s3, maker(s3));
+  a.flush_remote();
   RadixIndex c(1000 * tb);
   RedisStore store_c(redis_at(redis.port()));
   c.attach_remote(store_c, 8);
@@ -576,6 +579,7 @@ TEST(RemoteTier, CorruptRecordIsDroppedNeverServed) {
   RedisStore& store_a = two.store_a;
   const Tokens s = sequence(1, 24);
   a.insert(2, s, maker(s));
+  a.flush_remote();
   // Damage the second block's record in place.
   const uint64_t key = span_content_key(2, std::span<const int32_t>(s).first(16));
   std::vector<uint8_t> record = *store_a.get(key);

@@ -15,6 +15,7 @@
 #include "engine/engine_loop.h"
 #include "model/model.h"
 #include "model/vocab.h"
+#include "reference_forward.h"
 #include "server/http_server.h"
 #include "server/server_client.h"
 #include "strategy/prompt_parts.h"
@@ -157,8 +158,8 @@ TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
 TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
   REQUIRE_CURL();
   ServerOptions so;
-  so.api_key = "sesame";
-  so.max_body_bytes = 2000;
+  so.api_keys = {{"sesame", ""}};
+  so.http.max_body_bytes = 2000;
   Served s(so);
   const std::string key = "-H 'Authorization: Bearer sesame' ";
   const auto expect_error = [&](const Reply& r, int status, const std::string& param,
@@ -174,7 +175,12 @@ TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
   expect_error(curl(s.port, "/v1/completions", post({{"prompt", "hi"}})), 401, "", "no key");
   expect_error(curl(s.port, "/v1/models", "-H 'Authorization: Bearer wrong'"), 401, "", "wrong key");
   EXPECT_EQ(curl(s.port, "/health").status, 200) << "health needs no key";
-  expect_error(curl(s.port, "/v1/completions", key + "-d '{\"prompt\": \"hi\",'"), 400, "", "malformed JSON");
+  expect_error(curl(s.port, "/v1/completions", key + "-H 'Content-Type: application/json' -d '{\"prompt\": \"hi\",'"),
+               400, "", "malformed JSON");
+  // A body that is not declared JSON: a web page can send such a request to
+  // a server on the operator's machine without asking (no CORS preflight).
+  expect_error(curl(s.port, "/v1/completions", key + "-H 'Content-Type: text/plain' -d '{\"prompt\": \"hi\"}'"), 415,
+               "", "text/plain body");
   expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"max_tokens", "many"}})), 400,
                "max_tokens", "wrong type");
   expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"ignore_eos", 1}})), 400,
@@ -217,13 +223,13 @@ TEST(Server, TheOfficialOpenAIClientGetsWhatGenerateGives) {
       std::system("node --version >/dev/null 2>&1") != 0)
     DEPCACHE_SKIP("node or the openai npm package missing (scripts/setup.sh installs them)");
   ServerOptions so;
-  so.api_key = "sk-depcache-test";
+  so.api_keys = {{"sk-depcache-test", ""}};
   Served s(so);
   const std::string prompt = "Once upon a time there was a robot";
   constexpr int kTokens = 12;
   const test::CliRun r =
       test::run_shell(fmt::format("node {}/openai_check.mjs http://127.0.0.1:{}/v1 tiny {} '{}' {} 2>&1",
-                                  client_dir.string(), s.port, so.api_key, prompt, kTokens));
+                                  client_dir.string(), s.port, so.api_keys[0].key, prompt, kTokens));
   ASSERT_EQ(r.code, 0) << r.out;
   const json out = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(out.is_discarded()) << r.out;
@@ -770,6 +776,374 @@ TEST(Server, ConcurrentClientsGetWhatEachGetsAlone) {
                                    : together[i].j()["choices"][0]["text"].get<std::string>();
     EXPECT_EQ(text, alone[i]) << "client " << i;
   }
+}
+
+// The float64 reference's greedy continuation of `ids`: each token and the
+// log-softmax it was drawn from.
+struct ReferenceGreedy {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<double>> logprobs;
+};
+ReferenceGreedy reference_greedy(const Model& model, std::vector<int32_t> ids, int n) {
+  ReferenceGreedy out;
+  const auto n_vocab = static_cast<size_t>(model.config().n_vocab);
+  for (int i = 0; i < n; ++i) {
+    const std::vector<double> logits = test::reference_logits(model, ids);
+    const double* row = logits.data() + (ids.size() - 1) * n_vocab;
+    const double max = *std::max_element(row, row + n_vocab);
+    double sum = 0;
+    for (size_t t = 0; t < n_vocab; ++t) sum += std::exp(row[t] - max);
+    std::vector<double> lp(n_vocab);
+    for (size_t t = 0; t < n_vocab; ++t) lp[t] = row[t] - max - std::log(sum);
+    const auto best = static_cast<int32_t>(std::max_element(row, row + n_vocab) - row);
+    out.tokens.push_back(best);
+    out.logprobs.push_back(std::move(lp));
+    ids.push_back(best);
+  }
+  return out;
+}
+
+// The id whose piece (special tokens rendered) is exactly `bytes`, as chat
+// logprobs give them.
+int32_t id_of_bytes(const Tokenizer& tok, const json& bytes) {
+  std::string piece;
+  for (const json& b : bytes) piece += static_cast<char>(b.get<int>());
+  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+    if (tok.token_to_piece(id, true) == piece) return id;
+  return -1;
+}
+
+// Two logprobs JSON values alike: the same tokens, log-probabilities within
+// float noise (a prompt computed afresh or reused from the cache gives
+// logits a few ulps apart).
+void expect_logprobs_alike(const json& a, const json& b, const std::string& where = "") {
+  if (a.is_number_float() || b.is_number_float()) {
+    ASSERT_TRUE(a.is_number() && b.is_number()) << where << ": " << a << " vs " << b;
+    EXPECT_NEAR(a.get<double>(), b.get<double>(), 1e-4) << where;
+    return;
+  }
+  ASSERT_EQ(a.type(), b.type()) << where << ": " << a << " vs " << b;
+  if (a.is_array()) {
+    ASSERT_EQ(a.size(), b.size()) << where << ": " << a << " vs " << b;
+    for (size_t i = 0; i < a.size(); ++i) expect_logprobs_alike(a[i], b[i], fmt::format("{}[{}]", where, i));
+  } else if (a.is_object()) {
+    ASSERT_EQ(a.size(), b.size()) << where << ": " << a << " vs " << b;
+    for (const auto& [key, value] : a.items()) {
+      ASSERT_TRUE(b.contains(key)) << where << ": " << key;
+      expect_logprobs_alike(value, b[key], where + "." + key);
+    }
+  } else {
+    EXPECT_EQ(a, b) << where;
+  }
+}
+
+// logprobs on both endpoints, in OpenAI's shapes, equal the log-softmax of a
+// float64 forward pass over the same tokens; streamed, each chunk carries
+// its own tokens' and together they are the whole answer's.
+TEST(Server, LogprobsAreTheModelsInOpenAIsShapes) {
+  REQUIRE_CURL();
+  Served s;
+  const std::string prompt = "Once upon a time there was a robot";
+  constexpr int kTokens = 6;
+  const ReferenceGreedy ref = reference_greedy(*s.model, s.tok->encode(prompt, true, true), kTokens);
+  const json request = {
+      {"prompt", prompt}, {"max_tokens", kTokens}, {"temperature", 0}, {"logprobs", 3}, {"ignore_eos", true}};
+  const Reply c = curl(s.port, "/v1/completions", post(request));
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json lp = c.j()["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(kTokens)) << lp;
+  ASSERT_EQ(lp["token_logprobs"].size(), static_cast<size_t>(kTokens));
+  ASSERT_EQ(lp["top_logprobs"].size(), static_cast<size_t>(kTokens));
+  ASSERT_EQ(lp["text_offset"].size(), static_cast<size_t>(kTokens));
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  for (int i = 0; i < kTokens; ++i) {
+    const double logprob = lp["token_logprobs"][i];
+    EXPECT_NEAR(logprob, ref.logprobs[i][ref.tokens[i]], 1e-3) << i;
+    const json& top = lp["top_logprobs"][i];
+    EXPECT_GE(top.size(), 3u);  // the top 3 and the picked token (by text: pieces may coincide)
+    EXPECT_LE(top.size(), 4u);
+    double mass = 0, best = -INFINITY;
+    for (const auto& [token, value] : top.items()) {
+      ASSERT_TRUE(value.is_number()) << top;
+      mass += std::exp(value.get<double>());
+      best = std::max(best, value.get<double>());
+    }
+    EXPECT_LE(mass, 1.0 + 1e-6);
+    EXPECT_EQ(best, logprob) << "the greedy token is the most likely";
+    if (i > 0) {
+      EXPECT_GE(lp["text_offset"][i], lp["text_offset"][i - 1]);
+    }
+  }
+  // Streamed: the chunks' logprobs, put together, are the same.
+  json joined = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  json with_stream = request;
+  with_stream["stream"] = true;
+  const Reply st = curl(s.port, "/v1/completions", post(with_stream));
+  ASSERT_EQ(st.status, 200) << st.body;
+  for (size_t at = 0; (at = st.body.find("data: {", at)) != std::string::npos; ++at) {
+    const json chunk = json::parse(st.body.substr(at + 6, st.body.find("\n\n", at) - at - 6));
+    const json& l = chunk["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      for (const json& x : l[key]) joined[key].push_back(x);
+  }
+  expect_logprobs_alike(joined, lp);
+  EXPECT_EQ(read_stream(st.body).second["choices"][0]["logprobs"], nullptr) << "the last chunk has none left";
+
+  // Chat: content[] of {token, logprob, bytes, top_logprobs}.
+  const json chat_request = {{"messages", {{{"role", "user"}, {"content", prompt}}}},
+                             {"max_tokens", kTokens},
+                             {"temperature", 0},
+                             {"logprobs", true},
+                             {"top_logprobs", 2},
+                             {"ignore_eos", true}};
+  const Reply ch = curl(s.port, "/v1/chat/completions", post(chat_request));
+  ASSERT_EQ(ch.status, 200) << ch.body;
+  const json content = ch.j()["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), static_cast<size_t>(kTokens)) << ch.body;
+  const ReferenceGreedy chat_ref = reference_greedy(
+      *s.model,
+      s.tok->encode("<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n", true, true),
+      kTokens);
+  for (int i = 0; i < kTokens; ++i) {
+    const json& e = content[i];
+    EXPECT_EQ(id_of_bytes(*s.tok, e["bytes"]), chat_ref.tokens[i]) << e;
+    EXPECT_NEAR(e["logprob"].get<double>(), chat_ref.logprobs[i][chat_ref.tokens[i]], 1e-3) << e;
+    ASSERT_EQ(e["top_logprobs"].size(), 2u) << e;
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]) << "greedy: the top one";
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_TRUE(e["top_logprobs"][1]["bytes"].is_array());
+  }
+  json chat_stream = chat_request;
+  chat_stream["stream"] = true;
+  const Reply cs = curl(s.port, "/v1/chat/completions", post(chat_stream));
+  ASSERT_EQ(cs.status, 200) << cs.body;
+  json streamed = json::array();
+  for (size_t at = 0; (at = cs.body.find("data: {", at)) != std::string::npos; ++at) {
+    const json chunk = json::parse(cs.body.substr(at + 6, cs.body.find("\n\n", at) - at - 6));
+    const json& l = chunk["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    std::string tokens;
+    for (const json& x : l["content"]) {
+      streamed.push_back(x);
+      tokens += x["token"].get<std::string>();
+    }
+    EXPECT_EQ(tokens, chunk["choices"][0]["delta"].value("content", "")) << "a chunk's tokens are its text";
+  }
+  expect_logprobs_alike(streamed, content);
+  // Not asked: null, as OpenAI answers.
+  EXPECT_EQ(curl(s.port, "/v1/completions", post({{"prompt", prompt}, {"max_tokens", 2}}))
+                .j()["choices"][0]["logprobs"],
+            nullptr);
+}
+
+// logit_bias +100 makes a token the answer, -100 bans one (greedy then takes
+// the runner-up the unbiased logprobs name); with penalties each token is the
+// best of the raw logprobs minus OpenAI's penalties; bad values are 400s.
+TEST(Server, LogitBiasAndPenaltiesShapeTheAnswerAsOpenAIDefines) {
+  REQUIRE_CURL();
+  Served s;
+  const auto chat = [&](json extra) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "Tell me about the robot"}}}},
+                 {"max_tokens", 24},
+                 {"temperature", 0},
+                 {"logprobs", true},
+                 {"top_logprobs", 20},
+                 {"ignore_eos", true}};
+    body.update(extra);
+    const Reply r = curl(s.port, "/v1/chat/completions", post(body));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? r.j()["choices"][0] : json();
+  };
+  const json plain = chat(json::object());
+  ASSERT_FALSE(plain.is_null());
+  const std::vector<int32_t> dog = s.tok->encode("dog", false, false);
+  ASSERT_EQ(dog.size(), 1u);
+  const json forced =
+      chat({{"logit_bias", {{std::to_string(dog[0]), 100}}}, {"max_tokens", 4}, {"temperature", 1.2}});
+  EXPECT_EQ(forced["message"]["content"], " dog dog dog dog");
+  // Banned: the greedy first token never comes, the runner-up does.
+  const json& first = plain["logprobs"]["content"][0];
+  const int32_t top1 = id_of_bytes(*s.tok, first["top_logprobs"][0]["bytes"]);
+  const int32_t top2 = id_of_bytes(*s.tok, first["top_logprobs"][1]["bytes"]);
+  ASSERT_GE(top1, 0);
+  const json banned = chat({{"logit_bias", {{std::to_string(top1), -100}}}});
+  ASSERT_FALSE(banned.is_null());
+  EXPECT_EQ(id_of_bytes(*s.tok, banned["logprobs"]["content"][0]["bytes"]), top2);
+  for (const json& e : banned["logprobs"]["content"]) EXPECT_NE(id_of_bytes(*s.tok, e["bytes"]), top1);
+  EXPECT_NEAR(banned["logprobs"]["content"][0]["logprob"].get<double>(),
+              first["top_logprobs"][1]["logprob"].get<double>(), 1e-4)
+      << "logprobs are the raw model's, before the bias";
+
+  for (const auto& [presence, frequency] :
+       std::vector<std::pair<double, double>>{{0, 1.5}, {1.0, 0}, {0.5, 0.5}}) {
+    SCOPED_TRACE(fmt::format("presence {} frequency {}", presence, frequency));
+    const json penalized = chat({{"presence_penalty", presence}, {"frequency_penalty", frequency}});
+    ASSERT_FALSE(penalized.is_null());
+    std::map<int32_t, int> counts;
+    int checked = 0;
+    for (const json& e : penalized["logprobs"]["content"]) {
+      std::vector<std::pair<double, int32_t>> adjusted;
+      for (const json& t : e["top_logprobs"]) {
+        const int32_t id = id_of_bytes(*s.tok, t["bytes"]);
+        const int n = counts.count(id) ? counts[id] : 0;
+        adjusted.emplace_back(t["logprob"].get<double>() - n * frequency - (n > 0 ? presence : 0), id);
+      }
+      std::sort(adjusted.rbegin(), adjusted.rend());
+      // The winner is known when no token outside the top 20 can beat it
+      // (positive penalties only lower them).
+      const double outside = e["top_logprobs"].back()["logprob"].get<double>();
+      const int32_t picked = id_of_bytes(*s.tok, e["bytes"]);
+      if (adjusted[0].first > outside && adjusted[0].first - adjusted[1].first > 1e-4) {
+        EXPECT_EQ(picked, adjusted[0].second);
+        ++checked;
+      }
+      ++counts[picked];
+    }
+    EXPECT_GT(checked, 12);
+  }
+
+  const auto expect_400 = [&](const json& body, const std::string& param, const std::string& mentions) {
+    const Reply r = curl(s.port, "/v1/completions", post(body));
+    EXPECT_EQ(r.status, 400) << body << ": " << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"]["param"], param) << r.body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(mentions), std::string::npos) << r.body;
+  };
+  expect_400({{"prompt", "hi"}, {"logit_bias", {{"999999", 5}}}}, "logit_bias", "999999");
+  expect_400({{"prompt", "hi"}, {"logit_bias", {{std::to_string(s.tok->n_vocab()), 5}}}}, "logit_bias",
+             std::to_string(s.tok->n_vocab()));
+  expect_400({{"prompt", "hi"}, {"logit_bias", {{"dog", 5}}}}, "logit_bias", "dog");
+  expect_400({{"prompt", "hi"}, {"logit_bias", {{"5", 101}}}}, "logit_bias", "100");
+  expect_400({{"prompt", "hi"}, {"logit_bias", json::array({1})}}, "logit_bias", "object");
+  expect_400({{"prompt", "hi"}, {"presence_penalty", 2.5}}, "presence_penalty", "-2");
+  expect_400({{"prompt", "hi"}, {"frequency_penalty", "high"}}, "frequency_penalty", "number");
+}
+
+// What a server would silently drop is refused, naming the parameter;
+// metadata that changes nothing is accepted.
+TEST(Server, ParametersThatWouldChangeTheAnswerAreRefusedByName) {
+  REQUIRE_CURL();
+  Served s;
+  const json messages = {{{"role", "user"}, {"content", "hi"}}};
+  const std::vector<std::tuple<std::string, std::string, json>> refused = {
+      {"/v1/chat/completions",
+       "tools",
+       {{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", json::object()}}}}}}}},
+      {"/v1/chat/completions", "tool_choice", {{"tool_choice", "auto"}}},
+      {"/v1/chat/completions", "functions", {{"functions", {{{"name", "f"}}}}}},
+      {"/v1/chat/completions", "function_call", {{"function_call", "auto"}}},
+      {"/v1/chat/completions", "response_format", {{"response_format", {{"type", "json_object"}}}}},
+      {"/v1/chat/completions",
+       "response_format",
+       {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}}},
+      {"/v1/chat/completions", "modalities", {{"modalities", {"text", "audio"}}}},
+      {"/v1/chat/completions", "audio", {{"audio", {{"voice", "alloy"}, {"format", "wav"}}}}},
+      {"/v1/chat/completions", "n", {{"n", 2}}},
+      {"/v1/chat/completions", "store", {{"store", true}}},
+      {"/v1/chat/completions", "top_logprobs", {{"top_logprobs", 2}}},
+      {"/v1/chat/completions", "top_logprobs", {{"logprobs", true}, {"top_logprobs", 21}}},
+      {"/v1/chat/completions", "logprobs", {{"logprobs", 3}}},
+      {"/v1/chat/completions", "reasoning_effort", {{"reasoning_effort", "high"}}},
+      {"/v1/chat/completions", "repetition_penalty", {{"repetition_penalty", 1.1}}},
+      {"/v1/chat/completions", "stream_options.chunk_size", {{"stream_options", {{"chunk_size", 3}}}}},
+      {"/v1/completions", "best_of", {{"best_of", 3}}},
+      {"/v1/completions", "echo", {{"echo", true}}},
+      {"/v1/completions", "suffix", {{"suffix", " the end"}}},
+      {"/v1/completions", "logprobs", {{"logprobs", 21}}},
+      {"/v1/completions", "logprobs", {{"logprobs", true}}},
+      {"/v1/completions", "top_logprobs", {{"top_logprobs", 2}}},
+      {"/v1/completions", "tools", {{"tools", json::array({1})}}},
+  };
+  for (const auto& [path, param, extra] : refused) {
+    json body = path == "/v1/completions" ? json{{"prompt", "hi"}} : json{{"messages", messages}};
+    body["max_tokens"] = 2;
+    body.update(extra);
+    const Reply r = curl(s.port, path, post(body));
+    EXPECT_EQ(r.status, 400) << path << " " << body << ": " << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"]["param"], param) << path << " " << body << ": " << r.body;
+  }
+  const std::vector<std::pair<std::string, json>> accepted = {
+      {"/v1/chat/completions",
+       {{"user", "u-1"},
+        {"metadata", {{"team", "rag"}}},
+        {"store", false},
+        {"response_format", {{"type", "text"}}},
+        {"tools", json::array()},
+        {"tool_choice", "none"},
+        {"parallel_tool_calls", true},
+        {"modalities", {"text"}},
+        {"n", 1},
+        {"logprobs", false},
+        {"service_tier", "auto"},
+        {"stream_options", {{"include_usage", true}}}}},
+      {"/v1/completions", {{"user", "u-1"}, {"best_of", 1}, {"echo", false}, {"suffix", nullptr}, {"n", 1}}},
+  };
+  for (const auto& [path, extra] : accepted) {
+    json body = path == "/v1/completions" ? json{{"prompt", "hi"}} : json{{"messages", messages}};
+    body["max_tokens"] = 2;
+    body.update(extra);
+    const Reply r = curl(s.port, path, post(body));
+    EXPECT_EQ(r.status, 200) << path << " " << body << ": " << r.body;
+  }
+}
+
+// The official OpenAI Node client asks for logprobs, top_logprobs,
+// penalties, a logit bias and a stop string, and gets them in the shapes its
+// types declare; the parameters it sends that would change the answer
+// unserved (JSON mode) come back as its APIError naming the parameter.
+TEST(Server, TheOfficialOpenAIClientGetsLogprobsPenaltiesBiasAndStop) {
+  const std::filesystem::path client_dir = DEPCACHE_CLIENT_DIR;
+  if (!std::filesystem::exists(client_dir / "node_modules" / "openai" / "package.json") ||
+      std::system("node --version >/dev/null 2>&1") != 0)
+    DEPCACHE_SKIP("node or the openai npm package missing (scripts/setup.sh installs them)");
+  Served s;
+  const std::string prompt = "Once upon a time there was a robot";
+  constexpr int kTokens = 8;
+  const std::string expected = generate_greedy(prompt, kTokens);
+  ASSERT_GE(expected.size(), 4u);
+  const std::string stop = expected.substr(expected.size() / 2, 2);
+  const std::vector<int32_t> dog = s.tok->encode("dog", false, false);
+  ASSERT_EQ(dog.size(), 1u);
+  const test::CliRun r = test::run_shell(
+      fmt::format("node {}/openai_check.mjs http://127.0.0.1:{}/v1 tiny none '{}' {} sampling {} '{}' 2>&1",
+                  client_dir.string(), s.port, prompt, kTokens, dog[0], stop));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json out = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(out.is_discarded()) << r.out;
+  EXPECT_EQ(out["completion"], expected);
+  const json& lp = out["completion_logprobs"];
+  std::string joined;
+  for (const json& t : lp["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, expected) << lp;
+  ASSERT_EQ(lp["top_logprobs"].size(), lp["tokens"].size());
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i]);
+    EXPECT_LE(lp["top_logprobs"][i].size(), 4u);
+  }
+  const json& content = out["chat_logprobs"];
+  ASSERT_FALSE(content.empty()) << out;
+  std::string chat_joined;
+  for (const json& e : content) {
+    chat_joined += e["token"].get<std::string>();
+    EXPECT_LE(e["logprob"].get<double>(), 0);
+    EXPECT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
+  }
+  EXPECT_EQ(chat_joined, out["chat"]);
+  expect_logprobs_alike(out["chat_streamed_logprobs"], content);
+  EXPECT_EQ(out["biased"], " dog dog dog dog");
+  EXPECT_TRUE(out["penalized"].is_string());
+  EXPECT_EQ(out["stopped"], expected.substr(0, expected.find(stop)));
+  EXPECT_EQ(out["stopped_reason"], "stop");
+  EXPECT_EQ(out["json_mode"]["status"], 400) << out;
+  EXPECT_EQ(out["json_mode"]["param"], "response_format") << out;
 }
 
 }  // namespace

@@ -1,0 +1,116 @@
+// A conversation decoded from the input is rendered in every chat family and
+// the prompt tokenized with real vocabularies (GPT-2 byte-level BPE and
+// SentencePiece llama, from ../shared/tokenizers). render_chat either
+// rejects the conversation with InvalidInput or gives a prompt whose special
+// tokens parse, whose ids are in range, and which decodes back exactly.
+//
+// Input: a flags byte (which family's prompt to tokenize, with which
+// vocabulary, with its own BOS/EOS text or the defaults), then messages
+// separated by 0x00; a message's first
+// byte picks its role (system, user, assistant, or the rest of a short
+// string as a role of its own), the remaining bytes are its content.
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fuzz_support.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+#include "prompt/chat_template.h"
+#include "util/error.h"
+
+namespace {
+
+using depcache::fuzz::violated;
+
+struct Target {
+  depcache::Tokenizer tok;
+  std::string bos, eos;
+  bool spm;
+};
+
+std::vector<Target> load_targets() {
+  std::vector<Target> out;
+  for (const char* file : {"tokenizers/ggml-vocab-gpt-2.gguf", "tokenizers/ggml-vocab-llama-spm.gguf"}) {
+    depcache::Tokenizer tok(
+        depcache::Vocab::from_gguf(depcache::GgufFile::open(depcache::fuzz::shared_file(file))));
+    std::string bos = tok.bos() >= 0 ? tok.token_to_piece(tok.bos(), true) : "<s>";
+    std::string eos = tok.eos() >= 0 ? tok.token_to_piece(tok.eos(), true) : "</s>";
+    const bool spm = tok.vocab().kind == depcache::VocabKind::Spm;
+    out.push_back({std::move(tok), std::move(bos), std::move(eos), spm});
+  }
+  return out;
+}
+
+void check_tokens(const Target& t, const std::string& prompt) {
+  const std::vector<int32_t> ids = t.tok.encode(prompt, false, true);
+  for (int32_t id : ids)
+    if (id < 0 || id >= t.tok.n_vocab()) violated("token id out of range");
+  // SentencePiece reads U+2581 as its space mark: such text is not lossless.
+  if (t.spm && prompt.find("\xE2\x96\x81") != std::string::npos) return;
+  if (t.tok.decode(ids, true) != prompt) violated("decode(encode(prompt)) differs from the prompt");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::vector<Target> targets = load_targets();
+  depcache::fuzz::Bytes in(data, size);
+  const uint8_t flags = in.u8();
+  std::vector<depcache::ChatMessage> messages;
+  while (!in.empty()) {
+    const std::string_view raw = in.until(0);
+    depcache::ChatMessage m;
+    const uint8_t role = raw.empty() ? 1 : static_cast<uint8_t>(raw[0]) % 8;
+    std::string_view content = raw.empty() ? raw : raw.substr(1);
+    if (role < 3) {
+      m.role = role == 0 ? "system" : role == 1 ? "user" : "assistant";
+    } else if (role == 3) {  // an unknown role: up to the first newline
+      const size_t nl = content.find('\n');
+      m.role = std::string(content.substr(0, nl));
+      content = nl == std::string_view::npos ? std::string_view() : content.substr(nl + 1);
+    } else {
+      m.role = "user";
+    }
+    m.content = std::string(content);
+    messages.push_back(std::move(m));
+  }
+  // Every family renders (cheap) and agrees on whether the conversation is
+  // valid; the prompt of one family, picked by the flags, is tokenized with
+  // one vocabulary (tokenizing is most of the time).
+  const std::vector<std::string> names = depcache::chat_family_names();
+  const size_t pick = flags % names.size();
+  const Target& t = targets[(flags / names.size()) % targets.size()];
+  const bool own_markers = (flags / names.size() / targets.size()) % 2;
+  std::optional<bool> valid;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::optional<depcache::ChatFamily> family = depcache::chat_family_from_name(names[i]);
+    if (!family) violated("a listed chat family has no enum value");
+    std::string prompt;
+    try {
+      prompt = own_markers ? depcache::render_chat(*family, messages, t.bos, t.eos)
+                           : depcache::render_chat(*family, messages);
+    } catch (const depcache::Error& e) {
+      if (e.kind() != depcache::ErrorKind::InvalidInput)
+        violated("render_chat failed other than InvalidInput");
+      if (valid.value_or(false)) violated("families disagree on whether a conversation is valid");
+      valid = false;
+      continue;
+    }
+    if (!valid.value_or(true)) violated("families disagree on whether a conversation is valid");
+    valid = true;
+    if (prompt.empty()) violated("empty prompt for a valid conversation");
+    if (i != pick) continue;
+    try {
+      check_tokens(t, prompt);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tokenizing a rendered chat threw: %s\n", e.what());
+      violated("tokenizing a rendered chat threw");
+    }
+  }
+  return 0;
+}

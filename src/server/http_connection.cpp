@@ -1,0 +1,511 @@
+#include "server/http_connection.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "server/openai.h"
+
+namespace depcache {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How the connection handed to a thread is to be treated: served, answered
+// 503 at once (every slot busy), or closed unanswered (even the 503s are
+// backed up).
+enum class SlotMode { Serve, Busy, Drop };
+thread_local SlotMode t_mode = SlotMode::Serve;
+
+// The connection threads: up to `slots` connections served at once, each on
+// a thread of its own (started when first needed, then kept); a connection
+// beyond them is handed to the one rejecting thread instead of waiting for a
+// slot. The library gives us a job per accepted connection; the job's
+// mode tells process_and_close_socket what to do with it.
+class SlotQueue : public httplib::TaskQueue {
+ public:
+  explicit SlotQueue(size_t slots) : slots_(std::max<size_t>(slots, 1)) {
+    rejecter_ = std::thread([this] { reject_loop(); });
+  }
+  ~SlotQueue() override = default;
+
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock lk(mu_);
+    if (busy_ < slots_) {
+      ++busy_;
+      // A thread that is idle but already woken for an earlier job does not
+      // count: every queued job needs an idle thread of its own.
+      const bool idle_thread = idle_ > jobs_.size();
+      jobs_.push_back(std::move(fn));
+      if (idle_thread) {
+        lk.unlock();
+        work_.notify_one();
+      } else {
+        threads_.emplace_back([this] { work_loop(); });
+      }
+      return;
+    }
+    if (rejects_.size() < kMaxRejectsQueued) {
+      rejects_.push_back(std::move(fn));
+      lk.unlock();
+      reject_.notify_one();
+      return;
+    }
+    // Even the rejecting thread is backed up: close unanswered, here.
+    lk.unlock();
+    run(fn, SlotMode::Drop);
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    work_.notify_all();
+    reject_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    rejecter_.join();
+  }
+
+ private:
+  static constexpr size_t kMaxRejectsQueued = 4096;
+
+  static void run(const std::function<void()>& fn, SlotMode mode) {
+    t_mode = mode;
+    fn();
+    t_mode = SlotMode::Serve;
+  }
+
+  void work_loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      ++idle_;
+      work_.wait(lk, [&] { return !jobs_.empty() || stopping_; });
+      --idle_;
+      if (jobs_.empty()) return;  // stopping, nothing left
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lk.unlock();
+      run(fn, SlotMode::Serve);
+      lk.lock();
+      --busy_;
+    }
+  }
+
+  void reject_loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      reject_.wait(lk, [&] { return !rejects_.empty() || stopping_; });
+      if (rejects_.empty()) return;
+      std::function<void()> fn = std::move(rejects_.front());
+      rejects_.pop_front();
+      lk.unlock();
+      run(fn, SlotMode::Busy);
+      lk.lock();
+    }
+  }
+
+  const size_t slots_;
+  std::mutex mu_;
+  std::condition_variable work_, reject_;
+  std::deque<std::function<void()>> jobs_, rejects_;
+  std::vector<std::thread> threads_;  // joined at shutdown (guarded by mu_ while adding)
+  std::thread rejecter_;
+  size_t busy_ = 0, idle_ = 0;
+  bool stopping_ = false;
+};
+
+// A connection's socket as the library's Stream, with the limits applied to
+// what is read. Bytes are read in blocks and handed over as asked (the
+// library reads a request line and headers byte by byte); while a request's
+// head is being handed over its bytes and lines are counted, then its body's
+// bytes. Every read waits at most until the request's deadline.
+class ConnectionStream : public httplib::Stream {
+ public:
+  ConnectionStream(socket_t sock, const HttpLimits& limits, const std::atomic<socket_t>& listening)
+      : sock_(sock), limits_(limits), listening_(listening) {
+    // The body bound is on the bytes as sent: a chunked body's framing (a
+    // size line and CRLF per chunk) is allowed for on top of the limit. The
+    // handlers check the decoded size exactly.
+    body_cap_ = limits_.max_body_bytes + limits_.max_body_bytes / 2 + 64 * 1024;
+  }
+
+  // A new request starts: its head is counted afresh, its bytes must all
+  // arrive by `deadline`.
+  void begin_request(Clock::time_point deadline) {
+    deadline_ = deadline;
+    in_head_ = true;
+    head_bytes_ = head_lines_ = line_bytes_ = 0;
+    body_bytes_ = 0;
+    violation_ = HttpViolation::None;
+    wrote_ = false;
+  }
+  HttpViolation violation() const { return violation_; }
+  // The connection ends after the response being made (its request's body
+  // was not read).
+  void close_after() { close_after_ = true; }
+  bool closing() const { return close_after_; }
+  bool wrote() const { return wrote_; }
+  bool buffered() const { return pos_ < len_; }
+
+  // Waits up to `idle` for the next request's first byte; false when none
+  // came (or the server is stopping, or the client closed).
+  bool wait_next(std::chrono::milliseconds idle) {
+    if (buffered()) return true;
+    const auto until = Clock::now() + idle;
+    while (!stopping()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      if (left.count() <= 0) return false;
+      const int r = poll_for(POLLIN, std::min<int64_t>(left.count(), kSliceMs));
+      if (r < 0) return false;
+      if (r > 0) return true;
+    }
+    return false;
+  }
+
+  bool is_readable() const override { return buffered() || poll_for(POLLIN, 0) > 0; }
+  bool is_writable() const override {
+    return poll_for(POLLOUT, static_cast<int>(limits_.write_timeout.count())) > 0;
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (violation_ != HttpViolation::None) return -1;
+    if (!buffered()) {
+      const ssize_t n = fill();
+      if (n <= 0) return n;
+    }
+    size_t n = std::min(size, len_ - pos_);
+    if (in_head_) {
+      // Handed over up to the end of the head at most, so the body is
+      // counted from its first byte.
+      size_t i = 0;
+      while (i < n) {
+        const char c = buf_[pos_ + i++];
+        ++head_bytes_;
+        if (c != '\n') {
+          ++line_bytes_;
+          continue;
+        }
+        ++head_lines_;
+        const bool blank = line_bytes_ == 1 && buf_[pos_ + i - 2] == '\r';
+        line_bytes_ = 0;
+        if (blank) {
+          in_head_ = false;
+          break;
+        }
+      }
+      n = i;
+      // The request line is the first line; the blank line ends the head.
+      if (head_bytes_ > limits_.max_header_bytes) return violate(HttpViolation::HeaderTooLarge);
+      if (head_lines_ > limits_.max_header_lines + 2) return violate(HttpViolation::TooManyHeaders);
+    } else {
+      body_bytes_ += n;
+      if (body_bytes_ > body_cap_) return violate(HttpViolation::BodyTooLarge);
+    }
+    std::memcpy(ptr, buf_ + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    const ssize_t n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    if (n > 0) wrote_ = true;
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(::getpeername, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address(::getsockname, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  // Waits are cut in slices so that a stopping server is noticed.
+  static constexpr int64_t kSliceMs = 100;
+
+  bool stopping() const { return listening_.load() == INVALID_SOCKET; }
+
+  ssize_t violate(HttpViolation v) {
+    violation_ = v;
+    return -1;
+  }
+
+  int poll_for(short events, int timeout_ms) const {
+    pollfd p{sock_, events, 0};
+    for (;;) {
+      const int r = ::poll(&p, 1, timeout_ms);
+      if (r < 0 && errno == EINTR) continue;
+      if (r > 0 && (p.revents & (POLLERR | POLLNVAL))) return -1;
+      return r;
+    }
+  }
+
+  // Reads what has arrived into the buffer, waiting until the deadline.
+  ssize_t fill() {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+      if (left.count() <= 0) return violate(HttpViolation::Timeout);
+      if (stopping()) return -1;
+      const int r = poll_for(POLLIN, static_cast<int>(std::min<int64_t>(left.count(), kSliceMs)));
+      if (r < 0) return -1;
+      if (r == 0) continue;
+      const ssize_t n = ::recv(sock_, buf_, sizeof buf_, 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) return n;
+      pos_ = 0;
+      len_ = static_cast<size_t>(n);
+      return n;
+    }
+  }
+
+  template <typename F>
+  void address(F get, std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    ip.clear();
+    port = 0;
+    if (get(sock_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (addr.ss_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+      ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+      port = ntohs(a->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+      ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
+      port = ntohs(a->sin6_port);
+    }
+    ip = text;
+  }
+
+  socket_t sock_;
+  const HttpLimits& limits_;
+  const std::atomic<socket_t>& listening_;
+  char buf_[16384];
+  size_t pos_ = 0, len_ = 0;
+  Clock::time_point deadline_{};
+  bool in_head_ = true;
+  size_t head_bytes_ = 0, head_lines_ = 0, line_bytes_ = 0, body_bytes_ = 0, body_cap_ = 0;
+  HttpViolation violation_ = HttpViolation::None;
+  bool wrote_ = false;
+  bool close_after_ = false;
+};
+
+thread_local ConnectionStream* t_stream = nullptr;
+
+// Closes a connection the server is done with while the client may still
+// be sending: closing with unread bytes would reset the connection and the
+// client could lose the response, so stop sending, then read and discard
+// what comes for a moment (bounded in time and bytes).
+void lingering_close(socket_t sock, std::chrono::milliseconds linger) {
+  ::shutdown(sock, SHUT_WR);
+  const auto until = Clock::now() + linger;
+  char sink[16384];
+  size_t drained = 0;
+  while (Clock::now() < until && drained < (size_t{4} << 20)) {
+    pollfd in{sock, POLLIN, 0};
+    if (::poll(&in, 1, 10) <= 0) continue;
+    const ssize_t n = ::recv(sock, sink, sizeof sink, MSG_DONTWAIT);
+    if (n <= 0) break;
+    drained += static_cast<size_t>(n);
+  }
+  ::close(sock);
+}
+
+// A whole response written directly (no request was parsed, or the library
+// gave up on it), then the connection closed.
+void write_and_close(socket_t sock, int status, const char* reason, const ApiError& error,
+                     std::chrono::milliseconds linger) {
+  const std::string body = error_body(error).dump();
+  const std::string head = fmt::format(
+      "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
+      status, reason, body.size(), status == 503 ? "Retry-After: 1\r\n" : "");
+  const std::string out = head + body;
+  pollfd p{sock, POLLOUT, 0};
+  if (::poll(&p, 1, 100) > 0) (void)::send(sock, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  lingering_close(sock, linger);
+}
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Bad Request";
+  }
+}
+
+}  // namespace
+
+int violation_status(HttpViolation v) {
+  switch (v) {
+    case HttpViolation::Timeout:
+      return 408;
+    case HttpViolation::HeaderTooLarge:
+    case HttpViolation::TooManyHeaders:
+      return 431;
+    case HttpViolation::BodyTooLarge:
+      return 413;
+    case HttpViolation::None:
+      break;
+  }
+  return 400;
+}
+
+const char* violation_message(HttpViolation v) {
+  switch (v) {
+    case HttpViolation::Timeout:
+      return "the request was not received in time (--request-timeout)";
+    case HttpViolation::HeaderTooLarge:
+      return "the request line and headers are larger than the server accepts (--max-header-bytes)";
+    case HttpViolation::TooManyHeaders:
+      return "the request has more header lines than the server accepts (--max-headers)";
+    case HttpViolation::BodyTooLarge:
+      return "the request body is larger than the server accepts (--max-body)";
+    case HttpViolation::None:
+      break;
+  }
+  return "bad request";
+}
+
+GuardedHttpServer::GuardedHttpServer(const HttpLimits& limits) : limits_(limits) {
+  const size_t slots = limits_.max_connections;
+  new_task_queue = [slots] { return new SlotQueue(slots); };
+  set_payload_max_length(limits_.max_body_bytes);
+  // What the library announces in its Keep-Alive header.
+  set_keep_alive_timeout(std::max<time_t>(1, limits_.keep_alive_timeout.count() / 1000));
+  set_keep_alive_max_count(limits_.max_requests_per_connection);
+}
+
+std::string render_http_metrics(const GuardedHttpServer& server) {
+  const HttpRejections& r = server.rejections();
+  std::string out =
+      "# HELP depcache_http_rejected_total Connections and requests the HTTP layer refused: busy (every "
+      "connection slot taken: 503), timeout (not received in time: 408), header_too_large (431), "
+      "body_too_large (413), failed (a fault while answering)\n"
+      "# TYPE depcache_http_rejected_total counter\n";
+  const std::pair<const char*, const std::atomic<int64_t>*> rows[] = {
+      {"busy", &r.busy},
+      {"timeout", &r.timeout},
+      {"header_too_large", &r.header_too_large},
+      {"body_too_large", &r.body_too_large},
+      {"failed", &r.failed}};
+  for (const auto& [reason, n] : rows)
+    out += fmt::format("depcache_http_rejected_total{{reason=\"{}\"}} {}\n", reason, n->load());
+  out += fmt::format(
+      "# HELP depcache_http_open_connections Connections being served now\n"
+      "# TYPE depcache_http_open_connections gauge\ndepcache_http_open_connections {}\n",
+      server.open_connections());
+  return out;
+}
+
+void GuardedHttpServer::close_after_response() {
+  if (t_stream) t_stream->close_after();
+}
+
+HttpViolation GuardedHttpServer::current_violation() {
+  return t_stream ? t_stream->violation() : HttpViolation::None;
+}
+
+void GuardedHttpServer::reject_busy(socket_t sock) {
+  rejections_.busy.fetch_add(1, std::memory_order_relaxed);
+  write_and_close(sock, 503, reason_phrase(503),
+                  ApiError(503,
+                           fmt::format("the server is serving as many connections as it takes ({}); retry "
+                                       "shortly (--http-threads)",
+                                       limits_.max_connections),
+                           "server_error", {}, "server_busy"),
+                  std::chrono::milliseconds(50));
+}
+
+bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
+  if (t_mode == SlotMode::Drop) {
+    rejections_.busy.fetch_add(1, std::memory_order_relaxed);
+    ::close(sock);
+    return false;
+  }
+  if (t_mode == SlotMode::Busy) {
+    reject_busy(sock);
+    return false;
+  }
+  open_.fetch_add(1, std::memory_order_relaxed);
+  ConnectionStream stream(sock, limits_, svr_sock_);
+  t_stream = &stream;
+  bool ok = true;
+  const auto accepted = Clock::now();
+  for (size_t served = 0; served < limits_.max_requests_per_connection; ++served) {
+    if (served > 0 && !stream.wait_next(limits_.keep_alive_timeout)) break;
+    stream.begin_request((served == 0 ? accepted : Clock::now()) + limits_.request_timeout);
+    const bool last = served + 1 == limits_.max_requests_per_connection || svr_sock_ == INVALID_SOCKET;
+    bool closed = false;
+    try {
+      ok = process_request(stream, last, closed, nullptr);
+    } catch (const std::exception& e) {
+      // The handlers answer their own errors; this is a fault in writing one.
+      rejections_.failed.fetch_add(1, std::memory_order_relaxed);
+      fmt::print(stderr, "warning: a connection failed: {}\n", e.what());
+      ok = false;
+    } catch (...) {
+      rejections_.failed.fetch_add(1, std::memory_order_relaxed);
+      ok = false;
+    }
+    const HttpViolation v = stream.violation();
+    if (v != HttpViolation::None) {
+      switch (v) {
+        case HttpViolation::Timeout:
+          rejections_.timeout.fetch_add(1, std::memory_order_relaxed);
+          break;
+        case HttpViolation::BodyTooLarge:
+          rejections_.body_too_large.fetch_add(1, std::memory_order_relaxed);
+          break;
+        default:
+          rejections_.header_too_large.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (!stream.wrote()) {
+        // The library gave up before answering (the request line itself
+        // was cut off): the client still learns why.
+        t_stream = nullptr;
+        open_.fetch_sub(1, std::memory_order_relaxed);
+        const int status = violation_status(v);
+        write_and_close(sock, status, reason_phrase(status), ApiError(status, violation_message(v)),
+                        std::chrono::milliseconds(200));
+        return false;
+      }
+      t_stream = nullptr;
+      open_.fetch_sub(1, std::memory_order_relaxed);
+      lingering_close(sock, std::chrono::milliseconds(200));
+      return false;
+    }
+    if (!ok || closed || stream.closing()) {
+      if (stream.closing()) {
+        t_stream = nullptr;
+        open_.fetch_sub(1, std::memory_order_relaxed);
+        lingering_close(sock, std::chrono::milliseconds(200));
+        return ok;
+      }
+      break;
+    }
+  }
+  t_stream = nullptr;
+  open_.fetch_sub(1, std::memory_order_relaxed);
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ok;
+}
+
+}  // namespace depcache

@@ -1,0 +1,78 @@
+#pragma once
+// The HTTP server's connection handling, with the limits a server facing
+// untrusted clients needs and cpp-httplib 0.11 does not enforce itself:
+//  - a bounded number of connections served at once, one thread each; a
+//    connection beyond them gets an immediate 503 with Retry-After instead
+//    of waiting unseen in a queue;
+//  - a deadline for receiving a whole request (request line, headers, body),
+//    so slow senders are cut off (408), and an idle keep-alive timeout;
+//  - the request line and headers bounded in bytes and lines (431), and the
+//    body bounded whatever its transfer encoding (413), checked as the bytes
+//    arrive, on every path;
+//  - no exception escapes a connection's thread.
+// The library still parses HTTP: requests are read through a stream of ours
+// (the library's documented Stream interface) that counts what it hands over
+// and enforces the deadline, and each connection runs the library's own
+// request processing in a loop of ours.
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace depcache {
+
+struct HttpLimits {
+  size_t max_connections = 256;  // served at once, one thread each; more: 503
+  size_t max_body_bytes = size_t{1} << 20;
+  size_t max_header_bytes = 32 * 1024;                 // request line and headers together
+  size_t max_header_lines = 100;                       // header lines (the request line not counted)
+  std::chrono::milliseconds request_timeout{30000};    // a request's first byte to its last
+  std::chrono::milliseconds keep_alive_timeout{5000};  // idle between requests of a connection
+  std::chrono::milliseconds write_timeout{10000};      // a client not reading the response
+  size_t max_requests_per_connection = 1000;
+};
+
+// Why the connection layer cut a request short.
+enum class HttpViolation { None, Timeout, HeaderTooLarge, TooManyHeaders, BodyTooLarge };
+
+// What the connection layer refused, for /metrics.
+struct HttpRejections {
+  std::atomic<int64_t> busy{0}, timeout{0}, header_too_large{0}, body_too_large{0}, failed{0};
+};
+
+class GuardedHttpServer : public httplib::Server {
+ public:
+  explicit GuardedHttpServer(const HttpLimits& limits);
+  const HttpLimits& limits() const { return limits_; }
+  const HttpRejections& rejections() const { return rejections_; }
+  // The violation of the request being processed on this thread (None
+  // outside a connection): what the error handler turns into its status.
+  static HttpViolation current_violation();
+  // The connection being served on this thread closes after the response
+  // being made: a request refused before its body was read leaves the body
+  // unread on the connection.
+  static void close_after_response();
+  // Connections being served now.
+  int64_t open_connections() const { return open_.load(std::memory_order_relaxed); }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+  // A connection beyond the limit: 503 and close, without reading its request.
+  void reject_busy(socket_t sock);
+
+  HttpLimits limits_;
+  HttpRejections rejections_;
+  std::atomic<int64_t> open_{0};
+};
+
+// The connection layer's counters in the Prometheus text format:
+// depcache_http_rejected_total{reason} and depcache_http_open_connections.
+std::string render_http_metrics(const GuardedHttpServer& server);
+
+// The HTTP status of a violation, and the message a client gets.
+int violation_status(HttpViolation v);
+const char* violation_message(HttpViolation v);
+
+}  // namespace depcache

@@ -1,0 +1,400 @@
+// The shared tiers against whoever can write to them: records planted in the
+// cache directory or in Redis with valid checksums but wrong K/V, sealed
+// under another key, or of another shape are refused, counted and
+// recomputed, never served; Redis AUTH; and a slow Redis costs at most its
+// deadline, and only the requests that read from it.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "kv/radix_index.h"
+#include "kv/span_record.h"
+#include "test_support.h"
+#include "util/error.h"
+#include "util/mac.h"
+
+namespace depcache {
+namespace {
+
+using Tokens = std::vector<int32_t>;
+using std::chrono::steady_clock;
+constexpr int kLayers = 2;
+constexpr int64_t kRowElems = 8;
+constexpr SpanShape kShape{kLayers, kRowElems, DType::F16};
+constexpr int kMac = 0, kShapeReason = 1;  // reject_index(RecordStatus::Mac / Shape)
+
+// K/V that depends only on (token, row, layer), shifted by `salt`: salt 0 is
+// the true K/V, any other a forgery of the same shape.
+KvSpan span_of(const Tokens& seq, int64_t begin, int64_t end, int salt = 0, SpanShape shape = kShape) {
+  KvSpan s(shape.n_layer, shape.row_elems, shape.type, end - begin);
+  for (int il = 0; il < shape.n_layer; ++il)
+    for (int64_t i = begin; i < end; ++i)
+      for (size_t j = 0; j < 2 * s.row_bytes(); ++j)
+        s.k(il)[(i - begin) * 2 * s.row_bytes() + j] =
+            static_cast<uint8_t>((seq[i] * 131 + i * 31 + il * 7 + static_cast<int64_t>(j) + salt) & 0xff);
+  for (int64_t i = begin; i < end; ++i) s.positions()[i - begin] = static_cast<int32_t>(i);
+  return s;
+}
+
+RadixIndex::SpanMaker maker(const Tokens& seq) {
+  return [&seq](int64_t b, int64_t e) { return span_of(seq, b, e); };
+}
+
+// Every matched piece holds the true K/V of its rows.
+void expect_true_kv(const RadixIndex& index, const RadixIndex::Match& m, const Tokens& seq) {
+  int64_t at = 0;
+  for (const RadixIndex::Piece& p : m.pieces) {
+    const KvSpan& got = index.span(p.node);
+    const KvSpan want = span_of(seq, at, at + p.length);
+    for (int il = 0; il < kLayers; ++il)
+      ASSERT_EQ(std::memcmp(got.k(il) + p.offset * got.row_bytes(), want.k(il), want.row_bytes() * p.length),
+                0)
+          << "K of layer " << il << " at token " << at;
+    at += p.length;
+  }
+  EXPECT_EQ(at, m.length);
+}
+
+Tokens sequence(int id, int64_t n) {
+  Tokens t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(id * 97 + i);
+  return t;
+}
+
+std::shared_ptr<const MacKey> key_of(char fill) {
+  return std::make_shared<const MacKey>(std::vector<uint8_t>(32, static_cast<uint8_t>(fill)));
+}
+
+void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::filesystem::path file_for(const std::filesystem::path& dir, uint64_t key) {
+  return dir / fmt::format("{:016x}.kvspan", key);
+}
+
+int64_t rejected(const RadixIndex& index, int tier, int reason) {
+  return index.stats().rejected[tier][reason];
+}
+
+class SealedTiers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::temp_path("sealed-tiers");
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST(MacKey, ShortOrMissingKeyFileIsAClearError) {
+  const std::filesystem::path dir = test::temp_path("mac-key");
+  std::filesystem::create_directories(dir);
+  write_bytes(dir / "short", std::vector<uint8_t>(31, 7));
+  write_bytes(dir / "good", std::vector<uint8_t>(32, 7));
+  for (const char* name : {"short", "missing"}) {
+    try {
+      MacKey::from_file(dir / name);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
+      EXPECT_NE(std::string(e.what()).find((dir / name).string()), std::string::npos) << e.what();
+    }
+  }
+  const MacKey key = MacKey::from_file(dir / "good");
+  const std::vector<uint8_t> msg = {1, 2, 3};
+  EXPECT_TRUE(key.check(key.tag({msg}), {msg}));
+  EXPECT_FALSE(key_of('x')->check(key.tag({msg}), {msg}));
+  std::filesystem::remove_all(dir);
+}
+
+// A planted file with a valid checksum but wrong K/V is refused, counted
+// and recomputed: when the directory is opened, and when a file the index
+// adopted is replaced under it.
+TEST_F(SealedTiers, ForgedDiskRecordIsNeverServed) {
+  const auto key = key_of('k');
+  const Tokens s = sequence(1, 12), t = sequence(2, 12);
+  const uint64_t ks = span_content_key(3, s), kt = span_content_key(3, t);
+  {
+    // A sound record of t (the deployment's key) and a forged one of s
+    // (checksummed, as anyone can).
+    DiskSpanStore disk(dir_, 1 << 20, key);
+    ASSERT_TRUE(disk.put(kt, 3, t, 0, span_of(t, 0, 12)));
+  }
+  write_bytes(file_for(dir_, ks), encode_span_record(ks, 3, s, 0, span_of(s, 0, 12, 99)));
+  DiskSpanStore disk(dir_, 1 << 20, key);
+  RadixIndex index(1 << 20);
+  index.expect_span_shape(kShape);
+  index.attach_disk(disk);
+  EXPECT_EQ(rejected(index, RadixIndex::kRejectDisk, kMac), 1);  // refused when scanned
+  EXPECT_FALSE(std::filesystem::exists(file_for(dir_, ks)));
+  EXPECT_EQ(index.match(3, s).length, 0);
+  // t was adopted; its file is now replaced by a forgery of the same size,
+  // sealed under another key.
+  ASSERT_TRUE(std::filesystem::exists(file_for(dir_, kt)));
+  write_bytes(file_for(dir_, kt), encode_span_record(kt, 3, t, 0, span_of(t, 0, 12, 55), key_of('z').get()));
+  const RadixIndex::Match m = index.match(3, t);
+  EXPECT_EQ(m.length, 0);
+  EXPECT_EQ(rejected(index, RadixIndex::kRejectDisk, kMac), 2);
+  // Recomputed and served from memory, true K/V.
+  index.insert(3, t, maker(t));
+  const RadixIndex::Match again = index.match(3, t);
+  EXPECT_EQ(again.length, 12);
+  expect_true_kv(index, again, t);
+  index.check_invariants();
+}
+
+// A layer whose bytes were changed after sealing fails its own tag when the
+// layer-wise preload reads it.
+TEST_F(SealedTiers, ForgedLayerFailsTheLayerWiseRead) {
+  const auto key = key_of('k');
+  const Tokens s = sequence(4, 10);
+  const uint64_t k = span_content_key(1, s);
+  std::vector<uint8_t> record = encode_span_record(k, 1, s, 0, span_of(s, 0, 10), key.get());
+  record[record.size() - 5] ^= 1;  // the last layer's K/V
+  write_bytes(file_for(dir_, k), record);
+  DiskSpanStore disk(dir_, 1 << 20, key);
+  ASSERT_EQ(disk.n_files(), 1u);  // the head is sound: adopted
+  std::optional<DiskSpanStore::LayerReader> reader = disk.open_layers(k, 1, s, 0);
+  ASSERT_TRUE(reader);
+  EXPECT_TRUE(reader->read_layer(0));
+  EXPECT_FALSE(reader->read_layer(1));
+  EXPECT_FALSE(disk.get(k, 1, s, 0).has_value());
+  EXPECT_EQ(disk.n_rejected(kMac), 1);
+}
+
+TEST_F(SealedTiers, WrongShapeDiskRecordIsDroppedAndRecomputed) {
+  const auto key = key_of('k');
+  const Tokens s = sequence(5, 9);
+  const uint64_t k = span_content_key(2, s);
+  // Authentic (the deployment's key) but of another model: one more layer.
+  write_bytes(
+      file_for(dir_, k),
+      encode_span_record(k, 2, s, 0, span_of(s, 0, 9, 0, {kLayers + 1, kRowElems, DType::F16}), key.get()));
+  DiskSpanStore disk(dir_, 1 << 20, key);
+  RadixIndex index(1 << 20);
+  index.expect_span_shape(kShape);
+  index.attach_disk(disk);
+  EXPECT_EQ(index.match(2, s).length, 0);
+  EXPECT_EQ(rejected(index, RadixIndex::kRejectDisk, kShapeReason), 1);
+  index.insert(2, s, maker(s));
+  expect_true_kv(index, index.match(2, s), s);
+}
+
+struct KeyedIndexes {
+  KeyedIndexes(int port, std::shared_ptr<const MacKey> key)
+      : store_a(options(port)), store_b(options(port)), a(1 << 20), b(1 << 20) {
+    a.expect_span_shape(kShape);
+    b.expect_span_shape(kShape);
+    a.attach_remote(store_a, 8, key);
+    b.attach_remote(store_b, 8, key);
+  }
+  static RedisOptions options(int port) {
+    RedisOptions o;
+    o.port = port;
+    o.timeout_ms = 2000;
+    return o;
+  }
+  RedisStore store_a, store_b;
+  RadixIndex a, b;
+};
+
+TEST(RemoteSealed, ForgedRedisRecordIsNeverServed) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const auto key = key_of('k');
+  KeyedIndexes two(redis.port(), key);
+  const Tokens s = sequence(1, 24);
+  // Block 0 published by a replica; blocks 1 and 2 planted: one with a
+  // valid checksum, one sealed under another key.
+  two.a.insert(7, Tokens(s.begin(), s.begin() + 8), maker(s));
+  two.a.flush_remote();
+  const std::span<const int32_t> seq(s);
+  const uint64_t k1 = span_content_key(7, seq.first(16)), k2 = span_content_key(7, seq.first(24));
+  two.store_a.put(k1, encode_span_record(k1, 7, seq.first(16), 8, span_of(s, 8, 16, 77)));
+  two.store_a.put(k2, encode_span_record(k2, 7, seq, 16, span_of(s, 16, 24, 77), key_of('z').get()));
+  RadixIndex::Match m = two.b.match(7, s);
+  EXPECT_EQ(m.length, 8);  // block 0 only
+  expect_true_kv(two.b, m, s);
+  EXPECT_EQ(rejected(two.b, RadixIndex::kRejectRemote, kMac), 1);
+  EXPECT_FALSE(two.store_a.get(k1).has_value());  // deleted for everyone
+  two.b.insert(7, s, maker(s));                   // recomputed
+  // Block 2 is next: refused too.
+  RadixIndex c(1 << 20);
+  c.expect_span_shape(kShape);
+  RedisStore store_c(KeyedIndexes::options(redis.port()));
+  c.attach_remote(store_c, 8, key);
+  two.b.flush_remote();  // b published blocks 1 and 2 (block 2 kept: NX)
+  m = c.match(7, s);
+  EXPECT_EQ(m.length, 16);
+  expect_true_kv(c, m, s);
+  EXPECT_EQ(rejected(c, RadixIndex::kRejectRemote, kMac), 1);
+}
+
+TEST(RemoteSealed, WrongShapeRedisRecordIsDroppedAndRecomputed) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const auto key = key_of('k');
+  KeyedIndexes two(redis.port(), key);
+  const Tokens s = sequence(2, 8);
+  const uint64_t k = span_content_key(1, s);
+  // Authentic, but F32 rows where this model keeps F16: placing it would
+  // fail every request with this prefix.
+  two.store_a.put(
+      k, encode_span_record(k, 1, s, 0, span_of(s, 0, 8, 0, {kLayers, kRowElems, DType::F32}), key.get()));
+  EXPECT_EQ(two.b.match(1, s).length, 0);
+  EXPECT_EQ(rejected(two.b, RadixIndex::kRejectRemote, kShapeReason), 1);
+  EXPECT_FALSE(two.store_a.get(k).has_value());
+  two.b.insert(1, s, maker(s));
+  expect_true_kv(two.b, two.b.match(1, s), s);
+}
+
+// One command on a fresh hiredis connection (for setting the server up).
+void redis_admin(int port, std::initializer_list<const char*> args) {
+  redisContext* c = redisConnect("127.0.0.1", port);
+  ASSERT_TRUE(c && !c->err);
+  std::vector<const char*> argv(args);
+  auto* r =
+      static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), nullptr));
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->type, REDIS_REPLY_ERROR) << r->str;
+  freeReplyObject(r);
+  redisFree(c);
+}
+
+std::string construction_error(const RedisOptions& o) {
+  try {
+    RedisStore store(o);
+    return "";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
+    return e.what();
+  }
+}
+
+TEST(RemoteAuth, RightPasswordWorksWrongOrMissingIsAStartupError) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  redis_admin(redis.port(), {"ACL", "SETUSER", "replica", "on", ">user-secret", "~*", "+@all"});
+  redis_admin(redis.port(), {"CONFIG", "SET", "requirepass", "default-secret"});
+  RedisOptions o = KeyedIndexes::options(redis.port());
+  EXPECT_NE(construction_error(o).find("--redis-password-file"), std::string::npos) << construction_error(o);
+  o.password = "wrong";
+  EXPECT_NE(construction_error(o).find("refused AUTH"), std::string::npos) << construction_error(o);
+  o.password = "default-secret";
+  {
+    RedisStore store(o);
+    store.put(1, std::vector<uint8_t>{1, 2, 3});
+    EXPECT_EQ(store.get(1), std::vector<uint8_t>({1, 2, 3}));
+    EXPECT_EQ(store.n_failures(), 0);
+  }
+  o.user = "replica";
+  EXPECT_NE(construction_error(o).find("as user 'replica'"), std::string::npos) << construction_error(o);
+  o.password = "user-secret";
+  RedisStore store(o);
+  EXPECT_EQ(store.get(1), std::vector<uint8_t>({1, 2, 3}));
+  EXPECT_EQ(store.n_failures(), 0);
+}
+
+// A server that answers every command with a bulk string one byte every
+// 20 ms: no single read waits long, the whole reply takes seconds.
+class TricklingServer {
+ public:
+  TricklingServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      fail(ErrorKind::Internal, "trickling server: cannot listen");
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~TricklingServer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      char buf[4096];
+      if (::recv(c, buf, sizeof buf, 0) > 0) {
+        const std::string reply = "$100\r\n" + std::string(100, 'x') + "\r\n";
+        for (char ch : reply) {
+          if (stop_ || ::send(c, &ch, 1, MSG_NOSIGNAL) != 1) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }
+      ::close(c);
+    }
+  }
+  int fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(RemoteDeadline, ATrickledReplyEndsAtTheDeadline) {
+  TricklingServer server;
+  RedisOptions o;
+  o.port = server.port();
+  o.timeout_ms = 150;
+  o.retry_after_ms = 0;  // every call tries again
+  const auto t0 = steady_clock::now();
+  RedisStore store(o);  // its PING trickles too: a warning, not an error
+  EXPECT_FALSE(store.get(42).has_value());
+  const auto took = steady_clock::now() - t0;
+  // Two commands (PING, GET) of 150 ms each; the whole reply would take 2 s.
+  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  EXPECT_GE(store.n_failures(), 2);
+  EXPECT_NE(store.last_error().find("no whole reply within 150 ms"), std::string::npos) << store.last_error();
+}
+
+// While one request waits on a paused Redis, another that finds all it
+// needs locally, and an insert (publishing is queued), go through at once.
+TEST(RemoteDeadline, SlowRedisDoesNotStallRequestsThatDoNotReadIt) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  RedisOptions o = KeyedIndexes::options(redis.port());
+  o.timeout_ms = 5000;
+  RedisStore store(o);
+  RadixIndex index(1 << 20);
+  index.expect_span_shape(kShape);
+  index.attach_remote(store, 8, key_of('k'));
+  const Tokens local = sequence(1, 16), remote = sequence(2, 16), fresh = sequence(3, 16);
+  index.insert(1, local, maker(local));
+  index.flush_remote();
+  redis_admin(redis.port(), {"CLIENT", "PAUSE", "1500", "ALL"});
+  const auto t0 = steady_clock::now();
+  auto slow = std::async(std::launch::async, [&] { return index.match(1, remote).length; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // it is inside its GET now
+  const auto t1 = steady_clock::now();
+  const RadixIndex::Match m = index.match(1, local);
+  EXPECT_EQ(m.length, 16);
+  index.insert(1, fresh, maker(fresh));
+  EXPECT_EQ(index.peek(1, fresh).length, 16);
+  const auto fast = steady_clock::now() - t1;
+  EXPECT_LT(fast, std::chrono::milliseconds(300)) << "a local request waited on Redis";
+  EXPECT_EQ(slow.get(), 0);  // a miss, after the pause
+  EXPECT_GT(steady_clock::now() - t0, std::chrono::milliseconds(1000));
+  index.flush_remote();
+  index.check_invariants();
+}
+
+}  // namespace
+}  // namespace depcache
