@@ -376,7 +376,8 @@ void run(const LoadOptions& o) {
              ttft.size(), n_failed);
   for (const auto& [what, n] : errors) fmt::print("  {} x {}\n", n, what);
   if (!hostile.empty()) {
-    fmt::print("{} hostile clients mixed in (HTTP status they got; 0: closed without one):\n", hostile.size());
+    fmt::print("{} hostile clients mixed in (HTTP status they got; 0: closed without one):\n",
+               hostile.size());
     for (const auto& [key, n] : hostile_status)
       fmt::print("  {} x {}: {}\n", n, hostile_name(key.first), key.second);
   }

@@ -104,12 +104,16 @@ LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::strin
   if (!o.cache_key_file.empty()) key = std::make_shared<const MacKey>(MacKey::from_file(o.cache_key_file));
   // Options and credentials are checked before anything is attached.
   const std::optional<RedisOptions> redis = o.redis.empty() ? std::nullopt : std::optional(redis_options(o));
-  if (!key && (!o.cache_dir.empty() || redis))
+  if (!key && (!o.cache_dir.empty() || redis)) {
+    const std::string where = !o.cache_dir.empty() && redis ? fmt::format("{} or that Redis", o.cache_dir)
+                              : redis                       ? std::string("that Redis")
+                                                            : o.cache_dir;
     fmt::print(
         stderr,
-        "{}warning: no --cache-key-file: {} records are only checksummed, so anyone who can write to {} "
-        "can plant K/V this process will serve\n",
-        log_prefix, redis ? "Redis" : "disk", redis ? "that Redis" : o.cache_dir);
+        "{}warning: no --cache-key-file: tier records are only checksummed, so anyone who can write to "
+        "{} can plant K/V this process will serve\n",
+        log_prefix, where);
+  }
   if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0), o.swap_out_once);
   if (!o.cache_dir.empty()) {
     disk_ = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0), key);

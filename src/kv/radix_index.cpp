@@ -355,11 +355,19 @@ RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens,
       for (size_t i = 0; i < m.pieces.size() && !loaders.empty(); ++i)
         for (const auto& [node, loader] : loaders)
           if (node == m.pieces[i].node && tier(node) == Tier::Disk &&
-              nodes_[node].slot.disk_key == loader->key() && m.pieces[i].offset == 0 &&
-              m.pieces[i].length == nodes_[node].slot.n_tokens) {
+              nodes_[node].slot.disk_key == loader->key()) {
             m.loading.resize(m.pieces.size());
             m.loading[i] = loader;
           }
+      // A piece neither in memory nor loading cannot be served: the match
+      // ends before it (none should be; a guard, not a path).
+      for (size_t i = 0; i < m.pieces.size(); ++i)
+        if (tier(m.pieces[i].node) != Tier::Hot && (m.loading.size() <= i || !m.loading[i])) {
+          for (size_t j = i; j < m.pieces.size(); ++j) m.length -= m.pieces[j].length;
+          m.pieces.resize(i);
+          if (m.loading.size() > i) m.loading.resize(i);
+          break;
+        }
       std::copy(std::begin(from), std::end(from), m.tokens_from);
       m.tokens_from[kRemote] = std::max<int64_t>(0, m.length - local);
       if (m.length < local)

@@ -125,6 +125,8 @@ std::optional<SpanRecordHeader> decode_span_record_header(std::span<const uint8_
   const uint64_t row_elems = get_at<uint64_t>(head, 40), n = get_at<uint64_t>(head, 48),
                  prefix = get_at<uint64_t>(head, 56);
   const auto type = static_cast<DType>(type_id);
+  // Reserved fields are zero: nothing in a record goes unchecked.
+  if (get_at<uint32_t>(head, 12) != 0 || get_at<uint64_t>(head, 72) != 0) return std::nullopt;
   if ((scheme != kSchemeChecksum && scheme != kSchemeHmac) || (type != DType::F32 && type != DType::F16) ||
       n_layer > 4096 || row_elems > (1u << 20) || n > (1u << 26) || prefix > n)
     return std::nullopt;

@@ -146,6 +146,7 @@ class ConnectionStream : public httplib::Stream {
     deadline_ = deadline;
     in_head_ = true;
     head_bytes_ = head_lines_ = line_bytes_ = 0;
+    prev_ = '\0';
     body_bytes_ = 0;
     violation_ = HttpViolation::None;
     wrote_ = false;
@@ -192,12 +193,15 @@ class ConnectionStream : public httplib::Stream {
       while (i < n) {
         const char c = buf_[pos_ + i++];
         ++head_bytes_;
+        const char before = prev_;
+        prev_ = c;
         if (c != '\n') {
           ++line_bytes_;
           continue;
         }
         ++head_lines_;
-        const bool blank = line_bytes_ == 1 && buf_[pos_ + i - 2] == '\r';
+        // (The CR may have come in an earlier read than the LF.)
+        const bool blank = line_bytes_ == 1 && before == '\r';
         line_bytes_ = 0;
         if (blank) {
           in_head_ = false;
@@ -294,6 +298,7 @@ class ConnectionStream : public httplib::Stream {
   size_t pos_ = 0, len_ = 0;
   Clock::time_point deadline_{};
   bool in_head_ = true;
+  char prev_ = '\0';  // the byte before, in the head
   size_t head_bytes_ = 0, head_lines_ = 0, line_bytes_ = 0, body_bytes_ = 0, body_cap_ = 0;
   HttpViolation violation_ = HttpViolation::None;
   bool wrote_ = false;

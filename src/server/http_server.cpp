@@ -280,37 +280,38 @@ void HttpServer::routes() {
   http_->set_logger(
       [this](const httplib::Request&, const httplib::Response& res) { metrics_.response(res.status); });
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Refused before its body is read: the body would be read as the next
+    // request, so the connection ends with this response.
+    const auto refuse = [&](const ApiError& e) {
+      if (req.has_header("Transfer-Encoding") ||
+          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0")) {
+        GuardedHttpServer::close_after_response();
+        res.set_header("Connection", "close");
+      }
+      send_error(res, e);
+      return httplib::Server::HandlerResponse::Handled;
+    };
     // A declared body over the limit is refused before it is read (the
     // library would read it all to skip it).
     if (req.has_header("Content-Length")) {
       const std::string length = req.get_header_value("Content-Length");
       uint64_t n = 0;
       const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
-      if (ec != std::errc() || end != length.data() + length.size() || n > options_.http.max_body_bytes) {
-        GuardedHttpServer::close_after_response();
-        res.set_header("Connection", "close");
-        send_error(res, ec != std::errc() || end != length.data() + length.size()
-                            ? ApiError(400, "the Content-Length header is not a number")
-                            : ApiError(413, fmt::format("the request body holds {} bytes, more than the server "
-                                                        "accepts ({}, --max-body)",
-                                                        n, options_.http.max_body_bytes)));
-        return httplib::Server::HandlerResponse::Handled;
-      }
+      if (ec != std::errc() || end != length.data() + length.size())
+        return refuse(ApiError(400, "the Content-Length header is not a number"));
+      if (n > options_.http.max_body_bytes)
+        return refuse(
+            ApiError(413, fmt::format("the request body holds {} bytes, more than the server accepts "
+                                      "({}, --max-body)",
+                                      n, options_.http.max_body_bytes)));
     }
     if (req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
-    if (!options_.api_keys.empty() && !authorized(req)) {
-      send_error(res, ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
-                               "invalid_request_error", {}, "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (draining_) {
-      send_error(res, ApiError(503, "the server is shutting down", "server_error"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!ready_.load(std::memory_order_acquire)) {
-      send_error(res, ApiError(503, "the model is still loading", "server_error"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
+    if (!options_.api_keys.empty() && !authorized(req))
+      return refuse(ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                             "invalid_request_error", {}, "invalid_api_key"));
+    if (draining_) return refuse(ApiError(503, "the server is shutting down", "server_error"));
+    if (!ready_.load(std::memory_order_acquire))
+      return refuse(ApiError(503, "the model is still loading", "server_error"));
     return httplib::Server::HandlerResponse::Unhandled;
   });
   // Errors httplib answers itself (413, 404 of unknown paths, 400 of bad
@@ -328,8 +329,13 @@ void HttpServer::routes() {
       send_error(res, ApiError(413, "the request body is larger than the server accepts (--max-body)"));
     else if (res.status == 404)
       send_error(res, ApiError(404, fmt::format("no such endpoint: {} {}", req.method, req.path)));
-    else
-      send_error(res, ApiError(res.status, fmt::format("HTTP error {}", res.status)));
+    else {
+      // A request the library could not parse: where the next one starts
+      // on this connection is unknown, so it ends here.
+      GuardedHttpServer::close_after_response();
+      res.set_header("Connection", "close");
+      send_error(res, ApiError(res.status, fmt::format("the request is not valid HTTP ({})", res.status)));
+    }
   });
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     try {
@@ -378,7 +384,8 @@ void HttpServer::routes() {
     // server never gives).
     const std::string type = req.get_header_value("Content-Type");
     if (std::string_view(type).substr(0, type.find(';')) != "application/json")
-      throw ApiError(415, fmt::format("the body must be sent as Content-Type: application/json (not '{}')", type));
+      throw ApiError(415,
+                     fmt::format("the body must be sent as Content-Type: application/json (not '{}')", type));
     if (req.body.size() > options_.http.max_body_bytes)
       throw ApiError(413, fmt::format("the request body holds {} bytes, more than the server accepts ({}, "
                                       "--max-body)",

@@ -156,6 +156,22 @@ TEST_F(SealedTiers, ForgedDiskRecordIsNeverServed) {
   index.check_invariants();
 }
 
+// A file of the previous format (DKVSPAN4) is not misread: dropped when the
+// directory is opened, counted as `other`.
+TEST_F(SealedTiers, OlderFormatIsDroppedNotMisread) {
+  const Tokens s = sequence(6, 8);
+  const uint64_t k = span_content_key(1, s);
+  std::vector<uint8_t> record = encode_span_record(k, 1, s, 0, span_of(s, 0, 8));
+  record[7] = '4';
+  write_bytes(file_for(dir_, k), record);
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(1 << 20);
+  index.attach_disk(disk);
+  EXPECT_EQ(disk.n_files(), 0u);
+  EXPECT_EQ(rejected(index, RadixIndex::kRejectDisk, 2), 1);  // other
+  EXPECT_EQ(index.match(1, s).length, 0);
+}
+
 // A layer whose bytes were changed after sealing fails its own tag when the
 // layer-wise preload reads it.
 TEST_F(SealedTiers, ForgedLayerFailsTheLayerWiseRead) {
@@ -394,6 +410,49 @@ TEST(RemoteDeadline, SlowRedisDoesNotStallRequestsThatDoNotReadIt) {
   EXPECT_GT(steady_clock::now() - t0, std::chrono::milliseconds(1000));
   index.flush_remote();
   index.check_invariants();
+}
+
+// The engine's pattern under a shared Redis: one thread matches, checks and
+// inserts under the index's lock (as a request does), another prefetches
+// (reading Redis with the lock released and adopting what it read) while a
+// third index publishes. Every span served is the true K/V, and the index
+// stays consistent.
+TEST(RemoteDeadline, PrefetchReadingWithoutTheLockKeepsTheIndexConsistent) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const auto key = key_of('k');
+  std::vector<Tokens> seqs;
+  for (int id = 0; id < 12; ++id) {
+    Tokens t = sequence(id % 4, 40);  // four families sharing their first tokens
+    for (int64_t i = 8 + id % 3 * 8; i < 40; ++i) t[i] += 1000 * id;
+    seqs.push_back(t);
+  }
+  RedisStore store_p(KeyedIndexes::options(redis.port())), store(KeyedIndexes::options(redis.port()));
+  RadixIndex publisher(1 << 20), index(span_of(seqs[0], 0, 1).bytes() * 90);
+  publisher.expect_span_shape(kShape);
+  index.expect_span_shape(kShape);
+  publisher.attach_remote(store_p, 8, key);
+  index.attach_host(span_of(seqs[0], 0, 1).bytes() * 40);
+  index.attach_remote(store, 8, key);
+  for (size_t i = 0; i < seqs.size(); i += 2) publisher.insert(1, seqs[i], maker(seqs[i]));
+  publisher.flush_remote();
+  std::atomic<bool> stop{false};
+  int64_t prefetched = 0;
+  std::thread prefetcher([&] {
+    for (int i = 0; !stop; ++i) prefetched += index.prefetch(1, seqs[(i * 7) % seqs.size()]);
+  });
+  for (int round = 0; round < 200; ++round) {
+    const Tokens& s = seqs[(round * 5) % seqs.size()];
+    const auto lk = index.lock();
+    const RadixIndex::Match m = index.match(1, s);
+    expect_true_kv(index, m, s);
+    index.insert(1, s, maker(s));
+    if (::testing::Test::HasFailure()) break;
+  }
+  stop = true;
+  prefetcher.join();
+  index.check_invariants();
+  EXPECT_GT(prefetched, 0);
+  EXPECT_GT(index.stats().hit_tokens[static_cast<int>(Tier::Remote)], 0);
 }
 
 }  // namespace

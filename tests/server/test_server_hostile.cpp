@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -108,8 +109,9 @@ void expect_error_object(const Reply& r, int status, const std::string& label) {
 std::string request(const std::string& method, const std::string& path, const std::string& body,
                     const std::string& extra_headers = "") {
   return fmt::format(
-      "{} {} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n{}", method,
-      path, body.size(), extra_headers, body);
+      "{} {} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: "
+      "{}\r\n{}\r\n{}",
+      method, path, body.size(), extra_headers, body);
 }
 
 Reply exchange(int port, const std::string& bytes) {
@@ -265,6 +267,19 @@ TEST(ServerHostile, SlowSendersAreCutOffAndHealthStillAnswers) {
   }
   EXPECT_EQ(timed_out, 200);
   base.still_serves(server, "200 slow senders");
+  // A request that comes a byte at a time, each in its own segment (a CR and
+  // its LF arrive in different reads), but in time, is served.
+  {
+    RawConn c(server.port());
+    const int one = 1;
+    ::setsockopt(c.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    const std::string req = request("GET", "/health", "");
+    for (char ch : req) {
+      ASSERT_TRUE(c.send(std::string_view(&ch, 1)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_EQ(parse_reply(c.read_all(std::chrono::seconds(5))).status, 200);
+  }
   EXPECT_GE(test::sample(server.metrics(), "depcache_http_rejected_total{reason=\"timeout\"}"), 200);
 }
 
