@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -51,7 +52,16 @@ class SlotQueue : public httplib::TaskQueue {
         lk.unlock();
         work_.notify_one();
       } else {
-        threads_.emplace_back([this] { work_loop(); });
+        try {
+          threads_.emplace_back([this] { work_loop(); });
+        } catch (const std::system_error&) {
+          // No thread to be had: the job is taken back and closed unanswered.
+          std::function<void()> job = std::move(jobs_.back());
+          jobs_.pop_back();
+          --busy_;
+          lk.unlock();
+          run(job, SlotMode::Drop);
+        }
       }
       return;
     }
@@ -80,9 +90,13 @@ class SlotQueue : public httplib::TaskQueue {
  private:
   static constexpr size_t kMaxRejectsQueued = 4096;
 
+  // Nothing may escape a connection's thread (it would end the process).
   static void run(const std::function<void()>& fn, SlotMode mode) {
     t_mode = mode;
-    fn();
+    try {
+      fn();
+    } catch (...) {
+    }
     t_mode = SlotMode::Serve;
   }
 
@@ -109,8 +123,10 @@ class SlotQueue : public httplib::TaskQueue {
       if (rejects_.empty()) return;
       std::function<void()> fn = std::move(rejects_.front());
       rejects_.pop_front();
+      // Stopping: what still waits for its 503 is closed at once.
+      const SlotMode mode = stopping_ ? SlotMode::Drop : SlotMode::Busy;
       lk.unlock();
-      run(fn, SlotMode::Busy);
+      run(fn, mode);
       lk.lock();
     }
   }
@@ -395,6 +411,9 @@ GuardedHttpServer::GuardedHttpServer(const HttpLimits& limits) : limits_(limits)
   // What the library announces in its Keep-Alive header.
   set_keep_alive_timeout(std::max<time_t>(1, limits_.keep_alive_timeout.count() / 1000));
   set_keep_alive_max_count(limits_.max_requests_per_connection);
+  // The sockets' own send timeout (the library sets it on each connection):
+  // a send into a full buffer blocks no longer than this.
+  set_write_timeout(std::chrono::milliseconds(limits_.write_timeout));
 }
 
 std::string render_http_metrics(const GuardedHttpServer& server) {
@@ -448,29 +467,37 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     reject_busy(sock);
     return false;
   }
-  open_.fetch_add(1, std::memory_order_relaxed);
   ConnectionStream stream(sock, limits_, svr_sock_);
-  t_stream = &stream;
+  // While the connection is served: counted, and its stream the one the
+  // handlers on this thread see.
+  struct Serving {
+    std::atomic<int64_t>& open;
+    Serving(std::atomic<int64_t>& o, ConnectionStream* s) : open(o) {
+      open.fetch_add(1, std::memory_order_relaxed);
+      t_stream = s;
+    }
+    ~Serving() {
+      t_stream = nullptr;
+      open.fetch_sub(1, std::memory_order_relaxed);
+    }
+  } serving(open_, &stream);
   bool ok = true;
-  const auto accepted = Clock::now();
   for (size_t served = 0; served < limits_.max_requests_per_connection; ++served) {
-    if (served > 0 && !stream.wait_next(limits_.keep_alive_timeout)) break;
-    stream.begin_request((served == 0 ? accepted : Clock::now()) + limits_.request_timeout);
+    // A connection that sends nothing (a probe, a preconnect) is closed
+    // after the idle time, unanswered; a request, once begun, must arrive
+    // whole within the request timeout.
+    if (!stream.wait_next(limits_.keep_alive_timeout)) break;
+    stream.begin_request(Clock::now() + limits_.request_timeout);
     const bool last = served + 1 == limits_.max_requests_per_connection || svr_sock_ == INVALID_SOCKET;
     bool closed = false;
     try {
       ok = process_request(stream, last, closed, nullptr);
-    } catch (const std::exception& e) {
-      // The handlers answer their own errors; this is a fault in writing one.
-      rejections_.failed.fetch_add(1, std::memory_order_relaxed);
-      fmt::print(stderr, "warning: a connection failed: {}\n", e.what());
-      ok = false;
     } catch (...) {
+      // The handlers answer their own errors; this is a fault in writing one.
       rejections_.failed.fetch_add(1, std::memory_order_relaxed);
       ok = false;
     }
-    const HttpViolation v = stream.violation();
-    if (v != HttpViolation::None) {
+    if (const HttpViolation v = stream.violation(); v != HttpViolation::None) {
       switch (v) {
         case HttpViolation::Timeout:
           rejections_.timeout.fetch_add(1, std::memory_order_relaxed);
@@ -484,32 +511,16 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
       if (!stream.wrote()) {
         // The library gave up before answering (the request line itself
         // was cut off): the client still learns why.
-        t_stream = nullptr;
-        open_.fetch_sub(1, std::memory_order_relaxed);
         const int status = violation_status(v);
         write_and_close(sock, status, reason_phrase(status), ApiError(status, violation_message(v)),
                         std::chrono::milliseconds(200));
         return false;
       }
-      t_stream = nullptr;
-      open_.fetch_sub(1, std::memory_order_relaxed);
-      lingering_close(sock, std::chrono::milliseconds(200));
-      return false;
-    }
-    if (!ok || closed || stream.closing()) {
-      if (stream.closing()) {
-        t_stream = nullptr;
-        open_.fetch_sub(1, std::memory_order_relaxed);
-        lingering_close(sock, std::chrono::milliseconds(200));
-        return ok;
-      }
       break;
     }
+    if (!ok || closed || stream.closing()) break;
   }
-  t_stream = nullptr;
-  open_.fetch_sub(1, std::memory_order_relaxed);
-  ::shutdown(sock, SHUT_RDWR);
-  ::close(sock);
+  lingering_close(sock, std::chrono::milliseconds(200));
   return ok;
 }
 

@@ -4,6 +4,7 @@
 #include <openssl/crypto.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <charconv>
 #include <ctime>
 #include <fstream>
@@ -282,15 +283,26 @@ void HttpServer::routes() {
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     // Refused before its body is read: the body would be read as the next
     // request, so the connection ends with this response.
+    const bool has_body = req.has_header("Transfer-Encoding") ||
+                          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
     const auto refuse = [&](const ApiError& e) {
-      if (req.has_header("Transfer-Encoding") ||
-          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0")) {
+      if (has_body) {
         GuardedHttpServer::close_after_response();
         res.set_header("Connection", "close");
       }
       send_error(res, e);
       return httplib::Server::HandlerResponse::Handled;
     };
+    // The library reads a body only for these methods; any other request's
+    // body would be read as the next request on the connection.
+    if (has_body && req.method != "POST" && req.method != "PUT" && req.method != "PATCH" &&
+        req.method != "DELETE")
+      return refuse(ApiError(400, fmt::format("a {} request carries no body here", req.method)));
+    // A compressed body would be inflated whole before its size could be
+    // checked (a small body can hold gigabytes).
+    if (const std::string enc = req.get_header_value("Content-Encoding"); !enc.empty() && enc != "identity")
+      return refuse(
+          ApiError(415, fmt::format("compressed bodies (Content-Encoding: {}) are not accepted", enc)));
     // A declared body over the limit is refused before it is read (the
     // library would read it all to skip it).
     if (req.has_header("Content-Length")) {
@@ -383,7 +395,11 @@ void HttpServer::routes() {
     // application/json (the browser asks the server's leave, which this
     // server never gives).
     const std::string type = req.get_header_value("Content-Type");
-    if (std::string_view(type).substr(0, type.find(';')) != "application/json")
+    std::string media = type.substr(0, type.find(';'));
+    std::erase_if(media, [](char c) { return c == ' ' || c == '\t'; });
+    std::transform(media.begin(), media.end(), media.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (media != "application/json")
       throw ApiError(415,
                      fmt::format("the body must be sent as Content-Type: application/json (not '{}')", type));
     if (req.body.size() > options_.http.max_body_bytes)

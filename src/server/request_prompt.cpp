@@ -67,7 +67,6 @@ RenderedChat rendered_chat(const PromptSources& sources, std::span<const ChatMes
   const auto special = [&](int32_t id) { return id >= 0 ? sources.tokenizer->token_to_piece(id, true) : ""; };
   try {
     RenderedChat chat = render_chat_text(*sources.chat, messages, special(v.bos), special(v.eos));
-    if (sources.special_in_text) chat.text_ranges.clear();
     return chat;
   } catch (const Error& e) {
     throw bad_request("messages", e.what());
@@ -106,12 +105,15 @@ std::optional<CorpusSearch> corpus_search(const CompletionRequest& r, const Prom
 PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources,
                            const RagRequest* given) {
   const Tokenizer& tok = *sources.tokenizer;
+  // Where special tokens are not parsed: the client's text, unless the
+  // server lets trusted callers write them.
+  const auto plain = [&](Ranges ranges) { return sources.special_in_text ? Ranges{} : ranges; };
   const PromptTemplate& rag_template = sources.prompt;
   PromptParts parts;
   if (!r.rag) {
     if (r.kind == ApiKind::Chat) {
       const RenderedChat chat = rendered_chat(sources, r.messages);
-      parts.task = tok.encode(chat.text, true, true, chat.text_ranges);
+      parts.task = tok.encode(chat.text, true, true, plain(chat.text_ranges));
     } else {
       parts.task = tok.encode(r.prompt, true, sources.special_in_text);
     }
@@ -128,16 +130,21 @@ PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sour
   std::vector<ChatMessage> messages = r.messages;
   messages.back().content = std::string(kContextMark) + rag_template.task_prefix + context.question;
   const RenderedChat chat = rendered_chat(sources, messages);
-  // The mark is the last message's first bytes: the first occurrence after
-  // the earlier messages' text (which may hold the same bytes) is its own.
+  // The mark is the last message's first bytes: the last text range that
+  // begins with it (the question, and earlier messages, may hold the same
+  // bytes).
   size_t mark = chat.text.rfind(kContextMark);
   for (auto [b, e] : chat.text_ranges)
     if (chat.text.compare(b, kContextMark.size(), kContextMark) == 0) mark = b;
   const size_t rest = mark + kContextMark.size();
   parts.system = opening_tokens(tok, chat.text.substr(0, mark) + rag_template.system,
-                                ranges_within(chat.text_ranges, 0, mark));
-  parts.task = tok.encode(chat.text.substr(rest), false, true,
-                          ranges_within(chat.text_ranges, rest, chat.text.size()));
+                                plain(ranges_within(chat.text_ranges, 0, mark)));
+  // The model's task prefix opens the last message's text: it is the
+  // template's, not the client's.
+  Ranges task_ranges = ranges_within(chat.text_ranges, rest, chat.text.size());
+  if (!task_ranges.empty() && task_ranges.front().first == 0)
+    task_ranges.front().first = std::min(rag_template.task_prefix.size(), task_ranges.front().second);
+  parts.task = tok.encode(chat.text.substr(rest), false, true, plain(task_ranges));
   return parts;
 }
 
