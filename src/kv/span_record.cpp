@@ -197,11 +197,14 @@ bool span_record_layer_ok(const SpanRecordHead& head, int il) {
 DecodedSpan decode_span_record(std::span<const uint8_t> record, uint64_t key, uint64_t ns,
                                std::span<const int32_t> tokens, int64_t prefix, const RecordSeal& seal) {
   DecodedSpan out;
-  SpanRecordHead head = decode_span_record_head(record, key, ns, tokens, prefix, seal);
-  if (head.status == RecordStatus::Ok && head.header.size != record.size()) {
+  // A record's size is checked before anything is made from its header: a
+  // header may claim a span far larger than the bytes that came.
+  if (const std::optional<SpanRecordHeader> h = decode_span_record_header(record);
+      h && h->size != record.size()) {
     out.status = RecordStatus::Mac;  // cut or extended: not the record that was sealed
     return out;
   }
+  SpanRecordHead head = decode_span_record_head(record, key, ns, tokens, prefix, seal);
   out.status = head.status;
   if (head.status != RecordStatus::Ok) return out;
   const size_t from = head.header.head_bytes();

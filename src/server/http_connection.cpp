@@ -438,6 +438,12 @@ std::string render_http_metrics(const GuardedHttpServer& server) {
   return out;
 }
 
+bool GuardedHttpServer::client_gone() {
+  if (!t_stream) return false;
+  pollfd p{t_stream->socket(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
 void GuardedHttpServer::close_after_response() {
   if (t_stream) t_stream->close_after();
 }

@@ -54,6 +54,9 @@ class GuardedHttpServer : public httplib::Server {
   // being made: a request refused before its body was read leaves the body
   // unread on the connection.
   static void close_after_response();
+  // The client of the connection served on this thread has closed it (or
+  // it failed): nobody will read the response.
+  static bool client_gone();
   // Connections being served now.
   int64_t open_connections() const { return open_.load(std::memory_order_relaxed); }
 

@@ -500,8 +500,20 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   const Tokenizer* logprobs = cr.sampling.logprobs >= 0 ? model_.tokenizer.get() : nullptr;
   if (!streaming) {
     // Until the first token the status is open: a request that ends before
-    // it (a failure, usually) is answered with its own status.
-    if (stream->next()) {
+    // it (a failure, usually) is answered with its own status. A client that
+    // goes away meanwhile (while its request waits in the queue, say) cancels
+    // it: nothing has been written yet that would tell.
+    std::optional<TokenEvent> first;
+    while (!(first = stream->next(std::chrono::milliseconds(200))) && !stream->done()) {
+      if (!GuardedHttpServer::client_gone()) continue;
+      loop_->cancel(stream);
+      while (stream->next(std::chrono::seconds(30))) {
+      }
+      finished(id, strategy, stream->result(), arrived);
+      GuardedHttpServer::close_after_response();
+      return send_error(res, ApiError(499, "the client closed the connection", "invalid_request_error"));
+    }
+    if (first) {
       clock->tick(metrics_);
     } else {
       const RequestResult r = stream->result();

@@ -390,7 +390,15 @@ TEST(ServerHostile, TheQueueLimitIsReachedWithTheDefaults) {
     }
   }
   EXPECT_GT(refused, 0) << "no 429 with " << n << " long requests at once";
-  clients.clear();  // the clients go away: their requests are cancelled
+  clients.clear();
+  // The clients went away: their requests are cancelled, also those still
+  // waiting for their first token (nothing written to them yet).
+  double cancelled = 0;
+  for (int i = 0; i < 200 && cancelled < n - refused; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    cancelled = test::sample(server.metrics(), "depcache_requests_total{outcome=\"cancelled\"}");
+  }
+  EXPECT_EQ(cancelled, n - refused);
   const Baseline after(server.port());
   EXPECT_FALSE(after.text.empty());
 }
