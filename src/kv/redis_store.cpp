@@ -66,6 +66,9 @@ RedisStore::RedisStore(RedisOptions options) : o_(std::move(options)) {
   const Reply r = command({"PING"}, "PING");
   if (r && r->type == REDIS_REPLY_ERROR) {
     const std::string why(r->str, r->len);
+    // A constructor that throws runs no destructor: the connection is freed here.
+    redisFree(ctx_);
+    ctx_ = nullptr;
     fail(ErrorKind::InvalidInput, "Redis at {}:{} refuses commands: {}{}", o_.host, o_.port, why,
          o_.password.empty() ? " (give its password with --redis-password-file)" : "");
   }
