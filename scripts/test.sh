@@ -57,8 +57,8 @@ run_ctest build "Release"
 # The libFuzzer targets (fuzz/), built with clang into build-fuzz/ (a unity
 # build of the library and the targets only), each run FUZZ_SECONDS from its
 # checked-in seeds; any crash, leak, hang or broken property fails the stage.
-echo "== $(since_start) Fuzz targets: build, then ${FUZZ_SECONDS:-20}s each"
-bash scripts/fuzz.sh --ci "${FUZZ_SECONDS:-20}"
+echo "== $(since_start) Fuzz targets: build, then ${FUZZ_SECONDS:-10}s each"
+bash scripts/fuzz.sh --ci "${FUZZ_SECONDS:-10}"
 
 echo "== $(since_start) Sanitizer build (ASan + UBSan)"
 # The sanitizer builds are unity builds (CMake batches of 8 sources in one
