@@ -16,6 +16,12 @@ bool have_curl();
 #define REQUIRE_CURL() \
   if (!::depcache::test::have_curl()) DEPCACHE_SKIP("curl not installed (scripts/setup.sh installs it)")
 
+// A ServeProcess that came up (curl is there to talk to it), or the test
+// stops with the server's log.
+#define REQUIRE_SERVER(server) \
+  REQUIRE_CURL();              \
+  ASSERT_GT((server).port(), 0) << "the server did not come up:\n" << (server).log()
+
 // True in a sanitizer build, where load tests send fewer requests.
 constexpr bool kSanitized =
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

@@ -27,10 +27,6 @@ using test::Reply;
 using test::sample;
 using test::ServeProcess;
 
-#define REQUIRE_SERVER(server) \
-  REQUIRE_CURL();              \
-  ASSERT_GT((server).port(), 0) << "the server did not come up:\n" << (server).log()
-
 // `n` RAG requests over a small pool of documents and entities, so that
 // requests share context as a RAG service's do: half with 2-3 documents,
 // half with 1-2 entities and their relation paths, picked with a skew.

@@ -35,10 +35,6 @@ using test::Reply;
 using test::ServeProcess;
 using Clock = std::chrono::steady_clock;
 
-#define REQUIRE_SERVER(server) \
-  REQUIRE_CURL();              \
-  ASSERT_GT((server).port(), 0) << "the server did not come up:\n" << (server).log()
-
 // A client socket that sends exactly the bytes it is given.
 class RawConn {
  public:
