@@ -29,7 +29,13 @@ void add_generate_command(CLI::App& app) {
   static int n_predict = 64, threads = 0, ctx = 0;
   static size_t request_line = 1;
   static bool no_bos = false, ignore_eos = false;
-  static SamplerParams sp{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
+  static SamplerParams sp = [] {
+    SamplerParams p;
+    p.temperature = 0.8f;
+    p.top_p = 0.95f;
+    p.min_p = 0.05f;
+    return p;
+  }();
   static int64_t seed = -1;
   cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
   CLI::Option* prompt_opt = cmd->add_option("-p,--prompt", prompt, "Prompt text");

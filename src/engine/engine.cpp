@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <future>
 #include <set>
 
 #include "engine/visibility.h"
@@ -26,6 +25,8 @@ struct Engine::Sequence {
   RequestPlan plan;                          // made at submission
   std::optional<RequestPlan> resumed;        // after a preemption: the plan and what it generated
   bool requeued = false;                     // preempted and waiting: admitted before the scheduler's picks
+  std::shared_ptr<SpanFetcher::Job> fetch;   // its lower tiers read ahead (when fetching ahead)
+  int fetches = 0;                           // fetches started since it last began waiting
   std::unique_ptr<PlanExecution> execution;  // from admission to the end of its prefill
   int64_t prefilled = 0;                     // queries of execution->prefill() computed
   RowBlock rows;                             // its block of pool rows
@@ -130,6 +131,8 @@ void Engine::retire(RequestId id, RequestState state, const std::string& error, 
   r.error = error;
   r.error_kind = kind;
   r.done = Clock::now();
+  if (const auto it = live_.find(id); it != live_.end() && it->second->fetch)
+    it->second->fetch->cancelled = true;
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   std::erase(prefilling_, id);
   std::erase(decoding_, id);
@@ -190,6 +193,8 @@ void Engine::preempt(Sequence& s) {
   const std::vector<int32_t>& generated = results_.at(s.id).tokens;
   if (!generated.empty()) s.resumed = with_generated(s.plan, generated);
   s.requeued = true;
+  s.fetch.reset();  // fetched again before it runs again
+  s.fetches = 0;
   waiting_.push_front(s.id);
   ++results_.at(s.id).preemptions;
   ++preemptions_;
@@ -223,6 +228,23 @@ void Engine::make_room_to_decode() {
   }
 }
 
+bool Engine::fetched(Sequence& s, bool admitting) {
+  if (s.lookups.empty()) return true;
+  // A fetch that ended before other requests pushed its spans down again is
+  // made once more when the request is about to run (once: under heavy
+  // eviction the match then brings them back itself).
+  if (s.fetch && admitting && s.fetch->done.load(std::memory_order_acquire) && s.fetches < 2 &&
+      !std::all_of(s.lookups.begin(), s.lookups.end(),
+                   [&](const Lookup& l) { return index_.all_hot(l.ns, l.tokens); }))
+    s.fetch.reset();
+  if (!s.fetch) {
+    if (!fetcher_) fetcher_ = std::make_unique<SpanFetcher>(index_);
+    s.fetch = fetcher_->start(s.lookups);
+    ++s.fetches;
+  }
+  return s.fetch->done.load(std::memory_order_acquire);
+}
+
 int64_t Engine::computed_in_flight(const std::vector<Lookup>& lookups) {
   int64_t shared = 0;
   for (const Lookup& l : lookups) {
@@ -242,6 +264,7 @@ int64_t Engine::computed_in_flight(const std::vector<Lookup>& lookups) {
 
 bool Engine::admit_next() {
   if (options_.max_running > 0 && n_running() >= options_.max_running) return false;
+  const bool fetch_ahead = fetching_ahead();
   std::set<RequestId> deferred;  // they share tokens a prefill under way is computing
   while (!waiting_.empty()) {
     // Preempted requests first; otherwise the scheduler's pick among the
@@ -256,10 +279,17 @@ bool Engine::admit_next() {
         window.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), w.passed_over});
         at.push_back(i);
       }
-      if (window.empty()) return false;  // every candidate waits for a prefill under way
+      if (window.empty()) return false;  // every candidate waits for a prefill under way or a fetch
       pick = at[pick_next(options_.scheduler, window, index_)];
     }
     Sequence& s = live(waiting_[pick]);
+    // Its lower tiers are read on the fetcher's thread; meanwhile the others
+    // go ahead (a preempted request, which goes first, holds them back).
+    if (fetch_ahead && !fetched(s, true)) {
+      if (s.requeued) return false;
+      deferred.insert(s.id);
+      continue;
+    }
     const RequestPlan& plan = s.active_plan();
     const auto n = static_cast<int64_t>(plan.tokens.size());
     if (s.rows_needed > pool_.n_rows()) {
@@ -291,7 +321,7 @@ bool Engine::admit_next() {
     s.rows = std::move(*block);
     s.requeued = false;
     try {
-      s.execution = std::make_unique<PlanExecution>(plan, index_, pool_.kv(), s.rows.row0());
+      s.execution = std::make_unique<PlanExecution>(plan, index_, pool_.kv(), s.rows.row0(), !s.fetch);
     } catch (const LayerLoadError& e) {
       requeue_after_bad_load(s, e);
       continue;
@@ -358,6 +388,9 @@ bool Engine::step() {
     index_.set_lookahead(lookahead_weights(index_, pending));
   }
   make_room_to_decode();
+  if (fetching_ahead())
+    for (size_t i = 0; i < waiting_.size() && i < std::max<size_t>(options_.prefetch, 1); ++i)
+      fetched(live(waiting_[i]), false);
 
   // What this step computes: a decode token of every running sequence, then
   // pieces of prefills (those under way first, then new admissions in the
@@ -423,22 +456,15 @@ bool Engine::step() {
       batch.stats_from_layer = p.stats_from_layer;
     }
   }
-  if (batch.tokens.empty()) return !waiting_.empty() || n_running() > 0;
+  if (batch.tokens.empty()) {
+    // Nothing to compute until a fetch ends: wait for one (bounded, so the
+    // caller's other work goes on).
+    if (fetcher_ && !waiting_.empty()) fetcher_->wait_any(std::chrono::milliseconds(20));
+    return !waiting_.empty() || n_running() > 0;
+  }
   batch.visibility = Visibility(std::move(groups));
   if (!hooks.empty()) batch.hook = batch_hook(std::move(hooks), model_->config().n_embd_kv());
 
-  // Prefetching overlaps the forward pass, which does not touch the index.
-  std::vector<const std::vector<Lookup>*> ahead;
-  for (size_t i = 0; i < waiting_.size() && i < options_.prefetch; ++i)
-    ahead.push_back(&live(waiting_[i]).lookups);
-  std::future<int64_t> prefetch;
-  if (!ahead.empty())
-    prefetch = std::async(std::launch::async, [this, ahead] {
-      int64_t loaded = 0;
-      for (const auto* lookups : ahead)
-        for (const Lookup& l : *lookups) loaded += index_.prefetch(l.ns, l.tokens);
-      return loaded;
-    });
   const auto t0 = Clock::now();
   PrefillResult out;
   std::exception_ptr failure;
@@ -447,7 +473,6 @@ bool Engine::step() {
   } catch (...) {
     failure = std::current_exception();
   }
-  if (prefetch.valid()) prefetched_ += prefetch.get();
   try {
     if (failure) std::rethrow_exception(failure);
   } catch (const LayerLoadError& e) {

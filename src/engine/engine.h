@@ -26,6 +26,7 @@
 #include "compute/sampling.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
+#include "engine/span_fetcher.h"
 #include "engine/text_output.h"
 #include "kv/radix_index.h"
 #include "strategy/prompt_parts.h"
@@ -76,8 +77,11 @@ struct EngineOptions {
   // LACR (policy "lacr"): before each step, the lookahead weights are taken
   // from the first `window` waiting requests.
   size_t window = 32;
-  // While a step computes, the spans of the next `prefetch` waiting requests
-  // are brought to the hot tier on another thread.
+  // The spans of the next `prefetch` waiting requests are brought to the hot
+  // tier on another thread (SpanFetcher) while the engine computes. With a
+  // disk or remote tier attached this is always on (at least the next
+  // request), and a request is admitted once its fetch is done: the
+  // engine's thread never reads those tiers itself.
   size_t prefetch = 0;
   // Which waiting request is admitted next (among the first `window`).
   SchedulerOptions scheduler;
@@ -159,7 +163,7 @@ class Engine {
   size_t n_waiting() const { return waiting_.size(); }
   size_t n_running() const { return prefilling_.size() + decoding_.size(); }
   int64_t preemptions() const { return preemptions_; }
-  int64_t prefetched_tokens() const { return prefetched_; }
+  int64_t prefetched_tokens() const { return fetcher_ ? fetcher_->loaded() : 0; }
   // Tokens that prefills stopped midway (cancelled, preempted) left in the index.
   int64_t kept_partial_tokens() const { return kept_partial_; }
   RadixIndex& index() { return index_; }
@@ -192,6 +196,13 @@ class Engine {
   int64_t computed_in_flight(const std::vector<Lookup>& lookups);
   // The scheduler's next waiting request admitted into the pool, or false.
   bool admit_next();
+  // Fetching ahead is on: a prefetch depth is set or the index has a tier
+  // with I/O.
+  bool fetching_ahead() const { return options_.prefetch > 0 || index_.has_io_tiers(); }
+  // Starts the fetch of a waiting request (if it has none, or, when
+  // `admitting`, if its spans left the hot tier since); true when it is done
+  // (or there is nothing to fetch).
+  bool fetched(Sequence& s, bool admitting);
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
@@ -206,7 +217,7 @@ class Engine {
   std::vector<RequestId> decoding_;    // in admission order
   std::map<RequestId, std::unique_ptr<Sequence>> live_;
   std::map<RequestId, RequestResult> results_;
-  int64_t prefetched_ = 0;
+  std::unique_ptr<SpanFetcher> fetcher_;  // after index_: stopped before it goes
   int64_t kept_partial_ = 0;
   double ms_per_token_ = 0;  // of the last step
   int64_t preemptions_ = 0;

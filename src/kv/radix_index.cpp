@@ -226,7 +226,8 @@ RadixIndex::Match RadixIndex::peek(uint64_t ns, std::span<const int32_t> tokens)
   return peek_locked(ns, tokens);
 }
 
-RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> tokens) const {
+RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> tokens,
+                                          bool as_fetched) const {
   Match m;
   const auto r = roots_.find(ns);
   if (r == roots_.end()) return m;
@@ -240,7 +241,7 @@ RadixIndex::Match RadixIndex::peek_locked(uint64_t ns, std::span<const int32_t> 
     const auto edge = static_cast<int64_t>(child.tokens.size());
     while (k < edge && k < rest && child.tokens[k] == tokens[m.length + k]) ++k;
     m.pieces.push_back({c->second, 0, k});
-    m.tokens_from[static_cast<int>(child.slot.tier)] += k;
+    m.tokens_from[static_cast<int>(found_tier(c->second, as_fetched))] += k;
     m.length += k;
     if (k < edge) break;
     at = c->second;
@@ -252,6 +253,7 @@ bool RadixIndex::retier(NodeId id, const std::function<bool(SpanSlot&)>& move) {
   untouch(id);
   const bool moved = move(nodes_[id].slot);
   if (moved) policy_->on_tier_change(id, tier(id));
+  if (tier(id) != Tier::Hot) nodes_[id].fetched_from = Tier::Hot;  // moved down before a match used it
   touch(id);
   touch(nodes_[id].parent);  // it may have lost or gained a child in its tier
   return moved;
@@ -281,17 +283,50 @@ int RadixIndex::preload_layers(int n_layer, size_t disk_bytes, int64_t cached, i
   return preload_depth(n_layer, load_ms / n_layer, compute_ms / n_layer);
 }
 
-void RadixIndex::promote_match(Match& m, int64_t fresh, uint64_t request_tick) {
-  const bool layered = fresh >= 0 && layer_preload_.mode != LayerPreload::Mode::Off;
+void RadixIndex::cut(Match& m, const std::vector<Tier>& found, size_t i) {
+  for (size_t j = i; j < m.pieces.size(); ++j) {
+    const Piece& p = m.pieces[j];
+    --nodes_[p.node].pins;
+    touch(p.node);
+    m.tokens_from[static_cast<int>(found[j])] -= p.length;
+    m.length -= p.length;
+  }
+  m.pieces.resize(i);
+  if (m.loading.size() > i) m.loading.resize(i);
+}
+
+void RadixIndex::drop_rest(Match& m, const std::vector<Tier>& found, size_t i) {
+  const NodeId bad = m.pieces[i].node;
+  ++stats_.dropped_bad;
+  cut(m, found, i);  // the rest of the match hangs below it
+  drop_subtree(bad);
+}
+
+bool RadixIndex::promote_match(Match& m, const std::vector<Tier>& found, int64_t fresh, uint64_t request_tick,
+                               bool disk, bool* unlocked) {
+  const bool layered = layer_preload_.mode != LayerPreload::Mode::Off;
   size_t disk_bytes = 0;  // what the layered loads of this match read in all
   for (const Piece& p : m.pieces)
     if (tier(p.node) == Tier::Disk) disk_bytes += nodes_[p.node].slot.disk_bytes;
   const auto depth = [&](int n_layer) { return preload_layers(n_layer, disk_bytes, m.length, fresh); };
+  // Whole reads of disk files, done below with the lock released when this
+  // call holds it alone (under a caller's lock they are done at once).
+  struct Read {
+    size_t piece;
+    DiskSpanStore::LayerReader reader;
+    bool ok = false;
+  };
+  std::vector<Read> reads;
+  const bool unlock = mu_.depth() == 1;
   for (size_t i = 0; i < m.pieces.size(); ++i) {
     const NodeId id = m.pieces[i].node;
     if (tier(id) == Tier::Hot) continue;
-    if (layered && tier(id) == Tier::Disk && !nodes_[id].slot.is_virtual()) {
-      const Node& n = nodes_[id];
+    const Node& n = nodes_[id];
+    if (!disk && tier(id) == Tier::Disk && !n.slot.is_virtual()) {
+      cut(m, found, i);
+      return false;
+    }
+    if (layered && fresh >= 0 && tier(id) == Tier::Disk && !n.slot.is_virtual()) {
       m.loading.resize(m.pieces.size());
       if (const auto f = in_flight_.find(id);
           f != in_flight_.end() && request_tick > 0 && f->second.request_tick == request_tick) {
@@ -299,7 +334,7 @@ void RadixIndex::promote_match(Match& m, int64_t fresh, uint64_t request_tick) {
           // Read already for an earlier run of this request: as a whole load
           // would have left it, it counts as found in memory.
           m.loading[i] = std::move(loader);
-          m.tokens_from[static_cast<int>(Tier::Disk)] -= m.pieces[i].length;
+          m.tokens_from[static_cast<int>(found[i])] -= m.pieces[i].length;
           m.tokens_from[kHot] += m.pieces[i].length;
           continue;
         }
@@ -309,69 +344,110 @@ void RadixIndex::promote_match(Match& m, int64_t fresh, uint64_t request_tick) {
         m.loading[i] = std::move(loader);
         continue;
       }
+    } else if (unlock && tier(id) == Tier::Disk && !n.slot.is_virtual()) {
+      if (auto reader = tiers_.open_disk(n.slot, n.ns, path_tokens(id), n.start)) {
+        reads.push_back({i, std::move(*reader)});
+        continue;
+      }
     } else if (promote(id)) {
       continue;
     }
-    ++stats_.dropped_bad;
-    // The rest of the match hangs below it: unpinned, uncounted, dropped.
-    for (size_t j = i; j < m.pieces.size(); ++j) {
-      const Piece& p = m.pieces[j];
-      --nodes_[p.node].pins;
-      touch(p.node);
-      m.tokens_from[static_cast<int>(tier(p.node))] -= p.length;
-      m.length -= p.length;
-    }
-    drop_subtree(id);
-    m.pieces.resize(i);
-    if (m.loading.size() > i) m.loading.resize(i);
-    return;
+    drop_rest(m, found, i);
+    break;
   }
+  if (reads.empty()) return true;
+  // The pieces stay pinned while their layers are read.
+  *unlocked = true;
+  {
+    mu_.unlock();
+    struct Relock {
+      IndexMutex& mu;
+      ~Relock() { mu.lock(); }
+    } relock{mu_};
+    for (Read& r : reads) {
+      r.ok = true;
+      for (int il = 0; il < r.reader.n_layer() && r.ok; ++il) r.ok = r.reader.read_layer(il);
+      if (!r.ok) break;  // what hangs below it is dropped with it
+    }
+  }
+  for (Read& r : reads) {
+    if (r.piece >= m.pieces.size()) break;
+    const NodeId id = m.pieces[r.piece].node;
+    const SpanSlot& slot = nodes_[id].slot;
+    // Another thread may have moved or dropped the node meanwhile: then
+    // nothing is adopted, and load() takes the match again.
+    const bool same = is_live(id) && slot.tier == Tier::Disk && slot.disk_key == r.reader.key();
+    if (!r.ok) {
+      if (same) {
+        ++disk_layer_rejects_;  // a layer failed its tag (or could not be read)
+        drop_rest(m, found, r.piece);
+      }
+      break;
+    }
+    if (same)
+      retier(id, [&](SpanSlot& s) {
+        return tiers_.adopt(s, r.reader.key(), std::move(r.reader.span()), &stats_.promoted_bytes);
+      });
+  }
+  return true;
 }
 
 RadixIndex::Match RadixIndex::load(uint64_t ns, std::span<const int32_t> tokens, int64_t fresh,
-                                   uint64_t request_tick) {
-  Match m = peek_locked(ns, tokens);  // tokens_from: the tiers as found
+                                   uint64_t request_tick, bool remote, bool disk) {
+  const bool counted = fresh >= 0;             // a match; else a prefetch
+  Match m = peek_locked(ns, tokens, counted);  // tokens_from: the tiers as found
+  std::vector<Tier> found;
+  for (const Piece& p : m.pieces) found.push_back(found_tier(p.node, counted));
   // Hold what is matched while lower tiers and the remote store are read:
   // bringing one node in must not push another out.
   pin(m);
-  promote_match(m, fresh, request_tick);
+  bool unlocked = false;
+  const bool whole = promote_match(m, found, fresh, request_tick, disk, &unlocked);
+  if (!counted)  // a prefetch: what it moved is reported by the tier it came from
+    for (size_t i = 0; i < m.pieces.size(); ++i)
+      if (found[i] != Tier::Hot && tier(m.pieces[i].node) == Tier::Hot)
+        nodes_[m.pieces[i].node].fetched_from = found[i];
   const Match held = m;
-  if (remote_ && m.length < static_cast<int64_t>(tokens.size())) {
-    const int64_t local = m.length;
-    bool unlocked = false;
-    const int64_t total = fetch_remote(ns, tokens, local, &unlocked);
-    if (total > local || unlocked) {
-      int64_t from[kTiers];
-      std::copy(std::begin(m.tokens_from), std::end(m.tokens_from), from);
-      // Inserting the remote blocks walked the match and so read any piece
-      // still loading whole (insert hangs new nodes below hot ones only);
-      // with the lock released, other threads may have split its nodes. So
-      // the match is taken again; a loader carries over to a piece that is
-      // still the node it was reading, still on disk.
-      std::vector<std::pair<NodeId, std::shared_ptr<LayerLoader>>> loaders;
-      for (size_t i = 0; i < m.loading.size(); ++i)
-        if (m.loading[i]) loaders.emplace_back(m.pieces[i].node, m.loading[i]);
-      m = peek_locked(ns, tokens.first(static_cast<size_t>(total)));
-      for (size_t i = 0; i < m.pieces.size() && !loaders.empty(); ++i)
-        for (const auto& [node, loader] : loaders)
-          if (node == m.pieces[i].node && tier(node) == Tier::Disk &&
-              nodes_[node].slot.disk_key == loader->key()) {
-            m.loading.resize(m.pieces.size());
-            m.loading[i] = loader;
-          }
-      // A piece neither in memory nor loading cannot be served: the match
-      // ends before it (none should be; a guard, not a path).
-      for (size_t i = 0; i < m.pieces.size(); ++i)
-        if (tier(m.pieces[i].node) != Tier::Hot && (m.loading.size() <= i || !m.loading[i])) {
-          for (size_t j = i; j < m.pieces.size(); ++j) m.length -= m.pieces[j].length;
-          m.pieces.resize(i);
-          if (m.loading.size() > i) m.loading.resize(i);
-          break;
+  const int64_t local = m.length;
+  int64_t total = local;
+  if (whole && remote && remote_ && m.length < static_cast<int64_t>(tokens.size()))
+    total = fetch_remote(ns, tokens, local, &unlocked, !counted);
+  if (total > local || unlocked) {
+    int64_t from[kTiers];
+    std::copy(std::begin(m.tokens_from), std::end(m.tokens_from), from);
+    // Inserting the remote blocks walked the match and so read any piece
+    // still loading whole (insert hangs new nodes below hot ones only);
+    // with the lock released, other threads may have split its nodes. So
+    // the match is taken again; a loader carries over to a piece that is
+    // still the node it was reading, still on disk.
+    std::vector<std::pair<NodeId, std::shared_ptr<LayerLoader>>> loaders;
+    for (size_t i = 0; i < m.loading.size(); ++i)
+      if (m.loading[i]) loaders.emplace_back(m.pieces[i].node, m.loading[i]);
+    m = peek_locked(ns, tokens.first(static_cast<size_t>(total)));
+    for (size_t i = 0; i < m.pieces.size() && !loaders.empty(); ++i)
+      for (const auto& [node, loader] : loaders)
+        if (node == m.pieces[i].node && tier(node) == Tier::Disk &&
+            nodes_[node].slot.disk_key == loader->key()) {
+          m.loading.resize(m.pieces.size());
+          m.loading[i] = loader;
         }
-      std::copy(std::begin(from), std::end(from), m.tokens_from);
-      m.tokens_from[kRemote] = std::max<int64_t>(0, m.length - local);
-      if (m.length < local)
-        m.tokens_from[kHot] = std::max<int64_t>(0, m.tokens_from[kHot] - (local - m.length));
+    // A piece neither in memory nor loading cannot be served: the match
+    // ends before it (a node another thread moved down meanwhile).
+    for (size_t i = 0; i < m.pieces.size(); ++i)
+      if (tier(m.pieces[i].node) != Tier::Hot && (m.loading.size() <= i || !m.loading[i])) {
+        for (size_t j = i; j < m.pieces.size(); ++j) m.length -= m.pieces[j].length;
+        m.pieces.resize(i);
+        if (m.loading.size() > i) m.loading.resize(i);
+        break;
+      }
+    std::copy(std::begin(from), std::end(from), m.tokens_from);
+    m.tokens_from[kRemote] += std::max<int64_t>(0, m.length - local);
+    // Shorter than found: the tokens lost come off the slowest tiers first
+    // (the last pieces of a match are the ones in the slowest tiers).
+    for (int64_t lost = std::max<int64_t>(0, local - m.length), t = kTiers - 1; lost > 0 && t >= 0; --t) {
+      const int64_t take = std::min(lost, m.tokens_from[t]);
+      m.tokens_from[t] -= take;
+      lost -= take;
     }
   }
   // Back to the budget, keeping what this match brought in.
@@ -424,13 +500,14 @@ uint64_t RadixIndex::begin_request() {
 }
 
 RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick,
-                                    int64_t fresh_tokens) {
+                                    int64_t fresh_tokens, bool remote) {
   auto lk = lock();
   const auto t0 = Clock::now();
-  Match m = load(ns, tokens, std::max<int64_t>(fresh_tokens, 0), request_tick);
+  Match m = load(ns, tokens, std::max<int64_t>(fresh_tokens, 0), request_tick, remote, true);
   const uint64_t tick = request_tick > 0 ? request_tick : ++clock_;
   for (const Piece& p : m.pieces) {
     Node& n = nodes_[p.node];
+    n.fetched_from = Tier::Hot;                             // reported now
     if (n.last_used == tick && request_tick > 0) continue;  // this request counted it already
     n.last_used = tick;
     ++n.hits;
@@ -443,16 +520,28 @@ RadixIndex::Match RadixIndex::match(uint64_t ns, std::span<const int32_t> tokens
   return m;
 }
 
-int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens) {
+int64_t RadixIndex::prefetch(uint64_t ns, std::span<const int32_t> tokens, bool disk) {
   auto lk = lock();
   const auto t0 = Clock::now();
-  const Match m = load(ns, tokens, -1);
+  const Match m = load(ns, tokens, -1, 0, true, disk);
   stats_.load_ms += ms_since(t0);
   return m.length - m.tokens_from[kHot];
 }
 
-int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length,
-                                 bool* unlocked) {
+bool RadixIndex::all_hot(uint64_t ns, std::span<const int32_t> tokens) const {
+  auto lk = lock();
+  const Match m = peek_locked(ns, tokens);
+  return std::all_of(m.pieces.begin(), m.pieces.end(),
+                     [&](const Piece& p) { return tier(p.node) == Tier::Hot; });
+}
+
+bool RadixIndex::has_io_tiers() const {
+  auto lk = lock();
+  return tiers_.disk() || remote_;
+}
+
+int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length, bool* unlocked,
+                                 bool mark) {
   const std::shared_ptr<RemoteBlocks> remote = remote_;
   const std::optional<SpanShape> shape = shape_;
   RemoteBlocks::Fetched got;
@@ -497,6 +586,9 @@ int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, i
     insert_impl(ns, tokens.first(static_cast<size_t>(block.b1)), &from_block, 0, 1.0, &path,
                 /*publish=*/false);
     if (path.length < block.b1) break;  // larger than the hot tier
+    if (mark)
+      for (const Piece& p : path.pieces)
+        if (nodes_[p.node].start >= length) nodes_[p.node].fetched_from = Tier::Remote;
     pin(path);
     held.push_back(std::move(path));
     length = block.b1;
@@ -516,6 +608,7 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   h.parent = n.parent;
   h.last_used = n.last_used;
   h.hits = n.hits;
+  h.fetched_from = n.fetched_from;
   // Pins stay on the tail: the head is its ancestor, and no ancestor of a
   // live node is ever a leaf, so the head cannot be evicted before the tail.
   nodes_[n.parent].children[h.tokens.front()] = head;

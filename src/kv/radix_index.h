@@ -38,10 +38,18 @@
 // holds it alone (not under a caller's lock()): what is matched so far stays
 // pinned, the blocks are read (and their tags checked) with the lock
 // released, and adopted under it again against the tree as it is then, so a
-// slow Redis holds up only the request reading from it. Publishing to the
-// remote tier never waits on it (RemoteBlocks queues). Disk reads and writes
-// still run under the lock, except the layers a layer-wise preload reads on
-// its own thread.
+// slow Redis holds up only the request reading from it. Disk reads follow
+// the same rule: a span's layers are read with the lock released when match
+// or prefetch holds it alone (a file's head is read under it), and a
+// layer-wise preload reads on its own thread. Publishing to the remote tier
+// never waits on it (RemoteBlocks queues). Demotion writes to disk run under
+// the lock. The engine reads lower tiers ahead of admission, on a thread of
+// its own (Engine's fetcher, through prefetch), so the matches it makes under
+// its lock find the spans in memory and leave the remote store alone.
+//
+// Prefetched spans keep the tier they came from until a counted match uses
+// them: reuse is reported by the tier the KV was found in, whether a match
+// or a prefetch moved it.
 //
 // Records from the disk and remote tiers are checked against the running
 // model's span shape (expect_span_shape) and the deployment's MAC key (the
@@ -201,8 +209,10 @@ class RadixIndex {
   // a node shared by its paths counts one access, not one per path.
   // fresh_tokens: what the request will compute besides what it finds (an
   // estimate), for the automatic layer-wise preload depth.
+  // remote: false leaves the remote store alone (what it held was fetched
+  // ahead; the rest is computed).
   Match match(uint64_t ns, std::span<const int32_t> tokens, uint64_t request_tick = 0,
-              int64_t fresh_tokens = 0);
+              int64_t fresh_tokens = 0, bool remote = true);
   // Layer-wise preload in match (Cache-Craft; not in prefetch, which has
   // time): a piece on disk is read layer by layer, its first layers before
   // match returns (see Match::loading), the rest while the caller computes.
@@ -241,8 +251,14 @@ class RadixIndex {
   Match peek(uint64_t ns, std::span<const int32_t> tokens) const;
   // Brings what is cached of `tokens` to the hot tier (from lower tiers and
   // the remote store) without counting an access, for requests still
-  // waiting. Returns the tokens loaded.
-  int64_t prefetch(uint64_t ns, std::span<const int32_t> tokens);
+  // waiting. Returns the tokens loaded. disk: false stops before a piece on
+  // disk (a layer-wise match reads it while its pass computes), and so
+  // reads the remote store only after what is in memory.
+  int64_t prefetch(uint64_t ns, std::span<const int32_t> tokens, bool disk = true);
+  // Whether a disk or remote tier is attached (a prefetch may do I/O).
+  bool has_io_tiers() const;
+  // Whether all that is cached of `tokens` is in the hot tier.
+  bool all_hot(uint64_t ns, std::span<const int32_t> tokens) const;
   // Adds what is missing of `tokens` (split where it diverges), then evicts
   // to the budget. Returns the tokens that were new. A span that alone
   // exceeds the budget is not stored. cost_per_token feeds cost-aware
@@ -319,6 +335,9 @@ class RadixIndex {
     // Dropped while other requests pinned it: out of the tree, its id kept
     // until the last unpin.
     bool detached = false;
+    // Brought to the hot tier from this tier by a prefetch: the next counted
+    // match reports it as found there (Hot: nothing pending).
+    Tier fetched_from = Tier::Hot;
     EvictKey key;
   };
 
@@ -329,7 +348,12 @@ class RadixIndex {
   void untouch(NodeId id);  // out of the candidates (before it is removed)
   void rekey_all();         // after the policy was fed from outside
   NodeId new_node();
-  Match peek_locked(uint64_t ns, std::span<const int32_t> tokens) const;
+  // as_fetched: a hot node a prefetch brought in counts in the tier it came from.
+  Match peek_locked(uint64_t ns, std::span<const int32_t> tokens, bool as_fetched = false) const;
+  Tier found_tier(NodeId node, bool as_fetched) const {
+    const Node& n = nodes_[node];
+    return as_fetched && n.slot.tier == Tier::Hot ? n.fetched_from : n.slot.tier;
+  }
   std::vector<int32_t> path_tokens(NodeId node) const;  // the sequence up to the node's end
   Tier tier(NodeId node) const { return nodes_[node].slot.tier; }
   // Moves a node's slot between tiers with `move` (false: it stayed), then
@@ -339,19 +363,33 @@ class RadixIndex {
   void set_tier(NodeId node, Tier t, const std::function<void(SpanSlot&)>& change = {});
   bool promote(NodeId node);  // to the hot tier; false when its disk file is bad
   // Promotes the pieces of a pinned match in order; where a promotion
-  // fails, unpins and drops the rest and truncates m and its tier counts.
-  // fresh >= 0: layered, for a request computing that many tokens; the
-  // request's runs (request_tick > 0) share the loader of a node.
-  void promote_match(Match& m, int64_t fresh, uint64_t request_tick);
-  // match and prefetch: the match, brought to the hot tier (and extended
-  // from the remote store), with the tiers it came from; pieces on disk are
-  // read layer by layer when fresh >= 0.
-  Match load(uint64_t ns, std::span<const int32_t> tokens, int64_t fresh, uint64_t request_tick = 0);
+  // fails, unpins and drops the rest and truncates m and its tier counts
+  // (`found`: the tier each piece was counted in). fresh >= 0: layered, for
+  // a request computing that many tokens; the request's runs (request_tick >
+  // 0) share the loader of a node. !disk: stops before a piece on disk and
+  // returns false. Reads disk files with the lock released when the index holds it
+  // alone (*unlocked is then set, as by fetch_remote).
+  bool promote_match(Match& m, const std::vector<Tier>& found, int64_t fresh, uint64_t request_tick,
+                     bool disk, bool* unlocked);
+  // Unpins pieces [i, end) of m and truncates m there.
+  void cut(Match& m, const std::vector<Tier>& found, size_t i);
+  // The same, and drops the subtree of piece i (its record was bad).
+  void drop_rest(Match& m, const std::vector<Tier>& found, size_t i);
+  // match (fresh >= 0) and prefetch (fresh < 0): the match, brought to the
+  // hot tier (and extended from the remote store unless `remote` is false),
+  // with the tiers it came from; pieces on disk are read layer by layer when
+  // fresh >= 0. A prefetch marks what it moved with the tier it came from.
+  // disk: false stops before a piece on disk (and leaves the remote store
+  // alone then).
+  Match load(uint64_t ns, std::span<const int32_t> tokens, int64_t fresh, uint64_t request_tick, bool remote,
+             bool disk);
   // Extends a match of `length` tokens from the remote store block by block,
   // inserting what is found; returns the new length. Reads with the lock
   // released when the index holds it alone (*unlocked is then set: the
   // caller's pieces may have been split meanwhile and are to be re-peeked).
-  int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length, bool* unlocked);
+  // mark: the new nodes are marked as fetched from the remote tier.
+  int64_t fetch_remote(uint64_t ns, std::span<const int32_t> tokens, int64_t length, bool* unlocked,
+                       bool mark);
   void unpin_locked(const Match& m, bool evict);
   void make_room(Tier t);
   void demote(NodeId node);

@@ -92,12 +92,19 @@ bool SpanTiers::promote(SpanSlot& s, uint64_t ns, std::span<const int32_t> path,
   return span && adopt(s, key, std::move(*span), promoted_bytes);
 }
 
+std::optional<DiskSpanStore::LayerReader> SpanTiers::open_disk(const SpanSlot& s, uint64_t ns,
+                                                               std::span<const int32_t> path, int64_t start) {
+  if (s.tier != Tier::Disk || s.is_virtual() || !disk_) return std::nullopt;
+  std::optional<DiskSpanStore::LayerReader> reader = disk_->open_layers(s.disk_key, ns, path, start);
+  if (!reader || reader->span().n_tokens() != s.n_tokens) return std::nullopt;
+  return reader;
+}
+
 std::shared_ptr<LayerLoader> SpanTiers::start_layered(const SpanSlot& s, uint64_t ns,
                                                       std::span<const int32_t> path, int64_t start,
                                                       const std::function<int(int n_layer)>& preload) {
-  if (s.tier != Tier::Disk || s.is_virtual() || !disk_) return nullptr;
-  std::optional<DiskSpanStore::LayerReader> reader = disk_->open_layers(s.disk_key, ns, path, start);
-  if (!reader || reader->span().n_tokens() != s.n_tokens) return nullptr;
+  std::optional<DiskSpanStore::LayerReader> reader = open_disk(s, ns, path, start);
+  if (!reader) return nullptr;
   const int depth = preload(reader->n_layer());
   return std::make_shared<LayerLoader>(std::move(*reader), depth);
 }

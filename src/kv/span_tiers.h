@@ -93,6 +93,12 @@ class SpanTiers {
   bool promote(SpanSlot& s, uint64_t ns, std::span<const int32_t> path, int64_t start,
                int64_t* promoted_bytes);
 
+  // A disk slot's file opened (its head read and checked), for its layers
+  // to be read by whoever holds the reader, without the index's lock; then
+  // adopt(). Nullopt when the slot is not a real one on disk, or its file is
+  // missing or its head bad (the caller drops the slot).
+  std::optional<DiskSpanStore::LayerReader> open_disk(const SpanSlot& s, uint64_t ns,
+                                                      std::span<const int32_t> path, int64_t start);
   // Layer-wise preload: starts reading a disk slot's file layer by layer,
   // its first preload(layers in the file) before returning; the slot stays on disk
   // until adopt(). Null when the file is missing or its head is bad (the

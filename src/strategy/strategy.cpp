@@ -118,13 +118,13 @@ int64_t cached_length(const RadixIndex& index, const Lookup& lookup) {
 }
 
 RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick,
-                            int64_t fresh_tokens) {
-  if (run.stops.empty()) return index.match(run.ns, run.tokens, request_tick, fresh_tokens);
+                            int64_t fresh_tokens, bool remote) {
+  if (run.stops.empty()) return index.match(run.ns, run.tokens, request_tick, fresh_tokens, remote);
   // The longest cached run of whole stops, matched (one access per node it uses).
   const int64_t cut = whole_stops(run.stops, index.peek(run.ns, run.tokens).length);
   if (cut == 0) return {};
-  RadixIndex::Match m =
-      index.match(run.ns, std::span<const int32_t>(run.tokens).first(cut), request_tick, fresh_tokens);
+  RadixIndex::Match m = index.match(run.ns, std::span<const int32_t>(run.tokens).first(cut), request_tick,
+                                    fresh_tokens, remote);
   // A lower tier's bad record may end the match early: still whole stops only.
   if (m.length < cut) {
     const int64_t keep = whole_stops(run.stops, m.length);
@@ -250,7 +250,8 @@ TreeContext default_tree_context(const ModelConfig& config) {
   return *c;
 }
 
-PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0)
+PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0,
+                             bool read_remote)
     : plan_(plan), index_(index), lease_(index), n_layer_(kv.n_layer()) {
   const auto n = static_cast<int64_t>(plan.tokens.size());
   if (n == 0) fail(ErrorKind::InvalidInput, "an empty prompt");
@@ -282,12 +283,13 @@ PlanExecution::PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache
         if (std::any_of(run.rows.begin(), run.rows.end(), [&](int64_t r) { return placed_[r]; })) continue;
         const auto whole = static_cast<int64_t>(run.tokens.size());
         RadixIndex::Match peeked = index.peek(run.ns, run.tokens);
-        if (peeked.length < whole && index.prefetch(run.ns, run.tokens) > 0)  // from the remote store
+        if (peeked.length < whole && read_remote &&
+            index.prefetch(run.ns, run.tokens) > 0)  // from the remote store
           peeked = index.peek(run.ns, run.tokens);
         if (peeked.length < whole) continue;
         if (run.fix_overhead >= 0) index.set_fix_overhead(peeked, run.fix_overhead);
       }
-      const RadixIndex::Match match = match_run(index, run, tick, fresh);
+      const RadixIndex::Match match = match_run(index, run, tick, fresh, read_remote);
       report_.load_ms += match.load_ms;
       place_match(match, run, row0, at, kv);
       lease_.hold(match);
@@ -501,7 +503,8 @@ void PlanExecution::after_fill(KvCache& kv, int64_t row0, double ms_per_token) {
       r = e;
     }
   }
-  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, nullptr, plan_.scope}), plan_.positions);
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, nullptr, plan_.scope}),
+           plan_.positions);
   ++done_;
 }
 
@@ -513,7 +516,8 @@ void PlanExecution::next_pass(KvCache& kv, int64_t row0, const PassResult& done)
     after_fill(kv, row0, done.ms_per_token);
     return;
   }
-  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, probed(done), plan_.scope}), plan_.positions);
+  set_pass(plan_.next_pass(PassState{kv, row0, placed_, placed_ns_, done_, probed(done), plan_.scope}),
+           plan_.positions);
   ++done_;
 }
 

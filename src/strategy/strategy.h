@@ -106,9 +106,9 @@ uint64_t scoped_namespace(uint64_t ns, uint64_t scope);
 // A run's match and insert, as every caller of the index makes them (the
 // executor and the simulator): the match ends at a stop, the insert puts a
 // node end at each.
-// fresh_tokens: RadixIndex::match's.
+// fresh_tokens, remote: RadixIndex::match's.
 RadixIndex::Match match_run(RadixIndex& index, const CacheRun& run, uint64_t request_tick,
-                            int64_t fresh_tokens = 0);
+                            int64_t fresh_tokens = 0, bool remote = true);
 // Inserts run.tokens (a span maker for real KV, or bytes_per_token > 0 for
 // virtual nodes); *path receives the nodes holding the run.
 void insert_run(RadixIndex& index, const CacheRun& run, const RadixIndex::SpanMaker* make_span,
@@ -232,7 +232,10 @@ struct PassResult {
 // layer throws LayerLoadError from the pass, next_pass or finish.
 class PlanExecution {
  public:
-  PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0);
+  // read_remote: false when the request's spans were fetched ahead
+  // (RadixIndex::prefetch): the remote store is not read again on the way in.
+  PlanExecution(const RequestPlan& plan, RadixIndex& index, KvCache& kv, int64_t row0,
+                bool read_remote = true);
   const PrefillPlan& prefill() const { return prefill_; }
   // The current pass gives the answer's first logits (and is the last).
   bool final_pass() const { return last_; }

@@ -13,11 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "kv/radix_index.h"
 #include "kv/span_record.h"
@@ -463,6 +465,66 @@ TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
     for (const Pinned& p : pinned) index.unpin(p.m);
     index.check_invariants();
   }
+}
+
+// A prefetch brings a span from disk to the hot tier; the match that then
+// uses it reports it as found on disk (where the request's KV came from),
+// once: the next match finds it hot.
+TEST_F(Tiers, APrefetchedSpanIsReportedInTheTierItCameFrom) {
+  const size_t tb = token_bytes();
+  const std::vector<Tokens> seqs = {sequence(1, 16, 5), sequence(2, 12, 5)};
+  persist_all(dir_, seqs, 7, 40 * tb);
+  DiskSpanStore disk(dir_, 1 << 20);
+  RadixIndex index(40 * tb);
+  index.attach_disk(disk);
+  EXPECT_EQ(index.prefetch(7, seqs[0]), 16);
+  EXPECT_EQ(index.n_nodes(Tier::Disk), 1u) << "the other sequence's own tokens";
+  const RadixIndex::Match first = index.match(7, seqs[0]);
+  EXPECT_EQ(first.tokens_from[static_cast<int>(Tier::Disk)], 16);
+  EXPECT_EQ(first.tokens_from[static_cast<int>(Tier::Hot)], 0);
+  expect_served_correctly(index, first, seqs[0]);
+  const RadixIndex::Match again = index.match(7, seqs[0]);
+  EXPECT_EQ(again.tokens_from[static_cast<int>(Tier::Hot)], 16);
+  // The shared 5 were reported already; the rest of the other one comes from disk in the match.
+  const RadixIndex::Match other = index.match(7, seqs[1]);
+  EXPECT_EQ(other.tokens_from[static_cast<int>(Tier::Hot)], 5);
+  EXPECT_EQ(other.tokens_from[static_cast<int>(Tier::Disk)], 7);
+  EXPECT_EQ(index.stats().hit_tokens[static_cast<int>(Tier::Disk)], 16 + 7);
+  index.check_invariants();
+}
+
+// Prefetches read disk files with the index's lock released while another
+// thread matches, checks and inserts under it (as the engine does), with a
+// hot tier small enough that spans keep moving to disk and back: every span
+// served is the true K/V, the tiers stay consistent, and the prefetcher
+// read files.
+TEST_F(Tiers, PrefetchesReadingDiskWithoutTheLockKeepTheIndexConsistent) {
+  const size_t tb = token_bytes();
+  DiskSpanStore disk(dir_, 1 << 22);
+  RadixIndex index(90 * tb);
+  index.attach_disk(disk);
+  std::vector<Tokens> seqs;
+  for (int id = 0; id < 12; ++id) seqs.push_back(sequence(id, 40, 8 + id % 3 * 8));
+  for (const Tokens& s : seqs) index.insert(1, s, maker(s));
+  std::atomic<bool> stop{false};
+  int64_t prefetched = 0;
+  std::thread prefetcher([&] {
+    for (int i = 0; !stop; ++i) prefetched += index.prefetch(1, seqs[(i * 7) % seqs.size()]);
+  });
+  for (int round = 0; round < 300; ++round) {
+    const Tokens& s = seqs[(round * 5) % seqs.size()];
+    const auto lk = index.lock();
+    const RadixIndex::Match m = index.match(1, s);
+    expect_served_correctly(index, m, s);
+    index.insert(1, s, maker(s));
+    if (::testing::Test::HasFailure()) break;
+  }
+  stop = true;
+  prefetcher.join();
+  index.check_invariants();
+  EXPECT_GT(prefetched, 0);
+  EXPECT_GT(index.stats().hit_tokens[static_cast<int>(Tier::Disk)], 0);
+  EXPECT_EQ(index.stats().dropped_bad, 0);
 }
 
 }  // namespace
