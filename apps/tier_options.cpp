@@ -118,6 +118,9 @@ LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::strin
   if (!o.cache_dir.empty()) {
     disk_ = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0), key);
     index.attach_disk(*disk_);
+    // Demoted spans are sealed and written on the store's thread, not the
+    // engine's; up to this much of them waits in memory.
+    disk_->write_behind(size_t{256} << 20);
     index.set_layer_preload(parse_layer_preload(o.layer_preload));
     if (disk_->n_files() > 0)
       fmt::print(stderr, "{}disk tier: {} spans ({:.1f} MiB) adopted from {}\n", log_prefix, disk_->n_files(),

@@ -1,13 +1,15 @@
 // What sealing span records costs: HMAC-SHA256 (the keyed tags of the shared
 // tiers) against XXH3 (the unkeyed checksums), per MiB, and what a whole
 // read of a span from the disk tier (page cache warm) costs with each, so the
-// tag's share of a load shows:
+// tag's share of a load shows; and what a demotion to the disk tier costs the
+// inserting thread, written at once or behind:
 //   build/bench/bench_kernels --benchmark_filter=mac
 #include <benchmark/benchmark.h>
 
 #include <filesystem>
 
 #include "kv/disk_store.h"
+#include "kv/radix_index.h"
 #include "kv/span_record.h"
 #include "util/hash.h"
 #include "util/mac.h"
@@ -77,6 +79,42 @@ void BM_mac_encode_record(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(span.data().size()));
 }
 BENCHMARK(BM_mac_encode_record)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace depcache
+
+namespace depcache {
+namespace {
+
+// What a demotion to the disk tier costs the thread that inserts (the
+// engine's, holding the index's lock): a hot tier that holds one span, a
+// keyed disk tier; each insert of a new span moves the last one to disk.
+// Arg 1: written behind (the writer is idle at each insert, as when the
+// disk keeps up; its time is not counted); 0: sealed and written at once.
+void BM_mac_demote_to_disk(benchmark::State& state) {
+  const bool behind = state.range(0) != 0;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "depcache-bench-demote";
+  std::filesystem::remove_all(dir);
+  {
+    DiskSpanStore disk(dir, size_t{1} << 30, std::make_shared<const MacKey>(bench_key()));
+    if (behind) disk.write_behind(size_t{256} << 20);
+    const KvSpan span = large_span();
+    RadixIndex index(span.bytes() + span.bytes() / 2);
+    index.attach_disk(disk);
+    std::vector<int32_t> tokens = large_tokens();
+    const RadixIndex::SpanMaker make = [&](int64_t, int64_t) { return span; };
+    for (auto _ : state) {
+      ++tokens[0];  // a new sequence each time
+      index.insert(1, tokens, make);
+      state.PauseTiming();
+      disk.flush();
+      state.ResumeTiming();
+    }
+    state.counters["written"] = static_cast<double>(disk.n_files());
+  }
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_mac_demote_to_disk)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace depcache

@@ -62,6 +62,20 @@ std::filesystem::path DiskSpanStore::path_of(uint64_t key) const {
 }
 
 void DiskSpanStore::forget(uint64_t key, bool delete_file) {
+  {
+    std::lock_guard lk(write_mu_);
+    if (const auto p = pending_.find(key); p != pending_.end()) {
+      p->second->cancelled = true;  // skipped if queued, its file deleted if under way
+      if (p->second != writing_) {
+        pending_bytes_ -= p->second->span.bytes();
+        p->second->span = KvSpan();
+        std::erase(writes_, p->second);
+      }
+      pending_.erase(p);
+      written_cv_.notify_all();
+    }
+    failed_.erase(key);
+  }
   const auto it = files_.find(key);
   if (it == files_.end()) return;
   bytes_ -= it->second.bytes;
@@ -83,21 +97,117 @@ void DiskSpanStore::touch(uint64_t key) {
 void DiskSpanStore::remove(uint64_t key) { forget(key, true); }
 
 bool DiskSpanStore::put(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix,
-                        const KvSpan& span) {
-  const std::vector<uint8_t> buf = encode_span_record(key, ns, tokens, prefix, span, seal_.key);
-  const size_t size = buf.size();
+                        KvSpan span) {
+  const size_t size = span_record_bytes(static_cast<int64_t>(tokens.size()), span);
   forget(key, true);
   if (size > budget_) return false;
   // Make room first, so the budget holds even while the new file is written.
   while (bytes_ + size > budget_ && !lru_.empty()) forget(lru_.front(), true);
-  // Disk full or gone: the span is simply not on disk (a cache tier degrades).
-  if (write_file_atomic(path_of(key),
-                        std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size())))
-    return false;
+  bool behind = false;
+  {
+    std::unique_lock lk(write_mu_);
+    behind = writer_.joinable();
+    if (behind) {
+      // Room for it among the spans not yet written (one alone always fits).
+      const size_t held = span.bytes();
+      written_cv_.wait(lk,
+                       [&] { return pending_bytes_ == 0 || pending_bytes_ + held <= max_pending_bytes_; });
+      auto w = std::make_shared<Write>();
+      w->key = key;
+      w->ns = ns;
+      w->tokens.assign(tokens.begin(), tokens.end());
+      w->prefix = prefix;
+      w->span = std::move(span);
+      pending_bytes_ += held;
+      pending_[key] = w;
+      writes_.push_back(std::move(w));
+    }
+  }
+  if (behind) {
+    write_cv_.notify_one();
+  } else {
+    const std::vector<uint8_t> buf = encode_span_record(key, ns, tokens, prefix, span, seal_.key);
+    // Disk full or gone: the span is simply not on disk (a cache tier degrades).
+    if (write_file_atomic(path_of(key),
+                          std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size())))
+      return false;
+  }
   lru_.push_back(key);
   files_[key] = {size, std::prev(lru_.end())};
   bytes_ += size;
   return true;
+}
+
+DiskSpanStore::~DiskSpanStore() {
+  {
+    std::unique_lock lk(write_mu_);
+    written_cv_.wait(lk, [&] { return writes_.empty() && !writing_; });
+    stop_ = true;
+  }
+  write_cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+}
+
+void DiskSpanStore::write_behind(size_t max_pending_bytes) {
+  std::lock_guard lk(write_mu_);
+  max_pending_bytes_ = max_pending_bytes;
+  if (!writer_.joinable()) writer_ = std::thread([this] { write_loop(); });
+}
+
+void DiskSpanStore::flush() {
+  std::unique_lock lk(write_mu_);
+  written_cv_.wait(lk, [&] { return writes_.empty() && !writing_; });
+}
+
+int64_t DiskSpanStore::n_write_failures() const {
+  std::lock_guard lk(write_mu_);
+  return n_write_failures_;
+}
+
+void DiskSpanStore::write_loop() {
+  std::unique_lock lk(write_mu_);
+  for (;;) {
+    write_cv_.wait(lk, [&] { return stop_ || !writes_.empty(); });
+    if (writes_.empty()) return;  // stopping, nothing left
+    writing_ = std::move(writes_.front());
+    writes_.pop_front();
+    const std::shared_ptr<Write> w = writing_;
+    bool ok = true;
+    if (!w->cancelled) {
+      lk.unlock();
+      // The seal (its MAC) and the write, off the caller's thread.
+      const std::vector<uint8_t> buf =
+          encode_span_record(w->key, w->ns, w->tokens, w->prefix, w->span, seal_.key);
+      ok = !write_file_atomic(path_of(w->key),
+                              std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size()));
+      lk.lock();
+    }
+    if (w->cancelled && ok) {
+      // Forgotten while it was written: no file may outlive its entry. A
+      // newer write of the same key is queued behind this one, so it is
+      // not the newer file that goes.
+      std::error_code ec;
+      std::filesystem::remove(path_of(w->key), ec);
+    } else if (!ok && !w->cancelled) {
+      ++n_write_failures_;
+      failed_.insert(w->key);
+    }
+    pending_bytes_ -= w->span.bytes();
+    if (const auto it = pending_.find(w->key); it != pending_.end() && it->second == w) pending_.erase(it);
+    writing_.reset();
+    written_cv_.notify_all();
+  }
+}
+
+bool DiskSpanStore::settle(uint64_t key) {
+  bool failed = false;
+  {
+    std::unique_lock lk(write_mu_);
+    written_cv_.wait(lk, [&] { return !pending_.count(key); });
+    failed = failed_.count(key) > 0;
+  }
+  if (failed) forget(key, true);
+  return !failed;
 }
 
 void DiskSpanStore::drop(uint64_t key, RecordStatus why) {
@@ -109,7 +219,8 @@ void DiskSpanStore::drop(uint64_t key, RecordStatus why) {
 std::optional<DiskSpanStore::LayerReader> DiskSpanStore::open_layers(uint64_t key, uint64_t ns,
                                                                      std::span<const int32_t> tokens,
                                                                      int64_t prefix) {
-  if (!files_.count(key)) return std::nullopt;
+  // A write behind of this key first; one that failed left nothing to read.
+  if (!settle(key) || !files_.count(key)) return std::nullopt;
   const auto bad = [&](RecordStatus why = RecordStatus::Other) -> std::optional<LayerReader> {
     drop(key, why);
     return std::nullopt;

@@ -7,12 +7,24 @@
 // truncated, foreign, of another shape or holds other tokens is dropped, counted by reason and reported as
 // a miss — never served. The store keeps to a byte budget
 // (oldest use first out) and removes leftovers of interrupted writes when it opens.
+//
+// Write-behind (write_behind()): put() takes the span and returns at once; a
+// thread of the store's seals and writes it, so the caller (the index, under
+// its lock) never waits on a disk. Until its file is written a span is held
+// in memory, up to a byte limit (a put beyond it waits for room); reading a
+// key still being written waits for its write. The store's bookkeeping
+// (files, budget) changes only in its callers' calls, which the index makes
+// under its lock: the writer thread touches the queue and the files only.
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -27,6 +39,19 @@ class DiskSpanStore {
   // Creates the directory if needed; indexes the span files in it. key:
   // the deployment's MAC key (null: unkeyed checksums).
   DiskSpanStore(std::filesystem::path dir, size_t byte_budget, std::shared_ptr<const MacKey> key = nullptr);
+  // Waits for the writes queued (write-behind).
+  ~DiskSpanStore();
+  DiskSpanStore(const DiskSpanStore&) = delete;
+  DiskSpanStore& operator=(const DiskSpanStore&) = delete;
+  // From now on put() writes behind, holding at most max_pending_bytes of
+  // spans not yet written.
+  void write_behind(size_t max_pending_bytes);
+  // Waits until every queued write is done (a clean shutdown, a test).
+  void flush();
+  // Writes behind that failed (disk full, not writable): their spans are
+  // not on disk, and a later get of the key is a miss (a direct put reports
+  // its failure instead).
+  int64_t n_write_failures() const;
   // The shape every span must have (the running model's); files of another
   // are refused from then on.
   void set_shape(const SpanShape& shape) { seal_.shape = shape; }
@@ -37,9 +62,11 @@ class DiskSpanStore {
   // whole sequence in namespace ns; the span holds all but its first
   // `prefix`. Returns false when the span alone exceeds the budget or the
   // write fails (disk full): nothing is stored then.
-  bool put(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix, const KvSpan& span);
-  bool put(uint64_t key, std::span<const int32_t> tokens, const KvSpan& span) {
-    return put(key, 0, tokens, 0, span);
+  // Writing behind, it returns true unless the span alone exceeds the
+  // budget; a failed write then shows in n_write_failures().
+  bool put(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix, KvSpan span);
+  bool put(uint64_t key, std::span<const int32_t> tokens, KvSpan span) {
+    return put(key, 0, tokens, 0, std::move(span));
   }
   // The span stored under `key` if its file is sound and holds exactly this
   // sequence; otherwise nullopt (a bad or foreign file is deleted).
@@ -117,6 +144,32 @@ class DiskSpanStore {
   std::filesystem::path path_of(uint64_t key) const;
   void forget(uint64_t key, bool delete_file);
   void touch(uint64_t key);
+  // Write-behind: a span waiting to be written, or being written.
+  struct Write {
+    uint64_t key = 0, ns = 0;
+    std::vector<int32_t> tokens;
+    int64_t prefix = 0;
+    KvSpan span;
+    bool cancelled = false;  // forgotten meanwhile: its file, once written, is deleted
+  };
+  void write_loop();
+  // Waits until `key` has no write queued or under way; false when its
+  // write failed (its entry is then forgotten).
+  bool settle(uint64_t key);
+
+  mutable std::mutex write_mu_;  // guards writes_, pending_bytes_, failed_, stop_
+  std::condition_variable write_cv_, written_cv_;
+  std::deque<std::shared_ptr<Write>> writes_;                     // queued, oldest first
+  std::shared_ptr<Write> writing_;                                // under way
+  std::unordered_map<uint64_t, std::shared_ptr<Write>> pending_;  // by key: queued or under way
+  size_t max_pending_bytes_ = 0;
+  size_t pending_bytes_ = 0;
+  // Keys whose write failed: their entries stay (the index still counts
+  // them on disk) until read, which finds nothing.
+  std::unordered_set<uint64_t> failed_;
+  int64_t n_write_failures_ = 0;
+  bool stop_ = false;
+  std::thread writer_;
 
   std::filesystem::path dir_;
   size_t budget_;

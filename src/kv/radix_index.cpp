@@ -64,6 +64,7 @@ const RadixIndex::Stats& RadixIndex::stats() const {
   if (const DiskSpanStore* disk = tiers_.disk())
     for (int r = 0; r < kRejectReasons; ++r) stats_.rejected[kRejectDisk][r] = disk->n_rejected(r);
   stats_.rejected[kRejectDisk][reject_index(RecordStatus::Mac)] += disk_layer_rejects_;
+  stats_.disk_write_failures = disk_write_failures_ + (tiers_.disk() ? tiers_.disk()->n_write_failures() : 0);
   return stats_;
 }
 
@@ -839,7 +840,7 @@ void RadixIndex::demote(NodeId id) {
                          return tiers_.write_to_disk(slot, n.ns, path, n.start);
                        });
   if (!written) {
-    ++(need <= budget ? stats_.disk_write_failures : stats_.oversized[static_cast<int>(Tier::Disk)]);
+    ++(need <= budget ? disk_write_failures_ : stats_.oversized[static_cast<int>(Tier::Disk)]);
     drop_subtree(id);  // cannot go lower: out, with whatever hangs below
   }
 }
@@ -890,6 +891,7 @@ void RadixIndex::persist() {
     if (tier(id) == Tier::Hot && tiers_.below(Tier::Hot) == Tier::Host) swap_out(id);
     demote(id);
   }
+  tiers_.disk()->flush();  // written behind: on disk before the process goes
 }
 
 void RadixIndex::check_invariants() const {

@@ -426,7 +426,8 @@ class RadixIndex {
   // Shared with a fetch running without the lock, which a detach must not pull away.
   std::shared_ptr<RemoteBlocks> remote_;
   std::optional<SpanShape> shape_;
-  int64_t disk_layer_rejects_ = 0;  // layered loads that found a layer's tag wrong
+  int64_t disk_layer_rejects_ = 0;   // layered loads that found a layer's tag wrong
+  int64_t disk_write_failures_ = 0;  // spans the disk store refused at once (writes behind: its count)
   std::function<double(int64_t, int64_t)> cost_model_;
   mutable Stats stats_;  // stats() folds the disk store's counts in
   std::unique_ptr<ReplacementPolicy> policy_;

@@ -129,7 +129,8 @@ bool SpanTiers::write_to_disk(SpanSlot& s, uint64_t ns, std::span<const int32_t>
   }
   const uint64_t key = span_content_key(ns, path);
   const size_t need = disk_file_bytes(s, static_cast<int64_t>(path.size()));
-  if (!disk_ || !disk_->put(key, ns, path, start, s.span)) return false;
+  if (!disk_) return false;
+  if (!disk_->put(key, ns, path, start, std::move(s.span))) return false;
   set_tier(s, Tier::Disk, [&](SpanSlot& slot) {
     slot.disk_key = key;
     slot.disk_bytes = need;

@@ -114,9 +114,10 @@ class SpanTiers {
   static size_t disk_file_bytes(const SpanSlot& s, int64_t path_tokens) {
     return DiskSpanStore::file_bytes(path_tokens, s.span);
   }
-  // Writes a real slot to disk and moves it there (its span leaves memory);
-  // false when the store would not take it (full, not writable), the slot
-  // then unchanged. A virtual slot just changes tier.
+  // Writes a real slot to disk and moves it there (its span leaves memory;
+  // the store may write it behind); false when the store would not take it
+  // (full, not writable): the slot's span is then gone and the caller drops
+  // it. A virtual slot just changes tier.
   bool write_to_disk(SpanSlot& s, uint64_t ns, std::span<const int32_t> path, int64_t start);
 
  private:

@@ -52,9 +52,10 @@ TEST(VocabLearner, FrequentWordsBecomeSingleTokens) {
   EXPECT_EQ(pieces(tok, "Kirat"), std::vector<std::string>{" Kirat"});
   for (int32_t id = 259; id < v.n_tokens(); ++id) {
     const std::string& t = v.tokens[static_cast<size_t>(id)];
-    if (t.size() > 1 && t.find_first_not_of(".,;:!?") != std::string::npos)
+    if (t.size() > 1 && t.find_first_not_of(".,;:!?") != std::string::npos) {
       EXPECT_EQ(std::string_view(".,;:!?").find(t.back()), std::string_view::npos)
           << "a piece joins a word to the punctuation ending it: " << t;
+    }
   }
   // A smaller vocabulary is filled to its size, the most frequent merges first.
   o.size = 300;
