@@ -42,10 +42,11 @@
 // the same rule: a span's layers are read with the lock released when match
 // or prefetch holds it alone (a file's head is read under it), and a
 // layer-wise preload reads on its own thread. Publishing to the remote tier
-// never waits on it (RemoteBlocks queues). Demotion writes to disk run under
-// the lock. The engine reads lower tiers ahead of admission, on a thread of
-// its own (Engine's fetcher, through prefetch), so the matches it makes under
-// its lock find the spans in memory and leave the remote store alone.
+// never waits on it (RemoteBlocks queues), nor does a demotion to disk when
+// the store writes behind (DiskSpanStore::write_behind). The engine reads
+// lower tiers ahead of admission, on a thread of its own (SpanFetcher,
+// through prefetch), so the matches it makes under its lock find the spans
+// in memory and leave the remote store alone.
 //
 // Prefetched spans keep the tier they came from until a counted match uses
 // them: reuse is reported by the tier the KV was found in, whether a match
