@@ -131,7 +131,7 @@ void RedisStore::failed(const std::string& what) {
   warned_ = true;
 }
 
-RedisStore::Reply RedisStore::command(std::initializer_list<std::string_view> args, const char* what) {
+RedisStore::Reply RedisStore::command(std::span<const std::string_view> args, const char* what) {
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   for (const std::string_view a : args) {
@@ -171,6 +171,34 @@ std::optional<std::vector<uint8_t>> RedisStore::get(uint64_t key) {
                                 reinterpret_cast<const uint8_t*>(r->str) + r->len);
   if (r->type == REDIS_REPLY_ERROR) failed(fmt::format("Redis GET: {}", r->str));
   return std::nullopt;
+}
+
+std::vector<std::optional<std::vector<uint8_t>>> RedisStore::get_many(std::span<const uint64_t> keys) {
+  std::vector<std::optional<std::vector<uint8_t>>> out(keys.size());
+  if (keys.empty()) return out;
+  std::lock_guard lk(mu_);
+  if (!ready()) return out;
+  std::vector<std::string> names;
+  for (uint64_t key : keys) names.push_back(key_of(key));
+  std::vector<std::string_view> args{"MGET"};
+  for (const std::string& n : names) args.push_back(n);
+  const Reply r = command(args, "MGET");
+  if (!r) return out;
+  if (r->type == REDIS_REPLY_ERROR) {
+    failed(fmt::format("Redis MGET: {}", r->str));
+    return out;
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != keys.size()) {
+    failed("Redis MGET: a reply that is not one value per key");
+    return out;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const redisReply* e = r->element[i];
+    if (e && e->type == REDIS_REPLY_STRING)
+      out[i] = std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(e->str),
+                                    reinterpret_cast<const uint8_t*>(e->str) + e->len);
+  }
+  return out;
 }
 
 void RedisStore::put(uint64_t key, std::span<const uint8_t> record) {

@@ -76,20 +76,29 @@ RemoteBlocks::Fetched RemoteBlocks::fetch(uint64_t ns, std::span<const int32_t> 
   Fetched out;
   const RecordSeal seal{key_.get(), shape};
   const auto n = static_cast<int64_t>(tokens.size());
+  // Every block's key up front, asked for in one exchange (one deadline for
+  // the whole fetch); then used in order up to the first gap.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  std::vector<uint64_t> keys;
   for (int64_t b0 = (length / block_tokens_) * block_tokens_;
-       b0 < n && static_cast<int64_t>(out.blocks.size()) < max_blocks; b0 += block_tokens_) {
+       b0 < n && static_cast<int64_t>(spans.size()) < std::min(max_blocks, kMaxBlocksPerFetch);
+       b0 += block_tokens_) {
     const int64_t b1 = std::min(n, b0 + block_tokens_);
-    const std::span<const int32_t> seq = tokens.first(static_cast<size_t>(b1));
-    const uint64_t key = span_content_key(ns, seq);
-    const std::optional<std::vector<uint8_t>> record = store_->get(key);
+    spans.emplace_back(b0, b1);
+    keys.push_back(span_content_key(ns, tokens.first(static_cast<size_t>(b1))));
+  }
+  const std::vector<std::optional<std::vector<uint8_t>>> records = store_->get_many(keys);
+  for (size_t i = 0; i < spans.size() && i < records.size(); ++i) {
+    const auto [b0, b1] = spans[i];
+    const std::optional<std::vector<uint8_t>>& record = records[i];
     if (!record) break;
-    DecodedSpan d = decode_span_record(*record, key, ns, seq, b0, seal);
+    DecodedSpan d = decode_span_record(*record, keys[i], ns, tokens.first(static_cast<size_t>(b1)), b0, seal);
     if (d.status != RecordStatus::Ok) {
       ++out.rejected[reject_index(d.status)];
       // Refused for everyone: deleted. Except an authentic record of other
       // tokens under this key (a hash collision): someone else's span.
       const std::optional<SpanRecordHeader> h = decode_span_record_header(*record);
-      if (d.status != RecordStatus::Other || !h || h->key != key) store_->remove(key);
+      if (d.status != RecordStatus::Other || !h || h->key != keys[i]) store_->remove(keys[i]);
       break;
     }
     out.blocks.push_back({b0, b1, std::move(d.span)});

@@ -60,9 +60,12 @@ class RemoteBlocks {
     std::vector<Block> blocks;
     int64_t rejected[kRejectReasons] = {};  // records refused (and deleted), by reason
   };
-  // Reads the blocks after the first `length` tokens in order, until one is
-  // missing or refused, or max_blocks were read. shape: what a span must
-  // look like (unchecked when unset). Thread-safe; takes no index lock.
+  // Reads the blocks after the first `length` tokens (asked for together,
+  // RemoteStore::get_many) and keeps them in order until one is missing or
+  // refused, or max_blocks (at most kMaxBlocksPerFetch) were read. shape:
+  // what a span must look like (unchecked when unset). Thread-safe; takes
+  // no index lock.
+  static constexpr int64_t kMaxBlocksPerFetch = 256;
   Fetched fetch(uint64_t ns, std::span<const int32_t> tokens, int64_t length,
                 const std::optional<SpanShape>& shape, int64_t max_blocks = INT64_MAX) const;
 

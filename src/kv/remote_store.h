@@ -23,6 +23,13 @@ class RemoteStore {
  public:
   virtual ~RemoteStore() = default;
   virtual std::optional<std::vector<uint8_t>> get(uint64_t key) = 0;
+  // Several keys in one exchange where the store can (one deadline for all);
+  // one result per key, in order.
+  virtual std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) {
+    std::vector<std::optional<std::vector<uint8_t>>> out;
+    for (uint64_t k : keys) out.push_back(get(k));
+    return out;
+  }
   virtual void put(uint64_t key, std::span<const uint8_t> record) = 0;
   virtual void remove(uint64_t key) = 0;
 };
@@ -54,6 +61,8 @@ class RedisStore final : public RemoteStore {
   RedisStore& operator=(const RedisStore&) = delete;
 
   std::optional<std::vector<uint8_t>> get(uint64_t key) override;
+  // MGET: the whole fetch within one --remote-timeout-ms.
+  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) override;
   void put(uint64_t key, std::span<const uint8_t> record) override;
   void remove(uint64_t key) override;
 
@@ -79,7 +88,10 @@ class RedisStore final : public RemoteStore {
   void failed(const std::string& what);
   // One command and its reply within the deadline; null (after failed())
   // when the connection broke or the deadline passed.
-  Reply command(std::initializer_list<std::string_view> args, const char* what);
+  Reply command(std::initializer_list<std::string_view> args, const char* what) {
+    return command(std::span<const std::string_view>(args.begin(), args.size()), what);
+  }
+  Reply command(std::span<const std::string_view> args, const char* what);
   std::string key_of(uint64_t key) const;
 
   RedisOptions o_;

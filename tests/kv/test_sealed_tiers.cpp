@@ -412,6 +412,29 @@ TEST(RemoteDeadline, SlowRedisDoesNotStallRequestsThatDoNotReadIt) {
   index.check_invariants();
 }
 
+// A match that reads many blocks asks Redis once (MGET), so the whole read
+// has one deadline, however many blocks it spans.
+TEST(RemoteDeadline, AFetchOfManyBlocksIsOneCommand) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  KeyedIndexes two(redis.port(), key_of('k'));
+  const Tokens s = sequence(1, 8 * 20);
+  two.a.insert(7, s, maker(s));
+  two.a.flush_remote();
+  const auto calls = [&](const std::string& command) {
+    const std::string info =
+        test::run_shell("redis-cli -p " + std::to_string(redis.port()) + " INFO commandstats").out;
+    const auto at = info.find("cmdstat_" + command + ":calls=");
+    return at == std::string::npos ? 0L : std::stol(info.substr(at + command.size() + 15));
+  };
+  const long gets = calls("get"), mgets = calls("mget");
+  const RadixIndex::Match m = two.b.match(7, s);
+  EXPECT_EQ(m.length, 8 * 20);
+  EXPECT_EQ(m.tokens_from[static_cast<int>(Tier::Remote)], 8 * 20);
+  EXPECT_EQ(calls("mget"), mgets + 1);
+  EXPECT_EQ(calls("get"), gets);
+  expect_true_kv(two.b, m, s);
+}
+
 // The engine's pattern under a shared Redis: one thread matches, checks and
 // inserts under the index's lock (as a request does), another prefetches
 // (reading Redis with the lock released and adopting what it read) while a
