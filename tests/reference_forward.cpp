@@ -35,10 +35,14 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<doub
   return y;
 }
 
-void rope(std::vector<double>& v, int n_heads, int head_dim, int n_rot, int pos, double base, bool neox) {
+// Pair i turns by pos * base^(-2i/n_rot) / divisors[i] (Llama 3's
+// rope_freqs, linear scaling; none: 1).
+void rope(std::vector<double>& v, int n_heads, int head_dim, int n_rot, int pos, double base, bool neox,
+          const std::vector<float>& divisors) {
   for (int h = 0; h < n_heads; ++h)
     for (int i = 0; i < n_rot / 2; ++i) {
-      const double theta = pos * std::pow(base, -2.0 * i / n_rot);
+      const double theta =
+          pos * std::pow(base, -2.0 * i / n_rot) / (divisors.empty() ? 1.0 : double(divisors[i]));
       const int a = h * head_dim + (neox ? i : 2 * i);
       const int b = h * head_dim + (neox ? i + n_rot / 2 : 2 * i + 1);
       const double x0 = v[a], x1 = v[b];
@@ -95,8 +99,8 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
         for (size_t i = 0; i < q[t].size(); ++i) q[t][i] += w.bq[i];
         for (size_t i = 0; i < k[t].size(); ++i) k[t][i] += w.bk[i], v[t][i] += w.bv[i];
       }
-      rope(q[t], c.n_head, hd, c.n_rot, positions[t], c.rope_base, neox);
-      rope(k[t], c.n_head_kv, hd, c.n_rot, positions[t], c.rope_base, neox);
+      rope(q[t], c.n_head, hd, c.n_rot, positions[t], c.rope_base, neox, c.rope_divisors);
+      rope(k[t], c.n_head_kv, hd, c.n_rot, positions[t], c.rope_base, neox, c.rope_divisors);
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<int64_t> seen;

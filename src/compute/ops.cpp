@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "compute/vec.h"
+#include "util/error.h"
 
 namespace depcache {
 
@@ -37,11 +38,15 @@ void swiglu(float* gate, const float* up, int64_t n) {
   }
 }
 
-void RopeTable::build(const int32_t* positions, int64_t n_rows, int rot, float base) {
+void RopeTable::build(const int32_t* positions, int64_t n_rows, int rot, float base,
+                      std::span<const float> divisors) {
   n_rot = rot;
   const int half = rot / 2;
+  if (!divisors.empty() && static_cast<int>(divisors.size()) != half)
+    fail(ErrorKind::Internal, "{} rope divisors for {} rotary pairs", divisors.size(), half);
   std::vector<double> inv_freq(half);
-  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(base), -2.0 * i / rot);
+  for (int i = 0; i < half; ++i)
+    inv_freq[i] = std::pow(double(base), -2.0 * i / rot) / (divisors.empty() ? 1.0 : double(divisors[i]));
   cos.resize(n_rows * half);
   sin.resize(n_rows * half);
   for (int64_t r = 0; r < n_rows; ++r)
@@ -71,9 +76,9 @@ void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& 
 }
 
 void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,
-          float base, bool neox) {
+          float base, bool neox, std::span<const float> divisors) {
   RopeTable table;
-  table.build(positions, n_rows, n_rot, base);
+  table.build(positions, n_rows, n_rot, base, divisors);
   rope(x, n_rows, n_heads, head_dim, table, neox);
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Element-wise and per-row operations of the transformer block.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace depcache {
@@ -22,8 +23,11 @@ struct RopeTable {
   std::vector<float> cos;  // (n_rows, n_rot/2)
   std::vector<float> sin;  // (n_rows, n_rot/2)
 
-  // Row t sits at positions[t]; pair i turns by positions[t] * base^(-2i/n_rot).
-  void build(const int32_t* positions, int64_t n_rows, int n_rot, float base);
+  // Row t sits at positions[t]; pair i turns by positions[t] *
+  // base^(-2i/n_rot) / divisors[i] (the model's frequency scaling:
+  // ModelConfig::rope_divisors; empty: 1).
+  void build(const int32_t* positions, int64_t n_rows, int n_rot, float base,
+             std::span<const float> divisors = {});
 };
 
 // Rotates n_rows rows, each n_heads heads of head_dim, of which the first
@@ -33,6 +37,6 @@ void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& 
 
 // The same for a one-off rotation (builds the table itself).
 void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,
-          float base, bool neox);
+          float base, bool neox, std::span<const float> divisors = {});
 
 }  // namespace depcache

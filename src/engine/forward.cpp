@@ -127,7 +127,7 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
     add_bias(k_.data(), w.bk.data(), n, c.n_embd_kv());
     add_bias(v_.data(), w.bv.data(), n, c.n_embd_kv());
   }
-  rope_.build(active_pos_.data(), n, c.n_rot, c.rope_base);
+  rope_.build(active_pos_.data(), n, c.n_rot, c.rope_base, c.rope_divisors);
   rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
   rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);
 

@@ -18,6 +18,7 @@ KvCache::KvCache(const ModelConfig& config, int64_t n_ctx, DType type)
       head_dim_(config.head_dim),
       n_rot_(config.n_rot),
       rope_base_(config.rope_base),
+      rope_divisors_(config.rope_divisors),
       neox_(config.rope_style == RopeStyle::Neox) {
   if (type != DType::F32 && type != DType::F16)
     fail(ErrorKind::InvalidInput, "KV cache type {} is not supported (f32, f16)", dtype_info(type).name);
@@ -132,7 +133,7 @@ void KvCache::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
     rotate = rotate || delta[i] != 0;
   }
   RopeTable table;
-  if (rotate) table.build(delta.data(), n, n_rot_, rope_base_);
+  if (rotate) table.build(delta.data(), n, n_rot_, rope_base_, rope_divisors_);
   std::vector<float> keys(rotate ? n * row_ : 0);
   for (int il = layer_begin; il < layer_end; ++il) {
     uint8_t* kd = k_[il].data() + row0 * rb;

@@ -58,6 +58,7 @@ class KvCache {
   DType type_;
   int n_head_kv_, head_dim_, n_rot_;
   float rope_base_;
+  std::vector<float> rope_divisors_;
   bool neox_;
   int64_t n_past_ = 0;
   std::vector<ZeroedArray<uint8_t>> k_, v_;  // per layer

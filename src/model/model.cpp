@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <set>
+
 #include "compute/packed_matrix.h"
 #include "compute/quant.h"
 #include "util/error.h"
@@ -11,13 +14,27 @@
 namespace depcache {
 namespace {
 
+// Reads the tensors the forward pass uses and remembers which: a file with
+// any other is refused (check_all_used), since a tensor the engine ignores
+// would change what the model computes.
 class TensorLoader {
  public:
   explicit TensorLoader(const GgufFile& f) : f_(f) {}
 
+  void check_all_used() const {
+    for (const GgufTensor& t : f_.tensors())
+      if (!used_.count(t.name))
+        fail(ErrorKind::InvalidInput,
+             "{}: tensor '{}' is not implemented by this engine for architecture '{}' (it would change what "
+             "the "
+             "model computes)",
+             f_.source(), t.name, f_.get_string_or("general.architecture").value_or("?"));
+  }
+
   const GgufTensor& require(const std::string& name) const {
     const GgufTensor* t = f_.find_tensor(name);
     if (!t) fail(ErrorKind::InvalidInput, "{}: tensor '{}' is missing", f_.source(), name);
+    used_.insert(name);
     if (!dtype_info(t->type).compute)
       fail(ErrorKind::InvalidInput, "{}: tensor '{}' has type {}, which the engine cannot compute with",
            f_.source(), name, dtype_info(t->type).name);
@@ -29,6 +46,7 @@ class TensorLoader {
   }
 
   WeightMatrix view(const GgufTensor& t, int64_t n_in, int64_t n_out) const {
+    used_.insert(t.name);
     if (t.dims.size() != 2 || t.dims[0] != n_in || t.dims[1] != n_out)
       fail(ErrorKind::InvalidInput, "{}: tensor '{}' has shape [{}], expected [{}, {}]", f_.source(), t.name,
            fmt::join(t.dims, ", "), n_in, n_out);
@@ -47,6 +65,7 @@ class TensorLoader {
 
  private:
   const GgufFile& f_;
+  mutable std::set<std::string> used_;
 };
 
 }  // namespace
@@ -80,6 +99,8 @@ uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPoo
   uint64_t h = hash_bytes(shape, sizeof shape);
   h = hash_bytes(&c.rope_base, sizeof c.rope_base, h);
   h = hash_bytes(&c.rms_eps, sizeof c.rms_eps, h);
+  if (!c.rope_divisors.empty())  // RoPE scaling (rope_freqs is hashed with the tensors too)
+    h = hash_bytes(c.rope_divisors.data(), c.rope_divisors.size() * sizeof(float), h);
   size_t next = 0;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const GgufTensor& t = tensors[ti];
@@ -132,9 +153,24 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
     l.w_down = ld.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
   }
   m->output_norm = ld.vector("output_norm.weight", c.n_embd);
+  // Llama 3's RoPE scaling: one frequency divisor per rotary pair.
+  if (m->file_.find_tensor("rope_freqs.weight")) {
+    if (c.arch != Arch::Llama)
+      fail(ErrorKind::InvalidInput, "{}: rope_freqs.weight in a '{}' model is not implemented",
+           m->file_.source(), c.arch_name);
+    const std::vector<float> f = ld.vector("rope_freqs.weight", c.n_rot / 2);
+    if (c.rope_divisors.empty()) c.rope_divisors.assign(f.size(), 1.0f);
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (!(f[i] > 0) || !std::isfinite(f[i]))
+        fail(ErrorKind::InvalidInput, "{}: rope_freqs.weight[{}] = {} must be a positive number",
+             m->file_.source(), i, f[i]);
+      c.rope_divisors[i] *= f[i];
+    }
+  }
   // Tied embeddings: models without output.weight reuse the token embedding.
   m->output =
       m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
+  ld.check_all_used();
   // The matmul weights get their panel copy; the embedding table keeps rows
   // (a lookup reads one row) in the file mapping.
   // Packing touches every weight once; one matrix per task over all cores.

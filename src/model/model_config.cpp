@@ -1,5 +1,8 @@
 #include "model/model_config.h"
 
+#include <cmath>
+#include <set>
+
 #include "model/gguf.h"
 #include "util/error.h"
 
@@ -57,11 +60,68 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.rope_base = static_cast<float>(f.get_float_or(a + ".rope.freq_base").value_or(10000.0));
   if (!(c.rope_base > 1))
     fail(ErrorKind::InvalidInput, "{}: rope.freq_base {} is invalid", f.source(), c.rope_base);
-  // Only plain RoPE is implemented; scaled variants would silently change outputs.
-  if (auto scaling = f.get_string_or(a + ".rope.scaling.type"); scaling && *scaling != "none")
-    fail(ErrorKind::InvalidInput, "{}: rope scaling type '{}' is not supported", f.source(), *scaling);
-  if (auto factor = f.get_float_or(a + ".rope.scale_linear"); factor && *factor != 1.0)
-    fail(ErrorKind::InvalidInput, "{}: linear rope scaling ({}) is not supported", f.source(), *factor);
+  // RoPE scaling: linear is implemented (every frequency divided by the
+  // factor); any other type would silently change outputs.
+  c.rope_scaling = f.get_string_or(a + ".rope.scaling.type").value_or("none");
+  double linear = 1.0;
+  if (c.rope_scaling == "linear") {
+    if (!f.find(a + ".rope.scaling.factor"))
+      fail(ErrorKind::InvalidInput, "{}: linear rope scaling without {}.rope.scaling.factor", f.source(), a);
+    linear = f.get_float_or(a + ".rope.scaling.factor").value_or(1.0);
+  } else if (c.rope_scaling != "none") {
+    fail(ErrorKind::InvalidInput, "{}: rope scaling type '{}' is not supported (supported: none, linear)",
+         f.source(), c.rope_scaling);
+  }
+  if (auto legacy = f.get_float_or(a + ".rope.scale_linear"); legacy && *legacy != 1.0) {
+    c.rope_scaling = "linear";
+    linear *= *legacy;
+  }
+  if (!(linear >= 1.0) || !std::isfinite(linear))
+    fail(ErrorKind::InvalidInput, "{}: linear rope scaling factor {} must be at least 1", f.source(), linear);
+  if (linear != 1.0) c.rope_divisors.assign(static_cast<size_t>(c.n_rot / 2), static_cast<float>(linear));
+  // Keys the forward pass implements or that do not change it; any other key
+  // of the architecture's (sliding windows, soft-capping, experts, other
+  // attention widths...) is refused by name.
+  // (tensor_data_layout: how a converter laid out the weights it wrote; not
+  // read at inference.)
+  static const std::set<std::string> known = {"tensor_data_layout",
+                                              "context_length",
+                                              "embedding_length",
+                                              "block_count",
+                                              "feed_forward_length",
+                                              "attention.head_count",
+                                              "attention.head_count_kv",
+                                              "attention.key_length",
+                                              "attention.value_length",
+                                              "attention.layer_norm_rms_epsilon",
+                                              "rope.dimension_count",
+                                              "rope.freq_base",
+                                              "rope.scaling.type",
+                                              "rope.scaling.factor",
+                                              "rope.scale_linear",
+                                              "rope.scaling.original_context_length",
+                                              "rope.scaling.finetuned",
+                                              "vocab_size",
+                                              "expert_count",
+                                              "expert_used_count"};
+  for (const auto& [key, value] : f.metadata()) {
+    if (!key.starts_with(a + ".")) continue;
+    if (!known.count(key.substr(a.size() + 1)))
+      fail(
+          ErrorKind::InvalidInput,
+          "{}: metadata key '{}' is not implemented by this engine (it would change what the model computes)",
+          f.source(), key);
+  }
+  if (f.find(a + ".attention.value_length") && f.get_int(a + ".attention.value_length") != c.head_dim)
+    fail(ErrorKind::InvalidInput, "{}: value_length {} differs from embedding/heads {} (not supported)",
+         f.source(), f.get_int(a + ".attention.value_length"), c.head_dim);
+  for (const char* experts : {".expert_count", ".expert_used_count"})
+    if (f.find(a + experts) && f.get_int(a + experts) != 0)
+      fail(ErrorKind::InvalidInput, "{}: {}{} = {}: mixture-of-experts models are not supported", f.source(),
+           a, experts, f.get_int(a + experts));
+  if (f.find("split.count") && f.get_int("split.count") > 1)
+    fail(ErrorKind::InvalidInput, "{}: a model split over {} files is not supported (merge it first)",
+         f.source(), f.get_int("split.count"));
   return c;
 }
 

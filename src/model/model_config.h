@@ -2,6 +2,7 @@
 // Hyper-parameters of a Llama-family model, read from GGUF metadata.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/prompt_template.h"
 
@@ -34,6 +35,12 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   float rope_base = 10000.0f;
   RopeStyle rope_style = RopeStyle::Normal;
+  // Frequency scaling, per rotary pair: pair i turns at base^(-2i/n_rot) /
+  // rope_divisors[i] (empty: 1). Linear scaling divides every pair by its
+  // factor; Llama 3's rope_freqs.weight gives one divisor per pair (set by
+  // Model::from_file); the two multiply.
+  std::vector<float> rope_divisors;
+  std::string rope_scaling = "none";  // none or linear (rope.scaling.type)
   bool qkv_bias = false;
   // depcache.position_scheme: the position scheme a model was fine-tuned for
   // under dependency attention (written by the trainer); empty when absent.
@@ -46,6 +53,9 @@ struct ModelConfig {
   int n_embd_kv() const { return n_head_kv * head_dim; }
 
   // Validates everything the forward pass relies on; throws depcache::Error.
+  // Strict: a key of the architecture's that the engine does not read, or a
+  // value it does not implement, is refused by name (it would change what
+  // the model computes).
   static ModelConfig from_gguf(const GgufFile& f);
 };
 

@@ -102,12 +102,39 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 
 }  // namespace
 
-std::vector<std::string> model_preset_names() { return {"tiny", "tiny-qwen2", "qwen2-0.5b", "llama-1b"}; }
+std::vector<std::string> model_preset_names() {
+  return {"tiny", "tiny-qwen2", "tiny-llama3", "qwen2-0.5b", "llama-1b", "llama3.2-1b"};
+}
+
+std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
+                                       float high_freq_factor, int original_context) {
+  const double pi = 3.14159265358979323846;
+  const double low_wavelen = original_context / double(low_freq_factor);
+  const double high_wavelen = original_context / double(high_freq_factor);
+  std::vector<float> out;
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const double wavelen = 2 * pi / std::pow(double(base), -2.0 * i / n_rot);
+    if (wavelen < high_wavelen) {
+      out.push_back(1.0f);
+    } else if (wavelen > low_wavelen) {
+      out.push_back(factor);
+    } else {
+      const double smooth =
+          (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      out.push_back(static_cast<float>(1.0 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  return out;
+}
 
 std::optional<ModelShape> model_preset(const std::string& name) {
   ModelShape s;
   s.preset = name;
   if (name == "tiny") return s;
+  if (name == "tiny-llama3") {  // tiny with Llama 3's RoPE scaling, its context scaled to the tiny one's
+    s.rope_freq_factors = llama3_rope_factors(16, s.rope_base, 8.0f, 1.0f, 4.0f, 64);
+    return s;
+  }
   if (name == "tiny-qwen2") {
     s.arch = Arch::Qwen2;
     s.rope_base = 1e6f;
@@ -119,6 +146,13 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.n_layer = 24, s.n_embd = 896, s.n_head = 14, s.n_head_kv = 2, s.n_ff = 4864;
     s.n_ctx = 32768, s.n_vocab = 32000, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
     s.tied_embeddings = true;  // as the released Qwen2-0.5B
+    return s;
+  }
+  if (name == "llama3.2-1b") {  // Llama-3.2-1B: tied embeddings, Llama 3 RoPE scaling
+    s.n_layer = 16, s.n_embd = 2048, s.n_head = 32, s.n_head_kv = 8, s.n_ff = 8192;
+    s.n_ctx = 131072, s.n_vocab = 128256, s.rope_base = 500000.0f;
+    s.tied_embeddings = true;
+    s.rope_freq_factors = llama3_rope_factors(64, s.rope_base, 32.0f, 1.0f, 4.0f, 8192);
     return s;
   }
   if (name == "llama-1b") {
@@ -199,6 +233,19 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
   w.set(arch + ".rope.freq_base", GgufValue::f32(s.rope_base));
   w.set(arch + ".rope.dimension_count", GgufValue::u32(s.n_embd / s.n_head));
   w.set(arch + ".vocab_size", GgufValue::u32(s.n_vocab));
+  if (s.rope_linear_factor != 1.0f) {
+    w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
+    w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));
+  }
+  if (!s.rope_freq_factors.empty()) {
+    const int half = s.n_embd / s.n_head / 2;
+    if (s.arch != Arch::Llama || static_cast<int>(s.rope_freq_factors.size()) != half)
+      fail(ErrorKind::InvalidInput,
+           "rope frequency factors: a Llama model with {} of them (one per rotary pair)", half);
+    w.add_tensor("rope_freqs.weight", DType::F32, {half}, [f = s.rope_freq_factors](uint8_t* dst, size_t) {
+      std::memcpy(dst, f.data(), f.size() * sizeof(float));
+    });
+  }
   for (const auto& [k, v] : spec.metadata) w.set(k, v);
 
   auto pool = std::make_shared<ThreadPool>(spec.n_threads);

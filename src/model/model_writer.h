@@ -29,9 +29,22 @@ struct ModelShape {
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;
+  // RoPE scaling: Llama 3's per-pair frequency divisors, written as the
+  // rope_freqs.weight tensor (empty: none), and linear scaling's factor
+  // (1: none).
+  std::vector<float> rope_freq_factors;
+  float rope_linear_factor = 1.0f;
 };
 
-// Names: tiny, tiny-qwen2, qwen2-0.5b, llama-1b. nullopt for an unknown name.
+// Llama 3's RoPE frequency divisors (what its rope_freqs.weight holds): pairs
+// whose wavelength is shorter than original_context / high_freq_factor keep
+// their frequency, those longer than original_context / low_freq_factor are
+// divided by `factor`, and those between are interpolated smoothly.
+std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
+                                       float high_freq_factor, int original_context);
+
+// Names: tiny, tiny-qwen2, tiny-llama3, qwen2-0.5b, llama-1b, llama3.2-1b.
+// nullopt for an unknown name.
 std::optional<ModelShape> model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

@@ -185,7 +185,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
         continue;
       }
       // A special token must end before the next plain range begins.
-      const size_t limit = r < plain_ranges.size() ? std::min(plain_ranges[r].first, text.size()) : text.size();
+      const size_t limit =
+          r < plain_ranges.size() ? std::min(plain_ranges[r].first, text.size()) : text.size();
       int32_t hit = -1;
       for (int32_t id : m.specials[static_cast<unsigned char>(text[i])])
         if (m.v.tokens[id].size() <= limit - i && text.substr(i).starts_with(m.v.tokens[id])) {

@@ -75,6 +75,9 @@ ParamSet ParamSet::from_model(const Model& model) {
   const ModelConfig& c = model.config();
   if (c.arch != Arch::Llama || c.qkv_bias || c.rope_style != RopeStyle::Normal || c.n_rot != c.head_dim)
     fail(ErrorKind::InvalidInput, "the trainer takes Llama models with full-width RoPE and no biases");
+  if (!c.rope_divisors.empty())
+    fail(ErrorKind::InvalidInput,
+         "the trainer does not implement RoPE scaling (rope_freqs or linear scaling)");
   const bool tied = model.output.data == model.tok_embd.data;
   ParamSet p(shape_of(c, tied));
   const auto matrix = [&](size_t index, const WeightMatrix& m) {

@@ -105,24 +105,24 @@ TEST(Sampling, GreedyAndFilters) {
   const std::vector<float> logits = {0.1f, 3.0f, 2.9f, -1.0f, 2.0f};
   Sampler greedy(SamplerParams{});
   EXPECT_EQ(greedy.sample(logits), 1);
-  Sampler top1(SamplerParams{.temperature = 1.0f, .top_k = 1});
+  Sampler top1(SamplerParams{.temperature = 1.0f, .top_k = 1, .logit_bias = {}});
   for (int i = 0; i < 20; ++i) EXPECT_EQ(top1.sample(logits), 1);
   // top-p small enough keeps only the best token.
-  Sampler nucleus(SamplerParams{.temperature = 1.0f, .top_k = 0, .top_p = 0.3f});
+  Sampler nucleus(SamplerParams{.temperature = 1.0f, .top_k = 0, .top_p = 0.3f, .logit_bias = {}});
   for (int i = 0; i < 20; ++i) EXPECT_EQ(nucleus.sample(logits), 1);
   // min-p 0.5 keeps tokens 1 and 2 (p2/p1 = e^-0.1), drops 4 (e^-1).
-  Sampler minp(SamplerParams{.temperature = 1.0f, .top_k = 0, .min_p = 0.5f, .seed = 3});
+  Sampler minp(SamplerParams{.temperature = 1.0f, .top_k = 0, .min_p = 0.5f, .seed = 3, .logit_bias = {}});
   std::vector<int> seen(5);
   for (int i = 0; i < 400; ++i) seen[minp.sample(logits)]++;
   EXPECT_GT(seen[1], 100);
   EXPECT_GT(seen[2], 100);
   EXPECT_EQ(seen[0] + seen[3] + seen[4], 0);
   // Same seed, same sequence.
-  Sampler a(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9}),
-      b(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9});
+  Sampler a(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9, .logit_bias = {}}),
+      b(SamplerParams{.temperature = 1.5f, .top_k = 0, .seed = 9, .logit_bias = {}});
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
-  EXPECT_THROW(Sampler(SamplerParams{.temperature = -1.0f}), Error);
-  EXPECT_THROW(Sampler(SamplerParams{.top_p = 0.0f}), Error);
+  EXPECT_THROW(Sampler(SamplerParams{.temperature = -1.0f, .logit_bias = {}}), Error);
+  EXPECT_THROW(Sampler(SamplerParams{.top_p = 0.0f, .logit_bias = {}}), Error);
 }
 
 // The vector exp of the attention softmax and SwiGLU against std::exp in

@@ -95,19 +95,22 @@ TEST(ChunkReuse, FullReuseOfOneChunkEqualsFullPrefill) {
 // computing every chunk alone in this request (keys rotated to the new
 // positions: rounding only).
 TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
-  Rig rig("tiny-qwen2");
-  rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
-  const RagRequest moved = doc_request({kHoot, kPurr, kBark}, "Who sleeps?");
-  const PrefillReport with = rig.run("fullreuse", moved);
-  const PrefillReport without = rig.run("fullreuse", moved, 0, false);
-  const auto parts = make_prompt_parts(rig.tok, moved);
-  EXPECT_EQ(with.reused_tokens, static_cast<int64_t>(parts.system.size() + parts.items[1].paths[0].size() +
-                                                     parts.items[2].paths[0].size()));
-  EXPECT_EQ(without.reused_tokens, 0);
-  EXPECT_LT(test::max_abs_diff(with.logits, without.logits, "reused vs computed alone"), 1e-4);
-  // ...and differs from full attention, which the recompute strategies restore.
-  const PrefillReport full = rig.run("full", moved);
-  EXPECT_GT(test::max_abs_diff(with.logits, full.logits, "full reuse vs full"), 1e-3);
+  for (const std::string preset : {"tiny-qwen2", "tiny-llama3"}) {  // the second with Llama 3's RoPE scaling
+    SCOPED_TRACE(preset);
+    Rig rig(preset);
+    rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
+    const RagRequest moved = doc_request({kHoot, kPurr, kBark}, "Who sleeps?");
+    const PrefillReport with = rig.run("fullreuse", moved);
+    const PrefillReport without = rig.run("fullreuse", moved, 0, false);
+    const auto parts = make_prompt_parts(rig.tok, moved);
+    EXPECT_EQ(with.reused_tokens, static_cast<int64_t>(parts.system.size() + parts.items[1].paths[0].size() +
+                                                       parts.items[2].paths[0].size()));
+    EXPECT_EQ(without.reused_tokens, 0);
+    EXPECT_LT(test::max_abs_diff(with.logits, without.logits, "reused vs computed alone"), 1e-4);
+    // ...and differs from full attention, which the recompute strategies restore.
+    const PrefillReport full = rig.run("full", moved);
+    EXPECT_GT(test::max_abs_diff(with.logits, full.logits, "full reuse vs full"), 1e-3);
+  }
 }
 
 // Recomputing every chunk token is full prefill; recomputing none in

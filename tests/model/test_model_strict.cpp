@@ -1,0 +1,171 @@
+// Reading a model file is strict: what the engine does not implement is
+// refused by name, never ignored. Llama 3's RoPE scaling (rope_freqs.weight)
+// and linear scaling are implemented: they change what the model computes,
+// and the engine matches the float64 reference with them.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/forward.h"
+#include "engine/kv_cache.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/model_writer.h"
+#include "reference_forward.h"
+#include "test_support.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace depcache {
+namespace {
+
+std::filesystem::path write_tiny(const std::string& name, const ModelShape& shape) {
+  RandomModelOptions o;
+  o.shape = shape;
+  o.seed = 11;
+  o.stddev = 0.2f;
+  o.n_threads = 2;
+  const auto path = test::temp_path(name) += ".gguf";
+  write_random_model(path, o);
+  return path;
+}
+
+// `from` rewritten with extra metadata and, when `tensor` is set, an extra
+// F32 tensor of n zeros.
+std::filesystem::path rewrite(const std::filesystem::path& from, const std::string& name,
+                              const std::vector<std::pair<std::string, GgufValue>>& metadata,
+                              const std::string& tensor = "", int64_t n = 4) {
+  const GgufFile f = GgufFile::open(from);
+  GgufWriter w;
+  for (const auto& [k, v] : f.metadata()) w.set(k, v);
+  for (const auto& [k, v] : metadata) w.set(k, v);
+  for (const GgufTensor& t : f.tensors())
+    w.add_tensor(t.name, t.type, t.dims,
+                 [&t](uint8_t* dst, size_t n_bytes) { std::memcpy(dst, t.data, n_bytes); });
+  if (!tensor.empty())
+    w.add_tensor(tensor, DType::F32, {n}, [](uint8_t* dst, size_t n_bytes) { std::memset(dst, 0, n_bytes); });
+  const auto path = test::temp_path(name) += ".gguf";
+  w.write(path);
+  return path;
+}
+
+std::string load_error(const std::filesystem::path& path) {
+  try {
+    Model::load(path);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+std::vector<float> logits_of(const std::shared_ptr<const Model>& m, const std::vector<int32_t>& tokens) {
+  ThreadPool pool(2);
+  Forward fwd(m, pool);
+  KvCache kv(m->config(), static_cast<int64_t>(tokens.size()), DType::F32);
+  std::vector<float> logits;
+  fwd.eval(tokens, kv, Logits::All, logits);
+  return logits;
+}
+
+std::vector<int32_t> some_tokens(int n, int n_vocab) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 37 + 5) % n_vocab);
+  return t;
+}
+
+// The file the loader used to take without a word: our own model plus a
+// rope_freqs.weight dividing half the frequencies by 8. It now computes
+// something else than the file without it, and both match the reference.
+TEST(ModelStrict, RopeFreqsChangeTheComputationAndMatchTheReference) {
+  ModelShape plain = *model_preset("tiny");
+  ModelShape scaled = plain;
+  scaled.rope_freq_factors.assign(8, 1.0f);
+  std::fill(scaled.rope_freq_factors.begin() + 4, scaled.rope_freq_factors.end(), 8.0f);
+  const auto a = Model::load(write_tiny("plain", plain));
+  const auto b = Model::load(write_tiny("scaled", scaled));
+  ASSERT_EQ(b->config().rope_divisors.size(), 8u);
+  EXPECT_NE(a->fingerprint(), b->fingerprint());
+  const auto toks = some_tokens(24, a->config().n_vocab);
+  const std::vector<float> la = logits_of(a, toks), lb = logits_of(b, toks);
+  EXPECT_GT(test::max_abs_diff(la, lb, "with vs without rope_freqs"), 1e-2);
+  EXPECT_LT(test::max_rel_diff(la, test::reference_logits(*a, toks), "plain"), 1e-4);
+  EXPECT_LT(test::max_rel_diff(lb, test::reference_logits(*b, toks), "rope_freqs"), 1e-4);
+}
+
+TEST(ModelStrict, LinearRopeScalingMatchesTheReference) {
+  ModelShape plain = *model_preset("tiny");
+  ModelShape linear = plain;
+  linear.rope_linear_factor = 4.0f;
+  const auto a = Model::load(write_tiny("plain", plain));
+  const auto b = Model::load(write_tiny("linear", linear));
+  EXPECT_EQ(b->config().rope_scaling, "linear");
+  EXPECT_EQ(b->config().rope_divisors, std::vector<float>(8, 4.0f));
+  const auto toks = some_tokens(24, a->config().n_vocab);
+  const std::vector<float> lb = logits_of(b, toks);
+  EXPECT_GT(test::max_abs_diff(logits_of(a, toks), lb, "linear vs none"), 1e-2);
+  EXPECT_LT(test::max_rel_diff(lb, test::reference_logits(*b, toks), "linear"), 1e-4);
+}
+
+// Llama 3's divisors: 1 for the fast pairs, the factor for the slow ones, a
+// smooth rise between (Llama-3.1/3.2's rope parameters).
+TEST(ModelStrict, Llama3RopeFactorsRiseFromOneToTheFactor) {
+  const std::vector<float> f = llama3_rope_factors(64, 500000.0f, 32.0f, 1.0f, 4.0f, 8192);
+  ASSERT_EQ(f.size(), 32u);
+  EXPECT_EQ(f.front(), 1.0f);
+  EXPECT_EQ(f.back(), 32.0f);
+  EXPECT_TRUE(std::is_sorted(f.begin(), f.end()));
+  EXPECT_TRUE(std::any_of(f.begin(), f.end(), [](float x) { return x > 1.0f && x < 32.0f; }));
+  EXPECT_EQ(model_preset("llama3.2-1b")->rope_freq_factors, f);
+}
+
+// What the engine does not implement is refused by name: a tensor it would
+// ignore, a key of the architecture's it does not read, scaling types,
+// experts, split files.
+TEST(ModelStrict, WhatTheEngineDoesNotImplementIsRefusedByName) {
+  const auto base = write_tiny("base", *model_preset("tiny"));
+  ASSERT_EQ(load_error(base), "");
+  const struct {
+    std::vector<std::pair<std::string, GgufValue>> metadata;
+    std::string tensor;
+    std::string names;
+  } cases[] = {
+      {{}, "blk.0.attn_q_norm.weight", "tensor 'blk.0.attn_q_norm.weight' is not implemented"},
+      {{{"llama.attention.sliding_window", GgufValue::u32(4096)}}, "", "'llama.attention.sliding_window'"},
+      {{{"llama.final_logit_softcapping", GgufValue::f32(30.0f)}}, "", "'llama.final_logit_softcapping'"},
+      {{{"llama.rope.scaling.type", GgufValue::string("yarn")}}, "", "rope scaling type 'yarn'"},
+      {{{"llama.rope.scaling.type", GgufValue::string("linear")}}, "", "without llama.rope.scaling.factor"},
+      {{{"llama.expert_count", GgufValue::u32(8)}}, "", "mixture-of-experts"},
+      {{{"llama.attention.value_length", GgufValue::u32(32)}}, "", "value_length 32"},
+      {{{"split.count", GgufValue::u32(2)}}, "", "split over 2 files"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const auto path = rewrite(base, "strict-" + std::to_string(i++), c.metadata, c.tensor);
+    const std::string error = load_error(path);
+    EXPECT_NE(error.find(c.names), std::string::npos) << "expected \"" << c.names << "\", got: " << error;
+    std::filesystem::remove(path);
+  }
+  // Harmless keys still load: scaling metadata of no effect, zero experts.
+  const auto fine = rewrite(base, "strict-fine",
+                            {{"llama.rope.scaling.type", GgufValue::string("none")},
+                             {"llama.rope.scaling.original_context_length", GgufValue::u32(512)},
+                             {"llama.expert_count", GgufValue::u32(0)},
+                             {"llama.attention.key_length", GgufValue::u32(16)}});
+  EXPECT_EQ(load_error(fine), "");
+  // rope_freqs in an architecture that does not use it, or of the wrong size.
+  const auto qwen = write_tiny("qwen", *model_preset("tiny-qwen2"));
+  const auto qwen_freqs = rewrite(qwen, "qwen-freqs", {}, "rope_freqs.weight", 8);
+  EXPECT_NE(load_error(qwen_freqs).find("rope_freqs.weight in a 'qwen2' model"), std::string::npos)
+      << load_error(qwen_freqs);
+  const auto short_freqs = rewrite(base, "short-freqs", {}, "rope_freqs.weight", 3);
+  EXPECT_NE(load_error(short_freqs).find("rope_freqs.weight"), std::string::npos) << load_error(short_freqs);
+  const auto zero_freqs = rewrite(base, "zero-freqs", {}, "rope_freqs.weight", 8);
+  EXPECT_NE(load_error(zero_freqs).find("must be a positive number"), std::string::npos)
+      << load_error(zero_freqs);
+  for (const auto& p : {base, fine, qwen, qwen_freqs, short_freqs, zero_freqs}) std::filesystem::remove(p);
+}
+
+}  // namespace
+}  // namespace depcache
