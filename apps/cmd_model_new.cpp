@@ -29,7 +29,7 @@ void add_model_new_command(CLI::App& model) {
   cmd->add_option("--qk-init-std", o.qk_stddev,
                   "Standard deviation of the attention query and key weights (default: --init-std)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--arch", arch, "Override the architecture: llama or qwen2");
+  cmd->add_option("--arch", arch, "Override the architecture: llama, qwen2 or qwen3");
   cmd->add_option("--layers", layers, "Override the number of layers");
   cmd->add_option("--embd", embd, "Override the embedding size");
   cmd->add_option("--heads", heads, "Override the number of attention heads");
@@ -65,9 +65,9 @@ void add_model_new_command(CLI::App& model) {
     if (!type) fail(ErrorKind::InvalidInput, "unknown tensor type '{}'", type_name);
     o.type = *type;
     if (!arch.empty()) {
-      if (arch != "llama" && arch != "qwen2")
-        fail(ErrorKind::InvalidInput, "unknown architecture '{}'", arch);
-      shape->arch = arch == "qwen2" ? Arch::Qwen2 : Arch::Llama;
+      const std::optional<Arch> a = parse_arch(arch);
+      if (!a) fail(ErrorKind::InvalidInput, "unknown architecture '{}' (llama, qwen2, qwen3)", arch);
+      shape->arch = *a;
     }
     if (layers) shape->n_layer = layers;
     if (embd) shape->n_embd = embd;

@@ -59,9 +59,9 @@ ReferenceWeights ReferenceWeights::from_model(const Model& model) {
   r.tok_embd = dequantized(model.tok_embd);
   for (const LayerWeights& w : model.layers)
     r.layers.push_back({widened(w.attn_norm), widened(w.ffn_norm), widened(w.bq), widened(w.bk),
-                        widened(w.bv), dequantized(w.wq), dequantized(w.wk), dequantized(w.wv),
-                        dequantized(w.wo), dequantized(w.w_gate), dequantized(w.w_up),
-                        dequantized(w.w_down)});
+                        widened(w.bv), widened(w.q_norm), widened(w.k_norm), dequantized(w.wq),
+                        dequantized(w.wk), dequantized(w.wv), dequantized(w.wo), dequantized(w.w_gate),
+                        dequantized(w.w_up), dequantized(w.w_down)});
   r.output_norm = widened(model.output_norm);
   r.output = dequantized(model.output);
   return r;
@@ -98,6 +98,17 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
       if (c.qkv_bias) {
         for (size_t i = 0; i < q[t].size(); ++i) q[t][i] += w.bq[i];
         for (size_t i = 0; i < k[t].size(); ++i) k[t][i] += w.bk[i], v[t][i] += w.bv[i];
+      }
+      if (c.qk_norm) {  // each head of Q and K on its own (Qwen3)
+        const auto per_head = [&](std::vector<double>& y, int n_heads, const std::vector<double>& g) {
+          for (int h = 0; h < n_heads; ++h) {
+            const std::vector<double> head(y.begin() + h * hd, y.begin() + (h + 1) * hd);
+            const auto normed = rmsnorm(head, g, c.rms_eps);
+            std::copy(normed.begin(), normed.end(), y.begin() + h * hd);
+          }
+        };
+        per_head(q[t], c.n_head, w.q_norm);
+        per_head(k[t], c.n_head_kv, w.k_norm);
       }
       rope(q[t], c.n_head, hd, c.n_rot, positions[t], c.rope_base, neox, c.rope_divisors);
       rope(k[t], c.n_head_kv, hd, c.n_rot, positions[t], c.rope_base, neox, c.rope_divisors);

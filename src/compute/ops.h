@@ -7,6 +7,7 @@
 namespace depcache {
 
 // out[t] = x[t] / rms(x[t]) * w, for n_rows rows of n elements.
+// out may be x.
 void rms_norm(const float* x, const float* w, float* out, int64_t n_rows, int64_t n, float eps);
 
 // x[t] += b for every row.

@@ -79,9 +79,10 @@ struct EngineOptions {
   size_t window = 32;
   // The spans of the next `prefetch` waiting requests are brought to the hot
   // tier on another thread (SpanFetcher) while the engine computes. With a
-  // disk or remote tier attached this is always on (at least the next
-  // request), and a request is admitted once its fetch is done: the
-  // engine's thread never reads those tiers itself.
+  // disk or remote tier attached, a request's spans are read on that thread
+  // in any case (when it is next to be admitted, if not ahead), and it is
+  // admitted once its fetch is done: the engine's thread never reads those
+  // tiers itself.
   size_t prefetch = 0;
   // Which waiting request is admitted next (among the first `window`).
   SchedulerOptions scheduler;

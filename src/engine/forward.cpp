@@ -127,6 +127,10 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
     add_bias(k_.data(), w.bk.data(), n, c.n_embd_kv());
     add_bias(v_.data(), w.bv.data(), n, c.n_embd_kv());
   }
+  if (c.qk_norm) {  // every head of every row, in place
+    rms_norm(q_.data(), w.q_norm.data(), q_.data(), n * c.n_head, c.head_dim, c.rms_eps);
+    rms_norm(k_.data(), w.k_norm.data(), k_.data(), n * c.n_head_kv, c.head_dim, c.rms_eps);
+  }
   rope_.build(active_pos_.data(), n, c.n_rot, c.rope_base, c.rope_divisors);
   rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
   rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);

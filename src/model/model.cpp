@@ -95,7 +95,7 @@ uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPoo
                            c.n_vocab,
                            c.n_rot,
                            static_cast<int32_t>(c.rope_style),
-                           c.qkv_bias};
+                           c.qkv_bias};  // (qk_norm goes with the architecture)
   uint64_t h = hash_bytes(shape, sizeof shape);
   h = hash_bytes(&c.rope_base, sizeof c.rope_base, h);
   h = hash_bytes(&c.rms_eps, sizeof c.rms_eps, h);
@@ -146,6 +146,10 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
       l.bq = ld.vector(p + "attn_q.bias", n_q);
       l.bk = ld.vector(p + "attn_k.bias", n_kv);
       l.bv = ld.vector(p + "attn_v.bias", n_kv);
+    }
+    if (c.qk_norm) {
+      l.q_norm = ld.vector(p + "attn_q_norm.weight", c.head_dim);
+      l.k_norm = ld.vector(p + "attn_k_norm.weight", c.head_dim);
     }
     l.ffn_norm = ld.vector(p + "ffn_norm.weight", c.n_embd);
     l.w_gate = ld.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);

@@ -14,16 +14,17 @@
 namespace depcache {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;   // (n_embd)
-  WeightMatrix wq;                // (n_head*head_dim, n_embd)
-  WeightMatrix wk;                // (n_head_kv*head_dim, n_embd)
-  WeightMatrix wv;                // (n_head_kv*head_dim, n_embd)
-  WeightMatrix wo;                // (n_embd, n_head*head_dim)
-  std::vector<float> bq, bk, bv;  // qwen2 only: (n_head*head_dim), (n_head_kv*head_dim) x2
-  std::vector<float> ffn_norm;    // (n_embd)
-  WeightMatrix w_gate;            // (n_ff, n_embd)
-  WeightMatrix w_up;              // (n_ff, n_embd)
-  WeightMatrix w_down;            // (n_embd, n_ff)
+  std::vector<float> attn_norm;       // (n_embd)
+  WeightMatrix wq;                    // (n_head*head_dim, n_embd)
+  WeightMatrix wk;                    // (n_head_kv*head_dim, n_embd)
+  WeightMatrix wv;                    // (n_head_kv*head_dim, n_embd)
+  WeightMatrix wo;                    // (n_embd, n_head*head_dim)
+  std::vector<float> bq, bk, bv;      // qwen2 only: (n_head*head_dim), (n_head_kv*head_dim) x2
+  std::vector<float> q_norm, k_norm;  // qwen3 only: (head_dim) each, applied per head
+  std::vector<float> ffn_norm;        // (n_embd)
+  WeightMatrix w_gate;                // (n_ff, n_embd)
+  WeightMatrix w_up;                  // (n_ff, n_embd)
+  WeightMatrix w_down;                // (n_embd, n_ff)
 };
 
 class Model {

@@ -8,20 +8,37 @@
 
 namespace depcache {
 
+const char* arch_name(Arch arch) {
+  switch (arch) {
+    case Arch::Llama:
+      return "llama";
+    case Arch::Qwen2:
+      return "qwen2";
+    case Arch::Qwen3:
+      return "qwen3";
+  }
+  return "?";
+}
+
+std::optional<Arch> parse_arch(std::string_view name) {
+  for (Arch a : {Arch::Llama, Arch::Qwen2, Arch::Qwen3})
+    if (name == arch_name(a)) return a;
+  return std::nullopt;
+}
+
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
   c.arch_name = f.get_string("general.architecture");
-  if (c.arch_name == "llama") {
-    c.arch = Arch::Llama;
-    c.rope_style = RopeStyle::Normal;
-  } else if (c.arch_name == "qwen2") {
-    c.arch = Arch::Qwen2;
-    c.rope_style = RopeStyle::Neox;
-    c.qkv_bias = true;
-  } else {
-    fail(ErrorKind::InvalidInput, "{}: architecture '{}' is not supported (supported: llama, qwen2)",
+  const std::optional<Arch> arch = parse_arch(c.arch_name);
+  if (!arch)
+    fail(ErrorKind::InvalidInput, "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3)",
          f.source(), c.arch_name);
-  }
+  c.arch = *arch;
+  // Llama rotates adjacent pairs; the Qwen models NeoX halves. Qwen2 adds
+  // biases to Q, K and V; Qwen3 instead normalizes each head of Q and K.
+  c.rope_style = c.arch == Arch::Llama ? RopeStyle::Normal : RopeStyle::Neox;
+  c.qkv_bias = c.arch == Arch::Qwen2;
+  c.qk_norm = c.arch == Arch::Qwen3;
   const std::string& a = c.arch_name;
   auto positive = [&](const std::string& key) {
     const int64_t v = f.get_int(key);
@@ -35,15 +52,15 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.n_head = positive(a + ".attention.head_count");
   c.n_head_kv = f.find(a + ".attention.head_count_kv") ? positive(a + ".attention.head_count_kv") : c.n_head;
   c.n_ctx_train = positive(a + ".context_length");
-  if (c.n_embd % c.n_head != 0)
-    fail(ErrorKind::InvalidInput, "{}: embedding length {} is not divisible by {} heads", f.source(),
-         c.n_embd, c.n_head);
-  c.head_dim = c.n_embd / c.n_head;
+  // The head width: key_length when given (Qwen3's differs from
+  // embedding/heads), else embedding/heads.
   if (f.find(a + ".attention.key_length")) {
-    const int64_t kl = f.get_int(a + ".attention.key_length");
-    if (kl != c.head_dim)
-      fail(ErrorKind::InvalidInput, "{}: key_length {} differs from embedding/heads {} (not supported)",
-           f.source(), kl, c.head_dim);
+    c.head_dim = positive(a + ".attention.key_length");
+  } else {
+    if (c.n_embd % c.n_head != 0)
+      fail(ErrorKind::InvalidInput, "{}: embedding length {} is not divisible by {} heads", f.source(),
+           c.n_embd, c.n_head);
+    c.head_dim = c.n_embd / c.n_head;
   }
   if (c.n_head % c.n_head_kv != 0)
     fail(ErrorKind::InvalidInput, "{}: {} heads are not a multiple of {} KV heads", f.source(), c.n_head,
@@ -113,7 +130,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
           f.source(), key);
   }
   if (f.find(a + ".attention.value_length") && f.get_int(a + ".attention.value_length") != c.head_dim)
-    fail(ErrorKind::InvalidInput, "{}: value_length {} differs from embedding/heads {} (not supported)",
+    fail(ErrorKind::InvalidInput, "{}: value_length {} differs from the key width {} (not supported)",
          f.source(), f.get_int(a + ".attention.value_length"), c.head_dim);
   for (const char* experts : {".expert_count", ".expert_used_count"})
     if (f.find(a + experts) && f.get_int(a + experts) != 0)

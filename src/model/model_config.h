@@ -1,7 +1,9 @@
 #pragma once
 // Hyper-parameters of a Llama-family model, read from GGUF metadata.
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/prompt_template.h"
@@ -10,7 +12,10 @@ namespace depcache {
 
 class GgufFile;
 
-enum class Arch { Llama, Qwen2 };
+enum class Arch { Llama, Qwen2, Qwen3 };
+// The GGUF general.architecture name of each, and back (nullopt: unknown).
+const char* arch_name(Arch arch);
+std::optional<Arch> parse_arch(std::string_view name);
 // Normal rotates adjacent pairs (x0,x1),(x2,x3)...; Neox rotates (x_i, x_{i+n_rot/2}).
 enum class RopeStyle { Normal, Neox };
 
@@ -42,6 +47,7 @@ struct ModelConfig {
   std::vector<float> rope_divisors;
   std::string rope_scaling = "none";  // none or linear (rope.scaling.type)
   bool qkv_bias = false;
+  bool qk_norm = false;  // qwen3: RMSNorm over each head of Q and K before RoPE
   // depcache.position_scheme: the position scheme a model was fine-tuned for
   // under dependency attention (written by the trainer); empty when absent.
   std::string position_scheme;

@@ -103,7 +103,8 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny", "tiny-qwen2", "tiny-llama3", "qwen2-0.5b", "llama-1b", "llama3.2-1b"};
+  return {"tiny",       "tiny-qwen2", "tiny-llama3", "tiny-qwen3",
+          "qwen2-0.5b", "qwen3-0.6b", "llama-1b",    "llama3.2-1b"};
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -131,6 +132,20 @@ std::optional<ModelShape> model_preset(const std::string& name) {
   ModelShape s;
   s.preset = name;
   if (name == "tiny") return s;
+  if (name == "tiny-qwen3") {  // tiny with Qwen3's per-head Q/K norms and heads wider than embd/heads
+    s.arch = Arch::Qwen3;
+    s.head_dim = 32;
+    s.rope_base = 1e6f;
+    s.rms_eps = 1e-6f;
+    return s;
+  }
+  if (name == "qwen3-0.6b") {  // Qwen3-0.6B
+    s.arch = Arch::Qwen3;
+    s.n_layer = 28, s.n_embd = 1024, s.n_head = 16, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 3072;
+    s.n_ctx = 40960, s.n_vocab = 151936, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
+    s.tied_embeddings = true;
+    return s;
+  }
   if (name == "tiny-llama3") {  // tiny with Llama 3's RoPE scaling, its context scaled to the tiny one's
     s.rope_freq_factors = llama3_rope_factors(16, s.rope_base, 8.0f, 1.0f, 4.0f, 64);
     return s;
@@ -164,7 +179,7 @@ std::optional<ModelShape> model_preset(const std::string& name) {
 }
 
 std::vector<ModelTensor> model_tensors(const ModelShape& s, int n_vocab) {
-  const int64_t head_dim = s.n_embd / s.n_head;
+  const int64_t head_dim = head_dim_of(s);
   const int64_t n_q = s.n_head * head_dim, n_kv = s.n_head_kv * head_dim;
   std::vector<ModelTensor> out;
   const auto matrix = [&](std::string name, int64_t n_in, int64_t n_out) {
@@ -185,6 +200,10 @@ std::vector<ModelTensor> model_tensors(const ModelShape& s, int n_vocab) {
       vector(p + "attn_k.bias", n_kv, false);
       vector(p + "attn_v.bias", n_kv, false);
     }
+    if (s.arch == Arch::Qwen3) {
+      vector(p + "attn_q_norm.weight", head_dim, true);
+      vector(p + "attn_k_norm.weight", head_dim, true);
+    }
     matrix(p + "attn_output.weight", n_q, s.n_embd);
     vector(p + "ffn_norm.weight", s.n_embd, true);
     matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff);
@@ -201,10 +220,11 @@ namespace {
 void check_shape(const ModelShape& s) {
   if (s.n_layer <= 0 || s.n_embd <= 0 || s.n_head <= 0 || s.n_head_kv <= 0 || s.n_ff <= 0 || s.n_ctx <= 0)
     fail(ErrorKind::InvalidInput, "model shape sizes must be positive");
-  if (s.n_embd % s.n_head != 0 || s.n_head % s.n_head_kv != 0)
+  if ((s.head_dim == 0 && s.n_embd % s.n_head != 0) || s.n_head % s.n_head_kv != 0)
     fail(ErrorKind::InvalidInput, "embedding {} must divide into {} heads, and heads into {} KV heads",
          s.n_embd, s.n_head, s.n_head_kv);
-  if ((s.n_embd / s.n_head) % 2 != 0) fail(ErrorKind::InvalidInput, "head size must be even for RoPE");
+  if (s.head_dim < 0 || head_dim_of(s) % 2 != 0)
+    fail(ErrorKind::InvalidInput, "head size must be even for RoPE");
 }
 
 }  // namespace
@@ -216,7 +236,7 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
   file_type_code(spec.type);
   RandomModelReport report;
   report.n_vocab = s.n_vocab;
-  const std::string arch = s.arch == Arch::Qwen2 ? "qwen2" : "llama";
+  const std::string arch = arch_name(s.arch);
   GgufWriter w;
   w.set("general.architecture", GgufValue::string(arch));
   w.set("general.name", GgufValue::string(spec.name));
@@ -231,14 +251,18 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
   w.set(arch + ".attention.head_count_kv", GgufValue::u32(s.n_head_kv));
   w.set(arch + ".attention.layer_norm_rms_epsilon", GgufValue::f32(s.rms_eps));
   w.set(arch + ".rope.freq_base", GgufValue::f32(s.rope_base));
-  w.set(arch + ".rope.dimension_count", GgufValue::u32(s.n_embd / s.n_head));
+  w.set(arch + ".rope.dimension_count", GgufValue::u32(head_dim_of(s)));
+  if (s.head_dim > 0) {
+    w.set(arch + ".attention.key_length", GgufValue::u32(s.head_dim));
+    w.set(arch + ".attention.value_length", GgufValue::u32(s.head_dim));
+  }
   w.set(arch + ".vocab_size", GgufValue::u32(s.n_vocab));
   if (s.rope_linear_factor != 1.0f) {
     w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));
   }
   if (!s.rope_freq_factors.empty()) {
-    const int half = s.n_embd / s.n_head / 2;
+    const int half = head_dim_of(s) / 2;
     if (s.arch != Arch::Llama || static_cast<int>(s.rope_freq_factors.size()) != half)
       fail(ErrorKind::InvalidInput,
            "rope frequency factors: a Llama model with {} of them (one per rotary pair)", half);
@@ -301,19 +325,26 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   if (!o.tree_context.empty()) md.insert(md.begin(), {kTreeContextKey, GgufValue::string(o.tree_context)});
   if (o.prompt)
     for (auto& [k, v] : o.prompt->metadata()) set_key(md, k, std::move(v));
-  const std::string arch = o.shape.arch == Arch::Qwen2 ? "qwen2" : "llama";
+  const std::string arch = arch_name(o.shape.arch);
   spec.name = fmt::format("depcache-random-{}", o.shape.preset.empty() ? arch : o.shape.preset);
   // Each tensor (numbered from 1 in file order) and each of its rows has its
   // own stream: the values do not depend on the number of threads.
   const uint64_t seed = o.seed;
   const float stddev = o.stddev, qk_stddev = o.qk_stddev > 0 ? o.qk_stddev : o.stddev;
   return write_model(path, spec, [=](size_t index, const ModelTensor& t, int64_t row, float* dst) {
+    const uint64_t tseed = seed * 0x100000001B3ull + (static_cast<uint64_t>(index + 1) << 32);
     if (t.norm) {
       std::fill(dst, dst + t.n_in, 1.0f);
+      // Qwen3's per-head norms vary around 1, so a test sees them applied
+      // element by element.
+      if (t.name.ends_with("attn_q_norm.weight") || t.name.ends_with("attn_k_norm.weight")) {
+        std::vector<float> jitter(t.n_in);
+        fill_normal(jitter.data(), t.n_in, tseed, 0.2f);
+        for (int64_t i = 0; i < t.n_in; ++i) dst[i] += jitter[i];
+      }
       return;
     }
     const bool qk = t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight");
-    const uint64_t tseed = seed * 0x100000001B3ull + (static_cast<uint64_t>(index + 1) << 32);
     fill_normal(dst, t.n_in, tseed + static_cast<uint64_t>(row), qk ? qk_stddev : stddev);
   });
 }

@@ -28,6 +28,7 @@ struct ModelShape {
   int n_vocab = 0;  // 0: the vocabulary's own size; larger pads with unused tokens
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
+  int head_dim = 0;  // 0: n_embd / n_head; otherwise written as key_length (Qwen3's differs)
   bool tied_embeddings = false;
   // RoPE scaling: Llama 3's per-pair frequency divisors, written as the
   // rope_freqs.weight tensor (empty: none), and linear scaling's factor
@@ -43,9 +44,11 @@ struct ModelShape {
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
                                        float high_freq_factor, int original_context);
 
-// Names: tiny, tiny-qwen2, tiny-llama3, qwen2-0.5b, llama-1b, llama3.2-1b.
-// nullopt for an unknown name.
+// Names: tiny, tiny-qwen2, tiny-llama3, tiny-qwen3, qwen2-0.5b, qwen3-0.6b,
+// llama-1b, llama3.2-1b. nullopt for an unknown name.
 std::optional<ModelShape> model_preset(const std::string& name);
+// The width of one head.
+inline int head_dim_of(const ModelShape& s) { return s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head; }
 std::vector<std::string> model_preset_names();
 
 struct RandomModelOptions {

@@ -95,7 +95,8 @@ TEST(ChunkReuse, FullReuseOfOneChunkEqualsFullPrefill) {
 // computing every chunk alone in this request (keys rotated to the new
 // positions: rounding only).
 TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
-  for (const std::string preset : {"tiny-qwen2", "tiny-llama3"}) {  // the second with Llama 3's RoPE scaling
+  // Then with Llama 3's RoPE scaling, and with Qwen3's per-head norms.
+  for (const std::string preset : {"tiny-qwen2", "tiny-llama3", "tiny-qwen3"}) {
     SCOPED_TRACE(preset);
     Rig rig(preset);
     rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
