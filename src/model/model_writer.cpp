@@ -147,7 +147,7 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     return s;
   }
   if (name == "tiny-llama3") {  // tiny with Llama 3's RoPE scaling, its context scaled to the tiny one's
-    s.rope_freq_factors = llama3_rope_factors(16, s.rope_base, 8.0f, 1.0f, 4.0f, 64);
+    s.llama3_rope = ModelShape::Llama3Rope{8.0f, 1.0f, 4.0f, 64};
     return s;
   }
   if (name == "tiny-qwen2") {
@@ -167,7 +167,7 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.n_layer = 16, s.n_embd = 2048, s.n_head = 32, s.n_head_kv = 8, s.n_ff = 8192;
     s.n_ctx = 131072, s.n_vocab = 128256, s.rope_base = 500000.0f;
     s.tied_embeddings = true;
-    s.rope_freq_factors = llama3_rope_factors(64, s.rope_base, 32.0f, 1.0f, 4.0f, 8192);
+    s.llama3_rope = ModelShape::Llama3Rope{32.0f, 1.0f, 4.0f, 8192};
     return s;
   }
   if (name == "llama-1b") {
@@ -261,12 +261,18 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
     w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));
   }
-  if (!s.rope_freq_factors.empty()) {
+  std::vector<float> freq_factors = s.rope_freq_factors;
+  if (freq_factors.empty() && s.llama3_rope) {
+    const ModelShape::Llama3Rope& l = *s.llama3_rope;
+    freq_factors = llama3_rope_factors(head_dim_of(s), s.rope_base, l.factor, l.low_freq_factor,
+                                       l.high_freq_factor, l.original_context);
+  }
+  if (!freq_factors.empty()) {
     const int half = head_dim_of(s) / 2;
-    if (s.arch != Arch::Llama || static_cast<int>(s.rope_freq_factors.size()) != half)
+    if (s.arch != Arch::Llama || static_cast<int>(freq_factors.size()) != half)
       fail(ErrorKind::InvalidInput,
            "rope frequency factors: a Llama model with {} of them (one per rotary pair)", half);
-    w.add_tensor("rope_freqs.weight", DType::F32, {half}, [f = s.rope_freq_factors](uint8_t* dst, size_t) {
+    w.add_tensor("rope_freqs.weight", DType::F32, {half}, [f = freq_factors](uint8_t* dst, size_t) {
       std::memcpy(dst, f.data(), f.size() * sizeof(float));
     });
   }

@@ -30,10 +30,16 @@ struct ModelShape {
   float rms_eps = 1e-5f;
   int head_dim = 0;  // 0: n_embd / n_head; otherwise written as key_length (Qwen3's differs)
   bool tied_embeddings = false;
-  // RoPE scaling: Llama 3's per-pair frequency divisors, written as the
-  // rope_freqs.weight tensor (empty: none), and linear scaling's factor
-  // (1: none).
+  // RoPE scaling: per-pair frequency divisors written as the
+  // rope_freqs.weight tensor (empty: none); Llama 3's parameters, from which
+  // they are computed for the head size the model ends up with (when no
+  // divisors are given); linear scaling's factor (1: none).
   std::vector<float> rope_freq_factors;
+  struct Llama3Rope {
+    float factor = 32, low_freq_factor = 1, high_freq_factor = 4;
+    int original_context = 8192;
+  };
+  std::optional<Llama3Rope> llama3_rope;
   float rope_linear_factor = 1.0f;
 };
 

@@ -117,7 +117,10 @@ TEST(ModelStrict, Llama3RopeFactorsRiseFromOneToTheFactor) {
   EXPECT_EQ(f.back(), 32.0f);
   EXPECT_TRUE(std::is_sorted(f.begin(), f.end()));
   EXPECT_TRUE(std::any_of(f.begin(), f.end(), [](float x) { return x > 1.0f && x < 32.0f; }));
-  EXPECT_EQ(model_preset("llama3.2-1b")->rope_freq_factors, f);
+  const auto preset = model_preset("llama3.2-1b");
+  ASSERT_TRUE(preset->llama3_rope.has_value());
+  EXPECT_EQ(preset->llama3_rope->factor, 32.0f);
+  EXPECT_EQ(preset->llama3_rope->original_context, 8192);
 }
 
 // What the engine does not implement is refused by name: a tensor it would
