@@ -133,6 +133,11 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
 
   const int64_t n_q = int64_t{c.n_head} * c.head_dim;
   const int64_t n_kv = c.n_embd_kv();
+  // A layer's weights are 9 tensors or more: a block count the file cannot
+  // hold is refused before anything is allocated for it.
+  if (static_cast<size_t>(c.n_layer) > m->file_.tensors().size() / 9)
+    fail(ErrorKind::InvalidInput, "{}: block_count {} needs more tensors than the file's {}",
+         m->file_.source(), c.n_layer, m->file_.tensors().size());
   m->layers.resize(c.n_layer);
   for (int il = 0; il < c.n_layer; ++il) {
     LayerWeights& l = m->layers[il];

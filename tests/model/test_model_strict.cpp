@@ -142,6 +142,8 @@ TEST(ModelStrict, WhatTheEngineDoesNotImplementIsRefusedByName) {
       {{{"llama.expert_count", GgufValue::u32(8)}}, "", "mixture-of-experts"},
       {{{"llama.attention.value_length", GgufValue::u32(32)}}, "", "value_length 32"},
       {{{"split.count", GgufValue::u32(2)}}, "", "split over 2 files"},
+      // Found by the gguf fuzz target: 16M layers were allocated before any was looked for.
+      {{{"llama.block_count", GgufValue::u32(1 << 24)}}, "", "block_count 16777216 needs more tensors"},
   };
   int i = 0;
   for (const auto& c : cases) {
