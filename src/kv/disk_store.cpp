@@ -123,19 +123,21 @@ bool DiskSpanStore::put(uint64_t key, uint64_t ns, std::span<const int32_t> toke
       writes_.push_back(std::move(w));
     }
   }
-  if (behind) {
+  if (behind)
     write_cv_.notify_one();
-  } else {
-    const std::vector<uint8_t> buf = encode_span_record(key, ns, tokens, prefix, span, seal_.key);
-    // Disk full or gone: the span is simply not on disk (a cache tier degrades).
-    if (write_file_atomic(path_of(key),
-                          std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size())))
-      return false;
-  }
+  else if (!write_record(key, ns, tokens, prefix, span))
+    return false;  // disk full or gone: the span is simply not on disk (a cache tier degrades)
   lru_.push_back(key);
   files_[key] = {size, std::prev(lru_.end())};
   bytes_ += size;
   return true;
+}
+
+bool DiskSpanStore::write_record(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix,
+                                 const KvSpan& span) const {
+  const std::vector<uint8_t> buf = encode_span_record(key, ns, tokens, prefix, span, seal_.key);
+  return !write_file_atomic(path_of(key),
+                            std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size()));
 }
 
 DiskSpanStore::~DiskSpanStore() {
@@ -175,11 +177,7 @@ void DiskSpanStore::write_loop() {
     bool ok = true;
     if (!w->cancelled) {
       lk.unlock();
-      // The seal (its MAC) and the write, off the caller's thread.
-      const std::vector<uint8_t> buf =
-          encode_span_record(w->key, w->ns, w->tokens, w->prefix, w->span, seal_.key);
-      ok = !write_file_atomic(path_of(w->key),
-                              std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size()));
+      ok = write_record(w->key, w->ns, w->tokens, w->prefix, w->span);  // off the caller's thread
       lk.lock();
     }
     if (w->cancelled && ok) {

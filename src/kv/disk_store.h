@@ -152,6 +152,10 @@ class DiskSpanStore {
     KvSpan span;
     bool cancelled = false;  // forgotten meanwhile: its file, once written, is deleted
   };
+  // Seals the record (its tags) and writes it atomically; false when the
+  // write failed. Touches no bookkeeping, so the writer thread can call it.
+  bool write_record(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix,
+                    const KvSpan& span) const;
   void write_loop();
   // Waits until `key` has no write queued or under way; false when its
   // write failed (its entry is then forgotten).

@@ -360,11 +360,7 @@ bool RadixIndex::promote_match(Match& m, const std::vector<Tier>& found, int64_t
   // The pieces stay pinned while their layers are read.
   *unlocked = true;
   {
-    mu_.unlock();
-    struct Relock {
-      IndexMutex& mu;
-      ~Relock() { mu.lock(); }
-    } relock{mu_};
+    const IndexMutex::Released released(mu_);
     for (Read& r : reads) {
       r.ok = true;
       for (int il = 0; il < r.reader.n_layer() && r.ok; ++il) r.ok = r.reader.read_layer(il);
@@ -550,11 +546,7 @@ int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, i
     // Only this call holds the lock: release it for the reads (the match so
     // far is pinned), take it back to adopt what came.
     *unlocked = true;
-    mu_.unlock();
-    struct Relock {
-      IndexMutex& mu;
-      ~Relock() { mu.lock(); }
-    } relock{mu_};
+    const IndexMutex::Released released(mu_);
     got = remote->fetch(ns, tokens, length, shape);
   } else {
     got = remote->fetch(ns, tokens, length, shape);  // under the caller's lock: it expects nothing to move

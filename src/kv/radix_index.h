@@ -109,6 +109,19 @@ class IndexMutex {
   }
   int depth() const { return depth_; }  // for the owning thread
 
+  // Releases the lock its owner holds once, for I/O, and takes it back when
+  // it goes (also when the I/O throws).
+  class Released {
+   public:
+    explicit Released(IndexMutex& mu) : mu_(mu) { mu_.unlock(); }
+    ~Released() { mu_.lock(); }
+    Released(const Released&) = delete;
+    Released& operator=(const Released&) = delete;
+
+   private:
+    IndexMutex& mu_;
+  };
+
  private:
   std::mutex mu_;
   std::atomic<std::thread::id> owner_{};

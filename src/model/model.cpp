@@ -25,9 +25,8 @@ class TensorLoader {
     for (const GgufTensor& t : f_.tensors())
       if (!used_.count(t.name))
         fail(ErrorKind::InvalidInput,
-             "{}: tensor '{}' is not implemented by this engine for architecture '{}' (it would change what "
-             "the "
-             "model computes)",
+             "{}: tensor '{}' is not implemented by this engine for architecture '{}' "
+             "(it would change what the model computes)",
              f_.source(), t.name, f_.get_string_or("general.architecture").value_or("?"));
   }
 
