@@ -1,9 +1,7 @@
-// Byte-level BPE under each pre-tokenizer regex the engine supports (GPT-2,
-// Llama 3, Qwen2), on the real GPT-2 vocabulary from ../shared/tokenizers,
-// and SentencePiece on the real llama vocabulary: any text encodes to ids in
-// range and decodes back to itself, with special tokens parsed or not, and
-// streamed decoding gives the same text as decoding at once. The first input
-// byte picks the tokenizer, the rest is the text.
+// Byte-level BPE under each pre-tokenizer family the engine supports, on the real GPT-2 vocabulary from
+// ../shared/tokenizers, and SentencePiece on the real llama vocabulary: any text encodes to ids in range and
+// decodes back to itself, with special tokens parsed or not, and streamed decoding gives the same text as
+// decoding at once. The first input byte picks the tokenizer, the rest is the text.
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -13,6 +11,7 @@
 
 #include "fuzz_support.h"
 #include "model/gguf.h"
+#include "model/pre_tokenizer.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 
@@ -24,10 +23,11 @@ std::vector<depcache::Tokenizer> load_tokenizers() {
   std::vector<depcache::Tokenizer> out;
   const depcache::Vocab gpt2 = depcache::Vocab::from_gguf(
       depcache::GgufFile::open(depcache::fuzz::shared_file("tokenizers/ggml-vocab-gpt-2.gguf")));
-  // One name per regex ("default" and "llama-bpe" are aliases).
-  for (const char* pre : {"gpt-2", "llama3", "qwen2"}) {
+  // Every byte-level family (its first name).
+  for (const depcache::PreTokenizerSpec& spec : depcache::pre_tokenizer_specs()) {
+    if (spec.names[0] == "gemma4") continue;  // not byte-level: needs its own vocabulary
     depcache::Vocab v = gpt2;
-    v.pre = pre;
+    v.pre = spec.names[0];
     out.emplace_back(std::move(v));
   }
   out.emplace_back(depcache::Vocab::from_gguf(

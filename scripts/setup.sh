@@ -53,6 +53,10 @@ if [ ! -f tests/client/node_modules/.package-lock.json ] ||
   (cd tests/client && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# The leading C++ engine's source (from the npm package node-llama-cpp), whose
+# vocabulary test vectors and chat templates the tests read; not committed.
+scripts/fetch_llama_cpp.sh
+
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD_DIR"

@@ -85,6 +85,12 @@ std::filesystem::path shared_dir() {
   return std::filesystem::exists(p) ? p : std::filesystem::path{};
 }
 
+std::filesystem::path llama_cpp_dir() {
+  if (const char* env = std::getenv("DEPCACHE_LLAMA_CPP"); env && *env) return env;
+  std::filesystem::path p = DEPCACHE_LLAMA_CPP_DIR;
+  return std::filesystem::exists(p) ? p : std::filesystem::path{};
+}
+
 RedisServer::RedisServer() {
   if (!std::filesystem::exists("/usr/bin/redis-server")) return;
   // A free port: bind to 0, read it back, release it for Redis.

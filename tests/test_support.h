@@ -67,6 +67,16 @@ std::filesystem::path shared_dir();
   if (::depcache::test::shared_dir().empty() || !std::filesystem::exists(path_var))   \
   DEPCACHE_SKIP(std::string("reference file not found (../shared absent?): ") + (relative))
 
+// The leading C++ engine's source that scripts/fetch_llama_cpp.sh brings into
+// the build folder (override with DEPCACHE_LLAMA_CPP); empty if absent.
+std::filesystem::path llama_cpp_dir();
+
+// Skips the calling test when that source is not there.
+#define DEPCACHE_REQUIRE_LLAMA_CPP(path_var, relative)                                   \
+  const std::filesystem::path path_var = ::depcache::test::llama_cpp_dir() / (relative); \
+  if (::depcache::test::llama_cpp_dir().empty() || !std::filesystem::exists(path_var))   \
+  DEPCACHE_SKIP(std::string("llama.cpp source not found (run scripts/fetch_llama_cpp.sh): ") + (relative))
+
 // A fresh temporary directory removed at process exit is not needed: callers
 // remove what they make. Returns a unique path under the system temp dir.
 std::filesystem::path temp_path(const std::string& stem);

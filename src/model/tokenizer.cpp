@@ -1,13 +1,12 @@
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include "model/tokenizer.h"
-
-#include <pcre2.h>
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
+#include "model/pre_tokenizer.h"
 #include "util/error.h"
 #include "util/utf8.h"
 
@@ -15,21 +14,6 @@ namespace depcache {
 namespace {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-
-// Pre-tokenizer regexes of the BPE families (their published patterns).
-constexpr std::string_view kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-constexpr std::string_view kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr std::string_view kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-struct CodeDeleter {
-  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
-};
-struct MatchDataDeleter {
-  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
-};
 
 }  // namespace
 
@@ -40,7 +24,7 @@ struct Tokenizer::Impl {
   std::array<std::vector<int32_t>, 256> specials;          // by first byte, longest first
   std::vector<bool> eog;
   // Byte-level BPE.
-  std::unique_ptr<pcre2_code, CodeDeleter> regex;
+  std::optional<PreTokenizer> pre;
   bool ignore_merges = false;               // llama3: a whole-word token wins
   std::array<std::string, 256> byte_chars;  // byte -> its GPT-2 stand-in character
   std::array<int16_t, 512> char_byte{};     // stand-in code point -> byte, -1 if none
@@ -96,33 +80,9 @@ Tokenizer::Tokenizer(Vocab vocab) {
   if (v.eos >= 0) impl->eog[v.eos] = true;
   if (v.eot >= 0) impl->eog[v.eot] = true;
 
-  if (v.kind == VocabKind::Bpe) {
-    std::string_view pattern;
-    if (v.pre == "default" || v.pre == "gpt-2")
-      pattern = kGpt2Pattern;
-    else if (v.pre == "llama-bpe" || v.pre == "llama3") {
-      pattern = kLlama3Pattern;
-      impl->ignore_merges = true;
-    } else if (v.pre == "qwen2")
-      pattern = kQwen2Pattern;
-    else
-      fail(ErrorKind::InvalidInput,
-           "unsupported BPE pre-tokenizer '{}' (tokenizer.ggml.pre); supported: default, gpt-2, llama-bpe, "
-           "llama3, qwen2",
-           v.pre);
-    int err = 0;
-    PCRE2_SIZE err_off = 0;
-    // MATCH_INVALID_UTF: invalid bytes never match and fall into the gaps between matches.
-    impl->regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off,
-                                    nullptr));
-    if (!impl->regex) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      fail(ErrorKind::Internal, "pre-tokenizer regex '{}' does not compile at {}: {}", v.pre, err_off,
-           reinterpret_cast<const char*>(msg));
-    }
-    pcre2_jit_compile(impl->regex.get(), PCRE2_JIT_COMPLETE);  // optional: the interpreter is the fallback
+  if (v.kind != VocabKind::Spm) {
+    impl->pre.emplace(v.pre);
+    impl->ignore_merges = impl->pre->spec().ignore_merges;
 
     // GPT-2 maps every byte to a printable character: printable Latin-1 bytes
     // stand for themselves, the others take code points 256, 257, ... in order.
@@ -283,43 +243,40 @@ void Tokenizer::Impl::bpe_fragment(std::string_view text, bool prefix, std::vect
   std::string s;
   if (prefix) s = " ";
   s.append(text);
-  std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(
-      pcre2_match_data_create_from_pattern(regex.get(), nullptr));
-  if (!md) fail(ErrorKind::Internal, "out of memory for regex match data");
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
-  size_t pos = 0;
-  while (pos < s.size()) {
-    const int rc = pcre2_match(regex.get(), subject, s.size(), pos, PCRE2_NOTEMPTY, md.get(), nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) fail(ErrorKind::Internal, "pre-tokenizer regex failed with PCRE2 error {}", rc);
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    if (ov[0] > pos)
-      bpe_word(std::string_view(s).substr(pos, ov[0] - pos), out);  // unmatched (invalid) bytes
-    bpe_word(std::string_view(s).substr(ov[0], ov[1] - ov[0]), out);
-    pos = ov[1];
-  }
-  if (pos < s.size()) bpe_word(std::string_view(s).substr(pos), out);
+  if (v.kind == VocabKind::BpeSpm) s = replace_all(s, " ", kSpaceMark);
+  pre->split(s, [&](std::string_view word) { bpe_word(word, out); });
 }
 
-// Byte-level BPE on one pre-token: each byte starts as its stand-in token;
-// the adjacent pair with the lowest merge rank merges first (leftmost on ties).
+// BPE on one pre-token. Byte-level: each byte starts as its stand-in
+// token; SentencePiece-style: each UTF-8 character as its token. The adjacent
+// pair with the lowest merge rank merges first (leftmost on ties).
 void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
-  if (ignore_merges) {
+  const bool byte_level = v.kind == VocabKind::Bpe;
+  if (ignore_merges || (!byte_level && word.find_first_not_of('\n') == std::string_view::npos)) {
     std::string mapped;
-    for (char c : word) mapped += byte_chars[static_cast<unsigned char>(c)];
+    if (byte_level)
+      for (char c : word) mapped += byte_chars[static_cast<unsigned char>(c)];
+    else
+      mapped = word;
     if (const int32_t id = find_piece(mapped); id >= 0) {
       out.push_back(id);
       return;
     }
   }
   struct Sym {
-    int32_t id, prev, next;
+    int32_t id, prev, next, start, len;  // [start, start + len): its bytes in `word`
   };
-  std::vector<Sym> sym(word.size());
-  for (size_t i = 0; i < word.size(); ++i)
-    sym[i] = {byte_char_id[static_cast<unsigned char>(word[i])], static_cast<int32_t>(i) - 1,
-              static_cast<int32_t>(i) + 1};
+  std::vector<Sym> sym;
+  sym.reserve(word.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(word.data());
+  for (size_t i = 0; i < word.size();) {
+    const size_t len = byte_level ? 1 : std::max<size_t>(1, utf8_char_len(p + i, word.size() - i));
+    const int32_t id = byte_level ? byte_char_id[p[i]] : find_piece(word.substr(i, len));
+    const auto n = static_cast<int32_t>(sym.size());
+    sym.push_back({id, n - 1, n + 1, static_cast<int32_t>(i), static_cast<int32_t>(len)});
+    i += len;
+  }
   sym.back().next = -1;
   struct Pair {
     int32_t rank, left, right, left_id, right_id, result;
@@ -339,6 +296,7 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     if (l.next != top.right || l.id != top.left_id || sym[top.right].id != top.right_id) continue;  // stale
     Sym& r = sym[top.right];
     l.id = top.result;
+    l.len += r.len;
     l.next = r.next;
     r.id = -2;  // merged away
     if (l.next >= 0) sym[l.next].prev = top.left;
@@ -346,10 +304,18 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     consider(top.left, l.next);
   }
   for (int32_t i = 0; i >= 0; i = sym[i].next) {
-    if (sym[i].id >= 0)
+    if (sym[i].id >= 0) {
       out.push_back(sym[i].id);
+      continue;
+    }
+    const std::string_view bytes = word.substr(sym[i].start, sym[i].len);
+    const bool all_bytes = !byte_level && std::all_of(bytes.begin(), bytes.end(), [this](char c) {
+      return byte_id[static_cast<unsigned char>(c)] >= 0;
+    });
+    if (!all_bytes)
+      emit_unknown(bytes, out);  // a byte without a token
     else
-      emit_unknown(word.substr(static_cast<size_t>(i), 1), out);  // a byte without a token
+      for (char c : bytes) out.push_back(byte_id[static_cast<unsigned char>(c)]);
   }
 }
 
@@ -370,7 +336,7 @@ std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
     case TokenType::Normal:
       break;
   }
-  if (v.kind == VocabKind::Spm) return replace_all(text, kSpaceMark, " ");
+  if (v.kind != VocabKind::Bpe) return replace_all(text, kSpaceMark, " ");
   if (v.type(id) == TokenType::UserDefined) return text;  // added tokens are stored as plain text
   // Undo the GPT-2 byte mapping; a character outside it is kept as it is.
   std::string out;

@@ -86,12 +86,14 @@ Vocab Vocab::from_gguf(const GgufFile& f) {
     v.kind = VocabKind::Spm;
   else if (*model == "gpt2")
     v.kind = VocabKind::Bpe;
+  else if (*model == "gemma4")
+    v.kind = VocabKind::BpeSpm;
   else
     fail(ErrorKind::InvalidInput,
          "{}: unsupported tokenizer model '{}' (tokenizer.ggml.model); supported: 'llama' (SentencePiece), "
-         "'gpt2' (byte-level BPE)",
+         "'gpt2' (byte-level BPE), 'gemma4' (SentencePiece-style BPE)",
          f.source(), *model);
-  v.pre = f.get_string_or("tokenizer.ggml.pre").value_or("default");
+  v.pre = f.get_string_or("tokenizer.ggml.pre").value_or(v.kind == VocabKind::BpeSpm ? "gemma4" : "default");
 
   const std::vector<GgufValue>* tokens = find_array(f, kTokens);
   if (!tokens || tokens->empty())
@@ -130,7 +132,7 @@ Vocab Vocab::from_gguf(const GgufFile& f) {
   }
 
   // SentencePiece files sometimes carry merges too; its algorithm uses scores instead.
-  const std::vector<GgufValue>* merges = v.kind == VocabKind::Bpe ? find_array(f, kMerges) : nullptr;
+  const std::vector<GgufValue>* merges = v.kind != VocabKind::Spm ? find_array(f, kMerges) : nullptr;
   if (merges) {
     v.merges.reserve(merges->size());
     for (size_t i = 0; i < merges->size(); ++i) {
@@ -241,7 +243,9 @@ Vocab Vocab::builtin_bytes() {
 }
 
 void Vocab::append_gguf_metadata(std::vector<std::pair<std::string, GgufValue>>& out) const {
-  out.emplace_back("tokenizer.ggml.model", GgufValue::string(kind == VocabKind::Spm ? "llama" : "gpt2"));
+  out.emplace_back("tokenizer.ggml.model", GgufValue::string(kind == VocabKind::Spm   ? "llama"
+                                                             : kind == VocabKind::Bpe ? "gpt2"
+                                                                                      : "gemma4"));
   out.emplace_back("tokenizer.ggml.pre", GgufValue::string(pre));
   std::vector<GgufValue> toks, scs, tys;
   toks.reserve(tokens.size());

@@ -10,7 +10,11 @@
 
 namespace depcache {
 
-enum class VocabKind { Spm, Bpe };  // "llama" (SentencePiece BPE), "gpt2" (byte-level BPE)
+// "llama": SentencePiece BPE (score-ordered merges, byte fallback);
+// "gpt2": byte-level BPE (regex pre-tokenizer, rank-ordered merges);
+// "gemma4": SentencePiece-style BPE (U+2581 for spaces, rank-ordered merges
+// over UTF-8 characters, <0xXX> byte fallback, words split at newlines).
+enum class VocabKind { Spm, Bpe, BpeSpm };
 
 // Values as stored in tokenizer.ggml.token_type (0, "undefined", is read as Normal).
 enum class TokenType : int32_t {

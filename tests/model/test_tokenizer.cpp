@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "model/gguf.h"
+#include "model/pre_tokenizer.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "test_support.h"
@@ -82,6 +84,72 @@ TEST(Tokenizer, LlamaSpmReferenceCases) {
 TEST(Tokenizer, Gpt2ReferenceCases) {
   DEPCACHE_REQUIRE_SHARED(path, "tokenizers/ggml-vocab-gpt-2.gguf");
   check_vocab_file(path);
+}
+
+// Every vocabulary with test vectors in the leading C++ engine's source
+// (scripts/fetch_llama_cpp.sh): all cases match, or loading refuses it with a
+// message naming the part it does not implement (listed here, so a newly
+// refused vocabulary fails).
+TEST(Tokenizer, EveryLlamaCppVocabulary) {
+  DEPCACHE_REQUIRE_LLAMA_CPP(models, "models");
+  const std::map<std::string, std::string> refused = {
+      {"ggml-vocab-bert-bge.gguf", "unsupported tokenizer model 'bert'"},
+      {"ggml-vocab-nomic-bert-moe.gguf", "unsupported tokenizer model 't5'"},
+  };
+  size_t checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(models)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("ggml-vocab-") || entry.path().extension() != ".gguf") continue;
+    SCOPED_TRACE(name);
+    const auto why = refused.find(name);
+    if (why != refused.end()) {
+      try {
+        load(entry.path());
+        ADD_FAILURE() << name << " loaded but is listed as refused";
+      } catch (const Error& e) {
+        EXPECT_THAT(e.what(), HasSubstr(why->second));
+      }
+      continue;
+    }
+    if (!std::filesystem::exists(entry.path().string() + ".inp")) {
+      EXPECT_NO_THROW(load(entry.path()));  // no vectors: it must at least load
+      continue;
+    }
+    check_vocab_file(entry.path());
+    ++checked;
+  }
+  EXPECT_GE(checked, 14u);
+}
+
+std::vector<std::string> pieces(std::string_view pre, std::string_view text) {
+  std::vector<std::string> out;
+  PreTokenizer(pre).split(text, [&](std::string_view w) { out.emplace_back(w); });
+  return out;
+}
+
+// What the vocabulary vectors do not reach: combining marks (Qwen3.5), case
+// changes (Tekken), sequences of splits (DeepSeek Coder), unknown names.
+TEST(PreTokenizer, FamiliesSplitAsPublished) {
+  const std::string e_acute = "cafe\xCC\x81";  // e + U+0301 COMBINING ACUTE ACCENT
+  EXPECT_THAT(pieces("qwen35", e_acute + " ok"), ElementsAre(e_acute, " ok"));
+  EXPECT_THAT(pieces("qwen2", e_acute + " ok"), ElementsAre("cafe", "\xCC\x81", " ok"));
+  EXPECT_THAT(pieces("tekken", "HelloWorld 123"), ElementsAre("Hello", "World", " ", "1", "2", "3"));
+  EXPECT_THAT(pieces("llama3", "HelloWorld 12345"), ElementsAre("HelloWorld", " ", "123", "45"));
+  EXPECT_THAT(pieces("deepseek-coder", "ab\ncd 42"), ElementsAre("ab", "\n", "cd", " ", "4", "2"));
+  EXPECT_THAT(pieces("gemma4", "a b\n\nc"), ElementsAre("a b", "\n\n", "c"));
+  for (const PreTokenizerSpec& spec : pre_tokenizer_specs())
+    for (std::string_view name : spec.names) {
+      std::string joined;
+      PreTokenizer(name).split("It's 2024: x\r\n  y\xFF!", [&](std::string_view w) { joined += w; });
+      EXPECT_EQ(joined, "It's 2024: x\r\n  y\xFF!") << name;  // the pieces cover the text
+    }
+  try {
+    PreTokenizer("no-such-family");
+    ADD_FAILURE() << "an unknown pre-tokenizer was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unsupported BPE pre-tokenizer 'no-such-family'"));
+    EXPECT_THAT(e.what(), HasSubstr("qwen35"));
+  }
 }
 
 TEST(Tokenizer, Stories260kOnceUponATime) {
