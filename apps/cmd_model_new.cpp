@@ -29,13 +29,17 @@ void add_model_new_command(CLI::App& model) {
   cmd->add_option("--qk-init-std", o.qk_stddev,
                   "Standard deviation of the attention query and key weights (default: --init-std)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--arch", arch, "Override the architecture: llama, qwen2 or qwen3");
+  cmd->add_option("--arch", arch, "Override the architecture: llama, qwen2, qwen3, gemma3, phi3 or smollm3");
   cmd->add_option("--layers", layers, "Override the number of layers");
   cmd->add_option("--embd", embd, "Override the embedding size");
   cmd->add_option("--heads", heads, "Override the number of attention heads");
   cmd->add_option("--heads-kv", heads_kv, "Override the number of KV heads");
   cmd->add_option("--ff", ff, "Override the feed-forward size");
   cmd->add_option("--ctx", ctx, "Override the training context length");
+  static int sliding_window = -1;
+  cmd->add_option("--sliding-window", sliding_window,
+                  "Override the sliding-window attention span in positions (0: none)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--vocab-size", vocab_size, "Pad the vocabulary with unused tokens up to this size");
   cmd->add_flag("--tied", tied, "Omit output.weight (logits use the token embedding)");
   cmd->add_option("-t,--threads", o.n_threads, "Threads (default: one per core)");
@@ -66,7 +70,9 @@ void add_model_new_command(CLI::App& model) {
     o.type = *type;
     if (!arch.empty()) {
       const std::optional<Arch> a = parse_arch(arch);
-      if (!a) fail(ErrorKind::InvalidInput, "unknown architecture '{}' (llama, qwen2, qwen3)", arch);
+      if (!a)
+        fail(ErrorKind::InvalidInput,
+             "unknown architecture '{}' (llama, qwen2, qwen3, gemma3, phi3, smollm3)", arch);
       shape->arch = *a;
     }
     if (layers) shape->n_layer = layers;
@@ -75,6 +81,7 @@ void add_model_new_command(CLI::App& model) {
     if (heads_kv) shape->n_head_kv = heads_kv;
     if (ff) shape->n_ff = ff;
     if (ctx) shape->n_ctx = ctx;
+    if (sliding_window >= 0) shape->sliding_window = sliding_window;
     if (vocab_size) shape->n_vocab = vocab_size;
     if (!vocab_from.empty()) {
       o.vocab_from = vocab_from;

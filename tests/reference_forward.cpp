@@ -59,9 +59,10 @@ ReferenceWeights ReferenceWeights::from_model(const Model& model) {
   r.tok_embd = dequantized(model.tok_embd);
   for (const LayerWeights& w : model.layers)
     r.layers.push_back({widened(w.attn_norm), widened(w.ffn_norm), widened(w.bq), widened(w.bk),
-                        widened(w.bv), widened(w.q_norm), widened(w.k_norm), dequantized(w.wq),
-                        dequantized(w.wk), dequantized(w.wv), dequantized(w.wo), dequantized(w.w_gate),
-                        dequantized(w.w_up), dequantized(w.w_down)});
+                        widened(w.bv), widened(w.q_norm), widened(w.k_norm), widened(w.attn_post_norm),
+                        widened(w.ffn_post_norm), dequantized(w.wq), dequantized(w.wk), dequantized(w.wv),
+                        dequantized(w.wo), dequantized(w.w_gate), dequantized(w.w_up),
+                        dequantized(w.w_down)});
   r.output_norm = widened(model.output_norm);
   r.output = dequantized(model.output);
   return r;
@@ -84,6 +85,7 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
   for (int64_t t = 0; t < n; ++t) {
     const double* row = weights.tok_embd.w.data() + int64_t{tokens[t]} * c.n_embd;
     x[t].assign(row, row + c.n_embd);
+    for (double& e : x[t]) e *= c.arch == Arch::Gemma3 ? std::sqrt(double(c.n_embd)) : 1.0;
   }
 
   ReferencePass out;
@@ -110,13 +112,24 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
         per_head(q[t], c.n_head, w.q_norm);
         per_head(k[t], c.n_head_kv, w.k_norm);
       }
-      rope(q[t], c.n_head, hd, c.n_rot, positions[t], c.rope_base, neox, c.rope_divisors);
-      rope(k[t], c.n_head_kv, hd, c.n_rot, positions[t], c.rope_base, neox, c.rope_divisors);
+      // Gemma 3's windowed layers turn with their own base and no scaling;
+      // SmolLM3's every fourth layer does not turn.
+      const bool local = c.windowed(il) && c.rope_base_local > 0;
+      const bool turns = c.arch != Arch::SmolLM3 || (il + 1) % 4 != 0;
+      if (turns) {
+        const std::vector<float> none;
+        const double base = local ? c.rope_base_local : c.rope_base;
+        rope(q[t], c.n_head, hd, c.n_rot, positions[t], base, neox, local ? none : c.rope_divisors);
+        rope(k[t], c.n_head_kv, hd, c.n_rot, positions[t], base, neox, local ? none : c.rope_divisors);
+      }
+      for (double& e : q[t]) e *= c.q_scale;
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<int64_t> seen;
-      for (int64_t j = 0; j < n; ++j)
-        if (sees(t, j)) seen.push_back(j);
+      for (int64_t j = 0; j < n; ++j) {
+        const bool in_window = !c.windowed(il) || positions[t] - positions[j] < c.sliding_window;
+        if (sees(t, j) && in_window) seen.push_back(j);
+      }
       if (seen.empty()) throw std::invalid_argument("reference_forward: a token that sees nothing");
       std::vector<double> attn(c.n_head * hd, 0.0);
       for (int h = 0; h < c.n_head; ++h) {
@@ -134,7 +147,8 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
         for (size_t j = 0; j < seen.size(); ++j)
           for (int i = 0; i < hd; ++i) attn[h * hd + i] += s[j] / sum * v[seen[j]][kvh * hd + i];
       }
-      const auto o = w.wo * attn;
+      auto o = w.wo * attn;
+      if (!w.attn_post_norm.empty()) o = rmsnorm(o, w.attn_post_norm, c.rms_eps);
       for (int i = 0; i < c.n_embd; ++i) x[t][i] += o[i];
     }
     // The FFN after every token's attention: attention reads only this
@@ -143,8 +157,14 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
       const auto xn = rmsnorm(x[t], w.ffn_norm, c.rms_eps);
       auto g = w.w_gate * xn;
       const auto u = w.w_up * xn;
-      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      const auto d = w.w_down * g;
+      const double pi = 3.14159265358979323846;
+      for (size_t i = 0; i < g.size(); ++i)
+        g[i] = (c.ffn_act == Activation::GeluTanh
+                    ? 0.5 * g[i] * (1 + std::tanh(std::sqrt(2 / pi) * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
+                    : g[i] / (1.0 + std::exp(-g[i]))) *
+               u[i];
+      auto d = w.w_down * g;
+      if (!w.ffn_post_norm.empty()) d = rmsnorm(d, w.ffn_post_norm, c.rms_eps);
       for (int i = 0; i < c.n_embd; ++i) x[t][i] += d[i];
     }
     out.k.push_back(std::move(k));
@@ -152,7 +172,9 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
   }
   out.logits.reserve(n * c.n_vocab);
   for (int64_t t = 0; t < n; ++t) {
-    const auto l = weights.output * rmsnorm(x[t], weights.output_norm, c.rms_eps);
+    auto l = weights.output * rmsnorm(x[t], weights.output_norm, c.rms_eps);
+    if (c.final_softcap > 0)
+      for (double& e : l) e = c.final_softcap * std::tanh(e / c.final_softcap);
     out.logits.insert(out.logits.end(), l.begin(), l.end());
   }
   return out;

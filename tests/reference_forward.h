@@ -36,7 +36,7 @@ struct ReferenceWeights {
     std::vector<double> w;
   };
   struct Layer {
-    std::vector<double> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
+    std::vector<double> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post_norm, ffn_post_norm;
     Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
   };
   Matrix tok_embd;  // (n_vocab, n_embd)

@@ -7,6 +7,7 @@
 #include <llama.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <iterator>
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   const bool add_bos = !(argc > 3 && std::strcmp(argv[3], "--no-bos") == 0);
   const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
 
-  llama_log_set(quiet, nullptr);
+  if (!std::getenv("LLAMA_PROBE_VERBOSE")) llama_log_set(quiet, nullptr);
   llama_backend_init();
   llama_model_params mp = llama_model_default_params();
   llama_model* model = llama_model_load_from_file(argv[1], mp);

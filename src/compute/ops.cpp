@@ -38,6 +38,28 @@ void swiglu(float* gate, const float* up, int64_t n) {
   }
 }
 
+// gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3).
+void geglu(float* gate, const float* up, int64_t n) {
+  constexpr float k2 = 2.0f * 0.7978845608028654f;  // 2 sqrt(2/pi)
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 u2 = _mm256_mul_ps(_mm256_set1_ps(k2), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+    const __m256 e = vec::exp(_mm256_sub_ps(_mm256_setzero_ps(), u2));
+    const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-k2 * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 void RopeTable::build(const int32_t* positions, int64_t n_rows, int rot, float base,
                       std::span<const float> divisors) {
   n_rot = rot;

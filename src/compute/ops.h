@@ -15,6 +15,10 @@ void add_bias(float* x, const float* b, int64_t n_rows, int64_t n);
 
 // gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, int64_t n);
+// gate[i] = gelu(gate[i]) * up[i], GELU in its tanh approximation (Gemma).
+void geglu(float* gate, const float* up, int64_t n);
+// x[i] = cap * tanh(x[i] / cap): logit soft-capping.
+void softcap(float* x, int64_t n, float cap);
 
 // Rotary position embedding. The cos/sin of every (row, pair) angle are
 // computed once per batch and shared by the query and key rotations of every

@@ -389,8 +389,7 @@ bool Engine::step() {
   }
   make_room_to_decode();
   if (fetching_ahead())
-    for (size_t i = 0; i < waiting_.size() && i < options_.prefetch; ++i)
-      fetched(live(waiting_[i]), false);
+    for (size_t i = 0; i < waiting_.size() && i < options_.prefetch; ++i) fetched(live(waiting_[i]), false);
 
   // What this step computes: a decode token of every running sequence, then
   // pieces of prefills (those under way first, then new admissions in the

@@ -72,10 +72,15 @@ PrefillResult Forward::prefill(const PrefillPlan& plan, KvCache& kv) {
   for (int64_t t = 0; t < n; ++t)
     dequantize_row(model_->tok_embd.type, model_->tok_embd.row(plan.tokens[t]), x_.data() + t * c.n_embd,
                    c.n_embd);
+  if (c.embd_scale != 1.0f)
+    for (int64_t i = 0; i < n * c.n_embd; ++i) x_[i] *= c.embd_scale;
   active_.resize(n);
   for (int64_t t = 0; t < n; ++t) active_[t] = t;
   for (int64_t t = 0; t < n; ++t)
     kv.set_positions(plan.rows[t], std::span<const int32_t>(&plan.positions[t], 1));
+  windowed_.reset();
+  if (c.sliding_window > 0)
+    windowed_ = within_window(plan.visibility, plan.positions, kv.positions(), c.sliding_window);
 
   PrefillResult result;
   result.active_per_layer.reserve(c.n_layer);
@@ -92,6 +97,7 @@ PrefillResult Forward::prefill(const PrefillPlan& plan, KvCache& kv) {
   }
   result.logits.resize(n_out * c.n_vocab);
   if (n_out > 0) matmul(model_->output, xn_.data(), n_out, result.logits.data(), pool_, matmul_scratch_);
+  if (c.final_softcap > 0) softcap(result.logits.data(), n_out * c.n_vocab, c.final_softcap);
   return result;
 }
 
@@ -131,9 +137,14 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
     rms_norm(q_.data(), w.q_norm.data(), q_.data(), n * c.n_head, c.head_dim, c.rms_eps);
     rms_norm(k_.data(), w.k_norm.data(), k_.data(), n * c.n_head_kv, c.head_dim, c.rms_eps);
   }
-  rope_.build(active_pos_.data(), n, c.n_rot, c.rope_base, c.rope_divisors);
-  rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
-  rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);
+  if (c.rotates(il)) {
+    rope_.build(active_pos_.data(), n, c.n_rot, c.layer_rope_base(il), c.layer_rope_divisors(il));
+    rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
+    rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);
+  }
+  if (c.q_scale != 1.0f)
+    for (int64_t i = 0; i < n * q_width; ++i) q_[i] *= c.q_scale;
+  const Visibility& vis = c.windowed(il) && windowed_ ? *windowed_ : plan.visibility;
 
   // Which tokens go on: the hook's choice, then the plan's last layers; in
   // the last layer only the tokens whose logits are wanted.
@@ -175,7 +186,7 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
         const int64_t query = plan.stats_queries[s];
         const auto it = std::lower_bound(active_.begin(), active_.end(), query);
         if (it == active_.end() || *it != query) continue;
-        mass[s] = attention_mass(q_.data() + (it - active_.begin()) * q_width, plan.visibility.visible(query),
+        mass[s] = attention_mass(q_.data() + (it - active_.begin()) * q_width, vis.visible(query),
                                  plan.stats_targets, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim);
       }
     });
@@ -187,18 +198,22 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
   active_ = std::move(next);
   const auto m = static_cast<int64_t>(active_.size());
   if (m == 0) return;
-  for (int64_t id : active_) result.attention_pairs += plan.visibility.n_visible(id);
-  attention(q_.data(), m, active_, plan.visibility, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim,
-            attn_.data(), pool_);
+  for (int64_t id : active_) result.attention_pairs += vis.n_visible(id);
+  attention(q_.data(), m, active_, vis, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim, attn_.data(), pool_);
   matmul(w.wo, attn_.data(), m, proj_.data(), pool_, matmul_scratch_);
+  if (c.post_norms) rms_norm(proj_.data(), w.attn_post_norm.data(), proj_.data(), m, c.n_embd, c.rms_eps);
   for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
 
-  // Feed-forward block (SwiGLU).
+  // Feed-forward block (SwiGLU or GeGLU).
   rms_norm(x_.data(), w.ffn_norm.data(), xn_.data(), m, c.n_embd, c.rms_eps);
   const MatmulOut gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};
   matmul(gate_up, xn_.data(), m, pool_, matmul_scratch_);
-  swiglu(gate_.data(), up_.data(), m * c.n_ff);
+  if (c.ffn_act == Activation::GeluTanh)
+    geglu(gate_.data(), up_.data(), m * c.n_ff);
+  else
+    swiglu(gate_.data(), up_.data(), m * c.n_ff);
   matmul(w.w_down, gate_.data(), m, proj_.data(), pool_, matmul_scratch_);
+  if (c.post_norms) rms_norm(proj_.data(), w.ffn_post_norm.data(), proj_.data(), m, c.n_embd, c.rms_eps);
   for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
 }
 

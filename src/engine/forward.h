@@ -5,6 +5,7 @@
 // sparse prefill over a KV assembly and decoding.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -100,6 +101,9 @@ class Forward {
   std::vector<int64_t> active_rows_;  // their KV rows
   std::vector<int32_t> active_pos_;   // their positions
   RopeTable rope_;                    // angles of the active tokens' positions
+  // The plan's visibility under the model's sliding window (nullopt: the
+  // window cuts nothing); windowed layers attend with it.
+  std::optional<Visibility> windowed_;
 };
 
 }  // namespace depcache

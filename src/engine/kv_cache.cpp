@@ -17,8 +17,7 @@ KvCache::KvCache(const ModelConfig& config, int64_t n_ctx, DType type)
       n_head_kv_(config.n_head_kv),
       head_dim_(config.head_dim),
       n_rot_(config.n_rot),
-      rope_base_(config.rope_base),
-      rope_divisors_(config.rope_divisors),
+      config_(config),
       neox_(config.rope_style == RopeStyle::Neox) {
   if (type != DType::F32 && type != DType::F16)
     fail(ErrorKind::InvalidInput, "KV cache type {} is not supported (f32, f16)", dtype_info(type).name);
@@ -132,13 +131,15 @@ void KvCache::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
     delta[i] = positions[i] - span.positions()[from + i];
     rotate = rotate || delta[i] != 0;
   }
+  // One table per distinct frequency set (Gemma 3: local and global layers).
   RopeTable table;
-  if (rotate) table.build(delta.data(), n, n_rot_, rope_base_, rope_divisors_);
+  float table_base = 0;
+  const std::vector<float>* table_divisors = nullptr;
   std::vector<float> keys(rotate ? n * row_ : 0);
   for (int il = layer_begin; il < layer_end; ++il) {
     uint8_t* kd = k_[il].data() + row0 * rb;
     std::memcpy(v_[il].data() + row0 * rb, span.v(il) + from * rb, n * rb);
-    if (!rotate) {
+    if (!rotate || !config_.rotates(il)) {
       std::memcpy(kd, span.k(il) + from * rb, n * rb);
       continue;
     }
@@ -149,6 +150,12 @@ void KvCache::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
     } else {
       const auto* src = reinterpret_cast<const uint16_t*>(span.k(il)) + from * row_;
       for (int64_t i = 0; i < n * row_; ++i) keys[i] = vec::f16_to_f32(src[i]);
+    }
+    if (!table_divisors || table_base != config_.layer_rope_base(il) ||
+        *table_divisors != config_.layer_rope_divisors(il)) {
+      table_base = config_.layer_rope_base(il);
+      table_divisors = &config_.layer_rope_divisors(il);
+      table.build(delta.data(), n, n_rot_, table_base, *table_divisors);
     }
     rope(keys.data(), n, n_head_kv_, head_dim_, table, neox_);
     if (type_ == DType::F32) {

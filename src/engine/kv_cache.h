@@ -34,6 +34,7 @@ class KvCache {
   void write(int il, int64_t row0, const float* k_rows, const float* v_rows, int64_t n_rows);
   void set_positions(int64_t row0, std::span<const int32_t> positions);
   int32_t position(int64_t row) const { return positions_[row]; }
+  const int32_t* positions() const { return positions_.data(); }  // per row
   // One past the largest position among the rows in use (0 when empty): where
   // decoding continues.
   int32_t next_position() const;
@@ -44,8 +45,9 @@ class KvCache {
   // The given rows (any order) as a span, with their positions.
   KvSpan extract(std::span<const int64_t> rows) const;
   // Copies span tokens [from, from + n) into rows row0... at `positions`,
-  // rotating each key by (new position - encoded position). Values do not
-  // depend on position and are copied as they are. Only layers
+  // rotating each key by (new position - encoded position) with its layer's
+  // frequencies (layers without RoPE are copied). Values do not depend on
+  // position and are copied as they are. Only layers
   // [layer_begin, layer_end) when given (-1: to the last): a span still
   // being read is placed layer by layer as its layers arrive, with the same
   // result as placing it whole.
@@ -57,8 +59,7 @@ class KvCache {
   int64_t row_;  // elements per row
   DType type_;
   int n_head_kv_, head_dim_, n_rot_;
-  float rope_base_;
-  std::vector<float> rope_divisors_;
+  ModelConfig config_;  // per-layer RoPE (base, scaling, layers without it)
   bool neox_;
   int64_t n_past_ = 0;
   std::vector<ZeroedArray<uint8_t>> k_, v_;  // per layer

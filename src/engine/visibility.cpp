@@ -102,4 +102,60 @@ Visibility dependency_dag(const DepPrompt& prompt, std::span<const int64_t> rows
   return Visibility(std::move(groups));
 }
 
+std::optional<Visibility> within_window(const Visibility& v, std::span<const int32_t> query_pos,
+                                        const int32_t* key_pos, int window) {
+  std::vector<QueryGroup> out;
+  bool changed = false;
+  for (const QueryGroup& g : v.groups()) {
+    // Lowest key position the group sees, against its highest query position.
+    int32_t lowest_key = INT32_MAX, highest_query = INT32_MIN;
+    for (const RowRange& r : g.context)
+      for (int64_t row = r.begin; row < r.end; ++row) lowest_key = std::min(lowest_key, key_pos[row]);
+    for (int64_t row = g.causal_begin; row < g.self_row + g.count; ++row)
+      lowest_key = std::min(lowest_key, key_pos[row]);
+    for (int64_t i = 0; i < g.count; ++i) highest_query = std::max(highest_query, query_pos[g.first + i]);
+    if (int64_t{highest_query} - lowest_key < window) {
+      out.push_back(g);
+      continue;
+    }
+    changed = true;
+    for (int64_t i = 0; i < g.count; ++i) {
+      const int64_t q = g.first + i;
+      const int64_t lo = int64_t{query_pos[q]} - window;  // keys at positions > lo stay
+      std::vector<RowRange> kept;
+      auto keep = [&](RowRange r) {
+        for (int64_t row = r.begin; row < r.end;) {
+          if (key_pos[row] <= lo) {
+            ++row;
+            continue;
+          }
+          const int64_t begin = row;
+          while (row < r.end && key_pos[row] > lo) ++row;
+          if (!kept.empty() && kept.back().end == begin)
+            kept.back().end = row;
+          else
+            kept.push_back({begin, row});
+        }
+      };
+      for (const RowRange& r : g.context) keep(r);
+      keep({g.causal_begin, g.self_row + i + 1});
+      // The query's own row is at its own position: the last range ends there
+      // and becomes the causal run.
+      QueryGroup one;
+      one.first = q;
+      one.count = 1;
+      one.self_row = g.self_row + i;
+      one.causal_begin = one.self_row;
+      if (!kept.empty() && kept.back().end == one.self_row + 1) {
+        one.causal_begin = kept.back().begin;
+        kept.pop_back();
+      }
+      one.context = std::move(kept);
+      out.push_back(std::move(one));
+    }
+  }
+  if (!changed) return std::nullopt;
+  return Visibility(std::move(out));
+}
+
 }  // namespace depcache

@@ -2,6 +2,7 @@
 // Builders of visibility lists (see compute/attention.h) for the ways
 // strategies let computed tokens attend. Rows are KV assembly rows; the batch
 // holds the computed tokens in the order of `rows`.
+#include <optional>
 #include <span>
 
 #include "compute/attention.h"
@@ -43,5 +44,12 @@ Visibility slice_queries(const Visibility& v, int64_t begin, int64_t end);
 // index): `rows` (ascending) are the computed tokens; the others must be in
 // the assembly. A node's computed tokens must be a suffix of the node.
 Visibility dependency_dag(const DepPrompt& prompt, std::span<const int64_t> rows);
+
+// `v` under a sliding window: query q (at position query_pos[q]) keeps the
+// rows r it sees with query_pos[q] - key_pos[r] < window. A group whose
+// queries see nothing outside the window stays as it is; each query of the
+// other groups gets a group of its own. nullopt when nothing changes.
+std::optional<Visibility> within_window(const Visibility& v, std::span<const int32_t> query_pos,
+                                        const int32_t* key_pos, int window);
 
 }  // namespace depcache

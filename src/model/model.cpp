@@ -52,6 +52,15 @@ class TensorLoader {
     return {t.type, n_in, n_out, t.data, row_bytes(t.type, n_in), nullptr};
   }
 
+  // Output rows [first, first + count) of a fused matrix of n_out rows (Phi-3's QKV, gate-up).
+  WeightMatrix rows(const std::string& name, int64_t n_in, int64_t n_out, int64_t first,
+                    int64_t count) const {
+    WeightMatrix w = matrix(name, n_in, n_out);
+    w.data = w.row(first);
+    w.n_out = count;
+    return w;
+  }
+
   std::vector<float> vector(const std::string& name, int64_t n) const {
     const GgufTensor& t = require(name);
     if (t.n_elements() != n)
@@ -100,6 +109,21 @@ uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPoo
   h = hash_bytes(&c.rms_eps, sizeof c.rms_eps, h);
   if (!c.rope_divisors.empty())  // RoPE scaling (rope_freqs is hashed with the tensors too)
     h = hash_bytes(c.rope_divisors.data(), c.rope_divisors.size() * sizeof(float), h);
+  // What differs between layers and the Gemma/Phi extras, when present (so
+  // the fingerprints of the earlier architectures stay as they were).
+  if (c.sliding_window > 0 || !c.layer_no_rope.empty() || c.embd_scale != 1 || c.q_scale != 1 ||
+      c.final_softcap != 0 || c.post_norms || c.ffn_act != Activation::Silu) {
+    const float extras[] = {static_cast<float>(c.sliding_window),
+                            c.rope_base_local,
+                            c.embd_scale,
+                            c.q_scale,
+                            c.final_softcap,
+                            static_cast<float>(c.post_norms),
+                            static_cast<float>(c.ffn_act)};
+    h = hash_bytes(extras, sizeof extras, h);
+    h = hash_bytes(c.layer_windowed.data(), c.layer_windowed.size(), h);
+    h = hash_bytes(c.layer_no_rope.data(), c.layer_no_rope.size(), h);
+  }
   size_t next = 0;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const GgufTensor& t = tensors[ti];
@@ -132,9 +156,9 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
 
   const int64_t n_q = int64_t{c.n_head} * c.head_dim;
   const int64_t n_kv = c.n_embd_kv();
-  // A layer's weights are 9 tensors or more: a block count the file cannot
-  // hold is refused before anything is allocated for it.
-  if (static_cast<size_t>(c.n_layer) > m->file_.tensors().size() / 9)
+  // A layer's weights are 6 tensors or more (Phi-3's fused ones): a block
+  // count the file cannot hold is refused before anything is allocated for it.
+  if (static_cast<size_t>(c.n_layer) > m->file_.tensors().size() / 6)
     fail(ErrorKind::InvalidInput, "{}: block_count {} needs more tensors than the file's {}",
          m->file_.source(), c.n_layer, m->file_.tensors().size());
   m->layers.resize(c.n_layer);
@@ -142,9 +166,16 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
     LayerWeights& l = m->layers[il];
     const std::string p = fmt::format("blk.{}.", il);
     l.attn_norm = ld.vector(p + "attn_norm.weight", c.n_embd);
-    l.wq = ld.matrix(p + "attn_q.weight", c.n_embd, n_q);
-    l.wk = ld.matrix(p + "attn_k.weight", c.n_embd, n_kv);
-    l.wv = ld.matrix(p + "attn_v.weight", c.n_embd, n_kv);
+    if (c.fused_qkv && m->file_.find_tensor(p + "attn_qkv.weight")) {
+      const std::string qkv = p + "attn_qkv.weight";
+      l.wq = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, 0, n_q);
+      l.wk = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, n_q, n_kv);
+      l.wv = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, n_q + n_kv, n_kv);
+    } else {
+      l.wq = ld.matrix(p + "attn_q.weight", c.n_embd, n_q);
+      l.wk = ld.matrix(p + "attn_k.weight", c.n_embd, n_kv);
+      l.wv = ld.matrix(p + "attn_v.weight", c.n_embd, n_kv);
+    }
     l.wo = ld.matrix(p + "attn_output.weight", n_q, c.n_embd);
     if (c.qkv_bias) {
       l.bq = ld.vector(p + "attn_q.bias", n_q);
@@ -155,9 +186,18 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
       l.q_norm = ld.vector(p + "attn_q_norm.weight", c.head_dim);
       l.k_norm = ld.vector(p + "attn_k_norm.weight", c.head_dim);
     }
+    if (c.post_norms) {
+      l.attn_post_norm = ld.vector(p + "post_attention_norm.weight", c.n_embd);
+      l.ffn_post_norm = ld.vector(p + "post_ffw_norm.weight", c.n_embd);
+    }
     l.ffn_norm = ld.vector(p + "ffn_norm.weight", c.n_embd);
-    l.w_gate = ld.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
-    l.w_up = ld.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    if (c.fused_qkv && !m->file_.find_tensor(p + "ffn_gate.weight")) {  // gate rows, then up rows
+      l.w_gate = ld.rows(p + "ffn_up.weight", c.n_embd, 2 * c.n_ff, 0, c.n_ff);
+      l.w_up = ld.rows(p + "ffn_up.weight", c.n_embd, 2 * c.n_ff, c.n_ff, c.n_ff);
+    } else {
+      l.w_gate = ld.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+      l.w_up = ld.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    }
     l.w_down = ld.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
   }
   m->output_norm = ld.vector("output_norm.weight", c.n_embd);
@@ -174,6 +214,25 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
              m->file_.source(), i, f[i]);
       c.rope_divisors[i] *= f[i];
     }
+  }
+  // Phi-3's LongRoPE: the short factors hold up to the original context; the
+  // long ones (beyond it) are not implemented, so the context stops there.
+  if (m->file_.find_tensor("rope_factors_short.weight") || m->file_.find_tensor("rope_factors_long.weight")) {
+    if (c.arch != Arch::Phi3)
+      fail(ErrorKind::InvalidInput, "{}: rope_factors_short/long in a '{}' model is not implemented",
+           m->file_.source(), c.arch_name);
+    const std::vector<float> f = ld.vector("rope_factors_short.weight", c.n_rot / 2);
+    ld.vector("rope_factors_long.weight", c.n_rot / 2);  // read, and used only past the original context
+    if (c.rope_divisors.empty()) c.rope_divisors.assign(f.size(), 1.0f);
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (!(f[i] > 0) || !std::isfinite(f[i]))
+        fail(ErrorKind::InvalidInput, "{}: rope_factors_short.weight[{}] = {} must be a positive number",
+             m->file_.source(), i, f[i]);
+      c.rope_divisors[i] *= f[i];
+    }
+    const std::string key = c.arch_name + ".rope.scaling.original_context_length";
+    if (m->file_.find(key))
+      c.n_ctx_train = std::min<int>(c.n_ctx_train, static_cast<int>(m->file_.get_int(key)));
   }
   // Tied embeddings: models without output.weight reuse the token embedding.
   m->output =

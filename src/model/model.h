@@ -20,7 +20,9 @@ struct LayerWeights {
   WeightMatrix wv;                    // (n_head_kv*head_dim, n_embd)
   WeightMatrix wo;                    // (n_embd, n_head*head_dim)
   std::vector<float> bq, bk, bv;      // qwen2 only: (n_head*head_dim), (n_head_kv*head_dim) x2
-  std::vector<float> q_norm, k_norm;  // qwen3 only: (head_dim) each, applied per head
+  std::vector<float> q_norm, k_norm;  // qwen3, gemma3: (head_dim) each, applied per head
+  std::vector<float> attn_post_norm;  // gemma3: (n_embd), on the attention output
+  std::vector<float> ffn_post_norm;   // gemma3: (n_embd), on the FFN output
   std::vector<float> ffn_norm;        // (n_embd)
   WeightMatrix w_gate;                // (n_ff, n_embd)
   WeightMatrix w_up;                  // (n_ff, n_embd)

@@ -16,14 +16,25 @@ const char* arch_name(Arch arch) {
       return "qwen2";
     case Arch::Qwen3:
       return "qwen3";
+    case Arch::Gemma3:
+      return "gemma3";
+    case Arch::Phi3:
+      return "phi3";
+    case Arch::SmolLM3:
+      return "smollm3";
   }
   return "?";
 }
 
 std::optional<Arch> parse_arch(std::string_view name) {
-  for (Arch a : {Arch::Llama, Arch::Qwen2, Arch::Qwen3})
+  for (Arch a : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Phi3, Arch::SmolLM3})
     if (name == arch_name(a)) return a;
   return std::nullopt;
+}
+
+const std::vector<float>& ModelConfig::layer_rope_divisors(int il) const {
+  static const std::vector<float> none;
+  return windowed(il) && rope_base_local > 0 ? none : rope_divisors;
 }
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
@@ -31,14 +42,20 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.arch_name = f.get_string("general.architecture");
   const std::optional<Arch> arch = parse_arch(c.arch_name);
   if (!arch)
-    fail(ErrorKind::InvalidInput, "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3)",
+    fail(ErrorKind::InvalidInput,
+         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3)",
          f.source(), c.arch_name);
   c.arch = *arch;
-  // Llama rotates adjacent pairs; the Qwen models NeoX halves. Qwen2 adds
-  // biases to Q, K and V; Qwen3 instead normalizes each head of Q and K.
-  c.rope_style = c.arch == Arch::Llama ? RopeStyle::Normal : RopeStyle::Neox;
+  // Llama and SmolLM3 rotate adjacent pairs; the others NeoX halves. Qwen2
+  // adds biases to Q, K and V; Qwen3 and Gemma 3 normalize each head of Q and K.
+  c.rope_style = c.arch == Arch::Llama || c.arch == Arch::SmolLM3 ? RopeStyle::Normal : RopeStyle::Neox;
   c.qkv_bias = c.arch == Arch::Qwen2;
-  c.qk_norm = c.arch == Arch::Qwen3;
+  c.qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
+  c.fused_qkv = c.arch == Arch::Phi3;
+  if (c.arch == Arch::Gemma3) {
+    c.post_norms = true;
+    c.ffn_act = Activation::GeluTanh;
+  }
   const std::string& a = c.arch_name;
   auto positive = [&](const std::string& key) {
     const int64_t v = f.get_int(key);
@@ -96,9 +113,61 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (!(linear >= 1.0) || !std::isfinite(linear))
     fail(ErrorKind::InvalidInput, "{}: linear rope scaling factor {} must be at least 1", f.source(), linear);
   if (linear != 1.0) c.rope_divisors.assign(static_cast<size_t>(c.n_rot / 2), static_cast<float>(linear));
+
+  if (c.arch == Arch::Gemma3) {
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    // The 27B model scales queries by 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim).
+    if (c.n_layer == 62) c.q_scale = std::sqrt(float(c.head_dim) / float(c.n_embd / c.n_head));
+  }
+  c.final_softcap = static_cast<float>(f.get_float_or(a + ".final_logit_softcapping").value_or(0.0));
+  if (!(c.final_softcap >= 0) || !std::isfinite(c.final_softcap))
+    fail(ErrorKind::InvalidInput, "{}: final_logit_softcapping {} is invalid", f.source(), c.final_softcap);
+  // Phi-3's LongRoPE magnitude factor scales both Q and K.
+  if (auto af = f.get_float_or(a + ".rope.scaling.attn_factor")) {
+    if (c.arch != Arch::Phi3 || !(*af > 0) || !std::isfinite(*af))
+      fail(ErrorKind::InvalidInput, "{}: {}.rope.scaling.attn_factor = {} is not implemented here",
+           f.source(), a, *af);
+    c.q_scale *= static_cast<float>(*af * *af);
+  }
+
+  // Sliding windows: every layer, or the pattern's (Gemma 3: five windowed
+  // layers, then one global; or one flag per layer).
+  if (f.find(a + ".attention.sliding_window")) {
+    const int64_t w = f.get_int(a + ".attention.sliding_window");
+    if (w < 0 || w > (int64_t{1} << 30))
+      fail(ErrorKind::InvalidInput, "{}: attention.sliding_window = {} is out of range", f.source(), w);
+    c.sliding_window = static_cast<int>(w);
+  }
+  if (c.sliding_window > 0) {
+    c.layer_windowed.assign(c.n_layer, 1);
+    const std::string pattern_key = a + ".attention.sliding_window_pattern";
+    const GgufValue* pattern = f.find(pattern_key);
+    int64_t period = c.arch == Arch::Gemma3 ? 6 : 1;
+    if (pattern && pattern->type == GgufType::Array) {
+      const auto& flags = std::get<std::vector<GgufValue>>(pattern->data);
+      if (flags.size() != static_cast<size_t>(c.n_layer) || pattern->elem_type != GgufType::Bool)
+        fail(ErrorKind::InvalidInput, "{}: {} must hold one bool per layer ({})", f.source(), pattern_key,
+             c.n_layer);
+      for (int il = 0; il < c.n_layer; ++il) c.layer_windowed[il] = std::get<bool>(flags[il].data);
+      period = 0;
+    } else if (pattern) {
+      period = pattern->as_int(pattern_key);
+      if (period < 0 || period > c.n_layer + 1)
+        fail(ErrorKind::InvalidInput, "{}: {} = {} is out of range", f.source(), pattern_key, period);
+    }
+    // Period n: layers il with il % n < n - 1 are windowed (n = 0 or 1: all).
+    if (period > 1)
+      for (int il = 0; il < c.n_layer; ++il) c.layer_windowed[il] = il % period < period - 1;
+    if (c.arch == Arch::Gemma3)
+      c.rope_base_local = static_cast<float>(f.get_float_or(a + ".rope.freq_base_swa").value_or(10000.0));
+  }
+  if (c.arch == Arch::SmolLM3) {  // no RoPE in every fourth layer
+    c.layer_no_rope.assign(c.n_layer, 0);
+    for (int il = 3; il < c.n_layer; il += 4) c.layer_no_rope[il] = 1;
+  }
   // Keys the forward pass implements or that do not change it; any other key
-  // of the architecture's (sliding windows, soft-capping, experts, other
-  // attention widths...) is refused by name.
+  // of the architecture's (attention soft-capping, experts, other attention
+  // widths...) is refused by name.
   // (tensor_data_layout: how a converter laid out the weights it wrote; not
   // read at inference.)
   static const std::set<std::string> known = {"tensor_data_layout",
@@ -120,7 +189,12 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                                               "rope.scaling.finetuned",
                                               "vocab_size",
                                               "expert_count",
-                                              "expert_used_count"};
+                                              "expert_used_count",
+                                              "attention.sliding_window",
+                                              "attention.sliding_window_pattern",
+                                              "rope.freq_base_swa",
+                                              "rope.scaling.attn_factor",
+                                              "final_logit_softcapping"};
   for (const auto& [key, value] : f.metadata()) {
     if (!key.starts_with(a + ".")) continue;
     if (!known.count(key.substr(a.size() + 1)))

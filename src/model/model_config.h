@@ -12,10 +12,11 @@ namespace depcache {
 
 class GgufFile;
 
-enum class Arch { Llama, Qwen2, Qwen3 };
+enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Phi3, SmolLM3 };
 // The GGUF general.architecture name of each, and back (nullopt: unknown).
 const char* arch_name(Arch arch);
 std::optional<Arch> parse_arch(std::string_view name);
+enum class Activation { Silu, GeluTanh };  // the FFN gate's: SwiGLU or GeGLU (tanh approximation)
 // Normal rotates adjacent pairs (x0,x1),(x2,x3)...; Neox rotates (x_i, x_{i+n_rot/2}).
 enum class RopeStyle { Normal, Neox };
 
@@ -47,7 +48,31 @@ struct ModelConfig {
   std::vector<float> rope_divisors;
   std::string rope_scaling = "none";  // none or linear (rope.scaling.type)
   bool qkv_bias = false;
-  bool qk_norm = false;  // qwen3: RMSNorm over each head of Q and K before RoPE
+  bool qk_norm = false;  // qwen3, gemma3: RMSNorm over each head of Q and K before RoPE
+  // Gemma: token embeddings scaled by sqrt(n_embd); RMSNorm on the attention
+  // and FFN outputs before each residual add; GeGLU; logits soft-capped
+  // (cap * tanh(logit / cap)) when final_softcap > 0.
+  float embd_scale = 1.0f;
+  bool post_norms = false;
+  Activation ffn_act = Activation::Silu;
+  float final_softcap = 0.0f;
+  // Queries are multiplied by this before attention (which scales by
+  // 1/sqrt(head_dim)): Phi-3's LongRoPE attention factor (squared, as it
+  // scales both Q and K), Gemma 3 27B's other query scale.
+  float q_scale = 1.0f;
+  bool fused_qkv = false;  // phi3: Q, K, V (and gate, up) stored as one matrix each
+
+  // Sliding-window attention: a windowed layer's query at position p sees,
+  // of what it would see, only keys at positions > p - sliding_window.
+  // layer_windowed[il] says which layers are windowed (empty: none).
+  // Windowed layers rotate with rope_base_local and no frequency scaling
+  // when rope_base_local > 0 (Gemma 3), else like the others.
+  int sliding_window = 0;
+  std::vector<uint8_t> layer_windowed;
+  float rope_base_local = 0.0f;
+  // Layers without RoPE (SmolLM3's every fourth): keys carry no position and
+  // are never re-rotated. Empty: every layer rotates.
+  std::vector<uint8_t> layer_no_rope;
   // depcache.position_scheme: the position scheme a model was fine-tuned for
   // under dependency attention (written by the trainer); empty when absent.
   std::string position_scheme;
@@ -57,6 +82,13 @@ struct ModelConfig {
   PromptTemplate prompt;
 
   int n_embd_kv() const { return n_head_kv * head_dim; }
+  bool windowed(int il) const { return !layer_windowed.empty() && layer_windowed[il]; }
+  bool rotates(int il) const { return layer_no_rope.empty() || !layer_no_rope[il]; }
+  // The RoPE frequencies of layer il: base, and divisors (empty: none).
+  float layer_rope_base(int il) const {
+    return windowed(il) && rope_base_local > 0 ? rope_base_local : rope_base;
+  }
+  const std::vector<float>& layer_rope_divisors(int il) const;
 
   // Validates everything the forward pass relies on; throws depcache::Error.
   // Strict: a key of the architecture's that the engine does not read, or a

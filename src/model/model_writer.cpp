@@ -103,8 +103,9 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",       "tiny-qwen2", "tiny-llama3", "tiny-qwen3",
-          "qwen2-0.5b", "qwen3-0.6b", "llama-1b",    "llama3.2-1b"};
+  return {"tiny",        "tiny-qwen2",   "tiny-llama3",    "tiny-qwen3",    "tiny-gemma3",
+          "tiny-phi3",   "tiny-smollm3", "qwen2-0.5b",     "qwen3-0.6b",    "llama-1b",
+          "llama3.2-1b", "gemma3-1b",    "phi3.5-mini-8l", "smollm3-3b-12l"};
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -143,6 +144,45 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.arch = Arch::Qwen3;
     s.n_layer = 28, s.n_embd = 1024, s.n_head = 16, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 3072;
     s.n_ctx = 40960, s.n_vocab = 151936, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
+    s.tied_embeddings = true;
+    return s;
+  }
+  if (name == "tiny-gemma3") {  // six layers: five windowed (8 positions), one global
+    s.arch = Arch::Gemma3;
+    s.n_layer = 6, s.n_head_kv = 1, s.head_dim = 32;
+    s.rope_base = 1e6f, s.rope_base_local = 10000.0f, s.rms_eps = 1e-6f;
+    s.sliding_window = 8;
+    s.tied_embeddings = true;
+    return s;
+  }
+  if (name == "gemma3-1b") {  // Gemma-3-1B
+    s.arch = Arch::Gemma3;
+    s.n_layer = 26, s.n_embd = 1152, s.n_head = 4, s.n_head_kv = 1, s.head_dim = 256, s.n_ff = 6912;
+    s.n_ctx = 32768, s.n_vocab = 262144, s.rope_base = 1e6f, s.rope_base_local = 10000.0f, s.rms_eps = 1e-6f;
+    s.sliding_window = 512;
+    s.tied_embeddings = true;
+    return s;
+  }
+  if (name == "tiny-phi3") {  // fused QKV and gate-up, a window of 16 positions on every layer
+    s.arch = Arch::Phi3;
+    s.sliding_window = 16;
+    return s;
+  }
+  if (name == "phi3.5-mini-8l") {  // Phi-3.5-mini's width, 8 of its 32 layers, its 4k context
+    s.arch = Arch::Phi3;
+    s.n_layer = 8, s.n_embd = 3072, s.n_head = 32, s.n_head_kv = 32, s.n_ff = 8192;
+    s.n_ctx = 4096, s.n_vocab = 32064, s.sliding_window = 262144;
+    return s;
+  }
+  if (name == "tiny-smollm3") {  // four layers: the fourth without RoPE
+    s.arch = Arch::SmolLM3;
+    s.n_layer = 4;
+    return s;
+  }
+  if (name == "smollm3-3b-12l") {  // SmolLM3-3B's width, 12 of its 36 layers
+    s.arch = Arch::SmolLM3;
+    s.n_layer = 12, s.n_embd = 2048, s.n_head = 16, s.n_head_kv = 4, s.n_ff = 11008;
+    s.n_ctx = 65536, s.n_vocab = 128256, s.rope_base = 5e6f, s.rms_eps = 1e-6f;
     s.tied_embeddings = true;
     return s;
   }
@@ -192,23 +232,33 @@ std::vector<ModelTensor> model_tensors(const ModelShape& s, int n_vocab) {
   for (int il = 0; il < s.n_layer; ++il) {
     const std::string p = fmt::format("blk.{}.", il);
     vector(p + "attn_norm.weight", s.n_embd, true);
-    matrix(p + "attn_q.weight", s.n_embd, n_q);
-    matrix(p + "attn_k.weight", s.n_embd, n_kv);
-    matrix(p + "attn_v.weight", s.n_embd, n_kv);
+    if (s.arch == Arch::Phi3) {
+      matrix(p + "attn_qkv.weight", s.n_embd, n_q + 2 * n_kv);
+    } else {
+      matrix(p + "attn_q.weight", s.n_embd, n_q);
+      matrix(p + "attn_k.weight", s.n_embd, n_kv);
+      matrix(p + "attn_v.weight", s.n_embd, n_kv);
+    }
     if (s.arch == Arch::Qwen2) {
       vector(p + "attn_q.bias", n_q, false);
       vector(p + "attn_k.bias", n_kv, false);
       vector(p + "attn_v.bias", n_kv, false);
     }
-    if (s.arch == Arch::Qwen3) {
+    if (s.arch == Arch::Qwen3 || s.arch == Arch::Gemma3) {
       vector(p + "attn_q_norm.weight", head_dim, true);
       vector(p + "attn_k_norm.weight", head_dim, true);
     }
     matrix(p + "attn_output.weight", n_q, s.n_embd);
+    if (s.arch == Arch::Gemma3) vector(p + "post_attention_norm.weight", s.n_embd, true);
     vector(p + "ffn_norm.weight", s.n_embd, true);
-    matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff);
-    matrix(p + "ffn_up.weight", s.n_embd, s.n_ff);
+    if (s.arch == Arch::Phi3) {
+      matrix(p + "ffn_up.weight", s.n_embd, 2 * s.n_ff);  // gate rows, then up rows
+    } else {
+      matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff);
+      matrix(p + "ffn_up.weight", s.n_embd, s.n_ff);
+    }
     matrix(p + "ffn_down.weight", s.n_ff, s.n_embd);
+    if (s.arch == Arch::Gemma3) vector(p + "post_ffw_norm.weight", s.n_embd, true);
   }
   vector("output_norm.weight", s.n_embd, true);
   if (!s.tied_embeddings) matrix("output.weight", s.n_embd, n_vocab);
@@ -257,6 +307,12 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
     w.set(arch + ".attention.value_length", GgufValue::u32(s.head_dim));
   }
   w.set(arch + ".vocab_size", GgufValue::u32(s.n_vocab));
+  if (s.sliding_window > 0) {
+    w.set(arch + ".attention.sliding_window", GgufValue::u32(s.sliding_window));
+    if (s.sliding_window_pattern > 0)
+      w.set(arch + ".attention.sliding_window_pattern", GgufValue::u32(s.sliding_window_pattern));
+    if (s.rope_base_local > 0) w.set(arch + ".rope.freq_base_swa", GgufValue::f32(s.rope_base_local));
+  }
   if (s.rope_linear_factor != 1.0f) {
     w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));
@@ -337,20 +393,24 @@ RandomModelReport write_random_model(const std::filesystem::path& path, const Ra
   // own stream: the values do not depend on the number of threads.
   const uint64_t seed = o.seed;
   const float stddev = o.stddev, qk_stddev = o.qk_stddev > 0 ? o.qk_stddev : o.stddev;
+  const int64_t qk_rows = int64_t{o.shape.n_head + o.shape.n_head_kv} * head_dim_of(o.shape);
   return write_model(path, spec, [=](size_t index, const ModelTensor& t, int64_t row, float* dst) {
     const uint64_t tseed = seed * 0x100000001B3ull + (static_cast<uint64_t>(index + 1) << 32);
     if (t.norm) {
       std::fill(dst, dst + t.n_in, 1.0f);
-      // Qwen3's per-head norms vary around 1, so a test sees them applied
+      // Per-head and post norms vary around 1, so a test sees them applied
       // element by element.
-      if (t.name.ends_with("attn_q_norm.weight") || t.name.ends_with("attn_k_norm.weight")) {
+      if (t.name.ends_with("attn_q_norm.weight") || t.name.ends_with("attn_k_norm.weight") ||
+          t.name.ends_with("post_attention_norm.weight") || t.name.ends_with("post_ffw_norm.weight")) {
         std::vector<float> jitter(t.n_in);
         fill_normal(jitter.data(), t.n_in, tseed, 0.2f);
         for (int64_t i = 0; i < t.n_in; ++i) dst[i] += jitter[i];
       }
       return;
     }
-    const bool qk = t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight");
+    // (A fused QKV matrix's query and key rows count as query and key.)
+    const bool qk = t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight") ||
+                    (t.name.ends_with("attn_qkv.weight") && row < qk_rows);
     fill_normal(dst, t.n_in, tseed + static_cast<uint64_t>(row), qk ? qk_stddev : stddev);
   });
 }

@@ -41,6 +41,11 @@ struct ModelShape {
   };
   std::optional<Llama3Rope> llama3_rope;
   float rope_linear_factor = 1.0f;
+  // Sliding-window attention (0: none); the pattern's period (0: the
+  // architecture's: Gemma 3 six, others every layer); Gemma 3's local RoPE base.
+  int sliding_window = 0;
+  int sliding_window_pattern = 0;
+  float rope_base_local = 0;
 };
 
 // Llama 3's RoPE frequency divisors (what its rope_freqs.weight holds): pairs
@@ -50,8 +55,7 @@ struct ModelShape {
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
                                        float high_freq_factor, int original_context);
 
-// Names: tiny, tiny-qwen2, tiny-llama3, tiny-qwen3, qwen2-0.5b, qwen3-0.6b,
-// llama-1b, llama3.2-1b. nullopt for an unknown name.
+// Names: see model_preset_names(). nullopt for an unknown name.
 std::optional<ModelShape> model_preset(const std::string& name);
 // The width of one head.
 inline int head_dim_of(const ModelShape& s) { return s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head; }

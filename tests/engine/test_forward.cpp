@@ -87,7 +87,10 @@ INSTANTIATE_TEST_SUITE_P(
                       RefCase{"tiny", DType::Q4_0, false}, RefCase{"tiny", DType::F32, true},
                       RefCase{"tiny-qwen2", DType::F32, false}, RefCase{"tiny-qwen2", DType::Q8_0, true},
                       RefCase{"tiny-llama3", DType::F32, false}, RefCase{"tiny-llama3", DType::Q8_0, true},
-                      RefCase{"tiny-qwen3", DType::F32, false}, RefCase{"tiny-qwen3", DType::Q8_0, true}),
+                      RefCase{"tiny-qwen3", DType::F32, false}, RefCase{"tiny-qwen3", DType::Q8_0, true},
+                      RefCase{"tiny-gemma3", DType::F32, true}, RefCase{"tiny-gemma3", DType::Q8_0, true},
+                      RefCase{"tiny-phi3", DType::F32, false}, RefCase{"tiny-phi3", DType::Q8_0, true},
+                      RefCase{"tiny-smollm3", DType::F32, false}, RefCase{"tiny-smollm3", DType::Q8_0, true}),
     [](const auto& info) {
       std::string n = info.param.preset + "_" + std::string(dtype_info(info.param.type).name) +
                       (info.param.tied ? "_tied" : "");

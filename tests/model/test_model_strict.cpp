@@ -123,6 +123,23 @@ TEST(ModelStrict, Llama3RopeFactorsRiseFromOneToTheFactor) {
   EXPECT_EQ(preset->llama3_rope->original_context, 8192);
 }
 
+// The window, the windowed layers and the layers without RoPE change what
+// cached KV means: they are part of the fingerprint that keys every cache.
+TEST(ModelStrict, WindowsAndRopeLayersAreInTheFingerprint) {
+  ModelShape g = *model_preset("tiny-gemma3");
+  const auto a = Model::load(write_tiny("window8", g));
+  g.sliding_window = 16;
+  const auto b = Model::load(write_tiny("window16", g));
+  g.sliding_window_pattern = 2;
+  const auto c = Model::load(write_tiny("pattern2", g));
+  EXPECT_EQ(a->config().layer_windowed, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0}));
+  EXPECT_EQ(c->config().layer_windowed, (std::vector<uint8_t>{1, 0, 1, 0, 1, 0}));
+  EXPECT_NE(a->fingerprint(), b->fingerprint());
+  EXPECT_NE(b->fingerprint(), c->fingerprint());
+  const auto s = Model::load(write_tiny("smollm3", *model_preset("tiny-smollm3")));
+  EXPECT_EQ(s->config().layer_no_rope, (std::vector<uint8_t>{0, 0, 0, 1}));
+}
+
 // What the engine does not implement is refused by name: a tensor it would
 // ignore, a key of the architecture's it does not read, scaling types,
 // experts, split files.
@@ -135,8 +152,13 @@ TEST(ModelStrict, WhatTheEngineDoesNotImplementIsRefusedByName) {
     std::string names;
   } cases[] = {
       {{}, "blk.0.attn_q_norm.weight", "tensor 'blk.0.attn_q_norm.weight' is not implemented"},
-      {{{"llama.attention.sliding_window", GgufValue::u32(4096)}}, "", "'llama.attention.sliding_window'"},
-      {{{"llama.final_logit_softcapping", GgufValue::f32(30.0f)}}, "", "'llama.final_logit_softcapping'"},
+      // Gemma 2's attention soft-capping; Phi-3's LongRoPE factor elsewhere.
+      {{{"llama.attn_logit_softcapping", GgufValue::f32(50.0f)}}, "", "'llama.attn_logit_softcapping'"},
+      {{{"llama.rope.scaling.attn_factor", GgufValue::f32(1.2f)}}, "", "llama.rope.scaling.attn_factor"},
+      {{{"llama.attention.sliding_window", GgufValue::u32(8)},
+        {"llama.attention.sliding_window_pattern", GgufValue::u32(1000)}},
+       "",
+       "sliding_window_pattern = 1000 is out of range"},
       {{{"llama.rope.scaling.type", GgufValue::string("yarn")}}, "", "rope scaling type 'yarn'"},
       {{{"llama.rope.scaling.type", GgufValue::string("linear")}}, "", "without llama.rope.scaling.factor"},
       {{{"llama.expert_count", GgufValue::u32(8)}}, "", "mixture-of-experts"},

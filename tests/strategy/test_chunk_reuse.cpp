@@ -95,8 +95,11 @@ TEST(ChunkReuse, FullReuseOfOneChunkEqualsFullPrefill) {
 // computing every chunk alone in this request (keys rotated to the new
 // positions: rounding only).
 TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
-  // Then with Llama 3's RoPE scaling, and with Qwen3's per-head norms.
-  for (const std::string preset : {"tiny-qwen2", "tiny-llama3", "tiny-qwen3"}) {
+  // Then with Llama 3's RoPE scaling, Qwen3's per-head norms, Gemma 3's
+  // windowed layers with their own RoPE base, Phi-3's fused weights and
+  // SmolLM3's layers without RoPE.
+  for (const std::string preset :
+       {"tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-gemma3", "tiny-phi3", "tiny-smollm3"}) {
     SCOPED_TRACE(preset);
     Rig rig(preset);
     rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
@@ -108,7 +111,10 @@ TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
                                                        parts.items[2].paths[0].size()));
     EXPECT_EQ(without.reused_tokens, 0);
     EXPECT_LT(test::max_abs_diff(with.logits, without.logits, "reused vs computed alone"), 1e-4);
-    // ...and differs from full attention, which the recompute strategies restore.
+    // ...and differs from full attention, which the recompute strategies
+    // restore (unless every layer's window ends inside the last chunk, as
+    // tiny-phi3's 16 positions do: then the question sees the same either way).
+    if (preset == "tiny-phi3") continue;
     const PrefillReport full = rig.run("full", moved);
     EXPECT_GT(test::max_abs_diff(with.logits, full.logits, "full reuse vs full"), 1e-3);
   }
@@ -117,7 +123,7 @@ TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
 // Recomputing every chunk token is full prefill; recomputing none in
 // FusionRAG is full reuse.
 TEST(ChunkReuse, FullRecomputeEqualsFullPrefillAndNoneEqualsFullReuse) {
-  for (const char* preset : {"tiny", "tiny-qwen2"}) {
+  for (const char* preset : {"tiny", "tiny-qwen2", "tiny-gemma3"}) {
     Rig rig(preset);
     rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
     const RagRequest moved = doc_request({kHoot, kPurr, kBark}, "Who sleeps?");

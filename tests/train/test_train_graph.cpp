@@ -102,6 +102,8 @@ test::ReferenceWeights reference_weights(const ParamSet& p) {
                         {},
                         {},
                         {},
+                        {},
+                        {},
                         as_matrix(p, x.wq),
                         as_matrix(p, x.wk),
                         as_matrix(p, x.wv),
