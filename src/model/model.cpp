@@ -201,19 +201,23 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
     l.w_down = ld.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
   }
   m->output_norm = ld.vector("output_norm.weight", c.n_embd);
+  // Per-pair frequency divisors from a tensor, on top of linear scaling.
+  const auto divide_frequencies = [&](const std::string& name) {
+    const std::vector<float> f = ld.vector(name, c.n_rot / 2);
+    if (c.rope_divisors.empty()) c.rope_divisors.assign(f.size(), 1.0f);
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (!(f[i] > 0) || !std::isfinite(f[i]))
+        fail(ErrorKind::InvalidInput, "{}: {}[{}] = {} must be a positive number", m->file_.source(), name, i,
+             f[i]);
+      c.rope_divisors[i] *= f[i];
+    }
+  };
   // Llama 3's RoPE scaling: one frequency divisor per rotary pair.
   if (m->file_.find_tensor("rope_freqs.weight")) {
     if (c.arch != Arch::Llama)
       fail(ErrorKind::InvalidInput, "{}: rope_freqs.weight in a '{}' model is not implemented",
            m->file_.source(), c.arch_name);
-    const std::vector<float> f = ld.vector("rope_freqs.weight", c.n_rot / 2);
-    if (c.rope_divisors.empty()) c.rope_divisors.assign(f.size(), 1.0f);
-    for (size_t i = 0; i < f.size(); ++i) {
-      if (!(f[i] > 0) || !std::isfinite(f[i]))
-        fail(ErrorKind::InvalidInput, "{}: rope_freqs.weight[{}] = {} must be a positive number",
-             m->file_.source(), i, f[i]);
-      c.rope_divisors[i] *= f[i];
-    }
+    divide_frequencies("rope_freqs.weight");
   }
   // Phi-3's LongRoPE: the short factors hold up to the original context; the
   // long ones (beyond it) are not implemented, so the context stops there.
@@ -221,15 +225,8 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
     if (c.arch != Arch::Phi3)
       fail(ErrorKind::InvalidInput, "{}: rope_factors_short/long in a '{}' model is not implemented",
            m->file_.source(), c.arch_name);
-    const std::vector<float> f = ld.vector("rope_factors_short.weight", c.n_rot / 2);
-    ld.vector("rope_factors_long.weight", c.n_rot / 2);  // read, and used only past the original context
-    if (c.rope_divisors.empty()) c.rope_divisors.assign(f.size(), 1.0f);
-    for (size_t i = 0; i < f.size(); ++i) {
-      if (!(f[i] > 0) || !std::isfinite(f[i]))
-        fail(ErrorKind::InvalidInput, "{}: rope_factors_short.weight[{}] = {} must be a positive number",
-             m->file_.source(), i, f[i]);
-      c.rope_divisors[i] *= f[i];
-    }
+    divide_frequencies("rope_factors_short.weight");
+    ld.vector("rope_factors_long.weight", c.n_rot / 2);  // checked; used only past the original context
     const std::string key = c.arch_name + ".rope.scaling.original_context_length";
     if (m->file_.find(key))
       c.n_ctx_train = std::min<int>(c.n_ctx_train, static_cast<int>(m->file_.get_int(key)));

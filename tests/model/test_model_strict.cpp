@@ -2,6 +2,7 @@
 // refused by name, never ignored. Llama 3's RoPE scaling (rope_freqs.weight)
 // and linear scaling are implemented: they change what the model computes,
 // and the engine matches the float64 reference with them.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -33,10 +34,10 @@ std::filesystem::path write_tiny(const std::string& name, const ModelShape& shap
 }
 
 // `from` rewritten with extra metadata and, when `tensor` is set, an extra
-// F32 tensor of n zeros.
+// F32 tensor of n values `value`.
 std::filesystem::path rewrite(const std::filesystem::path& from, const std::string& name,
                               const std::vector<std::pair<std::string, GgufValue>>& metadata,
-                              const std::string& tensor = "", int64_t n = 4) {
+                              const std::string& tensor = "", int64_t n = 4, float value = 0) {
   const GgufFile f = GgufFile::open(from);
   GgufWriter w;
   for (const auto& [k, v] : f.metadata()) w.set(k, v);
@@ -45,7 +46,10 @@ std::filesystem::path rewrite(const std::filesystem::path& from, const std::stri
     w.add_tensor(t.name, t.type, t.dims,
                  [&t](uint8_t* dst, size_t n_bytes) { std::memcpy(dst, t.data, n_bytes); });
   if (!tensor.empty())
-    w.add_tensor(tensor, DType::F32, {n}, [](uint8_t* dst, size_t n_bytes) { std::memset(dst, 0, n_bytes); });
+    w.add_tensor(tensor, DType::F32, {n}, [value](uint8_t* dst, size_t n_bytes) {
+      for (size_t i = 0; i < n_bytes / sizeof(float); ++i)
+        std::memcpy(dst + i * sizeof(float), &value, sizeof value);
+    });
   const auto path = test::temp_path(name) += ".gguf";
   w.write(path);
   return path;
@@ -121,6 +125,29 @@ TEST(ModelStrict, Llama3RopeFactorsRiseFromOneToTheFactor) {
   ASSERT_TRUE(preset->llama3_rope.has_value());
   EXPECT_EQ(preset->llama3_rope->factor, 32.0f);
   EXPECT_EQ(preset->llama3_rope->original_context, 8192);
+}
+
+// Phi-3's LongRoPE: the short factors divide the frequencies, the attention
+// factor scales Q and K, and the context stops where the long factors would
+// take over (not implemented).
+TEST(ModelStrict, Phi3ShortRopeFactorsAndAttentionFactor) {
+  const auto base = write_tiny("phi3", *model_preset("tiny-phi3"));
+  const auto shorter = rewrite(base, "phi3-short",
+                               {{"phi3.rope.scaling.attn_factor", GgufValue::f32(1.1f)},
+                                {"phi3.rope.scaling.original_context_length", GgufValue::u32(256)}},
+                               "rope_factors_short.weight", 8, 2.0f);
+  const auto both = rewrite(shorter, "phi3-both", {}, "rope_factors_long.weight", 8, 4.0f);
+  EXPECT_THAT(load_error(shorter), ::testing::HasSubstr("tensor 'rope_factors_long.weight' is missing"));
+  const auto plain = Model::load(base);
+  const auto m = Model::load(both);
+  EXPECT_EQ(m->config().rope_divisors, std::vector<float>(8, 2.0f));
+  EXPECT_FLOAT_EQ(m->config().q_scale, 1.21f);
+  EXPECT_EQ(m->config().n_ctx_train, 256);
+  const auto toks = some_tokens(24, m->config().n_vocab);
+  const std::vector<float> lm = logits_of(m, toks);
+  EXPECT_GT(test::max_abs_diff(logits_of(plain, toks), lm, "LongRoPE vs none"), 1e-2);
+  EXPECT_LT(test::max_rel_diff(lm, test::reference_logits(*m, toks), "LongRoPE"), 1e-4);
+  for (const auto& p : {base, shorter, both}) std::filesystem::remove(p);
 }
 
 // The window, the windowed layers and the layers without RoPE change what
