@@ -38,6 +38,11 @@ std::optional<ChatFamily> served_chat_family(const std::string& asked, const std
     return std::nullopt;
   }
   if (auto f = detect_chat_family(model_template)) return f;
+  if (const std::string why = unsupported_chat_template(model_template); !why.empty())
+    fail(ErrorKind::InvalidInput,
+         "the model's chat template is {} format, which this engine does not render; name a format with "
+         "--chat-template ({}) if one fits",
+         why, fmt::join(chat_family_names(), ", "));
   fail(ErrorKind::InvalidInput,
        "the model's chat template is not one of the known families ({}); name its format with "
        "--chat-template. It begins: {}",

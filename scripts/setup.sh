@@ -25,6 +25,7 @@ PACKAGES=(
   libopenblas-dev               # matrix products of the trainer (forward and backward)
   curl                          # a real HTTP client for the server's tests
   nodejs                        # runs the official `openai` client in the server's tests (tests/client)
+  python3-jinja2                # renders real chat templates, the chat tests' independent oracle
 )
 
 # Benchmark-only: PyTorch, to compare the trainer's throughput with

@@ -3,20 +3,35 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <ctime>
+#include <optional>
 
 #include "util/error.h"
 
 namespace depcache {
 namespace {
 
-constexpr std::array<std::pair<ChatFamily, std::string_view>, 6> kNames = {{{ChatFamily::ChatML, "chatml"},
-                                                                            {ChatFamily::Qwen2, "qwen2"},
-                                                                            {ChatFamily::Llama2, "llama2"},
-                                                                            {ChatFamily::Llama3, "llama3"},
-                                                                            {ChatFamily::Mistral, "mistral"},
-                                                                            {ChatFamily::Zephyr, "zephyr"}}};
+constexpr std::array<std::pair<ChatFamily, std::string_view>, 13> kNames = {
+    {{ChatFamily::ChatML, "chatml"},
+     {ChatFamily::Qwen2, "qwen2"},
+     {ChatFamily::Qwen25, "qwen2.5"},
+     {ChatFamily::Qwen3, "qwen3"},
+     {ChatFamily::Qwen35, "qwen3.5"},
+     {ChatFamily::Llama2, "llama2"},
+     {ChatFamily::Llama3, "llama3"},
+     {ChatFamily::Llama31, "llama3.1"},
+     {ChatFamily::Mistral, "mistral"},
+     {ChatFamily::MistralNemo, "mistral-nemo"},
+     {ChatFamily::Zephyr, "zephyr"},
+     {ChatFamily::Phi3, "phi3"},
+     {ChatFamily::Gemma, "gemma"}}};
+
+// Llama 3.1-3.3's system header: the model's knowledge cutoff and the date.
+constexpr std::string_view kLlama31Cutoff = "Cutting Knowledge Date: December 2023\n";
 
 constexpr std::string_view kQwen2DefaultSystem = "You are a helpful assistant.";
+constexpr std::string_view kQwen25DefaultSystem =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
 void check_messages(std::span<const ChatMessage> messages) {
   if (messages.empty()) fail(ErrorKind::InvalidInput, "the conversation has no messages");
@@ -78,18 +93,51 @@ class Pieces {
   std::vector<std::pair<std::string, bool>> pieces_;
 };
 
-// ChatML and Qwen2: every message in its own im_start/im_end block.
-Pieces render_chatml(std::span<const ChatMessage> messages, bool default_system) {
+// ChatML and the Qwen formats: every message in its own im_start/im_end
+// block. Qwen2/2.5 add a default system message when there is none; Qwen3
+// keeps only what follows a reasoning block in an earlier assistant
+// message; Qwen3.5 also trims every message and opens a reasoning block for
+// the reply.
+struct ChatmlStyle {
+  std::string_view default_system;
+  bool strip_reasoning = false;
+  bool qwen35 = false;
+};
+Pieces render_chatml(std::span<const ChatMessage> messages, ChatmlStyle style) {
   Pieces out;
-  if (default_system && messages.front().role != "system")
-    out.mark(fmt::format("<|im_start|>system\n{}<|im_end|>\n", kQwen2DefaultSystem));
-  for (const ChatMessage& m : messages)
-    out.mark(fmt::format("<|im_start|>{}\n", m.role)).text(m.content).mark("<|im_end|>\n");
-  return out.mark("<|im_start|>assistant\n");
+  if (!style.default_system.empty() && messages.front().role != "system")
+    out.mark(fmt::format("<|im_start|>system\n{}<|im_end|>\n", style.default_system));
+  for (const ChatMessage& m : messages) {
+    Pieces content;
+    std::string_view text = m.content;
+    const size_t end = text.rfind("</think>");
+    if (style.strip_reasoning && m.role == "assistant" && end != std::string_view::npos) {
+      text.remove_prefix(end + 8);
+      text.remove_prefix(std::min(text.size(), text.find_first_not_of('\n')));
+    }
+    content.text(text);
+    if (style.qwen35) content.trim();
+    out.mark(fmt::format("<|im_start|>{}\n", m.role)).append(content).mark("<|im_end|>\n");
+  }
+  return out.mark(style.qwen35 ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n");
 }
 
-Pieces render_llama3(std::span<const ChatMessage> messages) {
+// Llama 3.1 and later: a system header always, with the cutoff and the date
+// before the (trimmed) system text.
+Pieces render_llama3(std::span<const ChatMessage> messages, bool dated, std::string_view today) {
   Pieces out;
+  if (dated) {
+    std::string_view system;
+    if (messages.front().role == "system") {
+      system = messages.front().content;
+      messages = messages.subspan(1);
+    }
+    out.mark("<|start_header_id|>system<|end_header_id|>\n\n")
+        .mark(kLlama31Cutoff)
+        .mark(fmt::format("Today Date: {}\n\n", today))
+        .append(Pieces().text(system).trim())
+        .mark("<|eot_id|>");
+  }
   for (const ChatMessage& m : messages)
     out.mark(fmt::format("<|start_header_id|>{}<|end_header_id|>\n\n", m.role))
         .append(Pieces().text(m.content).trim())
@@ -130,6 +178,56 @@ Pieces render_inst(std::span<const ChatMessage> messages, bool llama2, std::stri
   return out;
 }
 
+// Mistral Nemo (Tekken): [INST]...[/INST] with no spaces, the system text
+// before the last user message.
+Pieces render_mistral_nemo(std::span<const ChatMessage> messages, std::string_view eos) {
+  std::optional<std::string_view> system;
+  if (messages.front().role == "system") {
+    system = messages.front().content;
+    messages = messages.subspan(1);
+  }
+  Pieces out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      out.mark("[INST]");
+      if (i + 1 == messages.size() && system) out.text(*system).mark("\n\n");
+      out.text(m.content).mark("[/INST]");
+    } else {
+      out.text(m.content).mark(eos);
+    }
+  }
+  return out;
+}
+
+// Phi-3: <|role|> blocks closed by <|end|>; an empty system message is left out.
+Pieces render_phi3(std::span<const ChatMessage> messages) {
+  Pieces out;
+  for (const ChatMessage& m : messages)
+    if (m.role != "system" || !m.content.empty())
+      out.mark(fmt::format("<|{}|>\n", m.role)).text(m.content).mark("<|end|>\n");
+  return out.mark("<|assistant|>\n");
+}
+
+// Gemma 2/3: user and model turns, contents trimmed; a system message is
+// put before the first turn's text (Gemma 3; Gemma 2's template refuses one).
+Pieces render_gemma(std::span<const ChatMessage> messages) {
+  std::string_view system;
+  const bool has_system = messages.front().role == "system";
+  if (has_system) {
+    system = messages.front().content;
+    messages = messages.subspan(1);
+  }
+  Pieces out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    out.mark(fmt::format("<start_of_turn>{}\n", m.role == "assistant" ? "model" : m.role));
+    if (i == 0 && has_system) out.text(system).mark("\n\n");
+    out.append(Pieces().text(m.content).trim()).mark("<end_of_turn>\n");
+  }
+  return out.mark("<start_of_turn>model\n");
+}
+
 Pieces render_zephyr(std::span<const ChatMessage> messages, std::string_view eos) {
   Pieces out;
   for (const ChatMessage& m : messages)
@@ -157,13 +255,54 @@ std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+// Templates that carry a family's markers but format otherwise, found by
+// rendering every template of the other engine's source with jinja2
+// (ChatTemplate.EveryRecognisedTemplateRendersAsJinja2Does keeps this list
+// complete for them): each by a marker only it has.
+std::string unsupported_chat_template(std::string_view jinja) {
+  const auto has = [&](std::string_view s) { return jinja.find(s) != std::string_view::npos; };
+  static constexpr std::pair<std::string_view, std::string_view> kOthers[] = {
+      {"Reasoning Mode", "SmolLM3's (a metadata system header)"},
+      {"<|start_of_role|>", "Granite's (roles between start_of_role markers, a dated system text)"},
+      {"<|turn>", "Gemma 4's"},
+      {"[SYSTEM_PROMPT]", "Mistral's [SYSTEM_PROMPT] (Mistral Small 3, Ministral 3, Devstral)"},
+      {"<sop>", "GLM's"},
+      {"Xiaomi", "MiMo's"},
+      {"<|function_list|>", "Bielik's"},
+      {"json_to_python_type", "Hermes' tool-use"},
+      {"<im_patch>", "StepFun's"},
+      {"truncate_history_thinking", "Nemotron's"},
+      {"<tool_sep>", "MiniCPM's"},
+      {"<|content|>", "Apriel's"},
+      {"has_code_interpreter", "Functionary's"},
+      {"Jupyter", "Functionary's"},
+      {"Available functions as JSON spec", "Firefunction's (tool calls only)"},
+  };
+  for (const auto& [marker, name] : kOthers)
+    if (has(marker)) return std::string(name);
+  // ChatML with reasoning blocks other than Qwen3's and Qwen3.5's (QwQ...).
+  if (has("<|im_start|>") && has("</think>") && !has("reasoning_content") && !has("{{- '<think>\\n' }}"))
+    return "a ChatML variant with reasoning blocks";
+  return "";
+}
+
 std::optional<ChatFamily> detect_chat_family(std::string_view jinja) {
   const auto has = [&](std::string_view s) { return jinja.find(s) != std::string_view::npos; };
-  if (has("<|im_start|>")) return has(kQwen2DefaultSystem) ? ChatFamily::Qwen2 : ChatFamily::ChatML;
-  if (has("<|start_header_id|>")) return ChatFamily::Llama3;
-  if (has("<|assistant|>")) return ChatFamily::Zephyr;
+  if (!unsupported_chat_template(jinja).empty()) return std::nullopt;
+  if (has("<|im_start|>")) {
+    if (has(kQwen25DefaultSystem)) return ChatFamily::Qwen25;
+    if (has(kQwen2DefaultSystem)) return ChatFamily::Qwen2;
+    if (has("{{- '<think>\\n' }}")) return ChatFamily::Qwen35;  // the reply opens a reasoning block
+    if (has("reasoning_content") && has("</think>")) return ChatFamily::Qwen3;
+    return ChatFamily::ChatML;
+  }
+  if (has("<|start_header_id|>"))
+    return has("Cutting Knowledge Date") ? ChatFamily::Llama31 : ChatFamily::Llama3;
+  if (has("<start_of_turn>")) return ChatFamily::Gemma;
+  if (has("<|assistant|>")) return has("<|end|>") ? ChatFamily::Phi3 : ChatFamily::Zephyr;
   if (has("<<SYS>>")) return ChatFamily::Llama2;
-  if (has("[INST]")) return ChatFamily::Mistral;
+  if (has("[INST]"))
+    return has("loop.last and system_message") ? ChatFamily::MistralNemo : ChatFamily::Mistral;
   return std::nullopt;
 }
 
@@ -179,6 +318,24 @@ std::string chat_template_jinja(ChatFamily f) {
              "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
              "}}"
              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    case ChatFamily::Qwen25:
+      return "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, created by "
+             "Alibaba "
+             "Cloud. You are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+             "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
+             "}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    case ChatFamily::Qwen3:
+      return "{%- for m in messages %}{%- set c = m['content'] %}{%- if m['role'] == 'assistant' and "
+             "'</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+             "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
+             "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+             "{#- reasoning_content: an earlier reply's reasoning is left out #}";
+    case ChatFamily::Qwen35:
+      return "{%- for m in messages %}{%- set c = m['content'] %}{%- if m['role'] == 'assistant' and "
+             "'</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+             "{{- '<|im_start|>' + m['role'] + '\\n' + c | trim + '<|im_end|>\\n' }}{%- endfor %}"
+             "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{{- '<think>\\n' }}{%- endif "
+             "%}";
     case ChatFamily::Llama3:
       return "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
              "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
@@ -200,20 +357,70 @@ std::string chat_template_jinja(ChatFamily f) {
     case ChatFamily::Zephyr:
       return "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' }}"
              "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+    case ChatFamily::Llama31:
+      return "{{ bos_token }}{% if not date_string is defined %}{% set date_string = '26 Jul 2024' %}{% "
+             "endif %}"
+             "{% set sys = messages[0]['content'] | trim if messages[0]['role'] == 'system' else '' %}"
+             "{{ '<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\n"
+             "Today Date: ' + date_string + '\\n\\n' + sys + '<|eot_id|>' }}"
+             "{% for m in messages if m['role'] != 'system' %}{{ '<|start_header_id|>' + m['role'] + "
+             "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% "
+             "endif %}";
+    case ChatFamily::MistralNemo:
+      return "{{ bos_token }}{% set system_message = messages[0]['content'] if messages[0]['role'] == "
+             "'system' "
+             "else none %}{% set turns = messages[1:] if system_message is not none else messages %}"
+             "{% for m in turns %}{% if m['role'] == 'user' %}{{ '[INST]' + (system_message + '\\n\\n' if "
+             "loop.last and system_message is not none else '') + m['content'] + '[/INST]' }}"
+             "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}";
+    case ChatFamily::Phi3:
+      return "{% for m in messages %}{% if m['role'] != 'system' or m['content'] %}{{ '<|' + m['role'] + "
+             "'|>\\n' + m['content'] + '<|end|>\\n' }}{% endif %}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+    case ChatFamily::Gemma:
+      return "{{ bos_token }}{% set pre = messages[0]['content'] + '\\n\\n' if messages[0]['role'] == "
+             "'system' else '' %}{% for m in messages if m['role'] != 'system' %}{{ '<start_of_turn>' + "
+             "('model' if m['role'] == 'assistant' else m['role']) + '\\n' + (pre if loop.first else '') + "
+             "m['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
   }
   return {};
 }
 
 RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos,
-                              std::string_view eos) {
+                              std::string_view eos, std::string_view today) {
   check_messages(messages);
+  std::string date(today);
+  if (date.empty()) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%d %b %Y", &utc);
+    date = buf;
+  }
   switch (f) {
     case ChatFamily::ChatML:
-      return render_chatml(messages, false).render();
+      return render_chatml(messages, {}).render();
     case ChatFamily::Qwen2:
-      return render_chatml(messages, true).render();
+      return render_chatml(messages, {kQwen2DefaultSystem}).render();
+    case ChatFamily::Qwen25:
+      return render_chatml(messages, {kQwen25DefaultSystem}).render();
+    case ChatFamily::Qwen3:
+      return render_chatml(messages, {{}, true}).render();
+    case ChatFamily::Qwen35:
+      return render_chatml(messages, {{}, true, true}).render();
     case ChatFamily::Llama3:
-      return render_llama3(messages).render();
+      return render_llama3(messages, false, date).render();
+    case ChatFamily::Llama31:
+      return render_llama3(messages, true, date).render();
+    case ChatFamily::MistralNemo:
+      return render_mistral_nemo(messages, eos).render();
+    case ChatFamily::Phi3:
+      return render_phi3(messages).render();
+    case ChatFamily::Gemma:
+      return render_gemma(messages).render();
     case ChatFamily::Llama2:
       return render_inst(messages, true, bos, eos).render();
     case ChatFamily::Mistral:
@@ -225,8 +432,8 @@ RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> message
 }
 
 std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos,
-                        std::string_view eos) {
-  return render_chat_text(f, messages, bos, eos).text;
+                        std::string_view eos, std::string_view today) {
+  return render_chat_text(f, messages, bos, eos, today).text;
 }
 
 }  // namespace depcache

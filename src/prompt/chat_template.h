@@ -13,21 +13,40 @@
 
 namespace depcache {
 
-enum class ChatFamily { ChatML, Qwen2, Llama2, Llama3, Mistral, Zephyr };
+enum class ChatFamily {
+  ChatML,
+  Qwen2,
+  Qwen25,
+  Qwen3,
+  Qwen35,
+  Llama2,
+  Llama3,
+  Llama31,
+  Mistral,
+  MistralNemo,
+  Zephyr,
+  Phi3,
+  Gemma
+};
 
 struct ChatMessage {
   std::string role;  // system, user or assistant
   std::string content;
 };
 
-// chatml, qwen2, llama2, llama3, mistral, zephyr.
+// chatml, qwen2, qwen2.5, qwen3, qwen3.5, llama2, llama3, llama3.1, mistral, mistral-nemo, zephyr, phi3,
+// gemma.
 std::vector<std::string> chat_family_names();
 std::string_view chat_family_name(ChatFamily f);
 std::optional<ChatFamily> chat_family_from_name(std::string_view name);
 
 // The family a model's Jinja template is written for, by its markers;
-// nullopt when none matches.
+// nullopt when none matches, and for templates that share a family's markers
+// but format otherwise (SmolLM3's metadata header, Granite's roles, Gemma 4's
+// turns): unsupported_chat_template() names those.
 std::optional<ChatFamily> detect_chat_family(std::string_view jinja);
+// Why a template with known markers is not rendered ("" when it is not one of those).
+std::string unsupported_chat_template(std::string_view jinja);
 
 // A Jinja template of the family (what models made here carry, so that
 // other engines format their chats the same way).
@@ -39,8 +58,10 @@ std::string chat_template_jinja(ChatFamily f);
 // markers appear as text, to be encoded with special tokens parsed. Throws
 // InvalidInput for an empty conversation, an unknown role, or a conversation
 // that does not end with a user message.
+// `today`: the date the Llama 3.1 family writes in its system header ("26 Jul
+// 2024" form); empty: the current UTC date.
 std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos = "<s>",
-                        std::string_view eos = "</s>");
+                        std::string_view eos = "</s>", std::string_view today = {});
 
 // The same text, with where the messages' own text sits in it: a client's
 // text is tokenized as text (a special token's spelling in it stays plain
@@ -50,6 +71,7 @@ struct RenderedChat {
   std::vector<std::pair<size_t, size_t>> text_ranges;  // [begin, end) byte ranges, ascending
 };
 RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> messages,
-                              std::string_view bos = "<s>", std::string_view eos = "</s>");
+                              std::string_view bos = "<s>", std::string_view eos = "</s>",
+                              std::string_view today = {});
 
 }  // namespace depcache

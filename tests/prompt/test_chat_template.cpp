@@ -1,5 +1,11 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "model/gguf.h"
@@ -57,6 +63,149 @@ TEST(ChatTemplate, FamiliesAreRecognisedFromTheirMarkers) {
   EXPECT_FALSE(
       detect_chat_family("{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}{% endfor %}"));
   EXPECT_FALSE(detect_chat_family(""));
+}
+
+// ---- Against Debian's python3-jinja2 (tests/prompt/render_jinja.py) ----
+
+const std::vector<std::vector<ChatMessage>> kConversations = {
+    {{"user", "Hi there"}},
+    {{"system", "Be brief."}, {"user", "What is 2+2?"}},
+    {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "Four."}, {"user", "And 3+3?"}},
+    {{"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "  spaced out \n"}},
+    {{"user", "2+2?"}, {"assistant", "<think>\nAdd them.\n</think>\n\nFour."}, {"user", "Sure?"}},
+};
+constexpr std::string_view kBos = "<BOS>", kEos = "<EOS>", kToday = "05 Mar 2026";
+
+// Every conversation rendered by jinja2 with the generation prompt, the leading
+// BOS removed (the tokenizer adds it); nullopt where the template refuses it.
+std::vector<std::optional<std::string>> jinja_render(const std::string& jinja) {
+  nlohmann::json job = {{"template", jinja},
+                        {"bos_token", kBos},
+                        {"eos_token", kEos},
+                        {"date_string", kToday},
+                        {"conversations", nlohmann::json::array()}};
+  for (const auto& conv : kConversations) {
+    nlohmann::json msgs = nlohmann::json::array();
+    for (const ChatMessage& m : conv) msgs.push_back({{"role", m.role}, {"content", m.content}});
+    job["conversations"].push_back(msgs);
+  }
+  const auto in = test::temp_path("jinja-job");
+  std::ofstream(in) << job.dump();
+  const auto run = test::run_shell(fmt::format("/usr/bin/python3 {}/../prompt/render_jinja.py < {} 2>&1",
+                                               DEPCACHE_CLIENT_DIR, in.string()));
+  std::filesystem::remove(in);
+  if (run.code != 0) throw std::runtime_error("render_jinja.py failed: " + run.out);
+  std::vector<std::optional<std::string>> out;
+  for (const auto& r : nlohmann::json::parse(run.out)) {
+    if (!r.is_string()) {
+      out.push_back(std::nullopt);
+      continue;
+    }
+    std::string text = r.get<std::string>();
+    if (text.starts_with(kBos)) text.erase(0, kBos.size());
+    out.push_back(std::move(text));
+  }
+  return out;
+}
+
+bool jinja2_available() { return test::run_shell("/usr/bin/python3 -c 'import jinja2' 2>&1").code == 0; }
+
+#define REQUIRE_JINJA2()   \
+  if (!jinja2_available()) \
+  DEPCACHE_SKIP("Debian's python3-jinja2 not installed (scripts/setup.sh installs it)")
+
+// Byte for byte what jinja2 renders from a template, for each conversation
+// it accepts; returns how many matched.
+int expect_same_as_jinja(ChatFamily f, const std::string& jinja, const std::string& what) {
+  const auto want = jinja_render(jinja);
+  int same = 0;
+  for (size_t i = 0; i < kConversations.size(); ++i) {
+    if (!want[i]) continue;  // the template refuses it (Gemma 2: no system role)
+    const std::string got = render_chat(f, kConversations[i], kBos, kEos, kToday);
+    EXPECT_EQ(got, *want[i]) << what << ", conversation " << i;
+    same += got == *want[i];
+  }
+  return same;
+}
+
+// The templates models made here carry render as the engine formats.
+TEST(ChatTemplate, OurTemplatesRenderInJinja2AsTheEngineFormats) {
+  REQUIRE_JINJA2();
+  for (const std::string& name : chat_family_names()) {
+    const ChatFamily f = *chat_family_from_name(name);
+    expect_same_as_jinja(f, chat_template_jinja(f), name);
+  }
+}
+
+// The real templates of the small models users run, from the leading C++
+// engine's source: recognised as their family and rendered byte for byte
+// as jinja2 renders them. The others with known markers are refused by name.
+TEST(ChatTemplate, RealTemplatesOfTheSmallModelsRenderAsJinja2Does) {
+  REQUIRE_JINJA2();
+  DEPCACHE_REQUIRE_LLAMA_CPP(dir, "models/templates");
+  const std::pair<const char*, ChatFamily> cases[] = {
+      {"meta-llama-Llama-3.1-8B-Instruct", ChatFamily::Llama31},
+      {"meta-llama-Llama-3.2-3B-Instruct", ChatFamily::Llama31},
+      {"meta-llama-Llama-3.3-70B-Instruct", ChatFamily::Llama31},
+      {"Qwen-Qwen2.5-7B-Instruct", ChatFamily::Qwen25},
+      {"Qwen-Qwen3-0.6B", ChatFamily::Qwen3},
+      {"Qwen3.5-4B", ChatFamily::Qwen35},
+      {"google-gemma-2-2b-it", ChatFamily::Gemma},
+      {"microsoft-Phi-3.5-mini-instruct", ChatFamily::Phi3},
+      {"mistralai-Mistral-Nemo-Instruct-2407", ChatFamily::MistralNemo},
+  };
+  for (const auto& [file, family] : cases) {
+    SCOPED_TRACE(file);
+    std::ifstream is(dir / (std::string(file) + ".jinja"));
+    const std::string jinja((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(jinja.empty());
+    EXPECT_EQ(detect_chat_family(jinja), family);
+    const int same = expect_same_as_jinja(family, jinja, file);
+    std::printf("[check] %s: %s, %d conversations identical\n", file,
+                std::string(chat_family_name(family)).c_str(), same);
+  }
+  for (const char* file : {"HuggingFaceTB-SmolLM3-3B", "ibm-granite-granite-3.3-2B-Instruct",
+                           "ibm-granite-granite-4.0", "google-gemma-4-31B-it"}) {
+    std::ifstream is(dir / (std::string(file) + ".jinja"));
+    const std::string jinja((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(detect_chat_family(jinja)) << file;
+    EXPECT_FALSE(unsupported_chat_template(jinja).empty()) << file;
+  }
+}
+
+// Never a silent guess: of every template in that source, each the engine
+// recognises renders every conversation jinja2 accepts byte for byte; the
+// others are refused (the server then asks for --chat-template).
+TEST(ChatTemplate, EveryRecognisedTemplateRendersAsJinja2Does) {
+  REQUIRE_JINJA2();
+  DEPCACHE_REQUIRE_LLAMA_CPP(dir, "models/templates");
+  int recognised = 0, refused = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".jinja") continue;
+    std::ifstream is(entry.path());
+    const std::string jinja((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+    const std::optional<ChatFamily> f = detect_chat_family(jinja);
+    const std::string name = entry.path().stem().string();
+    if (!f) {
+      ++refused;
+      continue;
+    }
+    ++recognised;
+    std::printf("[check] %s: %s\n", name.c_str(), std::string(chat_family_name(*f)).c_str());
+    std::vector<std::optional<std::string>> want;
+    try {
+      want = jinja_render(jinja);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << name << ": jinja2 could not render it: " << e.what();
+      continue;
+    }
+    for (size_t i = 0; i < kConversations.size(); ++i) {
+      if (!want[i]) continue;
+      EXPECT_EQ(render_chat(*f, kConversations[i], kBos, kEos, kToday), *want[i])
+          << name << " (" << chat_family_name(*f) << "), conversation " << i;
+    }
+  }
+  std::printf("[check] %d templates recognised, %d refused\n", recognised, refused);
 }
 
 TEST(ChatTemplate, BadConversationsAreRejected) {

@@ -1,0 +1,49 @@
+#!/usr/bin/python3
+"""Renders a chat template with Debian's python3-jinja2, as the chat tests'
+independent oracle. Input (JSON on stdin): {"template", "bos_token",
+"eos_token", "date_string", "conversations": [[{"role", "content"}...]...]}.
+Output (JSON): one entry per conversation, the rendered text with the
+generation prompt, or {"error": message} when the template refuses it.
+The environment is the one chat templates are written for: trailing block
+newlines trimmed, block indentation stripped, loop controls, tojson,
+raise_exception and strftime_now (fixed to the given date's day)."""
+import datetime
+import json
+import sys
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+
+
+class TemplateError(Exception):
+    pass
+
+
+def raise_exception(message):
+    raise TemplateError(message)
+
+
+def main():
+    job = json.load(sys.stdin)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii)
+    day = datetime.datetime.strptime(job["date_string"], "%d %b %Y")
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: day.strftime(fmt)
+    template = env.from_string(job["template"])
+    out = []
+    for messages in job["conversations"]:
+        try:
+            out.append(template.render(messages=messages, add_generation_prompt=True,
+                                       bos_token=job["bos_token"], eos_token=job["eos_token"],
+                                       date_string=job["date_string"]))
+        except (TemplateError, jinja2.TemplateError) as e:  # refused, or needs variables (tools) it lacks
+            out.append({"error": str(e)})
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
