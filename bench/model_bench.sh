@@ -45,8 +45,13 @@ ours=$(mktemp) theirs=$(mktemp)
 trap 'rm -f "$ours" "$theirs"' EXIT
 for type in $types; do
   model=build/bench-models/$preset-$type.gguf
+  # Phi-3 files carry Phi-3's vocabulary: the other engine looks its special
+  # tokens up by the model's name (scripts/fetch_llama_cpp.sh brings it).
+  vocab=()
+  case "$preset" in *phi3*) vocab=(--vocab-from build/third_party/llama.cpp/models/ggml-vocab-phi-3.gguf) ;; esac
   # Fallback-type notes are expected (e.g. 896-wide rows in Q4_K); errors still show.
-  [ -f "$model" ] || ./build/depcache model new --preset "$preset" --type "$type" -o "$model" 2> >(grep -v '^note:' >&2)
+  [ -f "$model" ] || ./build/depcache model new --preset "$preset" --type "$type" "${vocab[@]}" -o "$model" \
+    2> >(grep -v '^note:' >&2)
   out=$(./build/depcache bench-model -m "$model" -p "$prompts" -n "$gen" -t "$threads" -r "$reps")
   echo "$out"
   echo "$out" | table_values | sed "s/^/$type /" >>"$ours"

@@ -175,12 +175,14 @@ TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
   expect_error(curl(s.port, "/v1/completions", post({{"prompt", "hi"}})), 401, "", "no key");
   expect_error(curl(s.port, "/v1/models", "-H 'Authorization: Bearer wrong'"), 401, "", "wrong key");
   EXPECT_EQ(curl(s.port, "/health").status, 200) << "health needs no key";
-  expect_error(curl(s.port, "/v1/completions", key + "-H 'Content-Type: application/json' -d '{\"prompt\": \"hi\",'"),
-               400, "", "malformed JSON");
+  expect_error(
+      curl(s.port, "/v1/completions", key + "-H 'Content-Type: application/json' -d '{\"prompt\": \"hi\",'"),
+      400, "", "malformed JSON");
   // A body that is not declared JSON: a web page can send such a request to
   // a server on the operator's machine without asking (no CORS preflight).
-  expect_error(curl(s.port, "/v1/completions", key + "-H 'Content-Type: text/plain' -d '{\"prompt\": \"hi\"}'"), 415,
-               "", "text/plain body");
+  expect_error(
+      curl(s.port, "/v1/completions", key + "-H 'Content-Type: text/plain' -d '{\"prompt\": \"hi\"}'"), 415,
+      "", "text/plain body");
   expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"max_tokens", "many"}})), 400,
                "max_tokens", "wrong type");
   expect_error(curl(s.port, "/v1/completions", key + post({{"prompt", "hi"}, {"ignore_eos", 1}})), 400,
@@ -686,13 +688,20 @@ TEST(Server, AFullQueueAnswers429WithRetryAfter) {
   so.max_queue = 1;
   Served s(so, true, /*max_running=*/1);
   const std::string long_request = post({{"prompt", "Once"}, {"max_tokens", 30000}, {"temperature", 0}});
-  // One running, one waiting; the clients give up after a few seconds, which cancels them.
-  std::thread running([&] { curl(s.port, "/v1/completions", "--max-time 4 " + long_request); });
-  std::thread waiting([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    curl(s.port, "/v1/completions", "--max-time 4 " + long_request);
-  });
+  // One running, one waiting; the clients give up after a few seconds, which
+  // cancels them. The second is sent once the first runs (a slow build may
+  // take a while to admit it), so it waits rather than being refused.
+  std::thread running([&] { curl(s.port, "/v1/completions", "--max-time 6 " + long_request); });
   std::string m;
+  for (int i = 0; i < 100 && sample(m, "depcache_requests_running") != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    m = curl(s.port, "/metrics").body;
+  }
+  if (sample(m, "depcache_requests_running") != 1) {
+    running.join();
+    FAIL() << "the first request never ran: " << m;
+  }
+  std::thread waiting([&] { curl(s.port, "/v1/completions", "--max-time 4 " + long_request); });
   for (int i = 0; i < 100 && sample(m, "depcache_requests_waiting") != 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     m = curl(s.port, "/metrics").body;
