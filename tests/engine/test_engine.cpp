@@ -696,12 +696,14 @@ class LayerLoadEngine : public ::testing::Test {
     return n;
   }
 
-  // Bit for bit the same answers.
-  void expect_same(const Outcome& got, const Outcome& want, const std::string& label) {
+  // Bit for bit the same answers; with same_reuse, from the same reuse too.
+  void expect_same(const Outcome& got, const Outcome& want, const std::string& label,
+                   bool same_reuse = true) {
     ASSERT_EQ(got.results.size(), want.results.size());
     for (size_t i = 0; i < got.results.size(); ++i) {
       EXPECT_EQ(got.results[i].tokens, want.results[i].tokens) << label << " #" << i;
       EXPECT_EQ(got.results[i].report.logits, want.results[i].report.logits) << label << " #" << i;
+      if (!same_reuse) continue;
       EXPECT_EQ(got.results[i].report.reused_tokens, want.results[i].report.reused_tokens)
           << label << " #" << i;
     }
@@ -747,7 +749,10 @@ TEST_F(LayerLoadEngine, ABadLayerMidPassRunsTheRequestAgainWithoutIt) {
   for (const auto& [label, preload] : std::vector<std::pair<std::string, RadixIndex::LayerPreload>>{
            {"bad, depth 1", {Mode::Fixed, 1}}, {"bad, auto", {Mode::Auto, 0}}}) {
     const Outcome layered = run_all(label, preload, 1, true);
-    expect_same(layered, whole, label);
+    // Which request reuses a span recomputed in place of a bad one depends on
+    // when the next request's fetch-ahead reads the bad file (before or after
+    // the running request puts its own copy back): the answers do not.
+    expect_same(layered, whole, label, /*same_reuse=*/false);
     EXPECT_GT(layered.stats.dropped_bad, 0) << label;
     EXPECT_GT(layered.preemptions, 0) << label << ": the requests that placed bad spans ran again";
     EXPECT_EQ(layered.disk_nodes, whole.disk_nodes) << label;
