@@ -25,7 +25,6 @@ struct Tokenizer::Impl {
   std::vector<bool> eog;
   // Byte-level BPE.
   std::optional<PreTokenizer> pre;
-  bool ignore_merges = false;               // llama3: a whole-word token wins
   std::array<std::string, 256> byte_chars;  // byte -> its GPT-2 stand-in character
   std::array<int16_t, 512> char_byte{};     // stand-in code point -> byte, -1 if none
   std::array<int32_t, 256> byte_char_id{};  // byte -> token of its stand-in, -1 if none
@@ -82,7 +81,6 @@ Tokenizer::Tokenizer(Vocab vocab) {
 
   if (v.kind != VocabKind::Spm) {
     impl->pre.emplace(v.pre);
-    impl->ignore_merges = impl->pre->spec().ignore_merges;
 
     // GPT-2 maps every byte to a printable character: printable Latin-1 bytes
     // stand for themselves, the others take code points 256, 257, ... in order.
@@ -253,7 +251,7 @@ void Tokenizer::Impl::bpe_fragment(std::string_view text, bool prefix, std::vect
 void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   const bool byte_level = v.kind == VocabKind::Bpe;
-  if (ignore_merges || (!byte_level && word.find_first_not_of('\n') == std::string_view::npos)) {
+  if (pre->spec().ignore_merges || (!byte_level && word.find_first_not_of('\n') == std::string_view::npos)) {
     std::string mapped;
     if (byte_level)
       for (char c : word) mapped += byte_chars[static_cast<unsigned char>(c)];
