@@ -9,6 +9,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "prompt/chat_template.h"
 #include "util/error.h"
 
 namespace depcache::cli {
@@ -56,6 +57,18 @@ void print_support(const std::string& path) {
                                                   : "SentencePiece-style BPE";
     return fmt::format("{}{}, {} tokens", kind,
                        v.kind == VocabKind::Spm ? "" : " (pre-tokenizer " + v.pre + ")", v.n_tokens());
+  });
+  // The server runs the template as it is; one it cannot read needs --chat-template
+  // for chats, but the model still runs.
+  part("chat template", [&] {
+    const std::string jinja = f.get_string_or("tokenizer.chat_template").value_or("");
+    if (jinja.empty()) return std::string("none (serve --chat-template NAME formats chats)");
+    try {
+      ChatFormat::from_jinja(jinja);
+    } catch (const Error& e) {
+      throw Error(e.kind(), fmt::format("{}; serve needs --chat-template NAME for chats", e.what()));
+    }
+    return fmt::format("Jinja2, {} bytes, run as it is", jinja.size());
   });
   if (!f.find("general.architecture")) {
     fmt::print("  {:<14} none (a vocabulary-only file)\n", "model");

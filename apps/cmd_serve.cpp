@@ -26,27 +26,25 @@
 namespace depcache::cli {
 namespace {
 
-// The chat format: the one asked for, else the one the model's template is
-// written in. A template the server does not recognise stops it, rather
-// than chats being formatted by a guess.
-std::optional<ChatFamily> served_chat_family(const std::string& asked, const std::string& model_template) {
-  if (!asked.empty()) return chat_family_from_name(asked);
+// The chat format: the family asked for, else the model's own template. A
+// template the interpreter cannot read stops the server, naming what it
+// cannot read, rather than chats being formatted by a guess.
+std::optional<ChatFormat> served_chat_format(const std::string& asked, const std::string& model_template) {
+  if (!asked.empty()) return ChatFormat(*chat_family_from_name(asked));
   if (model_template.empty()) {
     fmt::print(stderr,
                "depcache serve: the model has no chat template: /v1/chat/completions answers 400 unless "
                "--chat-template is given\n");
     return std::nullopt;
   }
-  if (auto f = detect_chat_family(model_template)) return f;
-  if (const std::string why = unsupported_chat_template(model_template); !why.empty())
+  try {
+    return ChatFormat::from_jinja(model_template);
+  } catch (const Error& e) {
     fail(ErrorKind::InvalidInput,
-         "the model's chat template is {} format, which this engine does not render; name a format with "
-         "--chat-template ({}) if one fits",
-         why, fmt::join(chat_family_names(), ", "));
-  fail(ErrorKind::InvalidInput,
-       "the model's chat template is not one of the known families ({}); name its format with "
-       "--chat-template. It begins: {}",
-       fmt::join(chat_family_names(), ", "), model_template.substr(0, 120));
+         "the model's chat template cannot be run here ({}); name a format with --chat-template ({}) if one "
+         "fits",
+         e.what(), fmt::join(chat_family_names(), ", "));
+  }
 }
 
 }  // namespace
@@ -117,8 +115,8 @@ void add_serve_command(CLI::App& app) {
                   "limit)")
       ->capture_default_str();
   cmd->add_option("--chat-template", chat_template,
-                  "Chat format of /v1/chat/completions (default: recognised from the model's "
-                  "tokenizer.chat_template): " +
+                  "Chat format of /v1/chat/completions (default: the model's own tokenizer.chat_template, "
+                  "run as Jinja2 runs it): " +
                       fmt::format("{}", fmt::join(chat_family_names(), ", ")))
       ->check(CLI::IsMember(chat_family_names()));
   cmd->add_option("--kg", kg_path,
@@ -235,7 +233,7 @@ void add_serve_command(CLI::App& app) {
     served.name = std::filesystem::path(model_path).stem().string();
     served.tokenizer = tok;
     served.n_ctx = std::min<int64_t>(pool_rows, model->config().n_ctx_train);
-    served.chat = served_chat_family(chat_template, tok->vocab().chat_template);
+    served.chat = served_chat_format(chat_template, tok->vocab().chat_template);
     served.prompt = model->config().prompt;
     // Retrieval sources, read before the engine starts so a bad file stops the server at once.
     std::unique_ptr<KnowledgeGraph> kg;
@@ -286,7 +284,7 @@ void add_serve_command(CLI::App& app) {
           }
         });
     const std::string name = served.name;
-    const std::string chat = served.chat ? std::string(chat_family_name(*served.chat)) : "none";
+    const std::string chat = served.chat ? served.chat->name() : "none";
     http.ready(std::move(served), loop);
     fmt::print(stderr, "depcache serve: ready, model '{}', chat template {}\n", name, chat);
     std::fflush(stderr);

@@ -7,7 +7,7 @@
 #   scripts/fuzz.sh --ci [SECONDS]        the test command's stage: SECONDS each (default 20), new
 #                                         inputs in a temporary folder, checked-in seeds untouched
 #
-# NAME is a target without "_fuzz" (gguf, tokenizer, pretokenizer, chat_template, openai,
+# NAME is a target without "_fuzz" (gguf, tokenizer, pretokenizer, chat_template, jinja, openai,
 # span_record, requests, kg); default all. FUZZ_BUILD=0 skips the build, FUZZ_BUILD=only
 # builds and stops. Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
 # build-fuzz/findings/<name>/; reproduce one with `build-fuzz/fuzz/<name>_fuzz FILE`. Ends
@@ -22,7 +22,7 @@ if [ "${1:-}" = --ci ]; then
 fi
 SECONDS_PER_TARGET=${1:-$([ "$CI" = 1 ] && echo 20 || echo 120)}
 [ $# -gt 0 ] && shift
-ALL=(gguf tokenizer pretokenizer chat_template openai span_record requests kg)
+ALL=(gguf tokenizer pretokenizer chat_template jinja openai span_record requests kg)
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 
@@ -42,7 +42,7 @@ fi
 max_len() {
   case $1 in
     gguf) echo 65536 ;;
-    tokenizer | pretokenizer | chat_template) echo 4096 ;;
+    tokenizer | pretokenizer | chat_template | jinja) echo 4096 ;;
     *) echo 16384 ;;
   esac
 }

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <optional>
 
+#include "prompt/jinja.h"
 #include "util/error.h"
 
 namespace depcache {
@@ -255,57 +256,6 @@ std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-// Templates that carry a family's markers but format otherwise, found by
-// rendering every template of the other engine's source with jinja2
-// (ChatTemplate.EveryRecognisedTemplateRendersAsJinja2Does keeps this list
-// complete for them): each by a marker only it has.
-std::string unsupported_chat_template(std::string_view jinja) {
-  const auto has = [&](std::string_view s) { return jinja.find(s) != std::string_view::npos; };
-  static constexpr std::pair<std::string_view, std::string_view> kOthers[] = {
-      {"Reasoning Mode", "SmolLM3's (a metadata system header)"},
-      {"<|start_of_role|>", "Granite's (roles between start_of_role markers, a dated system text)"},
-      {"<|turn>", "Gemma 4's"},
-      {"[SYSTEM_PROMPT]", "Mistral's [SYSTEM_PROMPT] (Mistral Small 3, Ministral 3, Devstral)"},
-      {"<sop>", "GLM's"},
-      {"Xiaomi", "MiMo's"},
-      {"<|function_list|>", "Bielik's"},
-      {"json_to_python_type", "Hermes' tool-use"},
-      {"<im_patch>", "StepFun's"},
-      {"truncate_history_thinking", "Nemotron's"},
-      {"<tool_sep>", "MiniCPM's"},
-      {"<|content|>", "Apriel's"},
-      {"has_code_interpreter", "Functionary's"},
-      {"Jupyter", "Functionary's"},
-      {"Available functions as JSON spec", "Firefunction's (tool calls only)"},
-  };
-  for (const auto& [marker, name] : kOthers)
-    if (has(marker)) return std::string(name);
-  // ChatML with reasoning blocks other than Qwen3's and Qwen3.5's (QwQ...).
-  if (has("<|im_start|>") && has("</think>") && !has("reasoning_content") && !has("{{- '<think>\\n' }}"))
-    return "a ChatML variant with reasoning blocks";
-  return "";
-}
-
-std::optional<ChatFamily> detect_chat_family(std::string_view jinja) {
-  const auto has = [&](std::string_view s) { return jinja.find(s) != std::string_view::npos; };
-  if (!unsupported_chat_template(jinja).empty()) return std::nullopt;
-  if (has("<|im_start|>")) {
-    if (has(kQwen25DefaultSystem)) return ChatFamily::Qwen25;
-    if (has(kQwen2DefaultSystem)) return ChatFamily::Qwen2;
-    if (has("{{- '<think>\\n' }}")) return ChatFamily::Qwen35;  // the reply opens a reasoning block
-    if (has("reasoning_content") && has("</think>")) return ChatFamily::Qwen3;
-    return ChatFamily::ChatML;
-  }
-  if (has("<|start_header_id|>"))
-    return has("Cutting Knowledge Date") ? ChatFamily::Llama31 : ChatFamily::Llama3;
-  if (has("<start_of_turn>")) return ChatFamily::Gemma;
-  if (has("<|assistant|>")) return has("<|end|>") ? ChatFamily::Phi3 : ChatFamily::Zephyr;
-  if (has("<<SYS>>")) return ChatFamily::Llama2;
-  if (has("[INST]"))
-    return has("loop.last and system_message") ? ChatFamily::MistralNemo : ChatFamily::Mistral;
-  return std::nullopt;
-}
-
 std::string chat_template_jinja(ChatFamily f) {
   switch (f) {
     case ChatFamily::ChatML:
@@ -388,18 +338,37 @@ std::string chat_template_jinja(ChatFamily f) {
   return {};
 }
 
+namespace {
+
+// The moment templates write: the day `today` names ("26 Jul 2024") at
+// midnight, or now (UTC).
+std::tm chat_time(std::string_view today) {
+  std::tm t{};
+  if (today.empty()) {
+    const std::time_t now = std::time(nullptr);
+    gmtime_r(&now, &t);
+    return t;
+  }
+  const std::string s(today);
+  const char* end = strptime(s.c_str(), "%d %b %Y", &t);
+  if (!end || *end) fail(ErrorKind::InvalidInput, "'{}' is not a date like '26 Jul 2024'", s);
+  return t;
+}
+
+std::string chat_date(std::string_view today) {
+  if (!today.empty()) return std::string(today);
+  const std::tm t = chat_time(today);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%d %b %Y", &t);
+  return buf;
+}
+
+}  // namespace
+
 RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos,
                               std::string_view eos, std::string_view today) {
   check_messages(messages);
-  std::string date(today);
-  if (date.empty()) {
-    const std::time_t now = std::time(nullptr);
-    std::tm utc{};
-    gmtime_r(&now, &utc);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%d %b %Y", &utc);
-    date = buf;
-  }
+  const std::string date = chat_date(today);
   switch (f) {
     case ChatFamily::ChatML:
       return render_chatml(messages, {}).render();
@@ -434,6 +403,41 @@ RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> message
 std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos,
                         std::string_view eos, std::string_view today) {
   return render_chat_text(f, messages, bos, eos, today).text;
+}
+
+ChatFormat::ChatFormat(ChatFamily f) : family_(f) {}
+
+ChatFormat ChatFormat::from_jinja(std::string_view jinja) {
+  ChatFormat out;
+  out.template_ = std::make_shared<const jinja::Template>(jinja);
+  return out;
+}
+
+std::string ChatFormat::name() const {
+  return family_ ? std::string(chat_family_name(*family_)) : "the model's template";
+}
+
+RenderedChat ChatFormat::render(std::span<const ChatMessage> messages, std::string_view bos,
+                                std::string_view eos, std::string_view today) const {
+  if (family_) return render_chat_text(*family_, messages, bos, eos, today);
+  check_messages(messages);
+  jinja::List msgs;
+  for (const ChatMessage& m : messages) {
+    jinja::Dict d;
+    d.set("role", jinja::Value::string(m.role));
+    d.set("content", jinja::Value::marked(m.content));
+    msgs.push_back(jinja::Value::dict(std::move(d)));
+  }
+  jinja::Dict globals;
+  globals.set("messages", jinja::Value::list(std::move(msgs)));
+  globals.set("add_generation_prompt", jinja::Value::boolean(true));
+  globals.set("bos_token", jinja::Value::string(std::string(bos)));
+  globals.set("eos_token", jinja::Value::string(std::string(eos)));
+  globals.set("date_string", jinja::Value::string(chat_date(today)));
+  jinja::Str out = template_->render(globals, chat_time(today));
+  // The tokenizer adds BOS; a template that writes it first loses it here.
+  if (!bos.empty() && out.s.starts_with(bos)) out = out.sub(bos.size(), out.s.size());
+  return {std::move(out.s), std::move(out.marks)};
 }
 
 }  // namespace depcache

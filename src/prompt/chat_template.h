@@ -1,9 +1,10 @@
 #pragma once
-// Chat prompts in the formats the common model families were trained on.
-// A GGUF file carries its format as a Jinja template (tokenizer.chat_template);
-// rather than run Jinja, the family is recognised by the control markers its
-// template writes, and the conversation is formatted by code for that family.
-// A template whose family is not recognised is an error, never a guess.
+// Chat prompts in the formats models were trained on. A GGUF file carries its
+// format as a Jinja template (tokenizer.chat_template), which the server runs
+// with the interpreter of prompt/jinja.h; the common families are also
+// formatted by code here, for models without a template (serve
+// --chat-template NAME) and for the templates `model new` writes.
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,6 +13,10 @@
 #include <vector>
 
 namespace depcache {
+
+namespace jinja {
+class Template;
+}
 
 enum class ChatFamily {
   ChatML,
@@ -40,14 +45,6 @@ std::vector<std::string> chat_family_names();
 std::string_view chat_family_name(ChatFamily f);
 std::optional<ChatFamily> chat_family_from_name(std::string_view name);
 
-// The family a model's Jinja template is written for, by its markers;
-// nullopt when none matches, and for templates that share a family's markers
-// but format otherwise (SmolLM3's metadata header, Granite's roles, Gemma 4's
-// turns): unsupported_chat_template() names those.
-std::optional<ChatFamily> detect_chat_family(std::string_view jinja);
-// Why a template with known markers is not rendered ("" when it is not one of those).
-std::string unsupported_chat_template(std::string_view jinja);
-
 // A Jinja template of the family (what models made here carry, so that
 // other engines format their chats the same way).
 std::string chat_template_jinja(ChatFamily f);
@@ -73,5 +70,29 @@ struct RenderedChat {
 RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> messages,
                               std::string_view bos = "<s>", std::string_view eos = "</s>",
                               std::string_view today = {});
+
+// How a server formats chats: the model's own Jinja template, run by the
+// interpreter (prompt/jinja.h) as Python's Jinja2 would run it, or a family's
+// code (--chat-template NAME, and models without a template).
+class ChatFormat {
+ public:
+  explicit ChatFormat(ChatFamily f);
+  // Reads the template; throws InvalidInput naming the line and the construct
+  // the interpreter does not implement.
+  static ChatFormat from_jinja(std::string_view jinja);
+
+  // The family's name, or "the model's template".
+  std::string name() const;
+  // As render_chat_text: without the leading BOS, the client's text marked,
+  // the conversation checked the same way; an error the template raises
+  // (raise_exception) is InvalidInput with its words.
+  RenderedChat render(std::span<const ChatMessage> messages, std::string_view bos = "<s>",
+                      std::string_view eos = "</s>", std::string_view today = {}) const;
+
+ private:
+  ChatFormat() = default;
+  std::optional<ChatFamily> family_;
+  std::shared_ptr<const jinja::Template> template_;
+};
 
 }  // namespace depcache

@@ -64,8 +64,8 @@ struct ServerOptions {
 struct ServedModel {
   std::string name;
   std::shared_ptr<const Tokenizer> tokenizer;
-  int64_t n_ctx = 0;  // the most rows a request may use (prompt + max_tokens)
-  std::optional<ChatFamily> chat;
+  int64_t n_ctx = 0;               // the most rows a request may use (prompt + max_tokens)
+  std::optional<ChatFormat> chat;  // nullopt: chat requests are refused
   const ChunkIndex* corpus = nullptr;
   const GraphRetriever* graph = nullptr;
   PromptTemplate prompt;  // the model's, for RAG requests

@@ -61,13 +61,12 @@ using Ranges = std::vector<std::pair<size_t, size_t>>;
 RenderedChat rendered_chat(const PromptSources& sources, std::span<const ChatMessage> messages) {
   if (!sources.chat)
     throw ApiError(400,
-                   "this model has no chat template the server recognises; start the server with "
-                   "--chat-template NAME, or use /v1/completions");
+                   "this model has no chat template; start the server with --chat-template NAME, or use "
+                   "/v1/completions");
   const Vocab& v = sources.tokenizer->vocab();
   const auto special = [&](int32_t id) { return id >= 0 ? sources.tokenizer->token_to_piece(id, true) : ""; };
   try {
-    RenderedChat chat = render_chat_text(*sources.chat, messages, special(v.bos), special(v.eos));
-    return chat;
+    return sources.chat->render(messages, special(v.bos), special(v.eos));
   } catch (const Error& e) {
     throw bad_request("messages", e.what());
   }

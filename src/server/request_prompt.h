@@ -19,7 +19,7 @@ namespace depcache {
 // What the server can draw a request's prompt from.
 struct PromptSources {
   const Tokenizer* tokenizer = nullptr;
-  std::optional<ChatFamily> chat;         // nullopt: chat requests are refused
+  std::optional<ChatFormat> chat;         // nullopt: chat requests are refused
   const ChunkIndex* corpus = nullptr;     // --corpus
   const GraphRetriever* graph = nullptr;  // --kg
   PromptTemplate prompt;                  // the model's, around a RAG context and question

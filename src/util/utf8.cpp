@@ -36,11 +36,30 @@ void append_utf8(std::string& out, uint32_t cp) {
   } else if (cp < 0x800) {
     out += static_cast<char>(0xC0 | (cp >> 6));
     out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
+  } else if (cp < 0x10000) {
     out += static_cast<char>(0xE0 | (cp >> 12));
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
   }
+}
+
+uint32_t utf8_next(std::string_view s, size_t& i) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
+  const size_t n = utf8_char_len(p, s.size() - i);
+  if (n == 0) {
+    ++i;
+    return 0xFFFD;
+  }
+  i += n;
+  if (n == 1) return p[0];
+  uint32_t cp = p[0] & (0x7F >> (n + 1));
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (p[k] & 0x3F);
+  return cp;
 }
 
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {

@@ -19,6 +19,10 @@ size_t utf8_char_len(const unsigned char* p, size_t avail, size_t* prefix = null
 
 void append_utf8(std::string& out, uint32_t cp);
 
+// The character at s[i], moving i past it; a byte that does not start a
+// well-formed character reads as U+FFFD and moves i by one.
+uint32_t utf8_next(std::string_view s, size_t& i);
+
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to);
 
 // SentencePiece's view of a fragment: spaces as U+2581, one prefixed if asked.

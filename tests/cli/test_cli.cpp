@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "model/gguf.h"
+#include "model/model_writer.h"
 #include "test_support.h"
 
 namespace depcache {
@@ -141,6 +142,51 @@ TEST_F(Cli, ModelInfoShowsTensors) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("blk.1.ffn_down.weight"), std::string::npos);
   EXPECT_NE(r.out.find("Q8_0"), std::string::npos);
+}
+
+// The support section: what the file needs part by part, its chat template,
+// and the verdict (exit 3 when a part is refused).
+TEST_F(Cli, ModelInfoSaysWhatIsSupported) {
+  const auto path = test::temp_path("cli-support") += ".gguf";
+  RandomModelOptions o;
+  o.shape = *model_preset("tiny");
+  o.shape.n_layer = 1;
+  o.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  write_random_model(path, o);
+  CliRun r = run("model info " + path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("chat template  Jinja2, 65 bytes, run as it is"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verdict        runs"), std::string::npos) << r.out;
+  // A template the interpreter cannot read: chats need --chat-template, the model still runs.
+  o.chat_template = "{% include 'turns.jinja' %}";
+  write_random_model(path, o);
+  r = run("model info " + path.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("chat template  NOT SUPPORTED: chat template line 1: the statement 'include' is not "
+                       "supported; serve needs --chat-template NAME for chats"),
+            std::string::npos)
+      << r.out;
+  // A part the engine does not implement is named, and the verdict is a refusal.
+  o.chat_template.clear();
+  write_random_model(path, o);
+  const auto yarn = test::temp_path("cli-support-yarn") += ".gguf";
+  {
+    const GgufFile f = GgufFile::open(path);
+    GgufWriter w;
+    for (const auto& [k, v] : f.metadata()) w.set(k, v);
+    w.set("llama.rope.scaling.type", GgufValue::string("yarn"));
+    for (const GgufTensor& t : f.tensors())
+      w.add_tensor(t.name, t.type, t.dims, [&t](uint8_t* dst, size_t n) { std::memcpy(dst, t.data, n); });
+    w.write(yarn);
+  }
+  r = run("model info " + yarn.string());
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("chat template  none"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model          NOT SUPPORTED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("yarn"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verdict        refused (see above)"), std::string::npos) << r.out;
+  std::filesystem::remove(path);
+  std::filesystem::remove(yarn);
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """Renders a chat template with Debian's python3-jinja2, as the chat tests'
 independent oracle. Input (JSON on stdin): {"template", "bos_token",
-"eos_token", "date_string", "conversations": [[{"role", "content"}...]...]}.
+"eos_token", "date_string", "conversations": [[{"role", "content"}...]...]},
+or "templates" (a list) in place of "template".
 Output (JSON): one entry per conversation, the rendered text with the
-generation prompt, or {"error": message} when the template refuses it.
+generation prompt, or {"error": message} when the template refuses it
+(with "templates": such a list per template; a template jinja2 cannot read
+gives {"error": message} in place of its list).
 The environment is the one chat templates are written for: trailing block
 newlines trimmed, block indentation stripped, loop controls, tojson,
 raise_exception and strftime_now (fixed to the given date's day)."""
@@ -33,16 +36,29 @@ def main():
     day = datetime.datetime.strptime(job["date_string"], "%d %b %Y")
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: day.strftime(fmt)
-    template = env.from_string(job["template"])
-    out = []
-    for messages in job["conversations"]:
-        try:
-            out.append(template.render(messages=messages, add_generation_prompt=True,
-                                       bos_token=job["bos_token"], eos_token=job["eos_token"],
-                                       date_string=job["date_string"]))
-        except (TemplateError, jinja2.TemplateError) as e:  # refused, or needs variables (tools) it lacks
-            out.append({"error": str(e)})
-    json.dump(out, sys.stdout)
+
+    def render_all(source):
+        template = env.from_string(source)
+        out = []
+        for messages in job["conversations"]:
+            try:
+                out.append(template.render(messages=messages, add_generation_prompt=True,
+                                           bos_token=job["bos_token"], eos_token=job["eos_token"],
+                                           date_string=job["date_string"]))
+            except Exception as e:  # refused, or needs variables (tools) it lacks
+                out.append({"error": f"{type(e).__name__}: {e}"})
+        return out
+
+    if "templates" in job:
+        out = []
+        for source in job["templates"]:
+            try:
+                out.append(render_all(source))
+            except jinja2.TemplateError as e:
+                out.append({"error": f"{type(e).__name__}: {e}"})
+        json.dump(out, sys.stdout)
+    else:
+        json.dump(render_all(job["template"]), sys.stdout)
 
 
 if __name__ == "__main__":

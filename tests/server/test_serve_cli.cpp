@@ -12,7 +12,10 @@
 #include <random>
 #include <thread>
 
+#include "model/gguf.h"
 #include "model/model_writer.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
 #include "retrieval/rag_request.h"
 #include "server/server_client.h"
 #include "test_support.h"
@@ -184,37 +187,44 @@ TEST(ServeCli, LoadgenRetrieveReportsTheSpeculativeSearch) {
   std::filesystem::remove(requests);
 }
 
-// The chat format at start: from the model's template (written by `model new
-// --chat-template`), or named with --chat-template; a template of no known
-// family stops the server with a clear error instead of a guess.
-TEST(ServeCli, TheChatTemplateIsRecognisedNamedOrRefusedAtStart) {
+// The chat format at start: the model's own template, run by the Jinja
+// interpreter, or a family named with --chat-template; a template the
+// interpreter cannot read stops the server, naming what it cannot read.
+TEST(ServeCli, TheChatTemplateIsRunNamedOrRefusedAtStart) {
   const auto llama3 = test::temp_path("llama3").replace_extension(".gguf");
   const test::CliRun made =
       test::run_cli(fmt::format("model new --preset tiny --chat-template llama3 -o {}", llama3.string()));
   ASSERT_EQ(made.code, 0) << made.out;
   {
-    ServeProcess server({"-m", llama3.string(), "-t", "1"});
-    REQUIRE_SERVER(server);
-    EXPECT_NE(server.log().find("chat template llama3"), std::string::npos) << server.log();
-    const Reply r = curl(server.port(), "/v1/chat/completions",
-                         post({{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2}}));
-    EXPECT_EQ(r.status, 200) << r.body;
-  }
-  {
     ServeProcess server({"-m", llama3.string(), "-t", "1", "--chat-template", "zephyr"});
     REQUIRE_SERVER(server);
     EXPECT_NE(server.log().find("chat template zephyr"), std::string::npos) << server.log();
   }
+  // A template of no family: the server formats chats as it says.
   RandomModelOptions o;
   o.shape = *model_preset("tiny");
-  o.chat_template = "{% for m in messages %}<<{{ m.role }}>> {{ m.content }}{% endfor %}";
+  o.chat_template = "{% for m in messages %}<<{{ m.role }}>> {{ m.content | trim }}\n{% endfor %}";
   const auto odd = test::temp_path("odd-template").replace_extension(".gguf");
+  write_random_model(odd, o);
+  {
+    ServeProcess server({"-m", odd.string(), "-t", "1"});
+    REQUIRE_SERVER(server);
+    EXPECT_NE(server.log().find("chat template the model's template"), std::string::npos) << server.log();
+    const Reply r =
+        curl(server.port(), "/v1/chat/completions",
+             post({{"messages", {{{"role", "user"}, {"content", "  Hi  "}}}}, {"max_tokens", 2}}));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Tokenizer tok(Vocab::from_gguf(GgufFile::open(odd)));
+    EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], tok.encode("<<user>> Hi\n", true, true).size());
+  }
+  o.chat_template = "{% include 'turns.jinja' %}";
   write_random_model(odd, o);
   ServeProcess refused({"-m", odd.string(), "-t", "1"});
   EXPECT_EQ(refused.port(), 0);
   EXPECT_EQ(refused.wait_exit(std::chrono::seconds(30)), 3) << refused.log();
-  EXPECT_NE(refused.log().find("not one of the known families"), std::string::npos) << refused.log();
-  EXPECT_NE(refused.log().find("<<{{ m.role }}>>"), std::string::npos) << "the template's start is shown";
+  EXPECT_NE(refused.log().find("the statement 'include' is not supported"), std::string::npos)
+      << refused.log();
+  EXPECT_NE(refused.log().find("--chat-template"), std::string::npos) << refused.log();
   const test::CliRun bad_name =
       test::run_cli(fmt::format("serve -m {} --port 0 --chat-template nosuch", llama3.string()));
   EXPECT_NE(bad_name.code, 0) << bad_name.out;

@@ -59,7 +59,7 @@ struct Served {
     if (make_ready) ready();
   }
   // What requests may draw on (set before ready()).
-  std::optional<ChatFamily> chat = ChatFamily::ChatML;
+  std::optional<ChatFormat> chat = ChatFormat(ChatFamily::ChatML);
   const ChunkIndex* corpus = nullptr;
   const GraphRetriever* graph = nullptr;
   PromptTemplate prompt;

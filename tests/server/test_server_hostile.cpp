@@ -418,7 +418,7 @@ struct ChatRig {
     r.kind = kind;
     r.prompt = user;
     r.messages = {{"system", "Be brief."}, {"user", user}};
-    PromptSources sources{&tok, ChatFamily::ChatML, nullptr, nullptr, {}, special_in_text};
+    PromptSources sources{&tok, ChatFormat(ChatFamily::ChatML), nullptr, nullptr, {}, special_in_text};
     return request_prompt(r, sources).task;
   }
   int64_t count(const std::vector<int32_t>& ids, const std::string& piece) {
@@ -463,7 +463,7 @@ TEST(ServerHostile, SpecialTokenStringsInARagQuestionAreText) {
   PromptTemplate tmpl;
   tmpl.task_prefix = "<|im_start|>Q: ";  // the model's own template may hold control tokens
   const auto prompt = [&](bool special_in_text) {
-    PromptSources sources{&rig.tok, ChatFamily::ChatML, nullptr, nullptr, tmpl, special_in_text};
+    PromptSources sources{&rig.tok, ChatFormat(ChatFamily::ChatML), nullptr, nullptr, tmpl, special_in_text};
     const PromptParts parts = request_prompt(r, sources);
     std::vector<int32_t> all = parts.system;
     all.insert(all.end(), parts.text.begin(), parts.text.end());

@@ -1,0 +1,147 @@
+#pragma once
+// The values a chat template computes with, as Python's Jinja2 has them:
+// undefined, none, booleans, integers, floats, strings, lists, dicts and
+// callables, printed and compared the way Python prints and compares them.
+// A string keeps which of its bytes came from a client's message (`marks`),
+// through concatenation, slicing and trimming, so that the rendered prompt
+// can tokenize those bytes as text and never as control markers.
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace depcache::jinja {
+
+// Ascending, disjoint [begin, end) byte ranges.
+using Marks = std::vector<std::pair<size_t, size_t>>;
+
+// No string a template builds grows past this (LimitExceeded): a template
+// is a file's content, and must not exhaust memory.
+inline constexpr size_t kMaxStringBytes = size_t{256} << 20;
+// Throws LimitExceeded when a string under construction passes kMaxStringBytes.
+void check_string_size(size_t n);
+
+struct Str {
+  std::string s;
+  Marks marks;
+  // The bytes [begin, end), with the marks that fall in them.
+  Str sub(size_t begin, size_t end) const;
+  void append(const Str& other);
+  // All marked when any input was: what an operation that rewrites the
+  // bytes (replace, upper, tojson) makes of client text.
+  static Str derived(std::string s, bool marked);
+};
+
+class Value;
+// A Python list, or a tuple (printed in parentheses, never equal to a list).
+struct List : std::vector<Value> {
+  using std::vector<Value>::vector;
+  bool tuple = false;
+};
+struct Dict {
+  std::vector<std::pair<Value, Value>> items;  // insertion order, as Python keeps it
+  bool is_namespace = false;                   // namespace(): attributes may be assigned
+  const Value* find(std::string_view key) const;
+  const Value* find(const Value& key) const;
+  void set(std::string key, Value v);
+  void set(Value key, Value v);
+};
+
+// A call's arguments: positional, then keyword ones.
+struct Args {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  std::string what;  // the function or filter called, for errors
+  // Positional argument i, or the keyword argument `name`; `def` when neither.
+  const Value& get(size_t i, std::string_view name, const Value& def) const;
+  // Throws InvalidInput when more than n positional arguments, or a keyword
+  // argument not in `names`, were given.
+  void check(size_t n, std::initializer_list<std::string_view> names) const;
+};
+
+// A function value: a builtin (range, namespace, a bound string method) or
+// a macro.
+struct Callable {
+  virtual ~Callable() = default;
+  virtual Value call(Args& args) const = 0;
+  virtual std::string name() const = 0;
+};
+
+struct Undefined {
+  std::string why;  // the error when it is used: "'x' is undefined", "list object has no element 3"
+};
+
+class Value {
+ public:
+  // Strings are shared, so a value copied into many places costs one copy.
+  using Data =
+      std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::shared_ptr<const Str>,
+                   std::shared_ptr<const List>, std::shared_ptr<Dict>, std::shared_ptr<const Callable>>;
+  Value() : d_(Undefined{}) {}
+  Value(Data d) : d_(std::move(d)) {}
+  static Value undefined(std::string why) { return Value(Undefined{std::move(why)}); }
+  static Value undefined_name(const std::string& name) { return undefined("'" + name + "' is undefined"); }
+  static Value none() { return Value(nullptr); }
+  static Value boolean(bool b) { return Value(b); }
+  static Value integer(int64_t i) { return Value(i); }
+  static Value number(double f) { return Value(f); }
+  static Value string(std::string s) { return str(Str{std::move(s), {}}); }
+  static Value marked(std::string s);  // a client's text
+  static Value str(Str s) { return Value(std::make_shared<const Str>(std::move(s))); }
+  static Value list(List l) { return Value(std::make_shared<const List>(std::move(l))); }
+  static Value tuple(List l) {
+    l.tuple = true;
+    return list(std::move(l));
+  }
+  static Value dict(Dict d) { return Value(std::make_shared<Dict>(std::move(d))); }
+  static Value function(std::shared_ptr<const Callable> f) { return Value(std::move(f)); }
+
+  bool is_undefined() const { return std::holds_alternative<Undefined>(d_); }
+  bool is_none() const { return std::holds_alternative<std::nullptr_t>(d_); }
+  bool is_bool() const { return std::holds_alternative<bool>(d_); }
+  bool is_int() const { return std::holds_alternative<int64_t>(d_); }
+  bool is_float() const { return std::holds_alternative<double>(d_); }
+  bool is_number() const { return is_int() || is_float() || is_bool(); }
+  bool is_string() const { return std::holds_alternative<std::shared_ptr<const Str>>(d_); }
+  bool is_list() const { return std::holds_alternative<std::shared_ptr<const List>>(d_); }
+  bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(d_); }
+  bool is_callable() const { return std::holds_alternative<std::shared_ptr<const Callable>>(d_); }
+
+  bool as_bool() const { return std::get<bool>(d_); }
+  int64_t as_int() const;   // ints and booleans
+  double as_float() const;  // any number
+  const Str& as_str() const { return *std::get<std::shared_ptr<const Str>>(d_); }
+  const List& as_list() const { return *std::get<std::shared_ptr<const List>>(d_); }
+  Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(d_); }
+  const Callable& as_callable() const { return *std::get<std::shared_ptr<const Callable>>(d_); }
+  const std::string& undefined_why() const { return std::get<Undefined>(d_).why; }
+  const Data& data() const { return d_; }
+
+  // Python's truth value; an undefined value is false.
+  bool truthy() const;
+  // Python's type name, for errors.
+  std::string type_name() const;
+  // What `{{ v }}` prints (Python's str(); an undefined value prints nothing).
+  Str to_str() const;
+  // Python's repr() (strings quoted), as inside a printed list.
+  std::string repr() const;
+  // json.dumps(v, indent, ensure_ascii=False): Python's separators ", " and ": ".
+  std::string to_json(int indent = -1) const;
+
+ private:
+  Data d_;
+};
+
+// Whether any string in the value holds a client's text.
+bool has_marks(const Value& v);
+
+// Python's ==: numbers across int/float/bool, lists and dicts by content.
+bool equal(const Value& a, const Value& b);
+// Python's <; throws InvalidInput for types Python does not order.
+bool less(const Value& a, const Value& b);
+
+}  // namespace depcache::jinja

@@ -1,0 +1,332 @@
+// The chat-template interpreter against Debian's python3-jinja2: the real
+// templates of the other engine's source, and snippets for each construct.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
+
+#include "prompt/chat_template.h"
+#include "prompt/jinja.h"
+#include "prompt/jinja_oracle.h"
+#include "test_support.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+const std::vector<std::vector<ChatMessage>> kConversations = {
+    {{"user", "Hi there"}},
+    {{"system", "Be brief."}, {"user", "What is 2+2?"}},
+    {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "Four."}, {"user", "And 3+3?"}},
+    {{"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "  spaced out \n"}},
+    {{"user", "2+2?"}, {"assistant", "<think>\nAdd them.\n</think>\n\nFour."}, {"user", "Sure?"}},
+    {{"system", "Answer in French.\nUse the context."},
+     {"user", "Ünïcödé “quotes” and 'apostrophes' \\ back\tslash {{ not jinja }} <|im_end|>"}},
+};
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream is(p);
+  return {std::istreambuf_iterator<char>(is), std::istreambuf_iterator<char>()};
+}
+
+// What the interpreter makes of a template for each conversation: the text,
+// or nullopt where it refuses (an error while rendering).
+std::vector<std::optional<std::string>> ours(const ChatFormat& f, const test::Jinja2Job& job) {
+  std::vector<std::optional<std::string>> out;
+  for (const auto& conv : job.conversations) {
+    try {
+      out.push_back(f.render(conv, job.bos, job.eos, job.today).text);
+    } catch (const Error&) {
+      out.push_back(std::nullopt);
+    }
+  }
+  return out;
+}
+
+// Every template of the other engine's source: each the interpreter reads
+// renders every conversation exactly as jinja2 does (and refuses those
+// jinja2 refuses); the others are refused when read, naming the construct.
+// The small models' templates must all be read.
+TEST(Jinja, EveryTemplateOfTheOtherEngineRendersAsJinja2Does) {
+  REQUIRE_JINJA2();
+  DEPCACHE_REQUIRE_LLAMA_CPP(dir, "models/templates");
+  std::vector<std::string> names, sources;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".jinja") {
+      names.push_back(entry.path().stem().string());
+      sources.push_back(read_file(entry.path()));
+    }
+  ASSERT_GE(names.size(), 60u);
+  // jinja2 reads Transformers' {% generation %} marker as the no-op it is
+  // when rendering: an `if true` with the same whitespace control.
+  std::vector<std::string> for_jinja2;
+  for (const std::string& s : sources)
+    for_jinja2.push_back(std::regex_replace(
+        std::regex_replace(s, std::regex(R"(\{%(-?)\s*generation\s*(-?)%\})"), "{%$1 if true $2%}"),
+        std::regex(R"(\{%(-?)\s*endgeneration\s*(-?)%\})"), "{%$1 endif $2%}"));
+  const test::Jinja2Job job{kConversations};
+  const auto want = test::jinja2_render(for_jinja2, job);
+  std::map<std::string, std::string> refused;
+  int read = 0, identical = 0, both_refuse = 0;
+  for (size_t t = 0; t < names.size(); ++t) {
+    std::optional<ChatFormat> f;
+    try {
+      f = ChatFormat::from_jinja(sources[t]);
+    } catch (const Error& e) {
+      refused[names[t]] = e.what();
+      continue;
+    }
+    ++read;
+    ASSERT_TRUE(want[t]) << names[t] << ": read here but not by jinja2";
+    const auto got = ours(*f, job);
+    for (size_t c = 0; c < got.size(); ++c) {
+      const auto& w = (*want[t])[c];
+      if (!w) {
+        EXPECT_FALSE(got[c]) << names[t] << ", conversation " << c << ": jinja2 refuses it, we render:\n"
+                             << *got[c];
+        both_refuse += !got[c];
+        continue;
+      }
+      if (!got[c]) {
+        std::string why;
+        try {
+          f->render(job.conversations[c], job.bos, job.eos, job.today);
+        } catch (const Error& e) {
+          why = e.what();
+        }
+        ADD_FAILURE() << names[t] << ", conversation " << c << ": jinja2 renders it, we refuse: " << why;
+        continue;
+      }
+      EXPECT_EQ(*got[c], *w) << names[t] << ", conversation " << c;
+      identical += *got[c] == *w;
+    }
+  }
+  for (const auto& [name, why] : refused) std::printf("[check] refused %s: %s\n", name.c_str(), why.c_str());
+  std::printf("[check] %d of %zu templates read; %d renders identical, %d refused by both; %zu refused\n",
+              read, names.size(), identical, both_refuse, refused.size());
+  for (const char* small :
+       {"HuggingFaceTB-SmolLM3-3B", "ibm-granite-granite-3.3-2B-Instruct", "ibm-granite-granite-4.0",
+        "google-gemma-4-31B-it", "mistralai-Ministral-3-14B-Reasoning-2512",
+        "meta-llama-Llama-3.2-3B-Instruct", "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "google-gemma-2-2b-it",
+        "microsoft-Phi-3.5-mini-instruct", "mistralai-Mistral-Nemo-Instruct-2407",
+        "Qwen-Qwen2.5-7B-Instruct"})
+    EXPECT_FALSE(refused.contains(small)) << small << ": " << refused[small];
+}
+
+// Each construct the interpreter implements, as jinja2 renders it (or
+// refuses it) on a system + user conversation.
+TEST(Jinja, ConstructsRenderAsJinja2Does) {
+  REQUIRE_JINJA2();
+  const std::vector<std::string> snippets = {
+      // whitespace control: trim_blocks, lstrip_blocks, '-', '+', comments
+      "  {% if true %}\n    a\n  {% endif %}\nb",
+      "x  {%- if true -%}  y  {%- endif -%}  z",
+      "  {%+ if true %}a{% endif %}\n  {# note #}\nc",
+      "{{ 'a' }}\n{{- ' b ' -}}\n{{ 'c' }}\n",
+      "{% for m in messages %}\n  {{ m.role }}\n{% endfor %}\n",
+      "line\n    {%- set x = 1 %}\n    {{ x }}",
+      // literals, operators, printing
+      "{{ 1 + 2 * 3 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 7 / 2 }} {{ 1.5 "
+      "+ 1 }}",
+      "{{ 'a' ~ 1 ~ none ~ true }} {{ 'ab' * 3 }} {{ [1, 2] + [3] }} {{ (1, 'x') }} {{ {'k': [1, 'v', none, "
+      "false]} }}",
+      "{{ 0.1 + 0.2 }} {{ 1e20 }} {{ 1.0e-5 }} {{ 3.0 }} {{ 10 / 4 }} {{ 2.5e16 }} {{ 123456789.125 }}",
+      "{{ 1 < 2 < 3 }} {{ 'a' < 'b' }} {{ [1, 2] == [1, 2] }} {{ 1 == 1.0 }} {{ 'x' in 'xyz' }} {{ 3 not in "
+      "[1, 2] }}",
+      "{{ none or 'default' }} {{ 0 and 1 }} {{ not messages }} {{ 'yes' if messages else 'no' }} [{{ 'x' if "
+      "false }}]",
+      "{{ 'it\\'s' }} {{ \"say \\\"hi\\\"\" }} {{ 'tab\\there' }} {{ 'a' 'b' }} {{ '\\u00e9\\x41' }}",
+      // strings and their methods
+      "{% for m in messages %}{{ m.content.split(' ') | join('/') }}|{{ m.content.upper() }}|{{ "
+      "m.content[:4] }}|"
+      "{{ m.content[-3:] }}|{{ m.content[::2] }}|{{ m.content.startswith('Be') }}|{{ m.content.replace('e', "
+      "'E', 1) }};"
+      "{% endfor %}",
+      "{{ '  a b  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ '  a'.lstrip() }}|{{ 'a,b,,c'.split(',') }}|"
+      "{{ ' a  b '.split() }}|{{ 'a b c'.split(' ', 1) }}|{{ 'a,b,c'.rsplit(',', 1) }}|{{ "
+      "'l1\\nl2\\r\\nl3'.splitlines() }}",
+      "{{ 'abc'.find('c') }} {{ 'abc'.find('z') }} {{ 'aXbXc'.count('X') }} {{ 'hello world'.title() }} "
+      "{{ 'hELLO'.capitalize() }} {{ '-'.join(['a', 'b']) }} {{ '{} and {}'.format('x', 2) }} {{ "
+      "'{0}{name}'.format(1, name='n') }}",
+      "{{ 'Üb' | length }} {{ 'Üb'[0] }} {{ 'Üb'[::-1] }} {{ '%s=%d' % ('a', 3) }} {{ 'abc' | reverse }}",
+      // filters
+      "{{ messages | length }} {{ messages | map(attribute='role') | join(', ') }} {{ messages | first | "
+      "tojson }}",
+      "{{ messages | selectattr('role', 'equalto', 'user') | list | length }} "
+      "{{ messages | rejectattr('role', 'eq', 'user') | map(attribute='content') | list }}",
+      "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ ['b', 'A'] | sort(case_sensitive=true) }} "
+      "{{ [3, 1] | sort(reverse=true) }} {{ [1, 2, 2, 3, 1] | unique | list }} {{ [1, 5, 2] | max }} {{ [4, "
+      "2] | min }}",
+      "{{ undefined_thing | default('dflt') }} {{ '' | default('empty', true) }} {{ none | string }} {{ '42' "
+      "| int + 1 }} "
+      "{{ '2.5' | float }} {{ 'x' | int }} {{ 3.7 | int }} {{ -3 | abs }} {{ 2.567 | round(2) }} {{ [1, 2, "
+      "3] | sum }}",
+      "{{ {'b': 1, 'a': 2} | dictsort }} {{ {'b': 1, 'a': 2} | items | list }} {{ 'x' | list }} {{ [[1, 2]] "
+      "| list }}",
+      "{{ {'a': 'é', 'b': [1, 2.0, none, true], 'c': {}} | tojson }}|{{ [1, {'x': 'y'}] | tojson(indent=2) "
+      "}}",
+      "{{ '  pad  ' | trim }}|{{ 'xxyxx' | trim('x') }}|{{ 'A b' | lower }}|{{ 'a b' | upper }}|{{ 'a b' | "
+      "title }}|"
+      "{{ 'aaa' | replace('a', 'b', 2) }}|{{ 'one two' | wordcount }}|{{ '<a>' | e }}|{{ 'x' | safe }}",
+      "{{ 'l1\\nl2\\n\\nl3' | indent(2) }}|{{ 'l1\\nl2' | indent(3, true) }}|{{ 'l1\\n\\nl2' | indent(2, "
+      "blank=true) }}",
+      "{{ [1, 2, 3, 4] | select('odd') | list }} {{ [1, 2, 3] | reject('even') | list }} {{ ['a', '', 'b'] | "
+      "select | list }}"
+      " {{ ['a', 'B'] | map('upper') | list }} {{ [[1, 2], [3, 4]] | map('first') | list }}",
+      // tests
+      "{{ messages is defined }} {{ nothing is defined }} {{ none is none }} {{ 1 is number }} {{ true is "
+      "number }} "
+      "{{ true is integer }} {{ 1.0 is float }} {{ 'a' is string }} {{ {} is mapping }} {{ [] is iterable }} "
+      "{{ 'a' is sequence }} {{ 3 is odd }} {{ 4 is divisibleby 2 }} {{ 1 is sameas 1 }} {{ 'ab' is lower }} "
+      "{{ 2 is in [1, 2] }} {{ none is not none }} {{ nothing is undefined }} {{ true is boolean }} {{ false "
+      "is false }}",
+      // statements
+      "{% for m in messages %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.length }}/"
+      "{{ loop.first }}/{{ loop.last }}/{{ loop.previtem.role if loop.previtem is defined }}/{{ "
+      "loop.cycle('a', 'b') }};"
+      "{% endfor %}",
+      "{% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content }}{% endfor %}"
+      "{% for x in [] %}never{% else %}empty{% endfor %}",
+      "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i > 4 %}{% break %}{% endif "
+      "%}{{ i }}"
+      "{% endfor %} {{ range(5, 0, -2) | list }}",
+      "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}{% for a, b in [[1, 2], [3, 4]] "
+      "%}{{ a + b }}{% endfor %}",
+      "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}",
+      "{% set ns = namespace(n=0, s='') %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}{% set ns.s = "
+      "ns.s ~ i %}"
+      "{% endfor %}{{ ns.n }} {{ ns.s }}",
+      "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set t = (3, 4) %}{{ t[1] }}{% set block %}  in {{ a }} {% "
+      "endset %}[{{ block }}]"
+      "{% set up | upper %}shout{% endset %}{{ up }}",
+      "{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('a') }} {{ "
+      "greet('b', '?') }} "
+      "{{ greet(punct='.', name='c') }}",
+      "{% macro outer() %}[{{ caller() }}]{% endmacro %}{% call outer() %}inside {{ messages | length }}{% "
+      "endcall %}",
+      "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n * fact(n - 1) | int }}{% endif %}{% endmacro %}{{ "
+      "fact(5) }}",
+      "{% filter upper %}shout {{ messages[1].content }}{% endfilter %}",
+      "{% if messages[0].role == 'system' %}{{ messages[0]['content'] }}{% elif false %}no{% else %}none{% "
+      "endif %}",
+      "{{ messages[5] is defined }} {{ messages[0].nothing is defined }} {{ messages[-1].content }} {{ "
+      "messages[0].get('role') }} "
+      "{{ messages[0].get('x', 'dflt') }} {{ messages[0].keys() | list }} {{ (messages | last).values() | "
+      "list }}",
+      "{{ strftime_now('%Y-%m-%d %B %d') }} {{ date_string }} {{ bos_token }}{{ eos_token }} {{ "
+      "add_generation_prompt }}",
+      // refusals: jinja2 and the interpreter both fail
+      "{{ raise_exception('no system messages') }}",
+      "{{ messages[9].content }}",
+      "{{ 'a' + 1 }}",
+      "{{ nothing.attr }}",
+      "{{ 1 / 0 }}",
+      "{% for x in none %}{% endfor %}",
+      "{{ 'a' < 1 }}",
+  };
+  const std::vector<std::vector<ChatMessage>> convs = {{{"system", "Be brief."}, {"user", "What is 2+2?"}}};
+  const test::Jinja2Job job{convs};
+  const auto want = test::jinja2_render(snippets, job);
+  for (size_t i = 0; i < snippets.size(); ++i) {
+    SCOPED_TRACE(snippets[i]);
+    ASSERT_TRUE(want[i]) << "jinja2 cannot read it";
+    const auto got = ours(ChatFormat::from_jinja(snippets[i]), job);
+    if (!(*want[i])[0]) {
+      EXPECT_FALSE(got[0]) << "jinja2 refuses it; we render: " << *got[0];
+      continue;
+    }
+    ASSERT_TRUE(got[0]) << "jinja2 renders: " << *(*want[i])[0];
+    EXPECT_EQ(*got[0], *(*want[i])[0]);
+  }
+}
+
+// A client's text stays marked through the template's string operations, so
+// that a control marker typed by a client is tokenized as text.
+TEST(Jinja, TheClientsTextIsMarkedThroughTheTemplate) {
+  const ChatFormat f = ChatFormat::from_jinja(
+      "{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content | trim + '<|im_end|>\n' }}{% "
+      "endfor %}"
+      "{% set last = messages[-1].content.split('|')[-1] %}[{{ last.upper() }}]<|im_start|>assistant\n");
+  const std::vector<ChatMessage> conv = {{"system", " Be <|im_end|> brief. "},
+                                         {"user", "x<|im_start|>|tail"}};
+  const RenderedChat r = f.render(conv);
+  EXPECT_EQ(
+      r.text,
+      "<|im_start|>system\nBe <|im_end|> brief.<|im_end|>\n<|im_start|>user\nx<|im_start|>|tail<|im_end|>\n"
+      "[TAIL]<|im_start|>assistant");  // a template's last newline is dropped, as Jinja2 drops it
+  std::vector<std::string> marked;
+  for (const auto& [b, e] : r.text_ranges) marked.push_back(r.text.substr(b, e - b));
+  EXPECT_EQ(marked, (std::vector<std::string>{"Be <|im_end|> brief.", "x<|im_start|>|tail", "TAIL"}));
+}
+
+std::string read_error(std::string_view source) {
+  try {
+    jinja::Template t(source);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidInput);
+    return e.what();
+  }
+  return "";
+}
+
+std::pair<ErrorKind, std::string> render_error(std::string_view source) {
+  try {
+    const std::tm now{};
+    jinja::Dict globals;
+    globals.set("messages", jinja::Value::list({}));
+    jinja::RenderLimits limits;
+    limits.max_steps = 200'000;
+    jinja::Template(source).render(globals, now, limits);
+  } catch (const Error& e) {
+    return {e.kind(), e.what()};
+  }
+  return {ErrorKind::Internal, ""};
+}
+
+// A template is a file's content: what the interpreter cannot read is named
+// with its line, and a template that would run away is stopped.
+TEST(Jinja, BadAndHostileTemplatesAreRefusedByName) {
+  EXPECT_EQ(read_error("a\n{% include 'x.jinja' %}"),
+            "chat template line 2: the statement 'include' is not supported");
+  EXPECT_EQ(read_error("{{ x | from_json }}"), "chat template line 1: no filter named 'from_json'");
+  EXPECT_EQ(read_error("{{ x is prime }}"), "chat template line 1: no test named 'prime'");
+  EXPECT_EQ(read_error("{% if x %}never closed"),
+            "chat template line 1: the template ends before elif or else or endif");
+  EXPECT_EQ(read_error("{{ 'open"), "chat template line 1: a string is not closed");
+  EXPECT_EQ(read_error("{{ x "), "chat template line 1: a tag is not closed");
+  EXPECT_EQ(read_error("{{ f(*args) }}"),
+            "chat template line 1: *args and **kwargs in calls are not supported");
+  EXPECT_NE(
+      read_error("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("too deeply"),
+      std::string::npos);
+  std::string deep_blocks;
+  for (int i = 0; i < 300; ++i) deep_blocks += "{% if true %}";
+  EXPECT_NE(read_error(deep_blocks).find("too deeply"), std::string::npos);
+  EXPECT_EQ(read_error("{% endfor %}"), "chat template line 1: the statement 'endfor' is not supported");
+
+  const auto [k1, e1] = render_error("{{ raise_exception('Only user and assistant roles') }}");
+  EXPECT_EQ(k1, ErrorKind::InvalidInput);
+  EXPECT_EQ(e1, "the chat template refuses the conversation: Only user and assistant roles");
+  const auto [k2, e2] =
+      render_error("{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}");
+  EXPECT_EQ(k2, ErrorKind::LimitExceeded) << e2;
+  const auto [k3, e3] = render_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}");
+  EXPECT_EQ(k3, ErrorKind::LimitExceeded) << e3;
+  EXPECT_NE(e3.find("macro calls nest deeper than 64"), std::string::npos) << e3;
+  const auto [k4, e4] = render_error("{{ 'x' * 1000000000000 }}");
+  EXPECT_EQ(k4, ErrorKind::LimitExceeded) << e4;
+  const auto [k5, e5] = render_error(
+      "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% "
+      "endfor %}");
+  EXPECT_EQ(k5, ErrorKind::LimitExceeded) << e5;
+  EXPECT_NE(e5.find("a string exceeds 67108864 bytes"), std::string::npos) << e5;  // doubling: 16 << 30 bytes
+  const auto [k6, e6] = render_error("\n\n{{ messages[0].content }}");
+  EXPECT_EQ(k6, ErrorKind::InvalidInput);
+  EXPECT_EQ(e6, "chat template line 3: 'list' has no item 0") << e6;
+}
+
+}  // namespace
+}  // namespace depcache
