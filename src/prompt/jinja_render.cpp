@@ -74,10 +74,11 @@ class Renderer {
       : globals_(globals), now_(now), limits_(limits) {}
   Renderer(const Renderer&) = delete;
   Renderer& operator=(const Renderer&) = delete;
-  // A macro kept in the frame it closes over is a reference cycle; emptying
-  // those frames frees them.
+  // A macro kept in the frame it closes over, or a namespace holding itself,
+  // is a reference cycle; emptying those frames and namespaces frees them.
   ~Renderer() {
     for (const auto& f : closures_) f->vars.items.clear();
+    for (const auto& ns : namespaces_) ns->items.clear();
   }
 
   Str run(const Body& body) {
@@ -104,7 +105,9 @@ class Renderer {
         d.items = a.pos[0].as_dict().items;
       }
       for (auto& [k, v] : a.kw) d.set(k, v);
-      return Value::dict(std::move(d));
+      Value out = Value::dict(std::move(d));
+      if (fn == "namespace") namespaces_.push_back(std::get<std::shared_ptr<Dict>>(out.data()));
+      return out;
     }
     if (fn == "range") {
       a.check(3, {});
@@ -149,7 +152,8 @@ class Renderer {
       fail(ErrorKind::InvalidInput, "macro '{}' takes {} arguments ({} given)", m.node->name, params.size(),
            a.pos.size());
     for (size_t i = 0; i < params.size(); ++i) {
-      const auto& [pname, def] = params[i];
+      const std::string& pname = params[i].first;
+      const ExprPtr& def = params[i].second;
       if (i < a.pos.size()) {
         frame->vars.set(pname, a.pos[i]);
         continue;
@@ -161,9 +165,9 @@ class Renderer {
       else
         frame->vars.set(pname, def ? eval(*def, frame) : Value::undefined_name(pname));
     }
-    for (const auto& [k, v] : a.kw)
-      if (std::none_of(params.begin(), params.end(), [&](const auto& p) { return p.first == k; }))
-        fail(ErrorKind::InvalidInput, "macro '{}' takes no keyword argument '{}'", m.node->name, k);
+    for (const auto& kv : a.kw)
+      if (std::none_of(params.begin(), params.end(), [&](const auto& p) { return p.first == kv.first; }))
+        fail(ErrorKind::InvalidInput, "macro '{}' takes no keyword argument '{}'", m.node->name, kv.first);
     if (!m.caller.is_undefined()) frame->vars.set("caller", m.caller);
     Str out;
     const int saved = line_;
@@ -574,6 +578,7 @@ class Renderer {
   int call_depth_ = 0;
   int line_ = 1;
   std::vector<std::shared_ptr<Frame>> closures_;
+  std::vector<std::shared_ptr<Dict>> namespaces_;
 };
 
 Value Builtin::call(Args& a) const { return r->call_builtin(fn, a); }

@@ -66,7 +66,7 @@ void Dict::set(Value key, Value v) {
   items.emplace_back(std::move(key), std::move(v));
 }
 
-const Value& Args::get(size_t i, std::string_view name, const Value& def) const {
+Value Args::get(size_t i, std::string_view name, const Value& def) const {
   if (i < pos.size()) return pos[i];
   for (const auto& [k, v] : kw)
     if (k == name) return v;
@@ -83,13 +83,18 @@ void Args::check(size_t n, std::initializer_list<std::string_view> names) const 
 
 Value Value::marked(std::string s) { return str(Str::derived(std::move(s), true)); }
 
+void Value::wrong_type(const char* what) const {
+  fail(ErrorKind::InvalidInput, "{} is expected, not a {}", what, type_name());
+}
+
 int64_t Value::as_int() const {
   if (is_bool()) return as_bool() ? 1 : 0;
-  return std::get<int64_t>(d_);
+  return *get<int64_t>("an integer");
 }
 
 double Value::as_float() const {
   if (is_float()) return std::get<double>(d_);
+  if (!is_int() && !is_bool()) wrong_type("a number");
   return static_cast<double>(as_int());
 }
 

@@ -57,7 +57,8 @@ struct Args {
   std::vector<std::pair<std::string, Value>> kw;
   std::string what;  // the function or filter called, for errors
   // Positional argument i, or the keyword argument `name`; `def` when neither.
-  const Value& get(size_t i, std::string_view name, const Value& def) const;
+  // A copy (values share their contents), so a temporary `def` is safe.
+  Value get(size_t i, std::string_view name, const Value& def) const;
   // Throws InvalidInput when more than n positional arguments, or a keyword
   // argument not in `names`, were given.
   void check(size_t n, std::initializer_list<std::string_view> names) const;
@@ -111,14 +112,16 @@ class Value {
   bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(d_); }
   bool is_callable() const { return std::holds_alternative<std::shared_ptr<const Callable>>(d_); }
 
-  bool as_bool() const { return std::get<bool>(d_); }
+  // The accessors throw InvalidInput ("an integer is expected, not a str")
+  // for a value of another type: a template's arguments are unchecked input.
+  bool as_bool() const { return *get<bool>("a boolean"); }
   int64_t as_int() const;   // ints and booleans
   double as_float() const;  // any number
-  const Str& as_str() const { return *std::get<std::shared_ptr<const Str>>(d_); }
-  const List& as_list() const { return *std::get<std::shared_ptr<const List>>(d_); }
-  Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(d_); }
-  const Callable& as_callable() const { return *std::get<std::shared_ptr<const Callable>>(d_); }
-  const std::string& undefined_why() const { return std::get<Undefined>(d_).why; }
+  const Str& as_str() const { return **get<std::shared_ptr<const Str>>("a string"); }
+  const List& as_list() const { return **get<std::shared_ptr<const List>>("a list"); }
+  Dict& as_dict() const { return **get<std::shared_ptr<Dict>>("a mapping"); }
+  const Callable& as_callable() const { return **get<std::shared_ptr<const Callable>>("a function"); }
+  const std::string& undefined_why() const { return get<Undefined>("undefined")->why; }
   const Data& data() const { return d_; }
 
   // Python's truth value; an undefined value is false.
@@ -133,6 +136,13 @@ class Value {
   std::string to_json(int indent = -1) const;
 
  private:
+  template <typename T>
+  const T* get(const char* what) const {
+    if (const T* p = std::get_if<T>(&d_)) return p;
+    wrong_type(what);
+  }
+  [[noreturn]] void wrong_type(const char* what) const;
+
   Data d_;
 };
 

@@ -323,6 +323,12 @@ TEST(Jinja, BadAndHostileTemplatesAreRefusedByName) {
       "endfor %}");
   EXPECT_EQ(k5, ErrorKind::LimitExceeded) << e5;
   EXPECT_NE(e5.find("a string exceeds 67108864 bytes"), std::string::npos) << e5;  // doubling: 16 << 30 bytes
+  // Found by fuzzing: an argument of the wrong type is an error, not a crash;
+  // a namespace holding itself is freed (the sanitizer build checks leaks).
+  const auto [k7, e7] = render_error("{{ [1] | tojson(indent='x') }}");
+  EXPECT_EQ(e7, "chat template line 1: an integer is expected, not a str");
+  EXPECT_EQ(render_error("{% set ns = namespace() %}{% set ns.me = ns %}{{ 'a b'.split(' ', 1) }}").second,
+            "");
   const auto [k6, e6] = render_error("\n\n{{ messages[0].content }}");
   EXPECT_EQ(k6, ErrorKind::InvalidInput);
   EXPECT_EQ(e6, "chat template line 3: 'list' has no item 0") << e6;
