@@ -88,6 +88,7 @@ void print_support(const std::string& path) {
     if (c.ffn_act == Activation::GeluTanh) needs.push_back("GeGLU");
     if (c.embd_scale != 1) needs.push_back(fmt::format("embeddings x {:.4g}", c.embd_scale));
     if (c.final_softcap > 0) needs.push_back(fmt::format("logit soft-cap {}", c.final_softcap));
+    if (c.attn_softcap > 0) needs.push_back(fmt::format("attention soft-cap {}", c.attn_softcap));
     if (c.fused_qkv) needs.push_back("fused QKV and gate-up");
     if (c.sliding_window > 0) {
       const auto n = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), 1);

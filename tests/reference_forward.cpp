@@ -85,7 +85,8 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
   for (int64_t t = 0; t < n; ++t) {
     const double* row = weights.tok_embd.w.data() + int64_t{tokens[t]} * c.n_embd;
     x[t].assign(row, row + c.n_embd);
-    for (double& e : x[t]) e *= c.arch == Arch::Gemma3 ? std::sqrt(double(c.n_embd)) : 1.0;
+    const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
+    for (double& e : x[t]) e *= gemma ? std::sqrt(double(c.n_embd)) : 1.0;
   }
 
   ReferencePass out;
@@ -140,6 +141,7 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
           double d = 0;
           for (int i = 0; i < hd; ++i) d += q[t][h * hd + i] * k[seen[j]][kvh * hd + i];
           s[j] = d / std::sqrt(double(hd));
+          if (c.attn_softcap > 0) s[j] = c.attn_softcap * std::tanh(s[j] / c.attn_softcap);
           m = std::max(m, s[j]);
         }
         double sum = 0;

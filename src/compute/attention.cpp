@@ -109,7 +109,8 @@ int64_t Visibility::n_visible(int64_t query) const {
 }
 
 void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const Visibility& vis,
-               const KvLayerView& kv, int n_head, int n_head_kv, int head_dim, float* out, ThreadPool& pool) {
+               const KvLayerView& kv, int n_head, int n_head_kv, int head_dim, float* out, ThreadPool& pool,
+               float softcap) {
   if (!ids.empty() && static_cast<int64_t>(ids.size()) != n_q)
     fail(ErrorKind::Internal, "attention: {} query ids for {} query rows", ids.size(), n_q);
   const int group = n_head / n_head_kv;
@@ -151,13 +152,13 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
         ls.end[ls.n] = static_cast<int32_t>(g.self_row + (id_of(r) - g.first) + 1);
         ++ls.n;
       }
-    kernel(ls, q, q_stride, kv, int64_t{t.kv_head} * head_dim, g, head_dim, scale, out, scratch);
+    kernel(ls, q, q_stride, kv, int64_t{t.kv_head} * head_dim, g, head_dim, scale, softcap, out, scratch);
   });
 }
 
 std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
                                    std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
-                                   int n_head_kv, int head_dim) {
+                                   int n_head_kv, int head_dim, float softcap) {
   // Targets by where they begin, for one sweep over the ascending rows.
   std::vector<size_t> order(targets.size());
   for (size_t t = 0; t < order.size(); ++t) order[t] = t;
@@ -185,6 +186,7 @@ std::vector<double> attention_mass(const float* q_row, std::span<const RowRange>
         scores[i] = vec::dot(static_cast<const uint16_t*>(kv.k) + off, q, head_dim) * scale;
       else
         scores[i] = vec::dot(static_cast<const float*>(kv.k) + off, q, head_dim) * scale;
+      if (softcap > 0) scores[i] = softcap * std::tanh(scores[i] / softcap);
       if (!(scores[i] <= m)) m = scores[i];  // a NaN score makes every mass NaN
     }
     double total = 0;

@@ -63,8 +63,10 @@ class Visibility {
 
 // q: (n_q, n_head*head_dim); row r is batch query ids[r] (or r when ids is
 // empty). out: same shape. GQA: query head h reads KV head h / (n_head / n_head_kv).
+// softcap > 0 bounds each scaled score s as softcap * tanh(s / softcap) (Gemma 2).
 void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const Visibility& vis,
-               const KvLayerView& kv, int n_head, int n_head_kv, int head_dim, float* out, ThreadPool& pool);
+               const KvLayerView& kv, int n_head, int n_head_kv, int head_dim, float* out, ThreadPool& pool,
+               float softcap = 0);
 
 // Softmax attention mass of one query row onto each of `targets`, averaged
 // over heads, given the ranges it sees (ascending). Targets must be
@@ -72,6 +74,6 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
 // most 1).
 std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
                                    std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
-                                   int n_head_kv, int head_dim);
+                                   int n_head_kv, int head_dim, float softcap = 0);
 
 }  // namespace depcache

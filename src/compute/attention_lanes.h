@@ -35,8 +35,8 @@ struct TileScratch {
 };
 
 using AttendLanesFn = void (*)(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv,
-                               int64_t kv_off, const QueryGroup& g, int d, float scale, float* out,
-                               TileScratch& s);
+                               int64_t kv_off, const QueryGroup& g, int d, float scale, float softcap,
+                               float* out, TileScratch& s);
 
 // The kernel of each ISA for f16 or f32 KV; nullptr where the compiler could
 // not build that ISA.
@@ -54,7 +54,7 @@ namespace {
 // element.
 template <class S, typename T, int NV>
 void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv, int64_t kv_off,
-                  const QueryGroup& g, int d, float scale, float* out, TileScratch& s) {
+                  const QueryGroup& g, int d, float scale, float softcap, float* out, TileScratch& s) {
   using V = typename S::V;
   constexpr int W = S::W;
   const T* k = static_cast<const T*>(kv.k) + kv_off;
@@ -91,6 +91,12 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
         for (int vi = 0; vi < NV; ++vi) acc[vi] = S::fmadd(kb, S::load(&s.qt[(vi * d + i) * W]), acc[vi]);
       }
       for (int vi = 0; vi < NV; ++vi) {
+        if (softcap > 0) {  // Gemma 2: scores bounded as cap * tanh(score / cap)
+          float t[W];
+          S::store(t, acc[vi]);
+          for (int x = 0; x < W; ++x) t[x] = softcap * std::tanh(t[x] / softcap);
+          acc[vi] = S::load(t);
+        }
         // Lanes whose causal run ends at or before this row do not see it.
         if (causal) acc[vi] = S::hide_past(acc[vi], static_cast<int32_t>(j0 + j + 1), endv[vi]);
         bm[vi] = S::max(bm[vi], acc[vi]);
@@ -155,12 +161,13 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
 // The instantiation for ceil(n / W) vectors.
 template <class S, typename T, int NV = 1>
 void attend_lanes_for(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv,
-                      int64_t kv_off, const QueryGroup& g, int d, float scale, float* out, TileScratch& s) {
+                      int64_t kv_off, const QueryGroup& g, int d, float scale, float softcap, float* out,
+                      TileScratch& s) {
   if constexpr (NV * S::W < kMaxLanes) {
     if (ls.n > NV * S::W)
-      return attend_lanes_for<S, T, NV + 1>(ls, q, q_stride, kv, kv_off, g, d, scale, out, s);
+      return attend_lanes_for<S, T, NV + 1>(ls, q, q_stride, kv, kv_off, g, d, scale, softcap, out, s);
   }
-  attend_lanes<S, T, NV>(ls, q, q_stride, kv, kv_off, g, d, scale, out, s);
+  attend_lanes<S, T, NV>(ls, q, q_stride, kv, kv_off, g, d, scale, softcap, out, s);
 }
 
 }  // namespace

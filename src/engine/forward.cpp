@@ -187,7 +187,8 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
         const auto it = std::lower_bound(active_.begin(), active_.end(), query);
         if (it == active_.end() || *it != query) continue;
         mass[s] = attention_mass(q_.data() + (it - active_.begin()) * q_width, vis.visible(query),
-                                 plan.stats_targets, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim);
+                                 plan.stats_targets, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim,
+                                 c.attn_softcap);
       }
     });
   }
@@ -199,7 +200,8 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
   const auto m = static_cast<int64_t>(active_.size());
   if (m == 0) return;
   for (int64_t id : active_) result.attention_pairs += vis.n_visible(id);
-  attention(q_.data(), m, active_, vis, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim, attn_.data(), pool_);
+  attention(q_.data(), m, active_, vis, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim, attn_.data(), pool_,
+            c.attn_softcap);
   matmul(w.wo, attn_.data(), m, proj_.data(), pool_, matmul_scratch_);
   if (c.post_norms) rms_norm(proj_.data(), w.attn_post_norm.data(), proj_.data(), m, c.n_embd, c.rms_eps);
   for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];

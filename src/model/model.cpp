@@ -124,6 +124,7 @@ uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPoo
     h = hash_bytes(c.layer_windowed.data(), c.layer_windowed.size(), h);
     h = hash_bytes(c.layer_no_rope.data(), c.layer_no_rope.size(), h);
   }
+  if (c.attn_softcap != 0) h = hash_bytes(&c.attn_softcap, sizeof c.attn_softcap, h);
   size_t next = 0;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const GgufTensor& t = tensors[ti];

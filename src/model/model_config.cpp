@@ -16,6 +16,8 @@ const char* arch_name(Arch arch) {
       return "qwen2";
     case Arch::Qwen3:
       return "qwen3";
+    case Arch::Gemma2:
+      return "gemma2";
     case Arch::Gemma3:
       return "gemma3";
     case Arch::Phi3:
@@ -27,7 +29,7 @@ const char* arch_name(Arch arch) {
 }
 
 std::optional<Arch> parse_arch(std::string_view name) {
-  for (Arch a : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Phi3, Arch::SmolLM3})
+  for (Arch a : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma2, Arch::Gemma3, Arch::Phi3, Arch::SmolLM3})
     if (name == arch_name(a)) return a;
   return std::nullopt;
 }
@@ -43,7 +45,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   const std::optional<Arch> arch = parse_arch(c.arch_name);
   if (!arch)
     fail(ErrorKind::InvalidInput,
-         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3)",
+         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma2, gemma3, phi3, smollm3)",
          f.source(), c.arch_name);
   c.arch = *arch;
   // Llama and SmolLM3 rotate adjacent pairs; the others NeoX halves. Qwen2
@@ -52,7 +54,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.qkv_bias = c.arch == Arch::Qwen2;
   c.qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
   c.fused_qkv = c.arch == Arch::Phi3;
-  if (c.arch == Arch::Gemma3) {
+  const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
+  if (gemma) {
     c.post_norms = true;
     c.ffn_act = Activation::GeluTanh;
   }
@@ -114,11 +117,16 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     fail(ErrorKind::InvalidInput, "{}: linear rope scaling factor {} must be at least 1", f.source(), linear);
   if (linear != 1.0) c.rope_divisors.assign(static_cast<size_t>(c.n_rot / 2), static_cast<float>(linear));
 
-  if (c.arch == Arch::Gemma3) {
+  if (gemma) {
     c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-    // The 27B model scales queries by 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim).
-    if (c.n_layer == 62) c.q_scale = std::sqrt(float(c.head_dim) / float(c.n_embd / c.n_head));
+    // The 27B models (Gemma 2: 46 layers, Gemma 3: 62) scale queries by
+    // 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim).
+    if (c.n_layer == (c.arch == Arch::Gemma2 ? 46 : 62))
+      c.q_scale = std::sqrt(float(c.head_dim) / float(c.n_embd / c.n_head));
   }
+  c.attn_softcap = static_cast<float>(f.get_float_or(a + ".attn_logit_softcapping").value_or(0.0));
+  if (!(c.attn_softcap >= 0) || !std::isfinite(c.attn_softcap))
+    fail(ErrorKind::InvalidInput, "{}: attn_logit_softcapping {} is invalid", f.source(), c.attn_softcap);
   c.final_softcap = static_cast<float>(f.get_float_or(a + ".final_logit_softcapping").value_or(0.0));
   if (!(c.final_softcap >= 0) || !std::isfinite(c.final_softcap))
     fail(ErrorKind::InvalidInput, "{}: final_logit_softcapping {} is invalid", f.source(), c.final_softcap);
@@ -142,7 +150,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.layer_windowed.assign(c.n_layer, 1);
     const std::string pattern_key = a + ".attention.sliding_window_pattern";
     const GgufValue* pattern = f.find(pattern_key);
-    int64_t period = c.arch == Arch::Gemma3 ? 6 : 1;
+    // Gemma 2 alternates windowed and global layers; Gemma 3 has five windowed, then one global.
+    int64_t period = c.arch == Arch::Gemma3 ? 6 : c.arch == Arch::Gemma2 ? 2 : 1;
     if (pattern && pattern->type == GgufType::Array) {
       const auto& flags = std::get<std::vector<GgufValue>>(pattern->data);
       if (flags.size() != static_cast<size_t>(c.n_layer) || pattern->elem_type != GgufType::Bool)
@@ -194,7 +203,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                                               "attention.sliding_window_pattern",
                                               "rope.freq_base_swa",
                                               "rope.scaling.attn_factor",
-                                              "final_logit_softcapping"};
+                                              "final_logit_softcapping",
+                                              "attn_logit_softcapping"};
   for (const auto& [key, value] : f.metadata()) {
     if (!key.starts_with(a + ".")) continue;
     if (!known.count(key.substr(a.size() + 1)))

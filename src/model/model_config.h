@@ -12,7 +12,7 @@ namespace depcache {
 
 class GgufFile;
 
-enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Phi3, SmolLM3 };
+enum class Arch { Llama, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3 };
 // The GGUF general.architecture name of each, and back (nullopt: unknown).
 const char* arch_name(Arch arch);
 std::optional<Arch> parse_arch(std::string_view name);
@@ -56,6 +56,9 @@ struct ModelConfig {
   bool post_norms = false;
   Activation ffn_act = Activation::Silu;
   float final_softcap = 0.0f;
+  // Gemma 2: each attention score s (after 1/sqrt(head_dim)) becomes
+  // attn_softcap * tanh(s / attn_softcap) when attn_softcap > 0.
+  float attn_softcap = 0.0f;
   // Queries are multiplied by this before attention (which scales by
   // 1/sqrt(head_dim)): Phi-3's LongRoPE attention factor (squared, as it
   // scales both Q and K), Gemma 3 27B's other query scale.

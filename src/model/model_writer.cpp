@@ -103,9 +103,10 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",        "tiny-qwen2",   "tiny-llama3",    "tiny-qwen3",    "tiny-gemma3",
-          "tiny-phi3",   "tiny-smollm3", "qwen2-0.5b",     "qwen3-0.6b",    "llama-1b",
-          "llama3.2-1b", "gemma3-1b",    "phi3.5-mini-8l", "smollm3-3b-12l"};
+  return {"tiny",        "tiny-qwen2", "tiny-llama3", "tiny-qwen3",     "tiny-gemma2",
+          "tiny-gemma3", "tiny-phi3",  "tiny-smollm3", "qwen2-0.5b",    "qwen3-0.6b",
+          "llama-1b",    "llama3.2-1b", "gemma2-2b",  "gemma3-1b",      "phi3.5-mini-8l",
+          "smollm3-3b-12l"};
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -144,6 +145,26 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.arch = Arch::Qwen3;
     s.n_layer = 28, s.n_embd = 1024, s.n_head = 16, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 3072;
     s.n_ctx = 40960, s.n_vocab = 151936, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
+    s.tied_embeddings = true;
+    return s;
+  }
+  // Caps low enough to bend the tiny model's scores and logits, so a test
+  // sees whether they are applied.
+  if (name == "tiny-gemma2") {  // four layers: windowed (8 positions) and global in turn
+    s.arch = Arch::Gemma2;
+    s.n_layer = 4, s.n_head_kv = 1, s.head_dim = 32;
+    s.rms_eps = 1e-6f;
+    s.sliding_window = 8;
+    s.attn_softcap = 0.5f, s.final_softcap = 3.0f;
+    s.tied_embeddings = true;
+    return s;
+  }
+  if (name == "gemma2-2b") {  // Gemma-2-2B
+    s.arch = Arch::Gemma2;
+    s.n_layer = 26, s.n_embd = 2304, s.n_head = 8, s.n_head_kv = 4, s.head_dim = 256, s.n_ff = 9216;
+    s.n_ctx = 8192, s.n_vocab = 256000, s.rms_eps = 1e-6f;
+    s.sliding_window = 4096;
+    s.attn_softcap = 50.0f, s.final_softcap = 30.0f;
     s.tied_embeddings = true;
     return s;
   }
@@ -249,7 +270,8 @@ std::vector<ModelTensor> model_tensors(const ModelShape& s, int n_vocab) {
       vector(p + "attn_k_norm.weight", head_dim, true);
     }
     matrix(p + "attn_output.weight", n_q, s.n_embd);
-    if (s.arch == Arch::Gemma3) vector(p + "post_attention_norm.weight", s.n_embd, true);
+    const bool gemma = s.arch == Arch::Gemma2 || s.arch == Arch::Gemma3;
+    if (gemma) vector(p + "post_attention_norm.weight", s.n_embd, true);
     vector(p + "ffn_norm.weight", s.n_embd, true);
     if (s.arch == Arch::Phi3) {
       matrix(p + "ffn_up.weight", s.n_embd, 2 * s.n_ff);  // gate rows, then up rows
@@ -258,7 +280,7 @@ std::vector<ModelTensor> model_tensors(const ModelShape& s, int n_vocab) {
       matrix(p + "ffn_up.weight", s.n_embd, s.n_ff);
     }
     matrix(p + "ffn_down.weight", s.n_ff, s.n_embd);
-    if (s.arch == Arch::Gemma3) vector(p + "post_ffw_norm.weight", s.n_embd, true);
+    if (gemma) vector(p + "post_ffw_norm.weight", s.n_embd, true);
   }
   vector("output_norm.weight", s.n_embd, true);
   if (!s.tied_embeddings) matrix("output.weight", s.n_embd, n_vocab);
@@ -313,6 +335,8 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
       w.set(arch + ".attention.sliding_window_pattern", GgufValue::u32(s.sliding_window_pattern));
     if (s.rope_base_local > 0) w.set(arch + ".rope.freq_base_swa", GgufValue::f32(s.rope_base_local));
   }
+  if (s.attn_softcap > 0) w.set(arch + ".attn_logit_softcapping", GgufValue::f32(s.attn_softcap));
+  if (s.final_softcap > 0) w.set(arch + ".final_logit_softcapping", GgufValue::f32(s.final_softcap));
   if (s.rope_linear_factor != 1.0f) {
     w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));

@@ -42,10 +42,14 @@ struct ModelShape {
   std::optional<Llama3Rope> llama3_rope;
   float rope_linear_factor = 1.0f;
   // Sliding-window attention (0: none); the pattern's period (0: the
-  // architecture's: Gemma 3 six, others every layer); Gemma 3's local RoPE base.
+  // architecture's: Gemma 2 two, Gemma 3 six, others every layer); Gemma 3's
+  // local RoPE base.
   int sliding_window = 0;
   int sliding_window_pattern = 0;
   float rope_base_local = 0;
+  // Gemma 2's soft caps on attention scores and on the logits (0: none).
+  float attn_softcap = 0;
+  float final_softcap = 0;
 };
 
 // Llama 3's RoPE frequency divisors (what its rope_freqs.weight holds): pairs

@@ -47,13 +47,14 @@ struct Kv {
 
 // float64 softmax attention of one query head over explicit rows.
 std::vector<double> reference(const Kv& kv, bool f16, const float* q, int kvh,
-                              const std::vector<int64_t>& rows) {
+                              const std::vector<int64_t>& rows, double softcap = 0) {
   std::vector<double> s(rows.size()), out(kv.hd, 0.0);
   double m = -INFINITY, sum = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
     double d = 0;
     for (int i = 0; i < kv.hd; ++i) d += q[i] * kv.key(f16, rows[r], kvh, i);
     s[r] = d / std::sqrt(double(kv.hd));
+    if (softcap > 0) s[r] = softcap * std::tanh(s[r] / softcap);
     m = std::max(m, s[r]);
   }
   for (double& e : s) sum += (e = std::exp(e - m));
@@ -86,20 +87,23 @@ TEST(Attention, RangesMatchFloat64SoftmaxWithGqaAndF16) {
   EXPECT_EQ(vis.visible(72), (std::vector<RowRange>{{3, 40}, {100, 180}, {195, 203}}));
   const Isa saved = current_isa();
   for (Isa isa : {Isa::Avx2, Isa::Avx512})  // 8- and 16-lane kernels
-    for (bool f16 : {false, true}) {
-      if (!test::isa_available(isa)) continue;
-      set_isa(isa);
-      std::vector<float> out(q.size());
-      attention(q.data(), n_q, {}, vis, kv.view(f16), n_head, n_head_kv, hd, out.data(), pool);
-      std::vector<double> ref;
-      for (int64_t t = 0; t < n_q; ++t)
-        for (int h = 0; h < n_head; ++h) {
-          const auto r = reference(kv, f16, &q[(t * n_head + h) * hd], h / 2, rows_of(vis.visible(t)));
-          ref.insert(ref.end(), r.begin(), r.end());
-        }
-      const std::string label = std::string(f16 ? "f16 " : "f32 ") + std::string(isa_name(isa));
-      EXPECT_LT(test::max_abs_diff(out, ref, label), 1e-5) << label;
-    }
+    for (bool f16 : {false, true})
+      for (float softcap : {0.0f, 0.7f}) {  // Gemma 2's soft-capped scores too
+        if (!test::isa_available(isa)) continue;
+        set_isa(isa);
+        std::vector<float> out(q.size());
+        attention(q.data(), n_q, {}, vis, kv.view(f16), n_head, n_head_kv, hd, out.data(), pool, softcap);
+        std::vector<double> ref;
+        for (int64_t t = 0; t < n_q; ++t)
+          for (int h = 0; h < n_head; ++h) {
+            const auto r =
+                reference(kv, f16, &q[(t * n_head + h) * hd], h / 2, rows_of(vis.visible(t)), softcap);
+            ref.insert(ref.end(), r.begin(), r.end());
+          }
+        const std::string label = std::string(f16 ? "f16 " : "f32 ") + std::string(isa_name(isa)) +
+                                  (softcap > 0 ? " soft-capped" : "");
+        EXPECT_LT(test::max_abs_diff(out, ref, label), 1e-5) << label;
+      }
   set_isa(saved);
 }
 

@@ -88,6 +88,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RefCase{"tiny-qwen2", DType::F32, false}, RefCase{"tiny-qwen2", DType::Q8_0, true},
                       RefCase{"tiny-llama3", DType::F32, false}, RefCase{"tiny-llama3", DType::Q8_0, true},
                       RefCase{"tiny-qwen3", DType::F32, false}, RefCase{"tiny-qwen3", DType::Q8_0, true},
+                      RefCase{"tiny-gemma2", DType::F32, true}, RefCase{"tiny-gemma2", DType::Q8_0, true},
                       RefCase{"tiny-gemma3", DType::F32, true}, RefCase{"tiny-gemma3", DType::Q8_0, true},
                       RefCase{"tiny-phi3", DType::F32, false}, RefCase{"tiny-phi3", DType::Q8_0, true},
                       RefCase{"tiny-smollm3", DType::F32, false}, RefCase{"tiny-smollm3", DType::Q8_0, true}),

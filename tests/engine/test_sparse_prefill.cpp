@@ -87,7 +87,8 @@ TEST_P(BothRopeStyles, SpanRotatedByDeltaEqualsRecomputation) {
 
 INSTANTIATE_TEST_SUITE_P(Models, BothRopeStyles,
                          ::testing::Combine(::testing::Values("tiny", "tiny-qwen2", "tiny-llama3",
-                                                              "tiny-qwen3", "tiny-gemma3", "tiny-phi3",
+                                                              "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",
+                                                              "tiny-phi3",
                                                               "tiny-smollm3"),
                                             ::testing::Values(DType::F32, DType::F16)),
                          [](const auto& info) {

@@ -165,6 +165,13 @@ TEST(ModelStrict, WindowsAndRopeLayersAreInTheFingerprint) {
   EXPECT_NE(b->fingerprint(), c->fingerprint());
   const auto s = Model::load(write_tiny("smollm3", *model_preset("tiny-smollm3")));
   EXPECT_EQ(s->config().layer_no_rope, (std::vector<uint8_t>{0, 0, 0, 1}));
+  // Gemma 2: windowed and global layers in turn; the attention soft-cap keys caches too.
+  ModelShape g2 = *model_preset("tiny-gemma2");
+  const auto d = Model::load(write_tiny("gemma2", g2));
+  EXPECT_EQ(d->config().layer_windowed, (std::vector<uint8_t>{1, 0, 1, 0}));
+  EXPECT_EQ(d->config().attn_softcap, 0.5f);
+  g2.attn_softcap = 0;
+  EXPECT_NE(d->fingerprint(), Model::load(write_tiny("gemma2-nocap", g2))->fingerprint());
 }
 
 // What the engine does not implement is refused by name: a tensor it would
@@ -180,7 +187,7 @@ TEST(ModelStrict, WhatTheEngineDoesNotImplementIsRefusedByName) {
   } cases[] = {
       {{}, "blk.0.attn_q_norm.weight", "tensor 'blk.0.attn_q_norm.weight' is not implemented"},
       // Gemma 2's attention soft-capping; Phi-3's LongRoPE factor elsewhere.
-      {{{"llama.attn_logit_softcapping", GgufValue::f32(50.0f)}}, "", "'llama.attn_logit_softcapping'"},
+      {{{"llama.attention.q_lora_rank", GgufValue::u32(1536)}}, "", "'llama.attention.q_lora_rank'"},
       {{{"llama.rope.scaling.attn_factor", GgufValue::f32(1.2f)}}, "", "llama.rope.scaling.attn_factor"},
       {{{"llama.attention.sliding_window", GgufValue::u32(8)},
         {"llama.attention.sliding_window_pattern", GgufValue::u32(1000)}},

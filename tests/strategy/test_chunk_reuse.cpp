@@ -95,11 +95,12 @@ TEST(ChunkReuse, FullReuseOfOneChunkEqualsFullPrefill) {
 // computing every chunk alone in this request (keys rotated to the new
 // positions: rounding only).
 TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
-  // Then with Llama 3's RoPE scaling, Qwen3's per-head norms, Gemma 3's
+  // Then with Llama 3's RoPE scaling, Qwen3's per-head norms, Gemma 2's
+  // soft-capped attention, Gemma 3's
   // windowed layers with their own RoPE base, Phi-3's fused weights and
   // SmolLM3's layers without RoPE.
   for (const std::string preset :
-       {"tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-gemma3", "tiny-phi3", "tiny-smollm3"}) {
+       {"tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-smollm3"}) {
     SCOPED_TRACE(preset);
     Rig rig(preset);
     rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
@@ -123,7 +124,7 @@ TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
 // Recomputing every chunk token is full prefill; recomputing none in
 // FusionRAG is full reuse.
 TEST(ChunkReuse, FullRecomputeEqualsFullPrefillAndNoneEqualsFullReuse) {
-  for (const char* preset : {"tiny", "tiny-qwen2", "tiny-gemma3"}) {
+  for (const char* preset : {"tiny", "tiny-qwen2", "tiny-gemma2", "tiny-gemma3"}) {
     Rig rig(preset);
     rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
     const RagRequest moved = doc_request({kHoot, kPurr, kBark}, "Who sleeps?");
