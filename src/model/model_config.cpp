@@ -29,9 +29,30 @@ const char* arch_name(Arch arch) {
 }
 
 std::optional<Arch> parse_arch(std::string_view name) {
-  for (Arch a : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma2, Arch::Gemma3, Arch::Phi3, Arch::SmolLM3})
+  for (Arch a :
+       {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma2, Arch::Gemma3, Arch::Phi3, Arch::SmolLM3})
     if (name == arch_name(a)) return a;
   return std::nullopt;
+}
+
+std::vector<float> yarn_rope_divisors(int n_rot, float base, float factor, int original_context,
+                                      float beta_fast, float beta_slow) {
+  // The pair index at which a frequency turns `turns` times over the
+  // original context; pairs below `low` keep their frequency, pairs above
+  // `high` are divided by the factor, a linear ramp between.
+  const auto pair_at = [&](float turns) {
+    return float(n_rot) * std::log(float(original_context) / (turns * 2.0f * 3.14159265358979f)) /
+           (2.0f * std::log(base));
+  };
+  const float low = std::max(0.0f, std::floor(pair_at(beta_fast)));
+  const float high = std::min(float(n_rot - 1), std::ceil(pair_at(beta_slow)));
+  std::vector<float> out;
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const float y = (float(i) - low) / std::max(0.001f, high - low);
+    const float keep = 1.0f - std::min(1.0f, std::max(0.0f, y));  // 1: the frequency as trained
+    out.push_back(1.0f / ((1.0f - keep) / factor + keep));
+  }
+  return out;
 }
 
 const std::vector<float>& ModelConfig::layer_rope_divisors(int il) const {
@@ -45,7 +66,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   const std::optional<Arch> arch = parse_arch(c.arch_name);
   if (!arch)
     fail(ErrorKind::InvalidInput,
-         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma2, gemma3, phi3, smollm3)",
+         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma2, gemma3, phi3, "
+         "smollm3)",
          f.source(), c.arch_name);
   c.arch = *arch;
   // Llama and SmolLM3 rotate adjacent pairs; the others NeoX halves. Qwen2
@@ -97,17 +119,40 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.rope_base = static_cast<float>(f.get_float_or(a + ".rope.freq_base").value_or(10000.0));
   if (!(c.rope_base > 1))
     fail(ErrorKind::InvalidInput, "{}: rope.freq_base {} is invalid", f.source(), c.rope_base);
-  // RoPE scaling: linear is implemented (every frequency divided by the
-  // factor); any other type would silently change outputs.
+  // RoPE scaling: linear (every frequency divided by the factor) and YaRN
+  // are implemented; any other type would silently change outputs.
   c.rope_scaling = f.get_string_or(a + ".rope.scaling.type").value_or("none");
   double linear = 1.0;
-  if (c.rope_scaling == "linear") {
+  float yarn_query_scale = 1.0f;
+  if (c.rope_scaling == "linear" || c.rope_scaling == "yarn") {
     if (!f.find(a + ".rope.scaling.factor"))
-      fail(ErrorKind::InvalidInput, "{}: linear rope scaling without {}.rope.scaling.factor", f.source(), a);
+      fail(ErrorKind::InvalidInput, "{}: {} rope scaling without {}.rope.scaling.factor", f.source(),
+           c.rope_scaling, a);
+  }
+  if (c.rope_scaling == "linear") {
     linear = f.get_float_or(a + ".rope.scaling.factor").value_or(1.0);
+  } else if (c.rope_scaling == "yarn") {
+    if (c.arch == Arch::Phi3 || c.arch == Arch::Gemma3 || c.arch == Arch::Gemma2)
+      fail(ErrorKind::InvalidInput, "{}: YaRN rope scaling on a {} model is not supported", f.source(), a);
+    const double factor = f.get_float_or(a + ".rope.scaling.factor").value_or(1.0);
+    const auto original = f.get_int_or(a + ".rope.scaling.original_context_length").value_or(c.n_ctx_train);
+    const double beta_fast = f.get_float_or(a + ".rope.scaling.yarn_beta_fast").value_or(32.0);
+    const double beta_slow = f.get_float_or(a + ".rope.scaling.yarn_beta_slow").value_or(1.0);
+    if (!(factor >= 1.0) || !std::isfinite(factor) || original <= 0 || !(beta_fast > 0) || !(beta_slow > 0) ||
+        !std::isfinite(beta_fast) || !std::isfinite(beta_slow))
+      fail(ErrorKind::InvalidInput,
+           "{}: YaRN parameters out of range (factor {}, original context {}, beta fast {}, slow {})",
+           f.source(), factor, original, beta_fast, beta_slow);
+    c.rope_divisors = yarn_rope_divisors(c.n_rot, c.rope_base, static_cast<float>(factor),
+                                         static_cast<int>(std::min<int64_t>(original, int64_t{1} << 30)),
+                                         static_cast<float>(beta_fast), static_cast<float>(beta_slow));
+    // YaRN scales cos and sin, so both Q and K, by 1 + 0.1 ln(factor).
+    const float m = 1.0f + 0.1f * std::log(static_cast<float>(factor));
+    yarn_query_scale = m * m;
   } else if (c.rope_scaling != "none") {
-    fail(ErrorKind::InvalidInput, "{}: rope scaling type '{}' is not supported (supported: none, linear)",
-         f.source(), c.rope_scaling);
+    fail(ErrorKind::InvalidInput,
+         "{}: rope scaling type '{}' is not supported (supported: none, linear, yarn)", f.source(),
+         c.rope_scaling);
   }
   if (auto legacy = f.get_float_or(a + ".rope.scale_linear"); legacy && *legacy != 1.0) {
     c.rope_scaling = "linear";
@@ -124,6 +169,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     if (c.n_layer == (c.arch == Arch::Gemma2 ? 46 : 62))
       c.q_scale = std::sqrt(float(c.head_dim) / float(c.n_embd / c.n_head));
   }
+  c.q_scale *= yarn_query_scale;
   c.attn_softcap = static_cast<float>(f.get_float_or(a + ".attn_logit_softcapping").value_or(0.0));
   if (!(c.attn_softcap >= 0) || !std::isfinite(c.attn_softcap))
     fail(ErrorKind::InvalidInput, "{}: attn_logit_softcapping {} is invalid", f.source(), c.attn_softcap);
@@ -203,6 +249,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                                               "attention.sliding_window_pattern",
                                               "rope.freq_base_swa",
                                               "rope.scaling.attn_factor",
+                                              "rope.scaling.yarn_beta_fast",
+                                              "rope.scaling.yarn_beta_slow",
                                               "final_logit_softcapping",
                                               "attn_logit_softcapping"};
   for (const auto& [key, value] : f.metadata()) {

@@ -15,6 +15,14 @@ class GgufFile;
 enum class Arch { Llama, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3 };
 // The GGUF general.architecture name of each, and back (nullopt: unknown).
 const char* arch_name(Arch arch);
+
+// YaRN's per-pair frequency divisors (rope.scaling.type yarn): pairs that turn
+// more than beta_fast times over the original context keep their frequency,
+// those turning fewer than beta_slow times are divided by `factor`, with a
+// linear ramp between (by pair index). YaRN also scales Q and K by
+// 1 + 0.1 ln(factor), which ModelConfig folds into q_scale.
+std::vector<float> yarn_rope_divisors(int n_rot, float base, float factor, int original_context, float beta_fast,
+                                      float beta_slow);
 std::optional<Arch> parse_arch(std::string_view name);
 enum class Activation { Silu, GeluTanh };  // the FFN gate's: SwiGLU or GeGLU (tanh approximation)
 // Normal rotates adjacent pairs (x0,x1),(x2,x3)...; Neox rotates (x_i, x_{i+n_rot/2}).
@@ -46,7 +54,7 @@ struct ModelConfig {
   // factor; Llama 3's rope_freqs.weight gives one divisor per pair (set by
   // Model::from_file); the two multiply.
   std::vector<float> rope_divisors;
-  std::string rope_scaling = "none";  // none or linear (rope.scaling.type)
+  std::string rope_scaling = "none";  // none, linear or yarn (rope.scaling.type)
   bool qkv_bias = false;
   bool qk_norm = false;  // qwen3, gemma3: RMSNorm over each head of Q and K before RoPE
   // Gemma: token embeddings scaled by sqrt(n_embd); RMSNorm on the attention

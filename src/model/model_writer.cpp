@@ -103,10 +103,9 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",        "tiny-qwen2", "tiny-llama3", "tiny-qwen3",     "tiny-gemma2",
-          "tiny-gemma3", "tiny-phi3",  "tiny-smollm3", "qwen2-0.5b",    "qwen3-0.6b",
-          "llama-1b",    "llama3.2-1b", "gemma2-2b",  "gemma3-1b",      "phi3.5-mini-8l",
-          "smollm3-3b-12l"};
+  return {"tiny",        "tiny-qwen2", "tiny-qwen2-yarn", "tiny-llama3",    "tiny-qwen3",    "tiny-gemma2",
+          "tiny-gemma3", "tiny-phi3",  "tiny-smollm3",    "qwen2-0.5b",     "qwen3-0.6b",    "llama-1b",
+          "llama3.2-1b", "gemma2-2b",  "gemma3-1b",       "phi3.5-mini-8l", "smollm3-3b-12l"};
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -215,6 +214,15 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.arch = Arch::Qwen2;
     s.rope_base = 1e6f;
     s.rms_eps = 1e-6f;
+    return s;
+  }
+  // Qwen2.5's YaRN configuration, scaled down: the original context 64
+  // stretched four times, so the ramp between kept and divided frequencies
+  // falls inside the tiny model's 16 rotary pairs.
+  if (name == "tiny-qwen2-yarn") {
+    s.arch = Arch::Qwen2;
+    s.rope_base = 1e6f, s.rms_eps = 1e-6f, s.n_ctx = 256;
+    s.yarn_factor = 4.0f, s.yarn_original_context = 64;
     return s;
   }
   if (name == "qwen2-0.5b") {
@@ -337,6 +345,11 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
   }
   if (s.attn_softcap > 0) w.set(arch + ".attn_logit_softcapping", GgufValue::f32(s.attn_softcap));
   if (s.final_softcap > 0) w.set(arch + ".final_logit_softcapping", GgufValue::f32(s.final_softcap));
+  if (s.yarn_factor > 0) {
+    w.set(arch + ".rope.scaling.type", GgufValue::string("yarn"));
+    w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.yarn_factor));
+    w.set(arch + ".rope.scaling.original_context_length", GgufValue::u32(s.yarn_original_context));
+  }
   if (s.rope_linear_factor != 1.0f) {
     w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));

@@ -41,6 +41,9 @@ struct ModelShape {
   };
   std::optional<Llama3Rope> llama3_rope;
   float rope_linear_factor = 1.0f;
+  // YaRN (0: none): the factor and the context the model was trained for.
+  float yarn_factor = 0;
+  int yarn_original_context = 0;
   // Sliding-window attention (0: none); the pattern's period (0: the
   // architecture's: Gemma 2 two, Gemma 3 six, others every layer); Gemma 3's
   // local RoPE base.

@@ -86,6 +86,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RefCase{"tiny", DType::BF16, false}, RefCase{"tiny", DType::Q8_0, false},
                       RefCase{"tiny", DType::Q4_0, false}, RefCase{"tiny", DType::F32, true},
                       RefCase{"tiny-qwen2", DType::F32, false}, RefCase{"tiny-qwen2", DType::Q8_0, true},
+                      RefCase{"tiny-qwen2-yarn", DType::F32, false},
                       RefCase{"tiny-llama3", DType::F32, false}, RefCase{"tiny-llama3", DType::Q8_0, true},
                       RefCase{"tiny-qwen3", DType::F32, false}, RefCase{"tiny-qwen3", DType::Q8_0, true},
                       RefCase{"tiny-gemma2", DType::F32, true}, RefCase{"tiny-gemma2", DType::Q8_0, true},

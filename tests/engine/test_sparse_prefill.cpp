@@ -86,7 +86,7 @@ TEST_P(BothRopeStyles, SpanRotatedByDeltaEqualsRecomputation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BothRopeStyles,
-                         ::testing::Combine(::testing::Values("tiny", "tiny-qwen2", "tiny-llama3",
+                         ::testing::Combine(::testing::Values("tiny", "tiny-qwen2", "tiny-qwen2-yarn", "tiny-llama3",
                                                               "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",
                                                               "tiny-phi3",
                                                               "tiny-smollm3"),

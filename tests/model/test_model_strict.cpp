@@ -174,6 +174,49 @@ TEST(ModelStrict, WindowsAndRopeLayersAreInTheFingerprint) {
   EXPECT_NE(d->fingerprint(), Model::load(write_tiny("gemma2-nocap", g2))->fingerprint());
 }
 
+// YaRN: each pair's frequency as Transformers computes it (in float64 here),
+// and Q and K scaled by 1 + 0.1 ln(factor).
+TEST(ModelStrict, YarnDividesFrequenciesAlongItsRampAndScalesAttention) {
+  const auto m = Model::load(write_tiny("yarn", *model_preset("tiny-qwen2-yarn")));
+  const ModelConfig& c = m->config();
+  const double factor = 4, original = 64, base = c.rope_base, dim = c.n_rot;
+  const double pi = 3.14159265358979323846;
+  const auto correction = [&](double turns) {
+    return dim * std::log(original / (turns * 2 * pi)) / (2 * std::log(base));
+  };
+  const double low = std::max(0.0, std::floor(correction(32))),
+               high = std::min(dim - 1, std::ceil(correction(1)));
+  ASSERT_EQ(c.rope_divisors.size(), static_cast<size_t>(c.n_rot / 2));
+  int kept = 0, divided = 0;
+  for (int i = 0; i < c.n_rot / 2; ++i) {
+    const double ramp = std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0);
+    const double extrapolate = 1 - ramp;  // the share of the trained frequency
+    const double inv_freq = std::pow(base, -2.0 * i / dim);
+    const double scaled = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate;
+    EXPECT_NEAR(c.rope_divisors[i], inv_freq / scaled, 1e-5) << "pair " << i;
+    kept += c.rope_divisors[i] == 1.0f;
+    divided += std::abs(c.rope_divisors[i] - 4.0f) < 1e-6f;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);  // the ramp lies inside the pairs
+  const double mscale = 1 + 0.1 * std::log(factor);
+  EXPECT_NEAR(c.q_scale, mscale * mscale, 1e-6);
+  // Its other keys change what the model computes and are refused by name;
+  // YaRN where a layer rotates with its own base (Gemma) is refused.
+  const auto base_file = write_tiny("yarn-base", *model_preset("tiny-qwen2-yarn"));
+  const auto log_mul =
+      rewrite(base_file, "yarn-logmul", {{"qwen2.rope.scaling.yarn_log_multiplier", GgufValue::f32(0.1f)}});
+  EXPECT_NE(load_error(log_mul).find("'qwen2.rope.scaling.yarn_log_multiplier'"), std::string::npos);
+  ModelShape g = *model_preset("tiny-gemma3");
+  g.yarn_factor = 4, g.yarn_original_context = 64;
+  EXPECT_NE(
+      load_error(write_tiny("yarn-gemma3", g)).find("YaRN rope scaling on a gemma3 model is not supported"),
+      std::string::npos);
+  // The fingerprint sees the scaling.
+  EXPECT_NE(m->fingerprint(), Model::load(write_tiny("no-yarn", *model_preset("tiny-qwen2")))->fingerprint());
+  for (const auto& p : {base_file, log_mul}) std::filesystem::remove(p);
+}
+
 // What the engine does not implement is refused by name: a tensor it would
 // ignore, a key of the architecture's it does not read, scaling types,
 // experts, split files.
@@ -193,7 +236,10 @@ TEST(ModelStrict, WhatTheEngineDoesNotImplementIsRefusedByName) {
         {"llama.attention.sliding_window_pattern", GgufValue::u32(1000)}},
        "",
        "sliding_window_pattern = 1000 is out of range"},
-      {{{"llama.rope.scaling.type", GgufValue::string("yarn")}}, "", "rope scaling type 'yarn'"},
+      {{{"llama.rope.scaling.type", GgufValue::string("dynamic")}}, "", "rope scaling type 'dynamic'"},
+      {{{"llama.rope.scaling.type", GgufValue::string("yarn")}},
+       "",
+       "yarn rope scaling without llama.rope.scaling.factor"},
       {{{"llama.rope.scaling.type", GgufValue::string("linear")}}, "", "without llama.rope.scaling.factor"},
       {{{"llama.expert_count", GgufValue::u32(8)}}, "", "mixture-of-experts"},
       {{{"llama.attention.value_length", GgufValue::u32(32)}}, "", "value_length 32"},
