@@ -89,6 +89,10 @@ void print_support(const std::string& path) {
     if (c.embd_scale != 1) needs.push_back(fmt::format("embeddings x {:.4g}", c.embd_scale));
     if (c.final_softcap > 0) needs.push_back(fmt::format("logit soft-cap {}", c.final_softcap));
     if (c.attn_softcap > 0) needs.push_back(fmt::format("attention soft-cap {}", c.attn_softcap));
+    if (c.rope_scaling != "none") needs.push_back(fmt::format("{} RoPE scaling", c.rope_scaling));
+    if (c.attn_temp_scale != 0)
+      needs.push_back(
+          fmt::format("attention temperature {} per {} positions", c.attn_temp_scale, c.attn_temp_length));
     if (c.fused_qkv) needs.push_back("fused QKV and gate-up");
     if (c.sliding_window > 0) {
       const auto n = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), 1);

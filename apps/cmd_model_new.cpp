@@ -29,7 +29,9 @@ void add_model_new_command(CLI::App& model) {
   cmd->add_option("--qk-init-std", o.qk_stddev,
                   "Standard deviation of the attention query and key weights (default: --init-std)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--arch", arch, "Override the architecture: llama, qwen2, qwen3, gemma2, gemma3, phi3 or smollm3");
+  cmd->add_option(
+      "--arch", arch,
+      "Override the architecture: llama, mistral3, qwen2, qwen3, gemma2, gemma3, phi3 or smollm3");
   cmd->add_option("--layers", layers, "Override the number of layers");
   cmd->add_option("--embd", embd, "Override the embedding size");
   cmd->add_option("--heads", heads, "Override the number of attention heads");
@@ -72,7 +74,8 @@ void add_model_new_command(CLI::App& model) {
       const std::optional<Arch> a = parse_arch(arch);
       if (!a)
         fail(ErrorKind::InvalidInput,
-             "unknown architecture '{}' (llama, qwen2, qwen3, gemma2, gemma3, phi3, smollm3)", arch);
+             "unknown architecture '{}' (llama, mistral3, qwen2, qwen3, gemma2, gemma3, phi3, smollm3)",
+             arch);
       shape->arch = *a;
     }
     if (layers) shape->n_layer = layers;

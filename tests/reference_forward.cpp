@@ -124,6 +124,11 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
         rope(k[t], c.n_head_kv, hd, c.n_rot, positions[t], base, neox, local ? none : c.rope_divisors);
       }
       for (double& e : q[t]) e *= c.q_scale;
+      if (c.attn_temp_scale != 0) {  // its own rule: 1 + scale * ln(floor(p / length) + 1)
+        const double temp =
+            1.0 + c.attn_temp_scale * std::log(std::floor(double(positions[t]) / c.attn_temp_length) + 1.0);
+        for (double& e : q[t]) e *= temp;
+      }
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<int64_t> seen;

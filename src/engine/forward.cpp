@@ -144,6 +144,12 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
   }
   if (c.q_scale != 1.0f)
     for (int64_t i = 0; i < n * q_width; ++i) q_[i] *= c.q_scale;
+  if (c.attn_temp_scale != 0)  // Mistral 3: queries far past the original context attend more sharply
+    for (int64_t i = 0; i < n; ++i) {
+      const float t = attention_temperature(c, active_pos_[i]);
+      if (t != 1.0f)
+        for (int64_t j = 0; j < q_width; ++j) q_[i * q_width + j] *= t;
+    }
   const Visibility& vis = c.windowed(il) && windowed_ ? *windowed_ : plan.visibility;
 
   // Which tokens go on: the hook's choice, then the plan's last layers; in

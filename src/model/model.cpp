@@ -125,6 +125,10 @@ uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPoo
     h = hash_bytes(c.layer_no_rope.data(), c.layer_no_rope.size(), h);
   }
   if (c.attn_softcap != 0) h = hash_bytes(&c.attn_softcap, sizeof c.attn_softcap, h);
+  if (c.attn_temp_scale != 0) {
+    h = hash_bytes(&c.attn_temp_scale, sizeof c.attn_temp_scale, h);
+    h = hash_bytes(&c.attn_temp_length, sizeof c.attn_temp_length, h);
+  }
   size_t next = 0;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const GgufTensor& t = tensors[ti];
@@ -215,7 +219,7 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
   };
   // Llama 3's RoPE scaling: one frequency divisor per rotary pair.
   if (m->file_.find_tensor("rope_freqs.weight")) {
-    if (c.arch != Arch::Llama)
+    if (c.arch != Arch::Llama && c.arch != Arch::Mistral3)
       fail(ErrorKind::InvalidInput, "{}: rope_freqs.weight in a '{}' model is not implemented",
            m->file_.source(), c.arch_name);
     divide_frequencies("rope_freqs.weight");

@@ -12,6 +12,8 @@ const char* arch_name(Arch arch) {
   switch (arch) {
     case Arch::Llama:
       return "llama";
+    case Arch::Mistral3:
+      return "mistral3";
     case Arch::Qwen2:
       return "qwen2";
     case Arch::Qwen3:
@@ -29,10 +31,16 @@ const char* arch_name(Arch arch) {
 }
 
 std::optional<Arch> parse_arch(std::string_view name) {
-  for (Arch a :
-       {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma2, Arch::Gemma3, Arch::Phi3, Arch::SmolLM3})
+  for (Arch a : {Arch::Llama, Arch::Mistral3, Arch::Qwen2, Arch::Qwen3, Arch::Gemma2, Arch::Gemma3,
+                 Arch::Phi3, Arch::SmolLM3})
     if (name == arch_name(a)) return a;
   return std::nullopt;
+}
+
+float attention_temperature(const ModelConfig& c, int64_t pos) {
+  if (c.attn_temp_scale == 0) return 1.0f;
+  const double buckets = std::floor(double(std::max<int64_t>(pos, 0)) / c.attn_temp_length);
+  return static_cast<float>(1.0 + c.attn_temp_scale * std::log(buckets + 1.0));
 }
 
 std::vector<float> yarn_rope_divisors(int n_rot, float base, float factor, int original_context,
@@ -66,13 +74,16 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   const std::optional<Arch> arch = parse_arch(c.arch_name);
   if (!arch)
     fail(ErrorKind::InvalidInput,
-         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma2, gemma3, phi3, "
+         "{}: architecture '{}' is not supported (supported: llama, mistral3, qwen2, qwen3, gemma2, gemma3, "
+         "phi3, "
          "smollm3)",
          f.source(), c.arch_name);
   c.arch = *arch;
   // Llama and SmolLM3 rotate adjacent pairs; the others NeoX halves. Qwen2
   // adds biases to Q, K and V; Qwen3 and Gemma 3 normalize each head of Q and K.
-  c.rope_style = c.arch == Arch::Llama || c.arch == Arch::SmolLM3 ? RopeStyle::Normal : RopeStyle::Neox;
+  c.rope_style = c.arch == Arch::Llama || c.arch == Arch::Mistral3 || c.arch == Arch::SmolLM3
+                     ? RopeStyle::Normal
+                     : RopeStyle::Neox;
   c.qkv_bias = c.arch == Arch::Qwen2;
   c.qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
   c.fused_qkv = c.arch == Arch::Phi3;
@@ -146,9 +157,19 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.rope_divisors = yarn_rope_divisors(c.n_rot, c.rope_base, static_cast<float>(factor),
                                          static_cast<int>(std::min<int64_t>(original, int64_t{1} << 30)),
                                          static_cast<float>(beta_fast), static_cast<float>(beta_slow));
-    // YaRN scales cos and sin, so both Q and K, by 1 + 0.1 ln(factor).
-    const float m = 1.0f + 0.1f * std::log(static_cast<float>(factor));
-    yarn_query_scale = m * m;
+    // YaRN scales cos and sin, so both Q and K, by 1 + 0.1 ln(factor);
+    // Mistral 3 divides that by its value for mscale_all_dim
+    // (yarn_log_multiplier), as Transformers does.
+    const auto mscale = [&](double all_dim) { return 1.0 + 0.1 * all_dim * std::log(factor); };
+    double m = mscale(1.0);
+    if (const auto log_mul = f.get_float_or(a + ".rope.scaling.yarn_log_multiplier")) {
+      if (c.arch != Arch::Mistral3 || !(*log_mul >= 0) || !std::isfinite(*log_mul))
+        fail(ErrorKind::InvalidInput,
+             "{}: {}.rope.scaling.yarn_log_multiplier = {:g} is not implemented here", f.source(), a,
+             *log_mul);
+      m /= mscale(*log_mul);
+    }
+    yarn_query_scale = static_cast<float>(m * m);
   } else if (c.rope_scaling != "none") {
     fail(ErrorKind::InvalidInput,
          "{}: rope scaling type '{}' is not supported (supported: none, linear, yarn)", f.source(),
@@ -170,6 +191,17 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       c.q_scale = std::sqrt(float(c.head_dim) / float(c.n_embd / c.n_head));
   }
   c.q_scale *= yarn_query_scale;
+  if (auto t = f.get_float_or(a + ".attention.temperature_scale"); t && *t != 0) {
+    if (c.arch != Arch::Mistral3 || !std::isfinite(*t))
+      fail(ErrorKind::InvalidInput, "{}: {}.attention.temperature_scale = {:g} is not implemented here",
+           f.source(), a, *t);
+    c.attn_temp_scale = static_cast<float>(*t);
+    const auto length = f.get_int_or(a + ".rope.scaling.original_context_length").value_or(c.n_ctx_train);
+    if (length <= 0 || length > (int64_t{1} << 30))
+      fail(ErrorKind::InvalidInput, "{}: the attention temperature's length {} is out of range", f.source(),
+           length);
+    c.attn_temp_length = static_cast<int>(length);
+  }
   c.attn_softcap = static_cast<float>(f.get_float_or(a + ".attn_logit_softcapping").value_or(0.0));
   if (!(c.attn_softcap >= 0) || !std::isfinite(c.attn_softcap))
     fail(ErrorKind::InvalidInput, "{}: attn_logit_softcapping {} is invalid", f.source(), c.attn_softcap);
@@ -250,6 +282,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                                               "rope.freq_base_swa",
                                               "rope.scaling.attn_factor",
                                               "rope.scaling.yarn_beta_fast",
+                                              "rope.scaling.yarn_log_multiplier",
+                                              "attention.temperature_scale",
                                               "rope.scaling.yarn_beta_slow",
                                               "final_logit_softcapping",
                                               "attn_logit_softcapping"};

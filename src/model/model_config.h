@@ -12,17 +12,22 @@ namespace depcache {
 
 class GgufFile;
 
-enum class Arch { Llama, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3 };
+enum class Arch { Llama, Mistral3, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3 };
 // The GGUF general.architecture name of each, and back (nullopt: unknown).
 const char* arch_name(Arch arch);
+
+struct ModelConfig;
+// The factor a query at RoPE position `pos` is multiplied by (1 without an
+// attention temperature).
+float attention_temperature(const ModelConfig& c, int64_t pos);
 
 // YaRN's per-pair frequency divisors (rope.scaling.type yarn): pairs that turn
 // more than beta_fast times over the original context keep their frequency,
 // those turning fewer than beta_slow times are divided by `factor`, with a
 // linear ramp between (by pair index). YaRN also scales Q and K by
 // 1 + 0.1 ln(factor), which ModelConfig folds into q_scale.
-std::vector<float> yarn_rope_divisors(int n_rot, float base, float factor, int original_context, float beta_fast,
-                                      float beta_slow);
+std::vector<float> yarn_rope_divisors(int n_rot, float base, float factor, int original_context,
+                                      float beta_fast, float beta_slow);
 std::optional<Arch> parse_arch(std::string_view name);
 enum class Activation { Silu, GeluTanh };  // the FFN gate's: SwiGLU or GeGLU (tanh approximation)
 // Normal rotates adjacent pairs (x0,x1),(x2,x3)...; Neox rotates (x_i, x_{i+n_rot/2}).
@@ -67,6 +72,11 @@ struct ModelConfig {
   // Gemma 2: each attention score s (after 1/sqrt(head_dim)) becomes
   // attn_softcap * tanh(s / attn_softcap) when attn_softcap > 0.
   float attn_softcap = 0.0f;
+  // Mistral 3's (Llama 4's) attention temperature: a query at RoPE position
+  // p is multiplied by 1 + attn_temp_scale * ln(floor(p / attn_temp_length) + 1)
+  // when attn_temp_scale != 0 (attn_temp_length: the original context).
+  float attn_temp_scale = 0.0f;
+  int attn_temp_length = 0;
   // Queries are multiplied by this before attention (which scales by
   // 1/sqrt(head_dim)): Phi-3's LongRoPE attention factor (squared, as it
   // scales both Q and K), Gemma 3 27B's other query scale.

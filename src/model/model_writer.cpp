@@ -103,9 +103,10 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",        "tiny-qwen2", "tiny-qwen2-yarn", "tiny-llama3",    "tiny-qwen3",    "tiny-gemma2",
-          "tiny-gemma3", "tiny-phi3",  "tiny-smollm3",    "qwen2-0.5b",     "qwen3-0.6b",    "llama-1b",
-          "llama3.2-1b", "gemma2-2b",  "gemma3-1b",       "phi3.5-mini-8l", "smollm3-3b-12l"};
+  return {"tiny",       "tiny-qwen2",  "tiny-qwen2-yarn", "tiny-ministral3", "tiny-llama3",
+          "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",     "tiny-phi3",       "tiny-smollm3",
+          "qwen2-0.5b", "qwen3-0.6b",  "llama-1b",        "llama3.2-1b",     "ministral3-3b",
+          "gemma2-2b",  "gemma3-1b",   "phi3.5-mini-8l",  "smollm3-3b-12l"};
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -164,6 +165,26 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.n_ctx = 8192, s.n_vocab = 256000, s.rms_eps = 1e-6f;
     s.sliding_window = 4096;
     s.attn_softcap = 50.0f, s.final_softcap = 30.0f;
+    s.tied_embeddings = true;
+    return s;
+  }
+  // Ministral 3's YaRN (mscale_all_dim 1) and attention temperature,
+  // scaled down: an original context of 8, so that a short prompt's later
+  // queries are sharpened.
+  if (name == "tiny-ministral3") {
+    s.arch = Arch::Mistral3;
+    s.n_ctx = 256;
+    s.rope_base = 1e6f;
+    s.yarn_factor = 4.0f, s.yarn_original_context = 8, s.yarn_log_multiplier = 1.0f;
+    s.attn_temp_scale = 0.5f;
+    return s;
+  }
+  if (name == "ministral3-3b") {  // Ministral-3-3B
+    s.arch = Arch::Mistral3;
+    s.n_layer = 26, s.n_embd = 3072, s.n_head = 32, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 9216;
+    s.n_ctx = 262144, s.n_vocab = 131072, s.rope_base = 1e6f, s.rms_eps = 1e-5f;
+    s.yarn_factor = 16.0f, s.yarn_original_context = 16384, s.yarn_log_multiplier = 1.0f;
+    s.attn_temp_scale = 0.1f;
     s.tied_embeddings = true;
     return s;
   }
@@ -349,7 +370,10 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
     w.set(arch + ".rope.scaling.type", GgufValue::string("yarn"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.yarn_factor));
     w.set(arch + ".rope.scaling.original_context_length", GgufValue::u32(s.yarn_original_context));
+    if (s.yarn_log_multiplier > 0)
+      w.set(arch + ".rope.scaling.yarn_log_multiplier", GgufValue::f32(s.yarn_log_multiplier));
   }
+  if (s.attn_temp_scale != 0) w.set(arch + ".attention.temperature_scale", GgufValue::f32(s.attn_temp_scale));
   if (s.rope_linear_factor != 1.0f) {
     w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));
@@ -362,7 +386,7 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
   }
   if (!freq_factors.empty()) {
     const int half = head_dim_of(s) / 2;
-    if (s.arch != Arch::Llama || static_cast<int>(freq_factors.size()) != half)
+    if ((s.arch != Arch::Llama && s.arch != Arch::Mistral3) || static_cast<int>(freq_factors.size()) != half)
       fail(ErrorKind::InvalidInput,
            "rope frequency factors: a Llama model with {} of them (one per rotary pair)", half);
     w.add_tensor("rope_freqs.weight", DType::F32, {half}, [f = freq_factors](uint8_t* dst, size_t) {

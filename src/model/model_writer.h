@@ -44,6 +44,8 @@ struct ModelShape {
   // YaRN (0: none): the factor and the context the model was trained for.
   float yarn_factor = 0;
   int yarn_original_context = 0;
+  float yarn_log_multiplier = 0;  // Mistral 3's mscale_all_dim (0: not written)
+  float attn_temp_scale = 0;      // Mistral 3's attention temperature (0: none)
   // Sliding-window attention (0: none); the pattern's period (0: the
   // architecture's: Gemma 2 two, Gemma 3 six, others every layer); Gemma 3's
   // local RoPE base.

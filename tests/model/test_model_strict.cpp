@@ -206,12 +206,26 @@ TEST(ModelStrict, YarnDividesFrequenciesAlongItsRampAndScalesAttention) {
   const auto base_file = write_tiny("yarn-base", *model_preset("tiny-qwen2-yarn"));
   const auto log_mul =
       rewrite(base_file, "yarn-logmul", {{"qwen2.rope.scaling.yarn_log_multiplier", GgufValue::f32(0.1f)}});
-  EXPECT_NE(load_error(log_mul).find("'qwen2.rope.scaling.yarn_log_multiplier'"), std::string::npos);
+  EXPECT_NE(load_error(log_mul).find("qwen2.rope.scaling.yarn_log_multiplier = 0.1"), std::string::npos)
+      << load_error(log_mul);
   ModelShape g = *model_preset("tiny-gemma3");
   g.yarn_factor = 4, g.yarn_original_context = 64;
   EXPECT_NE(
       load_error(write_tiny("yarn-gemma3", g)).find("YaRN rope scaling on a gemma3 model is not supported"),
       std::string::npos);
+  // Mistral 3: YaRN's scale divided by its value at mscale_all_dim (1: none
+  // left), and the attention temperature per original context.
+  const auto mi = Model::load(write_tiny("ministral3", *model_preset("tiny-ministral3")));
+  EXPECT_NEAR(mi->config().q_scale, 1.0, 1e-6);
+  EXPECT_EQ(mi->config().attn_temp_length, 8);
+  EXPECT_FLOAT_EQ(attention_temperature(mi->config(), 7), 1.0f);
+  EXPECT_FLOAT_EQ(attention_temperature(mi->config(), 8), static_cast<float>(1 + 0.5 * std::log(2.0)));
+  EXPECT_FLOAT_EQ(attention_temperature(mi->config(), 23), static_cast<float>(1 + 0.5 * std::log(3.0)));
+  const auto temp_on_qwen =
+      rewrite(base_file, "yarn-temp", {{"qwen2.attention.temperature_scale", GgufValue::f32(0.1f)}});
+  EXPECT_NE(load_error(temp_on_qwen).find("qwen2.attention.temperature_scale = 0.1"), std::string::npos)
+      << load_error(temp_on_qwen);
+  std::filesystem::remove(temp_on_qwen);
   // The fingerprint sees the scaling.
   EXPECT_NE(m->fingerprint(), Model::load(write_tiny("no-yarn", *model_preset("tiny-qwen2")))->fingerprint());
   for (const auto& p : {base_file, log_mul}) std::filesystem::remove(p);

@@ -99,8 +99,8 @@ TEST(ChunkReuse, ChunksPlacedAnywhereEqualChunksComputedAlone) {
   // soft-capped attention, Gemma 3's
   // windowed layers with their own RoPE base, Phi-3's fused weights and
   // SmolLM3's layers without RoPE.
-  for (const std::string preset :
-       {"tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-smollm3"}) {
+  for (const std::string preset : {"tiny-qwen2", "tiny-llama3", "tiny-ministral3", "tiny-qwen3",
+                                   "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-smollm3"}) {
     SCOPED_TRACE(preset);
     Rig rig(preset);
     rig.run("fullreuse", doc_request({kBark, kPurr}, "Who?"));
