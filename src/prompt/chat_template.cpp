@@ -34,14 +34,16 @@ constexpr std::string_view kQwen2DefaultSystem = "You are a helpful assistant.";
 constexpr std::string_view kQwen25DefaultSystem =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
-void check_messages(std::span<const ChatMessage> messages) {
+// Roles are known and the conversation not empty; it ends with the user's
+// message, or the assistant's when `prefill` allows it.
+void check_messages(std::span<const ChatMessage> messages, bool prefill = false) {
   if (messages.empty()) fail(ErrorKind::InvalidInput, "the conversation has no messages");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant")
       fail(ErrorKind::InvalidInput, "message {} has role '{}' (system, user or assistant expected)", i, role);
   }
-  if (messages.back().role != "user")
+  if (messages.back().role != "user" && !(prefill && messages.back().role == "assistant"))
     fail(ErrorKind::InvalidInput, "the last message must be the user's (it is the {}'s)",
          messages.back().role);
 }
@@ -417,10 +419,40 @@ std::string ChatFormat::name() const {
   return family_ ? std::string(chat_family_name(*family_)) : "the model's template";
 }
 
+namespace {
+
+// Transformers' continue_final_message: the conversation rendered without a
+// generation prompt, cut right after the final message's text, so that the
+// reply continues it. The text is found as Transformers finds it (its last
+// occurrence, as written or with its trailing spaces trimmed away).
+jinja::Str cut_after_final_message(const jinja::Str& rendered, std::string_view final_text) {
+  const auto strip = [](std::string_view s) {
+    const char* ws = " \t\n\r\v\f";
+    const size_t b = s.find_first_not_of(ws);
+    if (b == std::string_view::npos) return std::string_view();
+    return s.substr(b, s.find_last_not_of(ws) - b + 1);
+  };
+  const std::string_view stripped = strip(final_text);
+  const size_t at = rendered.s.rfind(stripped);
+  if (stripped.empty() || at == std::string::npos)
+    fail(ErrorKind::InvalidInput,
+         "the assistant's message to continue does not appear in what the chat template renders");
+  const std::string_view lstripped = final_text.substr(final_text.find(stripped));
+  const bool kept = rendered.s.compare(at, lstripped.size(), lstripped) == 0;
+  return rendered.sub(0, at + (kept ? lstripped.size() : stripped.size()));
+}
+
+}  // namespace
+
 RenderedChat ChatFormat::render(std::span<const ChatMessage> messages, std::string_view bos,
                                 std::string_view eos, std::string_view today) const {
-  if (family_) return render_chat_text(*family_, messages, bos, eos, today);
-  check_messages(messages);
+  const bool prefill = !messages.empty() && messages.back().role == "assistant";
+  if (family_ && !prefill) return render_chat_text(*family_, messages, bos, eos, today);
+  check_messages(messages, /*prefill=*/true);
+  // A family continues a reply through the template it writes into models
+  // (which renders as its code does).
+  const std::shared_ptr<const jinja::Template> tmpl =
+      family_ ? std::make_shared<const jinja::Template>(chat_template_jinja(*family_)) : template_;
   jinja::List msgs;
   for (const ChatMessage& m : messages) {
     jinja::Dict d;
@@ -430,11 +462,12 @@ RenderedChat ChatFormat::render(std::span<const ChatMessage> messages, std::stri
   }
   jinja::Dict globals;
   globals.set("messages", jinja::Value::list(std::move(msgs)));
-  globals.set("add_generation_prompt", jinja::Value::boolean(true));
+  globals.set("add_generation_prompt", jinja::Value::boolean(!prefill));
   globals.set("bos_token", jinja::Value::string(std::string(bos)));
   globals.set("eos_token", jinja::Value::string(std::string(eos)));
   globals.set("date_string", jinja::Value::string(chat_date(today)));
-  jinja::Str out = template_->render(globals, chat_time(today));
+  jinja::Str out = tmpl->render(globals, chat_time(today));
+  if (prefill) out = cut_after_final_message(out, messages.back().content);
   // The tokenizer adds BOS; a template that writes it first loses it here.
   if (!bos.empty() && out.s.starts_with(bos)) out = out.sub(bos.size(), out.s.size());
   return {std::move(out.s), std::move(out.marks)};

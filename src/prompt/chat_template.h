@@ -85,7 +85,10 @@ class ChatFormat {
   std::string name() const;
   // As render_chat_text: without the leading BOS, the client's text marked,
   // the conversation checked the same way; an error the template raises
-  // (raise_exception) is InvalidInput with its words.
+  // (raise_exception) is InvalidInput with its words. A conversation that
+  // ends with the assistant's message is continued (Transformers'
+  // continue_final_message): rendered without the generation prompt and
+  // cut after that message's text.
   RenderedChat render(std::span<const ChatMessage> messages, std::string_view bos = "<s>",
                       std::string_view eos = "</s>", std::string_view today = {}) const;
 

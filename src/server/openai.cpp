@@ -365,8 +365,13 @@ CompletionRequest parse_chat_request(std::string_view body, uint64_t random_seed
           fmt::format("messages[{}].role '{}' is not served (system, user or assistant)", i, role));
     r.messages.push_back({role, message_content(m.contains("content") ? m["content"] : json(), i)});
   }
-  if (r.messages.back().role != "user") throw bad_request("messages", "the last message must be the user's");
+  // The assistant's message last: the reply continues it (prefill).
+  if (r.messages.back().role == "system")
+    throw bad_request("messages", "the last message must be the user's, or the assistant's to continue it");
   parse_common(j, r.messages.back().content, r, random_seed);
+  if (r.rag && r.messages.back().role != "user")
+    throw bad_request("messages",
+                      "with the 'rag' extension the last message must be the user's (the question)");
   return r;
 }
 

@@ -4,7 +4,8 @@ independent oracle. Input (JSON on stdin): {"template", "bos_token",
 "eos_token", "date_string", "conversations": [[{"role", "content"}...]...]},
 or "templates" (a list) in place of "template".
 Output (JSON): one entry per conversation, the rendered text with the
-generation prompt, or {"error": message} when the template refuses it
+generation prompt (a conversation ending with the assistant's message: without
+it, cut after that message as Transformers' continue_final_message does), or {"error": message} when the template refuses it
 (with "templates": such a list per template; a template jinja2 cannot read
 gives {"error": message} in place of its list).
 The environment is the one chat templates are written for: trailing block
@@ -37,14 +38,25 @@ def main():
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: day.strftime(fmt)
 
+    def continue_final(rendered, final):
+        # Transformers' continue_final_message: cut after the final message.
+        if final.strip() not in rendered:
+            raise TemplateError("the final message is not in the rendered chat")
+        at = rendered.rindex(final.strip())
+        if rendered[at:at + len(final.lstrip())] == final.lstrip():
+            return rendered[:at + len(final.lstrip())]
+        return rendered[:at + len(final.strip())]
+
     def render_all(source):
         template = env.from_string(source)
         out = []
         for messages in job["conversations"]:
+            prefill = messages[-1]["role"] == "assistant"
             try:
-                out.append(template.render(messages=messages, add_generation_prompt=True,
-                                           bos_token=job["bos_token"], eos_token=job["eos_token"],
-                                           date_string=job["date_string"]))
+                text = template.render(messages=messages, add_generation_prompt=not prefill,
+                                       bos_token=job["bos_token"], eos_token=job["eos_token"],
+                                       date_string=job["date_string"])
+                out.append(continue_final(text, messages[-1]["content"]) if prefill else text)
             except Exception as e:  # refused, or needs variables (tools) it lacks
                 out.append({"error": f"{type(e).__name__}: {e}"})
         return out

@@ -25,6 +25,9 @@ const std::vector<std::vector<ChatMessage>> kConversations = {
     {{"user", "2+2?"}, {"assistant", "<think>\nAdd them.\n</think>\n\nFour."}, {"user", "Sure?"}},
     {{"system", "Answer in French.\nUse the context."},
      {"user", "Ünïcödé “quotes” and 'apostrophes' \\ back\tslash {{ not jinja }} <|im_end|>"}},
+    // Assistant prefill: the reply continues the final message.
+    {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "The answer is"}},
+    {{"user", "Hi"}, {"assistant", " Sure, "}},
 };
 
 std::string read_file(const std::filesystem::path& p) {
@@ -114,6 +117,31 @@ TEST(Jinja, EveryTemplateOfTheOtherEngineRendersAsJinja2Does) {
         "microsoft-Phi-3.5-mini-instruct", "mistralai-Mistral-Nemo-Instruct-2407",
         "Qwen-Qwen2.5-7B-Instruct"})
     EXPECT_FALSE(refused.contains(small)) << small << ": " << refused[small];
+}
+
+// A family continues an assistant's message through the template it writes
+// into models, as jinja2 does with Transformers' continue_final_message.
+TEST(Jinja, FamiliesContinueTheAssistantsMessageAsJinja2Does) {
+  REQUIRE_JINJA2();
+  const test::Jinja2Job job{
+      {{{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "The answer is"}},
+       {{"user", "Hi"}, {"assistant", "Hello"}, {"user", "Again?"}, {"assistant", " Sure, "}}}};
+  std::vector<std::string> templates;
+  for (const std::string& name : chat_family_names())
+    templates.push_back(chat_template_jinja(*chat_family_from_name(name)));
+  const auto want = test::jinja2_render(templates, job);
+  int same = 0;
+  for (size_t i = 0; i < templates.size(); ++i) {
+    const std::string name = chat_family_names()[i];
+    const auto got = ours(ChatFormat(*chat_family_from_name(name)), job);
+    for (size_t c = 0; c < got.size(); ++c) {
+      ASSERT_TRUE((*want[i])[c]) << name;
+      ASSERT_TRUE(got[c]) << name;
+      EXPECT_EQ(*got[c], *(*want[i])[c]) << name << ", conversation " << c;
+      same += *got[c] == *(*want[i])[c];
+    }
+  }
+  std::printf("[check] %d family prefills identical\n", same);
 }
 
 // Each construct the interpreter implements, as jinja2 renders it (or

@@ -216,6 +216,15 @@ TEST(ServeCli, TheChatTemplateIsRunNamedOrRefusedAtStart) {
     ASSERT_EQ(r.status, 200) << r.body;
     const Tokenizer tok(Vocab::from_gguf(GgufFile::open(odd)));
     EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], tok.encode("<<user>> Hi\n", true, true).size());
+    // The assistant's message last: the reply continues it (prefill).
+    const Reply p =
+        curl(server.port(), "/v1/chat/completions",
+             post({{"messages",
+                    {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Hello"}}}},
+                   {"max_tokens", 2}}));
+    ASSERT_EQ(p.status, 200) << p.body;
+    EXPECT_EQ(json::parse(p.body)["usage"]["prompt_tokens"],
+              tok.encode("<<user>> Hi\n<<assistant>> Hello", true, true).size());
   }
   o.chat_template = "{% include 'turns.jinja' %}";
   write_random_model(odd, o);

@@ -330,11 +330,26 @@ TEST(Server, ChatCompletionsFormatTheConversationWithTheChatTemplate) {
                         post({{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}));
   EXPECT_EQ(bad_role.status, 400) << bad_role.body;
   EXPECT_EQ(bad_role.j()["error"]["param"], "messages[0].role");
+  // The assistant's message last is continued (prefill); a system message
+  // last, or prefill with the RAG extension (whose question is the last
+  // message), is refused.
   Reply ends_with_assistant =
       curl(s.port, "/v1/chat/completions",
            post({{"messages", json::array({{{"role", "user"}, {"content", "x"}},
                                            {{"role", "assistant"}, {"content", "y"}}})}}));
-  EXPECT_EQ(ends_with_assistant.status, 400) << ends_with_assistant.body;
+  EXPECT_EQ(ends_with_assistant.status, 200) << ends_with_assistant.body;
+  Reply ends_with_system = curl(s.port, "/v1/chat/completions",
+                                post({{"messages", json::array({{{"role", "system"}, {"content", "x"}}})}}));
+  EXPECT_EQ(ends_with_system.status, 400) << ends_with_system.body;
+  Reply rag_prefill = curl(
+      s.port, "/v1/chat/completions",
+      post({{"messages",
+             json::array({{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "y"}}})},
+            {"rag", {{"documents", json::array({{{"id", "d"}, {"text", "a document"}}})}}}}));
+  EXPECT_EQ(rag_prefill.status, 400) << rag_prefill.body;
+  EXPECT_NE(rag_prefill.body.find("with the 'rag' extension the last message must be the user's"),
+            std::string::npos)
+      << rag_prefill.body;
 }
 
 TEST(Server, ChatWithoutATemplateIsRefusedClearly) {
