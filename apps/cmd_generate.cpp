@@ -67,7 +67,7 @@ void add_generate_command(CLI::App& app) {
     sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
     sp.validate();
     const DType kv = parse_kv_type(kv_type);
-    auto model = Model::load(model_path);
+    auto model = Model::load(model_path, {ctx});
     const Tokenizer tok(Vocab::from_gguf(model->file()));
     if (cmd->count("--prompt") == 0 && cmd->count("--request") == 0)
       throw CLI::RequiredError("--prompt or --request");

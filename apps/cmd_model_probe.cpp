@@ -3,6 +3,7 @@
 // compares with the leading C++ engine's answer for the same file and text.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -12,6 +13,7 @@
 #include "commands.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "util/error.h"
@@ -24,6 +26,7 @@ void add_model_probe_command(CLI::App& model) {
       "probe", "Print a text's token ids, every position's logits and a greedy continuation as JSON");
   static std::string path, kv_type = "f16";
   static int greedy = 16, threads = 0;
+  static int64_t ctx = 0;
   static bool no_bos = false;
   cmd->add_option("-m,--model", path, "GGUF model file")->required();
   cmd->add_option("-n,--greedy", greedy, "Greedy tokens to generate after the text")
@@ -32,16 +35,25 @@ void add_model_probe_command(CLI::App& model) {
   cmd->add_flag("--no-bos", no_bos, "Do not prepend the BOS token");
   cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
   cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
+  cmd->add_option("-c,--ctx-size", ctx,
+                  "The context the model is loaded for (Phi-3's LongRoPE uses its long factors past the "
+                  "original context; default: the text, the continuation and 16 more, as "
+                  "bench/oracle/llama_probe.cpp sizes the other engine's)");
   cmd->footer("The text is standard input, byte for byte; special tokens in it are parsed.");
   cmd->callback([] {
     std::string text;
     char buf[1 << 16];
     for (size_t n; (n = std::fread(buf, 1, sizeof buf, stdin)) > 0;) text.append(buf, n);
-    auto model = Model::load(path);
-    const Tokenizer tok(Vocab::from_gguf(model->file()));
+    GgufFile file = GgufFile::open(path);
+    const Tokenizer tok(Vocab::from_gguf(file));
     const std::vector<int32_t> ids = tok.encode(text, !no_bos && tok.vocab().add_bos, true);
     if (ids.empty()) fail(ErrorKind::InvalidInput, "the text has no tokens");
+    const int64_t n_ctx = std::max<int64_t>(ctx, static_cast<int64_t>(ids.size()) + greedy + 16);
+    auto model = Model::from_file(std::move(file), {n_ctx});
     const ModelConfig& c = model->config();
+    if (n_ctx > c.n_ctx_train)
+      fail(ErrorKind::LimitExceeded, "the text and the continuation need {} positions; the model runs {}",
+           n_ctx, c.n_ctx_train);
     ThreadPool pool(threads);
     Forward fwd(model, pool);
     KvCache kv(c, static_cast<int64_t>(ids.size()) + greedy + 1, parse_kv_type(kv_type));

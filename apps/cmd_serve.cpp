@@ -227,7 +227,7 @@ void add_serve_command(CLI::App& app) {
     const int port = http.listen();
     fmt::print(stderr, "depcache serve: listening on http://{}:{} (loading {})\n", so.host, port, model_path);
     std::fflush(stderr);
-    std::shared_ptr<const Model> model = Model::load(model_path);
+    std::shared_ptr<const Model> model = Model::load(model_path, {pool_rows});
     auto tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(model->file()));
     ServedModel served;
     served.name = std::filesystem::path(model_path).stem().string();

@@ -9,7 +9,9 @@
 # continuations may part at near-ties: that engine quantizes activations to
 # 8 bits, ours keeps them in f32).
 # Usage: bench/oracle_check.sh [--presets "tiny tiny-llama3 ..."] [--types "f32 f16 q8_0"]
-#                              [--greedy 24] [--tolerance 0.02] [--init-std 0.08]
+#                              [--greedy 24] [--tolerance 0.02] [--init-std 0.08] [--ctx N]
+# (--ctx: both engines load the model for an N-token context: Phi-3's
+# LongRoPE switches to its long factors past the original context)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +20,7 @@ TYPES="f32 f16 q8_0"
 GREEDY=24
 TOL=0.02
 STD=0.08
+CTX=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --presets) PRESETS=$2; shift 2 ;;
@@ -25,7 +28,8 @@ while [ $# -gt 0 ]; do
     --greedy) GREEDY=$2; shift 2 ;;
     --tolerance) TOL=$2; shift 2 ;;
     --init-std) STD=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --ctx) CTX=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -50,8 +54,8 @@ for preset in $PRESETS; do
       *phi3*) vocab=(--vocab-from build/third_party/llama.cpp/models/ggml-vocab-phi-3.gguf --sliding-window 0) ;;
     esac
     "$DEPCACHE" model new --preset "$preset" --type "$type" --init-std "$STD" "${vocab[@]}" -o "$f" >/dev/null
-    printf '%s' "$TEXT" | "$DEPCACHE" model probe -m "$f" -n "$GREEDY" >"$WORK/ours.json"
-    printf '%s' "$TEXT" | "$BIN/llama_probe" "$f" "$GREEDY" >"$WORK/theirs.json"
+    printf '%s' "$TEXT" | "$DEPCACHE" model probe -m "$f" -n "$GREEDY" -c "$CTX" >"$WORK/ours.json"
+    printf '%s' "$TEXT" | "$BIN/llama_probe" "$f" "$GREEDY" --ctx "$CTX" >"$WORK/theirs.json"
     python3 - "$preset" "$type" "$TOL" "$WORK/ours.json" "$WORK/theirs.json" <<'PY' || status=1
 import json, sys
 preset, dtype, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])

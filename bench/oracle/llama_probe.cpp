@@ -3,9 +3,12 @@
 // same GGUF file and text: the token ids, every position's logits and a
 // greedy continuation. bench/llama_cpp.sh builds it against that engine's
 // source; bench/oracle_check.py compares the two outputs.
-// Usage: llama_probe MODEL.gguf N_GREEDY [--no-bos] < text
+// Usage: llama_probe MODEL.gguf N_GREEDY [--no-bos] [--ctx N] < text
+// (--ctx: the context size to create, which picks Phi-3's long RoPE factors
+// past the original context)
 #include <llama.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,11 +47,17 @@ bool decode(llama_context* ctx, const std::vector<llama_token>& ids, int pos0) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf N_GREEDY [--no-bos] < text\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL.gguf N_GREEDY [--no-bos] [--ctx N] < text\n", argv[0]);
     return 2;
   }
   const int n_greedy = std::atoi(argv[2]);
-  const bool add_bos = !(argc > 3 && std::strcmp(argv[3], "--no-bos") == 0);
+  bool add_bos = true;
+  uint32_t n_ctx = 0;  // 0: the text and the continuation
+  for (int i = 3; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-bos") == 0) add_bos = false;
+    if (std::strcmp(argv[i], "--ctx") == 0 && i + 1 < argc)
+      n_ctx = static_cast<uint32_t>(std::atoi(argv[++i]));
+  }
   const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
 
   if (!std::getenv("LLAMA_PROBE_VERBOSE")) llama_log_set(quiet, nullptr);
@@ -70,7 +79,7 @@ int main(int argc, char** argv) {
   ids.resize(n);
 
   llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = static_cast<uint32_t>(n + n_greedy + 16);
+  cp.n_ctx = std::max(n_ctx, static_cast<uint32_t>(n + n_greedy + 16));
   cp.n_batch = cp.n_ctx;
   cp.n_ubatch = cp.n_ctx;
   cp.n_threads = cp.n_threads_batch = 2;

@@ -142,11 +142,11 @@ uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPoo
   return h;
 }
 
-std::shared_ptr<const Model> Model::load(const std::filesystem::path& path) {
-  return from_file(GgufFile::open(path));
+std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, const ModelLoadOptions& o) {
+  return from_file(GgufFile::open(path), o);
 }
 
-std::shared_ptr<const Model> Model::from_file(GgufFile file) {
+std::shared_ptr<const Model> Model::from_file(GgufFile file, const ModelLoadOptions& o) {
   auto m = std::make_shared<Model>();
   m->file_ = std::move(file);
   m->config_ = ModelConfig::from_gguf(m->file_);
@@ -224,17 +224,21 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file) {
            m->file_.source(), c.arch_name);
     divide_frequencies("rope_freqs.weight");
   }
-  // Phi-3's LongRoPE: the short factors hold up to the original context; the
-  // long ones (beyond it) are not implemented, so the context stops there.
+  // Phi-3's LongRoPE: short factors up to the original context, long ones
+  // for a caller that runs longer contexts (ModelLoadOptions).
   if (m->file_.find_tensor("rope_factors_short.weight") || m->file_.find_tensor("rope_factors_long.weight")) {
     if (c.arch != Arch::Phi3)
       fail(ErrorKind::InvalidInput, "{}: rope_factors_short/long in a '{}' model is not implemented",
            m->file_.source(), c.arch_name);
-    divide_frequencies("rope_factors_short.weight");
-    ld.vector("rope_factors_long.weight", c.n_rot / 2);  // checked; used only past the original context
     const std::string key = c.arch_name + ".rope.scaling.original_context_length";
-    if (m->file_.find(key))
-      c.n_ctx_train = std::min<int>(c.n_ctx_train, static_cast<int>(m->file_.get_int(key)));
+    const int64_t original = m->file_.find(key) ? m->file_.get_int(key) : c.n_ctx_train;
+    if (original <= 0)
+      fail(ErrorKind::InvalidInput, "{}: {} = {} is out of range", m->file_.source(), key, original);
+    const bool long_context = o.n_ctx > original;
+    ld.vector(long_context ? "rope_factors_short.weight" : "rope_factors_long.weight",
+              c.n_rot / 2);  // checked
+    divide_frequencies(long_context ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    if (!long_context) c.n_ctx_train = std::min<int>(c.n_ctx_train, static_cast<int>(original));
   }
   // Tied embeddings: models without output.weight reuse the token embedding.
   m->output =

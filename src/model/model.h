@@ -29,10 +29,21 @@ struct LayerWeights {
   WeightMatrix w_down;                // (n_embd, n_ff)
 };
 
+// What the caller will run a model with, where a file's computation depends
+// on it.
+struct ModelLoadOptions {
+  // The longest context it will use (0: the default). Phi-3's LongRoPE
+  // rotates with its long factors when this passes the original context and
+  // with its short ones otherwise (then the context stops at the original),
+  // as the leading C++ engine chooses by its context size. The choice is in
+  // the fingerprint.
+  int64_t n_ctx = 0;
+};
+
 class Model {
  public:
-  static std::shared_ptr<const Model> load(const std::filesystem::path& path);
-  static std::shared_ptr<const Model> from_file(GgufFile file);
+  static std::shared_ptr<const Model> load(const std::filesystem::path& path, const ModelLoadOptions& o = {});
+  static std::shared_ptr<const Model> from_file(GgufFile file, const ModelLoadOptions& o = {});
 
   const ModelConfig& config() const { return config_; }
   const GgufFile& file() const { return file_; }

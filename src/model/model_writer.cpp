@@ -103,10 +103,10 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",       "tiny-qwen2",  "tiny-qwen2-yarn", "tiny-ministral3", "tiny-llama3",
-          "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",     "tiny-phi3",       "tiny-smollm3",
-          "qwen2-0.5b", "qwen3-0.6b",  "llama-1b",        "llama3.2-1b",     "ministral3-3b",
-          "gemma2-2b",  "gemma3-1b",   "phi3.5-mini-8l",  "smollm3-3b-12l"};
+  return {"tiny",          "tiny-qwen2",  "tiny-qwen2-yarn", "tiny-ministral3", "tiny-llama3",
+          "tiny-qwen3",    "tiny-gemma2", "tiny-gemma3",     "tiny-phi3",       "tiny-phi3-longrope",
+          "tiny-smollm3",  "qwen2-0.5b",  "qwen3-0.6b",      "llama-1b",        "llama3.2-1b",
+          "ministral3-3b", "gemma2-2b",   "gemma3-1b",       "phi3.5-mini-8l",  "smollm3-3b-12l"};
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -207,6 +207,18 @@ std::optional<ModelShape> model_preset(const std::string& name) {
   if (name == "tiny-phi3") {  // fused QKV and gate-up, a window of 16 positions on every layer
     s.arch = Arch::Phi3;
     s.sliding_window = 16;
+    return s;
+  }
+  // Phi-3.5's LongRoPE, scaled down: short factors up to 32 positions, long
+  // ones (each pair turning up to 8 times slower) beyond.
+  if (name == "tiny-phi3-longrope") {
+    s.arch = Arch::Phi3;
+    s.n_ctx = 256;
+    s.longrope_original_context = 32;
+    for (int i = 0; i < head_dim_of(s) / 2; ++i) {
+      s.longrope_short.push_back(1.0f + 0.05f * i);
+      s.longrope_long.push_back(1.0f + 7.0f * i / (head_dim_of(s) / 2 - 1));
+    }
     return s;
   }
   if (name == "phi3.5-mini-8l") {  // Phi-3.5-mini's width, 8 of its 32 layers, its 4k context
@@ -392,6 +404,22 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
     w.add_tensor("rope_freqs.weight", DType::F32, {half}, [f = freq_factors](uint8_t* dst, size_t) {
       std::memcpy(dst, f.data(), f.size() * sizeof(float));
     });
+  }
+  if (!s.longrope_short.empty()) {
+    const int half = head_dim_of(s) / 2;
+    if (s.arch != Arch::Phi3 || static_cast<int>(s.longrope_short.size()) != half ||
+        s.longrope_long.size() != s.longrope_short.size() || s.longrope_original_context <= 0)
+      fail(ErrorKind::InvalidInput, "LongRoPE factors: a Phi-3 model with {} short and {} long ones", half,
+           half);
+    for (const auto& [name, f] : {std::pair{"rope_factors_short.weight", &s.longrope_short},
+                                  std::pair{"rope_factors_long.weight", &s.longrope_long}})
+      w.add_tensor(name, DType::F32, {half},
+                   [f](uint8_t* dst, size_t) { std::memcpy(dst, f->data(), f->size() * sizeof(float)); });
+    w.set(arch + ".rope.scaling.original_context_length", GgufValue::u32(s.longrope_original_context));
+    const double ratio = double(s.n_ctx) / s.longrope_original_context;
+    w.set(arch + ".rope.scaling.attn_factor",
+          GgufValue::f32(
+              static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(s.longrope_original_context)))));
   }
   for (const auto& [k, v] : spec.metadata) w.set(k, v);
 

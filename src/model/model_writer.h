@@ -45,7 +45,12 @@ struct ModelShape {
   float yarn_factor = 0;
   int yarn_original_context = 0;
   float yarn_log_multiplier = 0;  // Mistral 3's mscale_all_dim (0: not written)
-  float attn_temp_scale = 0;      // Mistral 3's attention temperature (0: none)
+  // Phi-3's LongRoPE (empty: none): per-pair divisors up to the original
+  // context and beyond it, and that context; the attention factor
+  // sqrt(1 + ln(n_ctx / original) / ln(original)) is written with them.
+  std::vector<float> longrope_short, longrope_long;
+  int longrope_original_context = 0;
+  float attn_temp_scale = 0;  // Mistral 3's attention temperature (0: none)
   // Sliding-window attention (0: none); the pattern's period (0: the
   // architecture's: Gemma 2 two, Gemma 3 six, others every layer); Gemma 3's
   // local RoPE base.

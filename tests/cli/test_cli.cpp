@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
 #include "model/model_writer.h"
@@ -187,6 +188,21 @@ TEST_F(Cli, ModelInfoSaysWhatIsSupported) {
   EXPECT_NE(r.out.find("verdict        refused (see above)"), std::string::npos) << r.out;
   std::filesystem::remove(path);
   std::filesystem::remove(yarn);
+}
+
+// `model probe`: the text's ids, every position's logits and a greedy
+// continuation as JSON (what bench/oracle_check.sh compares with the other
+// engine); a context the model cannot run is LimitExceeded (exit 5).
+TEST_F(Cli, ModelProbePrintsIdsLogitsAndAGreedyContinuation) {
+  const CliRun r = run("model probe -m " + model_->string() + " -n 5", "Once upon a time");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  ASSERT_GT(j["ids"].size(), 2u);
+  EXPECT_EQ(j["logits"].size(), j["ids"].size());
+  EXPECT_EQ(j["greedy"].size(), 5u);
+  for (const auto& row : j["logits"])
+    for (const auto& x : row) ASSERT_TRUE(std::isfinite(x.get<double>()));
+  EXPECT_EQ(run("model probe -m " + model_->string() + " -n 5 -c 100000", "Once upon a time").code, 5);
 }
 
 }  // namespace

@@ -127,10 +127,10 @@ TEST(ModelStrict, Llama3RopeFactorsRiseFromOneToTheFactor) {
   EXPECT_EQ(preset->llama3_rope->original_context, 8192);
 }
 
-// Phi-3's LongRoPE: the short factors divide the frequencies, the attention
-// factor scales Q and K, and the context stops where the long factors would
-// take over (not implemented).
-TEST(ModelStrict, Phi3ShortRopeFactorsAndAttentionFactor) {
+// Phi-3's LongRoPE: the short factors divide the frequencies up to the
+// original context (where the context then stops), the long ones when the
+// model is loaded for a longer context; the attention factor scales Q and K.
+TEST(ModelStrict, Phi3LongRopeFactorsByContextAndAttentionFactor) {
   const auto base = write_tiny("phi3", *model_preset("tiny-phi3"));
   const auto shorter = rewrite(base, "phi3-short",
                                {{"phi3.rope.scaling.attn_factor", GgufValue::f32(1.1f)},
@@ -147,6 +147,17 @@ TEST(ModelStrict, Phi3ShortRopeFactorsAndAttentionFactor) {
   const std::vector<float> lm = logits_of(m, toks);
   EXPECT_GT(test::max_abs_diff(logits_of(plain, toks), lm, "LongRoPE vs none"), 1e-2);
   EXPECT_LT(test::max_rel_diff(lm, test::reference_logits(*m, toks), "LongRoPE"), 1e-4);
+  // Loaded for a context past the original one: the long factors, the
+  // file's whole context, and another fingerprint (caches keep them apart).
+  const auto long_ctx = Model::load(both, {512});
+  EXPECT_EQ(long_ctx->config().rope_divisors, std::vector<float>(8, 4.0f));
+  EXPECT_EQ(long_ctx->config().n_ctx_train, 512);
+  EXPECT_FLOAT_EQ(long_ctx->config().q_scale, 1.21f);
+  EXPECT_NE(long_ctx->fingerprint(), m->fingerprint());
+  EXPECT_EQ(Model::load(both, {256})->fingerprint(), m->fingerprint());  // up to the original: short
+  const std::vector<float> ll = logits_of(long_ctx, toks);
+  EXPECT_GT(test::max_abs_diff(ll, lm, "long vs short factors"), 1e-2);
+  EXPECT_LT(test::max_rel_diff(ll, test::reference_logits(*long_ctx, toks), "LongRoPE long"), 1e-4);
   for (const auto& p : {base, shorter, both}) std::filesystem::remove(p);
 }
 
