@@ -103,10 +103,27 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",          "tiny-qwen2",  "tiny-qwen2-yarn", "tiny-ministral3", "tiny-llama3",
-          "tiny-qwen3",    "tiny-gemma2", "tiny-gemma3",     "tiny-phi3",       "tiny-phi3-longrope",
-          "tiny-smollm3",  "qwen2-0.5b",  "qwen3-0.6b",      "llama-1b",        "llama3.2-1b",
-          "ministral3-3b", "gemma2-2b",   "gemma3-1b",       "phi3.5-mini-8l",  "smollm3-3b-12l"};
+  return {"tiny",
+          "tiny-qwen2",
+          "tiny-qwen2-yarn",
+          "tiny-ministral3",
+          "tiny-partial-rope",
+          "tiny-llama3",
+          "tiny-qwen3",
+          "tiny-gemma2",
+          "tiny-gemma3",
+          "tiny-phi3",
+          "tiny-phi3-longrope",
+          "tiny-smollm3",
+          "qwen2-0.5b",
+          "qwen3-0.6b",
+          "llama-1b",
+          "llama3.2-1b",
+          "ministral3-3b",
+          "gemma2-2b",
+          "gemma3-1b",
+          "phi3.5-mini-8l",
+          "smollm3-3b-12l"};
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -249,6 +266,13 @@ std::optional<ModelShape> model_preset(const std::string& name) {
     s.rms_eps = 1e-6f;
     return s;
   }
+  // Partial rotary: half of each head rotates, the other half carries no
+  // position (the engine and the float64 reference both read
+  // rope.dimension_count; the other engine asserts full rotary for llama).
+  if (name == "tiny-partial-rope") {
+    s.n_rot = 8;
+    return s;
+  }
   // Qwen2.5's YaRN configuration, scaled down: the original context 64
   // stretched four times, so the ramp between kept and divided frequencies
   // falls inside the tiny model's 16 rotary pairs.
@@ -336,6 +360,9 @@ void check_shape(const ModelShape& s) {
   if ((s.head_dim == 0 && s.n_embd % s.n_head != 0) || s.n_head % s.n_head_kv != 0)
     fail(ErrorKind::InvalidInput, "embedding {} must divide into {} heads, and heads into {} KV heads",
          s.n_embd, s.n_head, s.n_head_kv);
+  if (s.n_rot < 0 || s.n_rot > head_dim_of(s) || s.n_rot % 2 != 0)
+    fail(ErrorKind::InvalidInput, "{} rotary dimensions: at most the head width {}, and even", s.n_rot,
+         head_dim_of(s));
   if (s.head_dim < 0 || head_dim_of(s) % 2 != 0)
     fail(ErrorKind::InvalidInput, "head size must be even for RoPE");
 }
@@ -364,7 +391,7 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
   w.set(arch + ".attention.head_count_kv", GgufValue::u32(s.n_head_kv));
   w.set(arch + ".attention.layer_norm_rms_epsilon", GgufValue::f32(s.rms_eps));
   w.set(arch + ".rope.freq_base", GgufValue::f32(s.rope_base));
-  w.set(arch + ".rope.dimension_count", GgufValue::u32(head_dim_of(s)));
+  w.set(arch + ".rope.dimension_count", GgufValue::u32(s.n_rot > 0 ? s.n_rot : head_dim_of(s)));
   if (s.head_dim > 0) {
     w.set(arch + ".attention.key_length", GgufValue::u32(s.head_dim));
     w.set(arch + ".attention.value_length", GgufValue::u32(s.head_dim));
@@ -411,10 +438,12 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
         s.longrope_long.size() != s.longrope_short.size() || s.longrope_original_context <= 0)
       fail(ErrorKind::InvalidInput, "LongRoPE factors: a Phi-3 model with {} short and {} long ones", half,
            half);
-    for (const auto& [name, f] : {std::pair{"rope_factors_short.weight", &s.longrope_short},
-                                  std::pair{"rope_factors_long.weight", &s.longrope_long}})
-      w.add_tensor(name, DType::F32, {half},
+    for (const auto& named : {std::pair{"rope_factors_short.weight", &s.longrope_short},
+                              std::pair{"rope_factors_long.weight", &s.longrope_long}}) {
+      const std::vector<float>* f = named.second;
+      w.add_tensor(named.first, DType::F32, {half},
                    [f](uint8_t* dst, size_t) { std::memcpy(dst, f->data(), f->size() * sizeof(float)); });
+    }
     w.set(arch + ".rope.scaling.original_context_length", GgufValue::u32(s.longrope_original_context));
     const double ratio = double(s.n_ctx) / s.longrope_original_context;
     w.set(arch + ".rope.scaling.attn_factor",

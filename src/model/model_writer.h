@@ -29,6 +29,7 @@ struct ModelShape {
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   int head_dim = 0;  // 0: n_embd / n_head; otherwise written as key_length (Qwen3's differs)
+  int n_rot = 0;     // rotary dimensions of a head (0: all; fewer: partial rotary)
   bool tied_embeddings = false;
   // RoPE scaling: per-pair frequency divisors written as the
   // rope_freqs.weight tensor (empty: none); Llama 3's parameters, from which

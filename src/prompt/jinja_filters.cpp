@@ -439,7 +439,7 @@ std::string python_format(std::string_view f, const Args& a) {
       v = a.pos[auto_index++];
     } else if (std::all_of(field.begin(), field.end(),
                            [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
-      const size_t k = std::stoul(field);
+      const size_t k = field.size() > 9 ? a.pos.size() : std::stoul(field);
       if (k >= a.pos.size()) fail(ErrorKind::InvalidInput, "format: no argument {}", k);
       v = a.pos[k];
     } else {

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <set>
 
 #include "util/error.h"
@@ -723,7 +724,7 @@ class Parser {
         if (r.ec != std::errc()) syntax_error(ln, "the integer " + t.text + " is out of range");
         e->value = Value::integer(v);
       } else {
-        e->value = Value::number(std::stod(t.text));
+        e->value = Value::number(std::strtod(t.text.c_str(), nullptr));  // 1e999 is inf, as in Python
       }
       return e;
     }

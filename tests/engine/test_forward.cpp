@@ -87,6 +87,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RefCase{"tiny", DType::Q4_0, false}, RefCase{"tiny", DType::F32, true},
                       RefCase{"tiny-qwen2", DType::F32, false}, RefCase{"tiny-qwen2", DType::Q8_0, true},
                       RefCase{"tiny-qwen2-yarn", DType::F32, false},
+                      RefCase{"tiny-partial-rope", DType::F32, false},
                       RefCase{"tiny-ministral3", DType::F32, false},
                       RefCase{"tiny-ministral3", DType::Q8_0, true},
                       RefCase{"tiny-llama3", DType::F32, false}, RefCase{"tiny-llama3", DType::Q8_0, true},

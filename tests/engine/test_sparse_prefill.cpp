@@ -90,9 +90,10 @@ TEST_P(BothRopeStyles, SpanRotatedByDeltaEqualsRecomputation) {
 // layer on a span's K and V depend on where it was computed, not only on
 // relative positions.
 INSTANTIATE_TEST_SUITE_P(Models, BothRopeStyles,
-                         ::testing::Combine(::testing::Values("tiny", "tiny-qwen2", "tiny-qwen2-yarn",
-                                                              "tiny-llama3", "tiny-qwen3", "tiny-gemma2",
-                                                              "tiny-gemma3", "tiny-phi3", "tiny-smollm3"),
+                         ::testing::Combine(::testing::Values("tiny", "tiny-partial-rope", "tiny-qwen2",
+                                                              "tiny-qwen2-yarn", "tiny-llama3", "tiny-qwen3",
+                                                              "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
+                                                              "tiny-smollm3"),
                                             ::testing::Values(DType::F32, DType::F16)),
                          [](const auto& info) {
                            std::string name = std::get<0>(info.param) + "_" +

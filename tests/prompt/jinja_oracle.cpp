@@ -51,6 +51,17 @@ std::vector<std::optional<Jinja2Renders>> jinja2_render(const std::vector<std::s
   return out;
 }
 
+const std::vector<std::vector<ChatMessage>>& chat_conversations() {
+  static const std::vector<std::vector<ChatMessage>> conversations = {
+      {{"user", "Hi there"}},
+      {{"system", "Be brief."}, {"user", "What is 2+2?"}},
+      {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "Four."}, {"user", "And 3+3?"}},
+      {{"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "  spaced out \n"}},
+      {{"user", "2+2?"}, {"assistant", "<think>\nAdd them.\n</think>\n\nFour."}, {"user", "Sure?"}},
+  };
+  return conversations;
+}
+
 bool jinja2_available() { return run_shell("/usr/bin/python3 -c 'import jinja2' 2>&1").code == 0; }
 
 }  // namespace depcache::test

@@ -26,6 +26,10 @@ std::vector<std::optional<Jinja2Renders>> jinja2_render(const std::vector<std::s
 
 bool jinja2_available();
 
+// The conversations the chat tests render: user only; system and user;
+// multi-turn; whitespace around contents; an earlier reply's reasoning block.
+const std::vector<std::vector<ChatMessage>>& chat_conversations();
+
 #define REQUIRE_JINJA2()                     \
   if (!::depcache::test::jinja2_available()) \
   DEPCACHE_SKIP("Debian's python3-jinja2 not installed (scripts/setup.sh installs it)")

@@ -79,13 +79,7 @@ TEST(ChatTemplate, OurTemplatesRunAsTheFamilyFormats) {
 
 // ---- Against Debian's python3-jinja2 (tests/prompt/render_jinja.py) ----
 
-const std::vector<std::vector<ChatMessage>> kConversations = {
-    {{"user", "Hi there"}},
-    {{"system", "Be brief."}, {"user", "What is 2+2?"}},
-    {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "Four."}, {"user", "And 3+3?"}},
-    {{"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "  spaced out \n"}},
-    {{"user", "2+2?"}, {"assistant", "<think>\nAdd them.\n</think>\n\nFour."}, {"user", "Sure?"}},
-};
+const std::vector<std::vector<ChatMessage>>& kConversations = test::chat_conversations();
 constexpr std::string_view kBos = "<BOS>", kEos = "<EOS>", kToday = "05 Mar 2026";
 
 // Every conversation rendered by jinja2; nullopt where the template refuses it.

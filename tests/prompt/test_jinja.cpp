@@ -17,18 +17,20 @@
 namespace depcache {
 namespace {
 
-const std::vector<std::vector<ChatMessage>> kConversations = {
-    {{"user", "Hi there"}},
-    {{"system", "Be brief."}, {"user", "What is 2+2?"}},
-    {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "Four."}, {"user", "And 3+3?"}},
-    {{"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "  spaced out \n"}},
-    {{"user", "2+2?"}, {"assistant", "<think>\nAdd them.\n</think>\n\nFour."}, {"user", "Sure?"}},
-    {{"system", "Answer in French.\nUse the context."},
-     {"user", "Ünïcödé “quotes” and 'apostrophes' \\ back\tslash {{ not jinja }} <|im_end|>"}},
-    // Assistant prefill: the reply continues the final message.
-    {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "The answer is"}},
-    {{"user", "Hi"}, {"assistant", " Sure, "}},
-};
+// The chat tests' conversations, then non-ASCII text and a special token's
+// spelling in a message, and assistant prefills.
+const std::vector<std::vector<ChatMessage>> kConversations = [] {
+  std::vector<std::vector<ChatMessage>> out = test::chat_conversations();
+  const std::vector<std::vector<ChatMessage>> more = {
+      {{"system", "Answer in French.\nUse the context."},
+       {"user", "Ünïcödé “quotes” and 'apostrophes' \\ back\tslash {{ not jinja }} <|im_end|>"}},
+      // Assistant prefill: the reply continues the final message.
+      {{"system", "Be brief."}, {"user", "What is 2+2?"}, {"assistant", "The answer is"}},
+      {{"user", "Hi"}, {"assistant", " Sure, "}},
+  };
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}();
 
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream is(p);
@@ -357,6 +359,9 @@ TEST(Jinja, BadAndHostileTemplatesAreRefusedByName) {
   EXPECT_EQ(e7, "chat template line 1: an integer is expected, not a str");
   EXPECT_EQ(render_error("{% set ns = namespace() %}{% set ns.me = ns %}{{ 'a b'.split(' ', 1) }}").second,
             "");
+  EXPECT_EQ(render_error("{{ 1e999 }} {{ -1e999 }}").second, "");  // inf, as Python reads it
+  EXPECT_NE(render_error("{{ '{99999999999999999999}'.format(1) }}").second.find("format: no argument"),
+            std::string::npos);
   const auto [k6, e6] = render_error("\n\n{{ messages[0].content }}");
   EXPECT_EQ(k6, ErrorKind::InvalidInput);
   EXPECT_EQ(e6, "chat template line 3: 'list' has no item 0") << e6;
