@@ -142,13 +142,13 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
     rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
     rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);
   }
-  if (c.q_scale != 1.0f)
-    for (int64_t i = 0; i < n * q_width; ++i) q_[i] *= c.q_scale;
-  if (c.attn_temp_scale != 0)  // Mistral 3: queries far past the original context attend more sharply
+  // One factor per query: the model's query scale, and Mistral 3's
+  // temperature (queries far past the original context attend more sharply).
+  if (c.q_scale != 1.0f || c.attn_temp_scale != 0)
     for (int64_t i = 0; i < n; ++i) {
-      const float t = attention_temperature(c, active_pos_[i]);
-      if (t != 1.0f)
-        for (int64_t j = 0; j < q_width; ++j) q_[i * q_width + j] *= t;
+      const float f = c.q_scale * attention_temperature(c, active_pos_[i]);
+      if (f != 1.0f)
+        for (int64_t j = 0; j < q_width; ++j) q_[i * q_width + j] *= f;
     }
   const Visibility& vis = c.windowed(il) && windowed_ ? *windowed_ : plan.visibility;
 

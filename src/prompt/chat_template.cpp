@@ -407,7 +407,10 @@ std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std
   return render_chat_text(f, messages, bos, eos, today).text;
 }
 
-ChatFormat::ChatFormat(ChatFamily f) : family_(f) {}
+// A family continues an assistant's message (prefill) through the template
+// it writes into models, which renders as its code does; read once here.
+ChatFormat::ChatFormat(ChatFamily f)
+    : family_(f), template_(std::make_shared<const jinja::Template>(chat_template_jinja(f))) {}
 
 ChatFormat ChatFormat::from_jinja(std::string_view jinja) {
   ChatFormat out;
@@ -449,10 +452,6 @@ RenderedChat ChatFormat::render(std::span<const ChatMessage> messages, std::stri
   const bool prefill = !messages.empty() && messages.back().role == "assistant";
   if (family_ && !prefill) return render_chat_text(*family_, messages, bos, eos, today);
   check_messages(messages, /*prefill=*/true);
-  // A family continues a reply through the template it writes into models
-  // (which renders as its code does).
-  const std::shared_ptr<const jinja::Template> tmpl =
-      family_ ? std::make_shared<const jinja::Template>(chat_template_jinja(*family_)) : template_;
   jinja::List msgs;
   for (const ChatMessage& m : messages) {
     jinja::Dict d;
@@ -466,7 +465,7 @@ RenderedChat ChatFormat::render(std::span<const ChatMessage> messages, std::stri
   globals.set("bos_token", jinja::Value::string(std::string(bos)));
   globals.set("eos_token", jinja::Value::string(std::string(eos)));
   globals.set("date_string", jinja::Value::string(chat_date(today)));
-  jinja::Str out = tmpl->render(globals, chat_time(today));
+  jinja::Str out = template_->render(globals, chat_time(today));
   if (prefill) out = cut_after_final_message(out, messages.back().content);
   // The tokenizer adds BOS; a template that writes it first loses it here.
   if (!bos.empty() && out.s.starts_with(bos)) out = out.sub(bos.size(), out.s.size());

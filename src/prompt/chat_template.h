@@ -95,7 +95,7 @@ class ChatFormat {
  private:
   ChatFormat() = default;
   std::optional<ChatFamily> family_;
-  std::shared_ptr<const jinja::Template> template_;
+  std::shared_ptr<const jinja::Template> template_;  // the model's, or the family's own (for prefill)
 };
 
 }  // namespace depcache
