@@ -13,7 +13,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "compute/dot.h"
-#include "engine/forward.h"
+#include "exec/forward.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -106,7 +106,7 @@ void add_bench_model_command(CLI::App& app) {
     std::uniform_int_distribution<int32_t> pick(0, c.n_vocab - 1);
     std::vector<float> logits;
     auto run_pp = [&](int n) {
-      KvCache cache(c, n, kv);
+      KvAssembly cache(c, n, kv);
       std::vector<int32_t> toks(n);
       for (auto& t : toks) t = pick(rng);
       const auto t0 = std::chrono::steady_clock::now();
@@ -115,7 +115,7 @@ void add_bench_model_command(CLI::App& app) {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     auto run_tg = [&](int n) {
-      KvCache cache(c, n, kv);
+      KvAssembly cache(c, n, kv);
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < n; ++i) {
         const int32_t id = pick(rng);

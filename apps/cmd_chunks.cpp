@@ -12,16 +12,16 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "engine/forward.h"
-#include "engine/kv_cache.h"
+#include "exec/forward.h"
+#include "exec/kv_assembly.h"
 #include "kv/radix_index.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/bm25.h"
 #include "retrieval/rag_request.h"
 #include "strategy/chunk_reuse.h"
-#include "strategy/prompt_parts.h"
 #include "tier_options.h"
 #include "util/error.h"
 #include "util/hash.h"
@@ -91,7 +91,7 @@ void fuse(const FuseOptions& o) {
   ThreadPool pool(o.threads);
   Forward fwd(model, pool);
   const int64_t n_ctx = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
-  KvCache kv(model->config(), n_ctx, kv_type);
+  KvAssembly kv(model->config(), n_ctx, kv_type);
   const size_t n = o.limit > 0 ? std::min(o.limit, chunks.size()) : chunks.size();
   size_t fused = 0, present = 0;
   int64_t neighbour_sum = 0, computed = 0;

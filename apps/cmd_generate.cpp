@@ -10,13 +10,13 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "compute/dtype.h"
-#include "engine/forward.h"
 #include "engine/generator.h"
+#include "exec/forward.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/rag_request.h"
-#include "strategy/prompt_parts.h"
 #include "train/qa_sequences.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -96,7 +96,7 @@ void add_generate_command(CLI::App& app) {
 
     ThreadPool pool(threads);
     Forward fwd(model, pool);
-    KvCache cache(model->config(), n_ctx, kv);
+    KvAssembly cache(model->config(), n_ctx, kv);
     GenerateOptions go;
     go.n_predict = n_predict;
     go.sampler = sp;

@@ -11,8 +11,8 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "engine/forward.h"
-#include "engine/kv_cache.h"
+#include "exec/forward.h"
+#include "exec/kv_assembly.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -56,7 +56,7 @@ void add_model_probe_command(CLI::App& model) {
            n_ctx, c.n_ctx_train);
     ThreadPool pool(threads);
     Forward fwd(model, pool);
-    KvCache kv(c, static_cast<int64_t>(ids.size()) + greedy + 1, parse_kv_type(kv_type));
+    KvAssembly kv(c, static_cast<int64_t>(ids.size()) + greedy + 1, parse_kv_type(kv_type));
     std::vector<float> logits;
     fwd.eval(ids, kv, Logits::All, logits);
     nlohmann::json out;

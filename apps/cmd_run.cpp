@@ -22,18 +22,18 @@
 #include "engine/cost_profile.h"
 #include "engine/engine.h"
 #include "engine/fidelity.h"
-#include "engine/forward.h"
-#include "engine/kv_cache.h"
+#include "exec/forward.h"
+#include "exec/kv_assembly.h"
 #include "kv/disk_store.h"
 #include "kv/policy.h"
 #include "kv/remote_store.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
 #include "strategy/lookahead.h"
-#include "strategy/prompt_parts.h"
 #include "strategy/strategy.h"
 #include "strategy/subgcache.h"
 #include "tier_options.h"
@@ -132,7 +132,7 @@ class Progress {
 
 // Greedy decoding after a prefill: appends n - 1 tokens to `tokens` (which
 // holds the first); false when any logits were not finite.
-bool decode_greedy(Forward& fwd, KvCache& kv, int n, std::vector<int32_t>& tokens) {
+bool decode_greedy(Forward& fwd, KvAssembly& kv, int n, std::vector<int32_t>& tokens) {
   bool finite = true;
   std::vector<float> logits;
   for (int t = 1; t < n; ++t) {
@@ -149,7 +149,7 @@ std::vector<FullAnswer> full_answers(const std::vector<RagRequest>& reqs, const 
                                      const Model& model, Forward& fwd, DType kv_type, int64_t n_ctx, int n) {
   RadixIndex none(0);
   const auto full = make_strategy("full", none, model, kv_type, {PositionScheme::Sequential, false});
-  KvCache kv(model.config(), n_ctx, kv_type);
+  KvAssembly kv(model.config(), n_ctx, kv_type);
   Progress progress("full attention, for fidelity", reqs.size());
   std::vector<FullAnswer> out;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -203,7 +203,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   if (o.policy == "pgdsf" && !o.no_reuse && name != "full") {
     // PGDSF's cost of a node: the measured time to recompute its tokens after its context.
     const int64_t n_ctx = std::min<int64_t>(pool_rows, 4096);
-    KvCache scratch(model->config(), n_ctx, kv_type);
+    KvAssembly scratch(model->config(), n_ctx, kv_type);
     const auto t0 = Clock::now();
     const PrefillCostTable table = profile_prefill_cost(engine.forward(), scratch, n_ctx);
     fmt::print(stderr, "[{}] PGDSF prefill cost table ({:.1f} s to measure):\n{}", name, seconds_since(t0),
@@ -277,13 +277,13 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   // --verify: the same strategy without reuse, on its own assembly.
   RadixIndex no_index(0);
   std::unique_ptr<Strategy> reference;
-  std::unique_ptr<KvCache> ref_kv;
+  std::unique_ptr<KvAssembly> ref_kv;
   if (o.verify) {
     StrategyOptions so = o.chunk;
     so.scheme = scheme;
     so.reuse = false;
     reference = make_strategy(engine_strategy, no_index, *model, kv_type, so);
-    ref_kv = std::make_unique<KvCache>(model->config(), pool_rows, kv_type);
+    ref_kv = std::make_unique<KvAssembly>(model->config(), pool_rows, kv_type);
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
     const RequestResult& r = engine.result(ids[i]);

@@ -15,14 +15,14 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/cost_profile.h"
-#include "engine/forward.h"
-#include "engine/kv_cache.h"
+#include "exec/forward.h"
+#include "exec/kv_assembly.h"
 #include "kv/policy.h"
 #include "model/model.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/knowledge_graph.h"
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
-#include "strategy/prompt_parts.h"
 #include "strategy/scheduler.h"
 #include "strategy/simulator.h"
 #include "util/error.h"
@@ -94,7 +94,8 @@ std::function<double(int64_t, int64_t)> profiled_cost_model(const SimulateOption
   const auto model = Model::load(o.cost_model_path);
   ThreadPool pool(o.threads);
   Forward fwd(model, pool);
-  KvCache scratch(model->config(), std::clamp<int64_t>(model->config().n_ctx_train, 256, 4096), DType::F16);
+  KvAssembly scratch(model->config(), std::clamp<int64_t>(model->config().n_ctx_train, 256, 4096),
+                     DType::F16);
   const auto t0 = Clock::now();
   PrefillCostTable table = profile_prefill_cost(fwd, scratch, scratch.n_ctx());
   fmt::print(stderr, "PGDSF prefill cost table of {} ({:.1f} s to measure):\n{}", o.cost_model_path,

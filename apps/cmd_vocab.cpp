@@ -10,8 +10,8 @@
 #include "commands.h"
 #include "model/gguf.h"
 #include "model/vocab_learner.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/rag_request.h"
-#include "strategy/prompt_parts.h"
 #include "train/qa_sequences.h"
 #include "util/error.h"
 

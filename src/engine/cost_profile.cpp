@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <limits>
 
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 #include "util/timing.h"
 
 namespace depcache {
 
-PrefillCostTable profile_prefill_cost(Forward& fwd, KvCache& kv, int64_t max_tokens, int repeats) {
+PrefillCostTable profile_prefill_cost(Forward& fwd, KvAssembly& kv, int64_t max_tokens, int repeats) {
   const int64_t cap = std::max<int64_t>(std::min(max_tokens, kv.n_ctx()), 16);
   std::vector<int64_t> fresh;
   for (int64_t f : {int64_t{8}, int64_t{32}, int64_t{128}})

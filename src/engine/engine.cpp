@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <set>
 
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 #include "kv/policy.h"
 #include "strategy/lookahead.h"
 #include "strategy/scheduler.h"

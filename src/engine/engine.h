@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "compute/sampling.h"
-#include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/span_fetcher.h"
 #include "engine/text_output.h"
+#include "exec/forward.h"
 #include "kv/radix_index.h"
-#include "strategy/prompt_parts.h"
+#include "prompt/prompt_parts.h"
 #include "strategy/scheduler.h"
 #include "strategy/strategy.h"
 #include "util/error.h"

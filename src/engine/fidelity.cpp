@@ -67,7 +67,7 @@ Fidelity compare_to_full(std::span<const float> full_first_logits, std::span<con
   return f;
 }
 
-std::vector<LayerDeviation> kv_deviation(const KvCache& full, const KvCache& got, int64_t n_rows) {
+std::vector<LayerDeviation> kv_deviation(const KvAssembly& full, const KvAssembly& got, int64_t n_rows) {
   if (full.n_layer() != got.n_layer() || full.row_elems() != got.row_elems() || n_rows > full.n_ctx() ||
       n_rows > got.n_ctx())
     fail(ErrorKind::InvalidInput, "kv_deviation: the two caches are not of the same model and size");

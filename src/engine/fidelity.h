@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "exec/kv_assembly.h"
 
 namespace depcache {
 
@@ -41,6 +41,6 @@ Fidelity compare_to_full(std::span<const float> full_first_logits, std::span<con
 struct LayerDeviation {
   double k = 0, v = 0;
 };
-std::vector<LayerDeviation> kv_deviation(const KvCache& full, const KvCache& got, int64_t n_rows);
+std::vector<LayerDeviation> kv_deviation(const KvAssembly& full, const KvAssembly& got, int64_t n_rows);
 
 }  // namespace depcache

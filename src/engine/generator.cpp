@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <chrono>
 
-#include "engine/forward.h"
+#include "exec/forward.h"
 #include "util/error.h"
 #include "util/timing.h"
 
 namespace depcache {
-GenerateResult generate(Forward& fwd, KvCache& kv, const std::vector<int32_t>& prompt,
+GenerateResult generate(Forward& fwd, KvAssembly& kv, const std::vector<int32_t>& prompt,
                         const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) fail(ErrorKind::InvalidInput, "the prompt is empty (no tokens to condition on)");
   if (opts.n_predict < 0) fail(ErrorKind::InvalidInput, "n_predict must be >= 0");

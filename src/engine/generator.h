@@ -11,7 +11,7 @@
 namespace depcache {
 
 class Forward;
-class KvCache;
+class KvAssembly;
 
 struct GenerateOptions {
   int n_predict = 64;
@@ -30,7 +30,7 @@ struct GenerateResult {
 
 // `kv` must be empty or hold a prefix already evaluated; on_token sees each
 // id as soon as it is sampled and may return false to stop.
-GenerateResult generate(Forward& fwd, KvCache& kv, const std::vector<int32_t>& prompt,
+GenerateResult generate(Forward& fwd, KvAssembly& kv, const std::vector<int32_t>& prompt,
                         const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token);
 
 }  // namespace depcache

@@ -13,7 +13,7 @@
 #include <map>
 #include <optional>
 
-#include "engine/kv_cache.h"
+#include "exec/kv_assembly.h"
 
 namespace depcache {
 
@@ -49,8 +49,8 @@ class KvPool {
   // Makes `block` n rows long (never shorter), its rows' contents kept;
   // false (and nothing changed) when fewer than n - block.n_rows() rows are free.
   bool grow(RowBlock& block, int64_t n);
-  KvCache& kv() { return kv_; }
-  const KvCache& kv() const { return kv_; }
+  KvAssembly& kv() { return kv_; }
+  const KvAssembly& kv() const { return kv_; }
   int64_t n_rows() const { return kv_.n_ctx(); }
   int64_t n_free() const { return n_free_; }
   int64_t largest_free() const;
@@ -76,7 +76,7 @@ class KvPool {
   // others), leaving the free rows as one extent at the end.
   void compact(int64_t last = -1);
 
-  KvCache kv_;
+  KvAssembly kv_;
   std::map<int64_t, int64_t> free_;   // first row -> rows
   std::map<int64_t, Extent> blocks_;  // block id -> rows
   int64_t next_id_ = 1;

@@ -9,10 +9,10 @@
 
 #include "model/tokenizer.h"
 #include "prompt/chat_template.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/corpus.h"
 #include "retrieval/retriever.h"
 #include "server/openai.h"
-#include "strategy/prompt_parts.h"
 
 namespace depcache {
 

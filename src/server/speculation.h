@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "engine/engine_loop.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/corpus.h"
 #include "retrieval/rag_request.h"
-#include "strategy/prompt_parts.h"
 #include "util/timing.h"
 
 namespace depcache {

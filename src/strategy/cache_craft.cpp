@@ -7,7 +7,7 @@
 #include <numeric>
 #include <string>
 
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 #include "strategy/chunk_reuse.h"
 #include "util/error.h"
 #include "util/hash.h"

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <string>
 
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 #include "util/error.h"
 #include "util/hash.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "prompt/dep_prompt.h"
-#include "strategy/prompt_parts.h"
+#include "prompt/prompt_parts.h"
 #include "strategy/strategy.h"
 
 namespace depcache {

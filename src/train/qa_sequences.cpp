@@ -4,8 +4,8 @@
 #include <cctype>
 #include <iterator>
 
-#include "engine/visibility.h"
-#include "strategy/prompt_parts.h"
+#include "exec/visibility.h"
+#include "prompt/prompt_parts.h"
 #include "util/error.h"
 
 namespace depcache {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "compute/vec.h"
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 

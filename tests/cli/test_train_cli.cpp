@@ -14,8 +14,8 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/rag_request.h"
-#include "strategy/prompt_parts.h"
 #include "test_support.h"
 #include "train/qa_sequences.h"
 

@@ -15,7 +15,7 @@ TEST(CostProfile, MeasuresAGridOfPositiveTimes) {
   const auto model = test::random_model("tiny", DType::F32);
   ThreadPool pool(1);
   Forward fwd(model, pool);
-  KvCache kv(model->config(), 256, DType::F32);
+  KvAssembly kv(model->config(), 256, DType::F32);
   const PrefillCostTable t = profile_prefill_cost(fwd, kv, 256, 1);
   EXPECT_EQ(t.fresh_axis(), (std::vector<int64_t>{8, 32, 128}));
   EXPECT_EQ(t.cached_axis().size(), 3u);

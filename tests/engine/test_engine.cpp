@@ -166,7 +166,7 @@ TEST(Engine, EqualsTheSingleRequestPath) {
   Forward fwd(model, pool);
   for (size_t i = 0; i < js.size(); ++i) {
     RadixIndex none(0);
-    KvCache kv(model->config(), 1024, DType::F32);
+    KvAssembly kv(model->config(), 1024, DType::F32);
     StrategyOptions so{PositionScheme::Depth, false};
     const PrefillReport rep = make_strategy(js[i].strategy, none, *model, DType::F32, so)
                                   ->prefill(make_prompt_parts(tok, js[i].request), kv, fwd);
@@ -436,7 +436,7 @@ TEST(Engine, HitRateEqualsTheSimulators) {
     reqs.push_back(graph_request(picked, i % 2 ? "Which animals?" : "What do they eat?"));
     parts.push_back(make_prompt_parts(tok, reqs.back()));
   }
-  KvCache one(model->config(), 1, DType::F32);
+  KvAssembly one(model->config(), 1, DType::F32);
   const int64_t row = 0;
   const size_t bytes_per_token = one.extract({&row, 1}).bytes();
   for (const char* strategy : {"depcache", "fullreuse"}) {
@@ -532,7 +532,7 @@ TEST(Engine, PoolAdmissionCancellationAndFailures) {
 TEST(KvPool, RandomAllocationsGrowthAndReleasesKeepRows) {
   const auto model = test::random_model("tiny", DType::F32);
   KvPool pool(model->config(), 1000, DType::F32);
-  KvCache& kv = pool.kv();
+  KvAssembly& kv = pool.kv();
   const int64_t elems = kv.row_elems();
   struct Held {
     RowBlock block;
@@ -776,7 +776,7 @@ TEST_F(LayerLoadEngine, TheSingleRequestPathRunsAgainWithoutABadLayer) {
     RadixIndex index(64 << 20);
     index.attach_disk(disk);
     index.set_layer_preload(preload);
-    KvCache kv(model_->config(), 2048, DType::F16);
+    KvAssembly kv(model_->config(), 2048, DType::F16);
     const auto strategy =
         make_strategy("depcache", index, *model_, DType::F16, {PositionScheme::Depth, true});
     ASSERT_EQ(parts_[0].first, "depcache");

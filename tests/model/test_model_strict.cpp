@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/forward.h"
-#include "engine/kv_cache.h"
+#include "exec/forward.h"
+#include "exec/kv_assembly.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/model_writer.h"
@@ -67,7 +67,7 @@ std::string load_error(const std::filesystem::path& path) {
 std::vector<float> logits_of(const std::shared_ptr<const Model>& m, const std::vector<int32_t>& tokens) {
   ThreadPool pool(2);
   Forward fwd(m, pool);
-  KvCache kv(m->config(), static_cast<int64_t>(tokens.size()), DType::F32);
+  KvAssembly kv(m->config(), static_cast<int64_t>(tokens.size()), DType::F32);
   std::vector<float> logits;
   fwd.eval(tokens, kv, Logits::All, logits);
   return logits;

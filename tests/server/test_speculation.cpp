@@ -11,10 +11,10 @@
 #include "engine/engine_loop.h"
 #include "model/model.h"
 #include "model/vocab.h"
+#include "prompt/prompt_parts.h"
 #include "retrieval/retriever.h"
 #include "server/server_client.h"
 #include "server/speculation.h"
-#include "strategy/prompt_parts.h"
 #include "test_support.h"
 
 namespace depcache {

@@ -13,7 +13,7 @@
 
 #include "chunk_documents.h"
 #include "engine/fidelity.h"
-#include "engine/forward.h"
+#include "exec/forward.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -46,11 +46,11 @@ struct Rig {
     craft = make_strategy("cachecraft", index, *model, DType::F32, o);
   }
   PrefillReport run(const RagRequest& r) {
-    KvCache kv(model->config(), 2048, DType::F32);
+    KvAssembly kv(model->config(), 2048, DType::F32);
     return craft->prefill(make_prompt_parts(tok, r), kv, fwd);
   }
   PrefillReport full(const RagRequest& r) {
-    KvCache kv(model->config(), 2048, DType::F32);
+    KvAssembly kv(model->config(), 2048, DType::F32);
     RadixIndex none(0);
     return make_strategy("full", none, *model, DType::F32)->prefill(make_prompt_parts(tok, r), kv, fwd);
   }
@@ -224,8 +224,8 @@ TEST(CacheCraft, FixingRestoresQualityOnATrainedModelAndFocusCutsWork) {
     arm->strategy = make_strategy(name, arm->index, *model, DType::F32, o);
     arms.push_back(std::move(arm));
   }
-  KvCache want_kv(model->config(), 512, DType::F32), got_kv(model->config(), 512, DType::F32);
-  const auto prefill = [&](Strategy& s, const RagRequest& r, KvCache& kv) {
+  KvAssembly want_kv(model->config(), 512, DType::F32), got_kv(model->config(), 512, DType::F32);
+  const auto prefill = [&](Strategy& s, const RagRequest& r, KvAssembly& kv) {
     return s.prefill(make_prompt_parts(tok, r), kv, fwd);
   };
   RadixIndex none(0);

@@ -11,7 +11,7 @@
 
 #include "chunk_documents.h"
 #include "engine/fidelity.h"
-#include "engine/forward.h"
+#include "exec/forward.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -40,7 +40,7 @@ struct Rig {
       : model(test::random_model(preset, DType::F32)), fwd(model, pool), kv_type(kv) {}
   PrefillReport run(const std::string& strategy, const RagRequest& r, double ratio = 0.15,
                     bool reuse = true) {
-    KvCache kv(model->config(), 2048, kv_type);
+    KvAssembly kv(model->config(), 2048, kv_type);
     StrategyOptions o;
     o.reuse = reuse;
     o.recompute_ratio = ratio;
@@ -184,7 +184,7 @@ TEST(ChunkReuse, WhatIsStoredIsTheChunkAlone) {
 TEST(ChunkReuse, WithoutRealignmentChunksKeepThePositionsTheyWereComputedAt) {
   Rig rig("tiny-qwen2");
   const auto run = [&](const RagRequest& r, bool realign) {
-    KvCache kv(rig.model->config(), 2048, rig.kv_type);
+    KvAssembly kv(rig.model->config(), 2048, rig.kv_type);
     StrategyOptions o;
     o.realign = realign;
     return make_strategy("fullreuse", rig.index, *rig.model, rig.kv_type, o)
@@ -212,7 +212,7 @@ TEST(ChunkReuse, RecomputingRestoresWhatFullReuseLosesOnATrainedModel) {
                                                 {1, 4, 0}, {3, 2, 4}, {2, 1, 0}};
   RadixIndex index(64 << 20);
   const auto prefill = [&](const std::string& strategy, const RagRequest& r, double ratio) {
-    KvCache kv(model->config(), 512, DType::F32);
+    KvAssembly kv(model->config(), 512, DType::F32);
     StrategyOptions o;
     o.recompute_ratio = ratio;
     return make_strategy(strategy, index, *model, DType::F32, o)->prefill(make_prompt_parts(tok, r), kv, fwd);
@@ -254,7 +254,7 @@ TEST(ChunkReuse, AFusedChunkAfterItsNeighbourIsFullPrefill) {
     Rig rig(preset);
     PromptParts fuse = make_prompt_parts(rig.tok, doc_request({kPurr, kBark}, "x"));
     fuse.task.clear();
-    KvCache kv(rig.model->config(), 2048, rig.kv_type);
+    KvAssembly kv(rig.model->config(), 2048, rig.kv_type);
     const PrefillReport fused =
         apply_plan(fusion_plan(fuse, rig.model->fingerprint(), rig.kv_type), rig.index, kv, rig.fwd);
     EXPECT_EQ(fused.reused_tokens, 0);

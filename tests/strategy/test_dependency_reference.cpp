@@ -14,8 +14,8 @@
 #include <cmath>
 #include <memory>
 
-#include "engine/forward.h"
-#include "engine/visibility.h"
+#include "exec/forward.h"
+#include "exec/visibility.h"
 #include "graph_requests.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -187,7 +187,7 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
     const auto ref = test::reference_forward(*model_, want.tokens, positions,
                                              [&want](int64_t q, int64_t k) { return want.sees(q, k); });
 
-    KvCache kv(model_->config(), 1024, c.kv_type);
+    KvAssembly kv(model_->config(), 1024, c.kv_type);
     Outcome o;
     StrategyOptions so{c.scheme, reuse};
     so.tree_context = c.tree_context;
@@ -257,7 +257,7 @@ TEST_P(DependencyReference, EveryTokenOfASparsePrefill) {
   plan.rows = rows;
   plan.visibility = dependency_dag(prompt, rows);
   plan.logits_for = rows;
-  KvCache kv(model_->config(), n, c.kv_type);
+  KvAssembly kv(model_->config(), n, c.kv_type);
   const PrefillResult got = fwd_.prefill(plan, kv);
   const auto ref = test::reference_forward(*model_, want.tokens, want.positions(c.scheme),
                                            [&want](int64_t q, int64_t k) { return want.sees(q, k); });

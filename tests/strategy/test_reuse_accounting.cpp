@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <numeric>
 
-#include "engine/forward.h"
+#include "exec/forward.h"
 #include "graph_requests.h"
 #include "kv/disk_store.h"
 #include "kv/remote_store.h"
@@ -63,7 +63,7 @@ struct Rig {
   ThreadPool pool{2};
   Forward fwd{model, pool};
   PrefillReport run(RadixIndex& index, const RagRequest& r, const std::string& strategy = "depcache") {
-    KvCache kv(model->config(), 2048, DType::F32);
+    KvAssembly kv(model->config(), 2048, DType::F32);
     const PrefillReport report =
         make_strategy(strategy, index, *model, DType::F32, {PositionScheme::Sequential, true})
             ->prefill(make_prompt_parts(tok, r), kv, fwd);

@@ -4,7 +4,7 @@
 
 #include "model/tokenizer.h"
 #include "model/vocab.h"
-#include "strategy/prompt_parts.h"
+#include "prompt/prompt_parts.h"
 #include "strategy/scheduler.h"
 #include "strategy/simulator.h"
 #include "util/error.h"

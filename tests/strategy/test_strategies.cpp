@@ -8,7 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "engine/forward.h"
+#include "exec/forward.h"
 #include "graph_requests.h"
 #include "model/model.h"
 #include "model/model_writer.h"
@@ -40,7 +40,7 @@ struct Rig {
       : model(test::random_model(preset, DType::F32)), fwd(model, pool), kv_type(kv) {}
   PrefillReport run(const std::string& strategy, const RagRequest& r, StrategyOptions o = {},
                     const PromptTemplate& tmpl = {}) {
-    KvCache kv(model->config(), 2048, kv_type);
+    KvAssembly kv(model->config(), 2048, kv_type);
     return make_strategy(strategy, index, *model, kv_type, o)
         ->prefill(make_prompt_parts(tok, r, tmpl), kv, fwd);
   }
@@ -174,7 +174,7 @@ TEST(Strategies, DecodeAfterSparsePrefillEqualsDecodeAfterFullPrefill) {
   const RagRequest b = graph_request({kCat, kDog2}, "Which animals?");
   std::vector<std::vector<float>> steps[2];
   for (int pass = 0; pass < 2; ++pass) {
-    KvCache kv(rig.model->config(), 2048, DType::F32);
+    KvAssembly kv(rig.model->config(), 2048, DType::F32);
     auto strategy = make_strategy("depcache", rig.index, *rig.model, DType::F32, pass == 0 ? reuse : none);
     PrefillReport rep = strategy->prefill(make_prompt_parts(rig.tok, b), kv, rig.fwd);
     if (pass == 0) {
@@ -233,7 +233,7 @@ TEST(Strategies, KeysSeparateSystemPromptsAndKvTypes) {
   PromptTemplate other;
   other.system = "Use the paths.\n";
   EXPECT_EQ(rig.run("depcache", r, {}, other).reused_tokens, 1);  // BOS, as a prefix; no subtree
-  KvCache kv16(rig.model->config(), 2048, DType::F16);
+  KvAssembly kv16(rig.model->config(), 2048, DType::F16);
   const PrefillReport f16 = make_strategy("depcache", rig.index, *rig.model, DType::F16)
                                 ->prefill(make_prompt_parts(rig.tok, r), kv16, rig.fwd);
   EXPECT_EQ(f16.reused_tokens, 0);
@@ -360,7 +360,7 @@ TEST(Strategies, AFailedPrefillLeavesNoPin) {
     rig.run(name, r);  // cached now
     PromptParts bad = make_prompt_parts(rig.tok, r);
     bad.task.push_back(rig.model->config().n_vocab + 3);
-    KvCache kv(rig.model->config(), 2048, DType::F32);
+    KvAssembly kv(rig.model->config(), 2048, DType::F32);
     const auto strategy =
         make_strategy(name, rig.index, *rig.model, DType::F32, {PositionScheme::Depth, true});
     EXPECT_THROW(strategy->prefill(bad, kv, rig.fwd), Error) << name;
@@ -394,7 +394,7 @@ TEST(Strategies, PlanningHasNoSideEffects) {
 TEST(Strategies, ErrorsAreClear) {
   Rig rig("tiny");
   EXPECT_THROW(make_strategy("nope", rig.index, *rig.model, DType::F32), Error);
-  KvCache small(rig.model->config(), 16, DType::F32);
+  KvAssembly small(rig.model->config(), 16, DType::F32);
   auto full = make_strategy("full", rig.index, *rig.model, DType::F32);
   try {
     full->prefill(make_prompt_parts(rig.tok, graph_request({kDog}, "q")), small, rig.fwd);

@@ -4,7 +4,7 @@
 
 #include "model/tokenizer.h"
 #include "model/vocab.h"
-#include "strategy/prompt_parts.h"
+#include "prompt/prompt_parts.h"
 #include "train/qa_sequences.h"
 #include "util/error.h"
 

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <random>
 
-#include "engine/forward.h"
-#include "engine/kv_cache.h"
-#include "engine/visibility.h"
+#include "exec/forward.h"
+#include "exec/kv_assembly.h"
+#include "exec/visibility.h"
 #include "model/vocab.h"
 #include "prompt/dep_prompt.h"
 #include "reference_forward.h"
@@ -260,7 +260,7 @@ TEST(Train, ASavedModelGivesTheEngineTheTrainersLogits) {
   const auto model = Model::load(path);
   Forward fwd(model, pool);
   const auto n = static_cast<int64_t>(seq.tokens.size());
-  KvCache kv(model->config(), n, DType::F32);
+  KvAssembly kv(model->config(), n, DType::F32);
   PrefillPlan plan;
   plan.tokens = seq.tokens;
   plan.positions = seq.positions;

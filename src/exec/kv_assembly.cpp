@@ -1,4 +1,4 @@
-#include "engine/kv_cache.h"
+#include "exec/kv_assembly.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 namespace depcache {
 
-KvCache::KvCache(const ModelConfig& config, int64_t n_ctx, DType type)
+KvAssembly::KvAssembly(const ModelConfig& config, int64_t n_ctx, DType type)
     : n_ctx_(n_ctx),
       row_(config.n_embd_kv()),
       type_(type),
@@ -42,14 +42,14 @@ KvCache::KvCache(const ModelConfig& config, int64_t n_ctx, DType type)
   positions_ = std::move(*positions);
 }
 
-void KvCache::set_n_past(int64_t n) {
+void KvAssembly::set_n_past(int64_t n) {
   if (n < 0 || n > n_ctx_) fail(ErrorKind::Internal, "KV row {} outside [0, {}]", n, n_ctx_);
   n_past_ = n;
 }
 
-size_t KvCache::bytes() const { return k_.empty() ? 0 : 2 * k_.size() * k_[0].size(); }
+size_t KvAssembly::bytes() const { return k_.empty() ? 0 : 2 * k_.size() * k_[0].size(); }
 
-void KvCache::write(int il, int64_t row0, const float* k_rows, const float* v_rows, int64_t n_rows) {
+void KvAssembly::write(int il, int64_t row0, const float* k_rows, const float* v_rows, int64_t n_rows) {
   if (row0 < 0 || row0 + n_rows > n_ctx_)
     fail(ErrorKind::LimitExceeded, "KV write at rows {}..{} exceeds the context size {}", row0, row0 + n_rows,
          n_ctx_);
@@ -67,19 +67,19 @@ void KvCache::write(int il, int64_t row0, const float* k_rows, const float* v_ro
   }
 }
 
-void KvCache::set_positions(int64_t row0, std::span<const int32_t> positions) {
+void KvAssembly::set_positions(int64_t row0, std::span<const int32_t> positions) {
   if (row0 < 0 || row0 + static_cast<int64_t>(positions.size()) > n_ctx_)
     fail(ErrorKind::LimitExceeded, "KV positions at rows {}..{} exceed the context size {}", row0,
          row0 + static_cast<int64_t>(positions.size()), n_ctx_);
   std::copy(positions.begin(), positions.end(), positions_.begin() + row0);
 }
 
-int32_t KvCache::next_position() const {
+int32_t KvAssembly::next_position() const {
   if (n_past_ == 0) return 0;
   return *std::max_element(positions_.begin(), positions_.begin() + n_past_) + 1;
 }
 
-void KvCache::read(int il, int64_t row, float* k_row, float* v_row) const {
+void KvAssembly::read(int il, int64_t row, float* k_row, float* v_row) const {
   if (type_ == DType::F32) {
     std::memcpy(k_row, reinterpret_cast<const float*>(k_[il].data()) + row * row_, row_ * sizeof(float));
     std::memcpy(v_row, reinterpret_cast<const float*>(v_[il].data()) + row * row_, row_ * sizeof(float));
@@ -93,9 +93,11 @@ void KvCache::read(int il, int64_t row, float* k_row, float* v_row) const {
   }
 }
 
-KvLayerView KvCache::layer(int il) const { return {k_[il].data(), v_[il].data(), type_ == DType::F16, row_}; }
+KvLayerView KvAssembly::layer(int il) const {
+  return {k_[il].data(), v_[il].data(), type_ == DType::F16, row_};
+}
 
-KvSpan KvCache::extract(std::span<const int64_t> rows) const {
+KvSpan KvAssembly::extract(std::span<const int64_t> rows) const {
   KvSpan span(n_layer(), row_, type_, static_cast<int64_t>(rows.size()));
   const size_t rb = span.row_bytes();
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -111,8 +113,8 @@ KvSpan KvCache::extract(std::span<const int64_t> rows) const {
   return span;
 }
 
-void KvCache::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
-                    std::span<const int32_t> positions, int layer_begin, int layer_end) {
+void KvAssembly::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0,
+                       std::span<const int32_t> positions, int layer_begin, int layer_end) {
   if (layer_end < 0) layer_end = n_layer();
   if (layer_begin < 0 || layer_begin > layer_end || layer_end > n_layer())
     fail(ErrorKind::Internal, "KV place: layers [{}, {}) of {}", layer_begin, layer_end, n_layer());

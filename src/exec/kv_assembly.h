@@ -16,10 +16,10 @@
 
 namespace depcache {
 
-class KvCache {
+class KvAssembly {
  public:
   // type: F32 or F16.
-  KvCache(const ModelConfig& config, int64_t n_ctx, DType type);
+  KvAssembly(const ModelConfig& config, int64_t n_ctx, DType type);
 
   int64_t n_ctx() const { return n_ctx_; }
   int64_t n_past() const { return n_past_; }  // rows in use

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <random>
 
-#include "engine/forward.h"
-#include "engine/visibility.h"
+#include "exec/forward.h"
+#include "exec/visibility.h"
 #include "model/model.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -40,7 +40,7 @@ PrefillPlan chain_plan(const std::vector<int32_t>& tokens, int64_t row0, int32_t
   return p;
 }
 
-std::vector<float> rows_of(const KvCache& kv, int il, int64_t row0, int64_t n, bool keys) {
+std::vector<float> rows_of(const KvAssembly& kv, int il, int64_t row0, int64_t n, bool keys) {
   std::vector<float> out(n * kv.row_elems()), k(kv.row_elems()), v(kv.row_elems());
   for (int64_t r = 0; r < n; ++r) {
     kv.read(il, row0 + r, k.data(), v.data());
@@ -60,7 +60,7 @@ TEST_P(BothRopeStyles, SpanRotatedByDeltaEqualsRecomputation) {
   Forward fwd(m, pool);
   const auto toks = some_tokens(12, m->config().n_vocab);
   for (int delta : {37, -5, 1000}) {
-    KvCache a(m->config(), 64, kv_type), b(m->config(), 64, kv_type), c(m->config(), 64, kv_type);
+    KvAssembly a(m->config(), 64, kv_type), b(m->config(), 64, kv_type), c(m->config(), 64, kv_type);
     fwd.prefill(chain_plan(toks, 0, 10), a);
     const std::vector<int64_t> rows = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
     const KvSpan span = a.extract(rows);
@@ -109,7 +109,7 @@ TEST(SparsePrefill, PlacedPrefixPlusComputedSuffixEqualsFullPrefill) {
   ThreadPool pool(2);
   Forward fwd(m, pool);
   const auto toks = some_tokens(40, m->config().n_vocab, 1);
-  KvCache full(m->config(), 64, DType::F32), sparse(m->config(), 64, DType::F32);
+  KvAssembly full(m->config(), 64, DType::F32), sparse(m->config(), 64, DType::F32);
   const auto want = fwd.prefill(chain_plan(toks, 0, 0, true), full).logits;
   std::vector<int64_t> rows(25);
   std::iota(rows.begin(), rows.end(), 0);
@@ -129,7 +129,7 @@ TEST(SparsePrefill, ASpanPlacedLayerByLayerFromTheHookEqualsItPlacedWhole) {
   ThreadPool pool(2);
   Forward fwd(m, pool);
   const auto toks = some_tokens(30, m->config().n_vocab, 4);
-  KvCache source(m->config(), 64, DType::F16);
+  KvAssembly source(m->config(), 64, DType::F16);
   fwd.prefill(chain_plan(std::vector<int32_t>(toks.begin(), toks.begin() + 18), 0, 7), source);
   std::vector<int64_t> rows(18);
   std::iota(rows.begin(), rows.end(), 0);
@@ -138,11 +138,11 @@ TEST(SparsePrefill, ASpanPlacedLayerByLayerFromTheHookEqualsItPlacedWhole) {
   std::iota(pos.begin(), pos.end(), 0);
   const std::vector<int32_t> rest(toks.begin() + 18, toks.end());
 
-  KvCache whole(m->config(), 64, DType::F16);
+  KvAssembly whole(m->config(), 64, DType::F16);
   whole.place(span, 0, 18, 0, pos);
   const PrefillResult want = fwd.prefill(chain_plan(rest, 18, 18, true), whole);
 
-  KvCache layered(m->config(), 64, DType::F16);
+  KvAssembly layered(m->config(), 64, DType::F16);
   PrefillPlan plan = chain_plan(rest, 18, 18, true);
   std::vector<int> layers_seen;
   plan.hook = [&](const LayerKv& layer) {
@@ -169,7 +169,7 @@ TEST(SparsePrefill, ActiveSetsOverAnExactCacheGiveTheSameLogits) {
   ThreadPool pool(2);
   Forward fwd(m, pool);
   const auto toks = some_tokens(30, m->config().n_vocab, 2);
-  KvCache full(m->config(), 32, DType::F32);
+  KvAssembly full(m->config(), 32, DType::F32);
   const PrefillPlan base = chain_plan(toks, 0, 0);
   const PrefillResult want = fwd.prefill(base, full);
   std::vector<int64_t> rows(30);
@@ -178,7 +178,7 @@ TEST(SparsePrefill, ActiveSetsOverAnExactCacheGiveTheSameLogits) {
 
   std::mt19937 rng(5);
   for (int trial = 0; trial < 4; ++trial) {
-    KvCache kv(m->config(), 32, DType::F32);
+    KvAssembly kv(m->config(), 32, DType::F32);
     std::vector<int32_t> pos(rows.begin(), rows.end());
     kv.place(all, 0, 30, 0, pos);
     PrefillPlan plan = base;
@@ -219,7 +219,7 @@ TEST(SparsePrefill, AttentionMassPerLayerOverTargets) {
   ThreadPool pool(2);
   Forward fwd(m, pool);
   const auto toks = some_tokens(20, m->config().n_vocab, 3);
-  KvCache kv(m->config(), 32, DType::F32);
+  KvAssembly kv(m->config(), 32, DType::F32);
   PrefillPlan plan = chain_plan(toks, 0, 0);
   plan.stats_queries = {19, 5};
   plan.stats_targets = {{0, 10}, {10, 20}};
@@ -237,7 +237,7 @@ TEST(SparsePrefill, MalformedPlansAreRejected) {
   const auto m = test::random_model("tiny", DType::F32);
   ThreadPool pool(2);
   Forward fwd(m, pool);
-  KvCache kv(m->config(), 16, DType::F32);
+  KvAssembly kv(m->config(), 16, DType::F32);
   const auto toks = some_tokens(4, m->config().n_vocab);
   PrefillPlan p = chain_plan(toks, 0, 0);
   p.rows.pop_back();

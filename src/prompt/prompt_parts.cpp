@@ -1,4 +1,4 @@
-#include "strategy/prompt_parts.h"
+#include "prompt/prompt_parts.h"
 
 #include "prompt/graph_prompt.h"
 

@@ -1,4 +1,4 @@
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,11 +1,11 @@
-#include "engine/forward.h"
+#include "exec/forward.h"
 
 #include <algorithm>
 
 #include "compute/attention.h"
 #include "compute/ops.h"
 #include "compute/quant.h"
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -29,7 +29,7 @@ void compact_rows(std::vector<float>& x, int64_t w, const std::vector<int64_t>& 
 Forward::Forward(std::shared_ptr<const Model> model, ThreadPool& pool)
     : model_(std::move(model)), pool_(pool) {}
 
-PrefillResult Forward::prefill(const PrefillPlan& plan, KvCache& kv) {
+PrefillResult Forward::prefill(const PrefillPlan& plan, KvAssembly& kv) {
   const ModelConfig& c = model_->config();
   const auto n = static_cast<int64_t>(plan.tokens.size());
   if (n == 0) fail(ErrorKind::InvalidInput, "nothing to evaluate: empty token list");
@@ -101,7 +101,7 @@ PrefillResult Forward::prefill(const PrefillPlan& plan, KvCache& kv) {
   return result;
 }
 
-void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult& result) {
+void Forward::layer(int il, const PrefillPlan& plan, KvAssembly& kv, PrefillResult& result) {
   const ModelConfig& c = model_->config();
   const LayerWeights& w = model_->layers[il];
   const bool neox = c.rope_style == RopeStyle::Neox;
@@ -225,7 +225,8 @@ void Forward::layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult&
   for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
 }
 
-void Forward::eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, std::vector<float>& logits) {
+void Forward::eval(std::span<const int32_t> tokens, KvAssembly& kv, Logits which,
+                   std::vector<float>& logits) {
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) fail(ErrorKind::InvalidInput, "nothing to evaluate: empty token list");
   const int64_t row0 = kv.n_past();

@@ -8,8 +8,8 @@
 
 #include "compute/dot.h"
 #include "compute/packed_matrix.h"
-#include "engine/forward.h"
 #include "engine/generator.h"
+#include "exec/forward.h"
 #include "model/model.h"
 #include "model/model_writer.h"
 #include "model/tokenizer.h"
@@ -36,7 +36,7 @@ std::vector<float> eval_all(const std::shared_ptr<const Model>& m, const std::ve
                             DType kv_type, int threads = 2) {
   ThreadPool pool(threads);
   Forward fwd(m, pool);
-  KvCache kv(m->config(), static_cast<int64_t>(toks.size()), kv_type);
+  KvAssembly kv(m->config(), static_cast<int64_t>(toks.size()), kv_type);
   std::vector<float> logits;
   fwd.eval(toks, kv, Logits::All, logits);
   return logits;
@@ -46,7 +46,7 @@ std::vector<float> eval_all(const std::shared_ptr<const Model>& m, const std::ve
 std::vector<float> decode_each(const std::shared_ptr<const Model>& m, const std::vector<int32_t>& toks) {
   ThreadPool pool(2);
   Forward fwd(m, pool);
-  KvCache kv(m->config(), static_cast<int64_t>(toks.size()), DType::F32);
+  KvAssembly kv(m->config(), static_cast<int64_t>(toks.size()), DType::F32);
   std::vector<float> all, logits;
   for (int32_t t : toks) {
     fwd.eval(std::span(&t, 1), kv, Logits::Last, logits);
@@ -159,7 +159,7 @@ TEST_F(Int8Activations, QualityOnTrainedModel) {
   {  // the sequence: the fp32-activation greedy continuation
     ThreadPool pool(2);
     Forward fwd(m, pool);
-    KvCache kv(m->config(), 128, DType::F32);
+    KvAssembly kv(m->config(), 128, DType::F32);
     GenerateOptions go;
     go.n_predict = 60;
     go.stop_at_eog = false;
@@ -213,7 +213,7 @@ TEST(Forward, PrefillThenDecodeEqualsLongerPrefill) {
       const auto toks = some_tokens(33, n_vocab, 3);
       ThreadPool pool(2);
       Forward fwd(m, pool);
-      KvCache kv(m->config(), 64, kv_type);
+      KvAssembly kv(m->config(), 64, kv_type);
       std::vector<float> logits;
       fwd.eval(std::span(toks).first(32), kv, Logits::Last, logits);
       fwd.eval(std::span(toks).subspan(32, 1), kv, Logits::Last, logits);
@@ -234,7 +234,7 @@ TEST(Forward, BatchSplitsAndThreadCountsAgree) {
             1e-5);
   ThreadPool pool(2);
   Forward fwd(m, pool);
-  KvCache kv(m->config(), 40, DType::F32);
+  KvAssembly kv(m->config(), 40, DType::F32);
   std::vector<float> all, logits;
   for (int start : {0, 7, 10, 25}) {
     const int end = start == 25 ? 40 : (start == 0 ? 7 : (start == 7 ? 10 : 25));
@@ -248,7 +248,7 @@ TEST(Forward, RejectsBadTokensAndOverflow) {
   auto m = tiny_model("tiny", DType::F32);
   ThreadPool pool(1);
   Forward fwd(m, pool);
-  KvCache kv(m->config(), 4, DType::F32);
+  KvAssembly kv(m->config(), 4, DType::F32);
   std::vector<float> logits;
   const std::vector<int32_t> bad = {1, m->config().n_vocab};
   EXPECT_THROW(fwd.eval(bad, kv, Logits::Last, logits), Error);
@@ -273,7 +273,7 @@ TEST(Forward, Stories260KGreedyMatchesKnownText) {
   for (DType kv_type : {DType::F32, DType::F16}) {
     ThreadPool pool(2);
     Forward fwd(m, pool);
-    KvCache kv(m->config(), 128, kv_type);
+    KvAssembly kv(m->config(), 128, kv_type);
     GenerateOptions go;
     go.n_predict = 60;
     go.stop_at_eog = false;

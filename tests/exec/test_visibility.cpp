@@ -3,7 +3,7 @@
 
 #include <random>
 
-#include "engine/visibility.h"
+#include "exec/visibility.h"
 #include "util/error.h"
 
 namespace depcache {

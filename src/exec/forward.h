@@ -11,7 +11,7 @@
 
 #include "compute/attention.h"
 #include "compute/ops.h"
-#include "engine/kv_cache.h"
+#include "exec/kv_assembly.h"
 #include "model/model.h"
 
 namespace depcache {
@@ -34,7 +34,7 @@ struct LayerKv {
   std::span<const int64_t> active;
   const float* k_fresh = nullptr;  // (active.size(), n_embd_kv)
   const float* v_fresh = nullptr;
-  KvCache* kv = nullptr;
+  KvAssembly* kv = nullptr;
   std::span<const int64_t> rows;  // KV row of every batch token
   // The plan's attention statistics of the layers before this one (null
   // without statistics), for hooks that decide from where attention goes.
@@ -83,15 +83,15 @@ class Forward {
 
   // Runs the plan, writing K/V into `kv` (which must already hold every row
   // the plan reads but does not compute). Does not change kv.n_past().
-  PrefillResult prefill(const PrefillPlan& plan, KvCache& kv);
+  PrefillResult prefill(const PrefillPlan& plan, KvAssembly& kv);
 
   // Appends `tokens` after the assembly's rows at the next positions, each
   // seeing every earlier row (a causal continuation), and writes logits
   // ((1 or n_tokens) x n_vocab) to `logits`.
-  void eval(std::span<const int32_t> tokens, KvCache& kv, Logits which, std::vector<float>& logits);
+  void eval(std::span<const int32_t> tokens, KvAssembly& kv, Logits which, std::vector<float>& logits);
 
  private:
-  void layer(int il, const PrefillPlan& plan, KvCache& kv, PrefillResult& result);
+  void layer(int il, const PrefillPlan& plan, KvAssembly& kv, PrefillResult& result);
 
   std::shared_ptr<const Model> model_;
   ThreadPool& pool_;
