@@ -13,7 +13,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "compute/dot.h"
-#include "exec/forward.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -86,8 +86,6 @@ void add_bench_model_command(CLI::App& app) {
     const DType kv = parse_kv_type(kv_type);
     auto model = Model::load(model_path);
     const ModelConfig& c = model->config();
-    ThreadPool pool(threads);
-    Forward fwd(model, pool);
 
     int64_t n_params = 0;
     for (const GgufTensor& t : model->file().tensors()) n_params += t.n_elements();
@@ -102,27 +100,31 @@ void add_bench_model_command(CLI::App& app) {
     const std::string type_name = fmt::format("{}", fmt::join(types, "+"));
     const std::string model_desc = fmt::format("{} {}L {}d {}", c.arch_name, c.n_layer, c.n_embd, type_name);
 
+    // Each test runs through the engine, as every request does: one request
+    // of random tokens, computed without reuse, greedy. pp n: an n-token
+    // prompt in --ubatch pieces, to its first token; tg n: a one-token prompt
+    // and n - 1 more tokens, n forward passes of one token each.
     std::mt19937 rng(1234);
     std::uniform_int_distribution<int32_t> pick(0, c.n_vocab - 1);
-    std::vector<float> logits;
-    auto run_pp = [&](int n) {
-      KvAssembly cache(c, n, kv);
-      std::vector<int32_t> toks(n);
-      for (auto& t : toks) t = pick(rng);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; i += ubatch)
-        fwd.eval(std::span(toks).subspan(i, std::min(ubatch, n - i)), cache, Logits::Last, logits);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto run_engine = [&](int64_t n_prompt, int n_tokens) {
+      EngineOptions eo;
+      eo.pool_rows = n_prompt + n_tokens;
+      eo.kv_type = kv;
+      eo.cache_bytes = 0;
+      eo.batch_tokens = ubatch;
+      eo.threads = threads;
+      Engine engine(model, eo);
+      PromptParts parts;
+      for (int64_t i = 0; i < n_prompt; ++i) parts.text.push_back(pick(rng));
+      SamplingParams sampling;
+      sampling.max_tokens = n_tokens;
+      sampling.stop_at_eog = false;
+      const RequestResult& r = engine.wait(engine.submit("full", std::move(parts), sampling));
+      return std::chrono::duration<double>(r.done - r.submitted).count();
     };
-    auto run_tg = [&](int n) {
-      KvAssembly cache(c, n, kv);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i) {
-        const int32_t id = pick(rng);
-        fwd.eval(std::span(&id, 1), cache, Logits::Last, logits);
-      }
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
+    const auto run_pp = [&](int n) { return run_engine(n, 1); };
+    const auto run_tg = [&](int n) { return run_engine(1, n); };
+    const int n_threads = ThreadPool(threads).size();
 
     if (!json) {
       fmt::print("| {:<24} | {:>10} | {:>8} | {:>7} | {:>7} | {:>20} |\n", "model", "size", "params",
@@ -138,7 +140,7 @@ void add_bench_model_command(CLI::App& app) {
       const Stats s = stats(tps);
       if (json) {
         nlohmann::json j = {{"model", model_desc},  {"model_size_bytes", model->file().file_size()},
-                            {"n_params", n_params}, {"n_threads", pool.size()},
+                            {"n_params", n_params}, {"n_threads", n_threads},
                             {"test", test},         {"n_tokens", n},
                             {"avg_ts", s.mean},     {"stddev_ts", s.stddev},
                             {"samples_ts", tps},    {"kv_type", kv_type},
@@ -146,7 +148,7 @@ void add_bench_model_command(CLI::App& app) {
         fmt::print("{}\n", j.dump());
       } else {
         fmt::print("| {:<24} | {:>6.2f} MiB | {:>6.2f} M | {:>7} | {:>7} | {:>12.2f} ± {:>5.2f} |\n",
-                   model_desc, size_mib, n_params / 1e6, pool.size(), test, s.mean, s.stddev);
+                   model_desc, size_mib, n_params / 1e6, n_threads, test, s.mean, s.stddev);
       }
       std::fflush(stdout);
     };

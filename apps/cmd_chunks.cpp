@@ -12,8 +12,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "exec/forward.h"
-#include "exec/kv_assembly.h"
+#include "engine/engine.h"
 #include "kv/radix_index.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -25,7 +24,6 @@
 #include "tier_options.h"
 #include "util/error.h"
 #include "util/hash.h"
-#include "util/thread_pool.h"
 #include "util/timing.h"
 
 namespace depcache::cli {
@@ -86,12 +84,17 @@ void fuse(const FuseOptions& o) {
   bm25.finalize();
   fmt::print("{} requests, {} distinct chunks ({:.2f} s)\n", reqs.size(), chunks.size(), seconds_since(t0));
 
-  RadixIndex index(static_cast<size_t>(o.cache_mib * 1048576.0));
-  const LowerTiers tiers(index, o.tiers, "[chunks fuse] ");
-  ThreadPool pool(o.threads);
-  Forward fwd(model, pool);
   const int64_t n_ctx = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
-  KvAssembly kv(model->config(), n_ctx, kv_type);
+  EngineOptions eo;
+  eo.pool_rows = n_ctx;
+  eo.kv_type = kv_type;
+  eo.cache_bytes = static_cast<size_t>(o.cache_mib * 1048576.0);
+  eo.threads = o.threads;
+  Engine engine(model, eo);
+  RadixIndex& index = engine.index();
+  const LowerTiers tiers(index, o.tiers, "[chunks fuse] ");
+  SamplingParams one;
+  one.max_tokens = 1;
   const size_t n = o.limit > 0 ? std::min(o.limit, chunks.size()) : chunks.size();
   size_t fused = 0, present = 0;
   int64_t neighbour_sum = 0, computed = 0;
@@ -118,8 +121,9 @@ void fuse(const FuseOptions& o) {
       ++present;
       continue;
     }
-    const RequestPlan plan = fusion_plan(parts, model->fingerprint(), kv_type);
-    computed += apply_plan(plan, index, kv, fwd).computed_tokens;
+    const RequestId id = engine.submit_plan(fusion_plan(parts, model->fingerprint(), kv_type), one);
+    computed += engine.wait(id).report.computed_tokens;
+    engine.forget(id);
     neighbour_sum += static_cast<int64_t>(parts.items.size()) - 1;
     ++fused;
     if (fused % 50 == 0) fmt::print(stderr, "[chunks fuse] {}/{} chunks\n", i + 1, n);

@@ -10,8 +10,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "compute/dtype.h"
-#include "engine/generator.h"
-#include "exec/forward.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -19,7 +18,7 @@
 #include "retrieval/rag_request.h"
 #include "train/qa_sequences.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
+#include "util/timing.h"
 
 namespace depcache::cli {
 
@@ -51,7 +50,7 @@ void add_generate_command(CLI::App& app) {
       ->needs(request_opt);
   cmd->add_option("-n,--n-predict", n_predict, "Tokens to generate")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--temp", sp.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
   cmd->add_option("--top-p", sp.top_p, "Nucleus sampling mass (1: off)")->capture_default_str();
@@ -94,35 +93,41 @@ void add_generate_command(CLI::App& app) {
       fail(ErrorKind::LimitExceeded, "prompt of {} tokens + {} to generate exceeds the context size {}",
            ids.size(), n_predict, n_ctx);
 
-    ThreadPool pool(threads);
-    Forward fwd(model, pool);
-    KvAssembly cache(model->config(), n_ctx, kv);
-    GenerateOptions go;
-    go.n_predict = n_predict;
-    go.sampler = sp;
-    go.stop_at_eog = !ignore_eos;
-    go.eog_ids = tok.eog_ids();
+    EngineOptions eo;
+    eo.pool_rows = n_ctx;
+    eo.kv_type = kv;
+    eo.cache_bytes = 0;  // one request, nothing to reuse
+    eo.threads = threads;
+    eo.eog_ids = tok.eog_ids();
+    Engine engine(model, eo);
+    SamplingParams sampling;
+    sampling.sampler = sp;
+    sampling.max_tokens = n_predict;
+    sampling.stop_at_eog = !ignore_eos;
+    PromptParts parts;
+    parts.text = ids;  // the prompt as it is: no reuse, no structure
 
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
     StreamDecoder stream(tok, false, /*starts_text=*/false);  // continues the echoed prompt
-    const GenerateResult r = generate(fwd, cache, ids, go, [&](int32_t id) {
-      if (tok.is_eog(id)) return true;
-      const std::string text = stream.push(id);
+    const RequestResult& r = engine.wait(engine.submit("full", parts, sampling, [&](const TokenEvent& e) {
+      if (tok.is_eog(e.token)) return;
+      const std::string text = stream.push(e.token);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
-      return true;
-    });
+    }));
     const std::string rest = stream.flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
+    const double ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - r.submitted).count();
+    const double decode_ms = std::chrono::duration<double, std::milli>(r.done - r.first_token).count();
     const double n_gen_after_first = r.tokens.size() > 1 ? double(r.tokens.size() - 1) : 0;
-    fmt::print(stderr,
-               "\nprompt: {} tokens in {:.1f} ms ({:.1f} tok/s)\ngeneration: {} tokens, {:.1f} tok/s after "
-               "the first\n"
-               "TTFT: {:.1f} ms\n",
-               r.n_prompt, r.prompt_ms, r.n_prompt * 1000.0 / std::max(r.prompt_ms, 1e-9), r.tokens.size(),
-               n_gen_after_first > 0 ? n_gen_after_first * 1000.0 / r.decode_ms : 0.0, r.ttft_ms);
+    fmt::print(
+        stderr,
+        "\nprompt: {} tokens, TTFT {:.1f} ms ({:.1f} tok/s)\ngeneration: {} tokens, {:.1f} tok/s after "
+        "the first\n",
+        ids.size(), ttft_ms, static_cast<double>(ids.size()) * 1000.0 / std::max(ttft_ms, 1e-9),
+        r.tokens.size(), n_gen_after_first > 0 ? n_gen_after_first * 1000.0 / decode_ms : 0.0);
     if (!answers.empty()) {
       const std::string answer = generated_answer(tok, r.tokens);
       fmt::print(stderr, "answer: \"{}\" ({}; expected \"{}\")\n", answer,

@@ -130,33 +130,27 @@ class Progress {
   bool tty_;
 };
 
-// Greedy decoding after a prefill: appends n - 1 tokens to `tokens` (which
-// holds the first); false when any logits were not finite.
-bool decode_greedy(Forward& fwd, KvAssembly& kv, int n, std::vector<int32_t>& tokens) {
-  bool finite = true;
-  std::vector<float> logits;
-  for (int t = 1; t < n; ++t) {
-    const std::vector<int32_t> one = {tokens.back()};
-    fwd.eval(one, kv, Logits::Last, logits);
-    tokens.push_back(argmax(logits));
-    finite = finite && all_finite(std::span<const float>(logits));
-  }
-  return finite;
-}
-
 // Full attention over the flat prompt of every request, n greedy tokens each.
 std::vector<FullAnswer> full_answers(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
-                                     const Model& model, Forward& fwd, DType kv_type, int64_t n_ctx, int n) {
-  RadixIndex none(0);
-  const auto full = make_strategy("full", none, model, kv_type, {PositionScheme::Sequential, false});
-  KvAssembly kv(model.config(), n_ctx, kv_type);
+                                     const std::shared_ptr<const Model>& model, DType kv_type, int64_t n_ctx,
+                                     int n, int threads) {
+  EngineOptions eo;
+  eo.pool_rows = n_ctx;
+  eo.kv_type = kv_type;
+  eo.cache_bytes = 0;
+  eo.threads = threads;
+  Engine engine(model, eo);
+  SamplingParams sampling;
+  sampling.max_tokens = n;
+  sampling.stop_at_eog = false;
   Progress progress("full attention, for fidelity", reqs.size());
   std::vector<FullAnswer> out;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    const PrefillReport r = full->prefill(make_prompt_parts(tok, reqs[i], model.config().prompt), kv, fwd);
-    FullAnswer a{r.logits, {argmax(r.logits)}, all_finite(std::span<const float>(r.logits))};
-    a.finite = decode_greedy(fwd, kv, n, a.tokens) && a.finite;
-    out.push_back(std::move(a));
+    const RequestId id =
+        engine.submit("full", make_prompt_parts(tok, reqs[i], model->config().prompt), sampling);
+    const RequestResult& r = engine.wait(id);
+    out.push_back({r.report.logits, r.tokens, r.finite});
+    engine.forget(id);
     progress.step(i + 1);
   }
   return out;
@@ -169,7 +163,7 @@ RadixIndex::Stats stats_of(const RadixIndex& index) {
 
 StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs,
                          const std::vector<PromptParts>& parts, const std::shared_ptr<const Model>& model,
-                         Forward& fwd, const RunOptions& o, int64_t pool_rows, PositionScheme scheme,
+                         const RunOptions& o, int64_t pool_rows, PositionScheme scheme,
                          const std::vector<FullAnswer>* full,
                          const std::vector<PromptParts>* warmup = nullptr) {
   const DType kv_type = parse_kv_type(o.kv_type);
@@ -202,10 +196,8 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
                  o.tiers.cache_dir);
   if (o.policy == "pgdsf" && !o.no_reuse && name != "full") {
     // PGDSF's cost of a node: the measured time to recompute its tokens after its context.
-    const int64_t n_ctx = std::min<int64_t>(pool_rows, 4096);
-    KvAssembly scratch(model->config(), n_ctx, kv_type);
     const auto t0 = Clock::now();
-    const PrefillCostTable table = profile_prefill_cost(engine.forward(), scratch, n_ctx);
+    const PrefillCostTable table = engine.profile_prefill_cost(std::min<int64_t>(pool_rows, 4096));
     fmt::print(stderr, "[{}] PGDSF prefill cost table ({:.1f} s to measure):\n{}", name, seconds_since(t0),
                table.to_string());
     index.set_cost_model(table);
@@ -274,17 +266,6 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   }
   run.wall_s = seconds_since(start);
 
-  // --verify: the same strategy without reuse, on its own assembly.
-  RadixIndex no_index(0);
-  std::unique_ptr<Strategy> reference;
-  std::unique_ptr<KvAssembly> ref_kv;
-  if (o.verify) {
-    StrategyOptions so = o.chunk;
-    so.scheme = scheme;
-    so.reuse = false;
-    reference = make_strategy(engine_strategy, no_index, *model, kv_type, so);
-    ref_kv = std::make_unique<KvAssembly>(model->config(), pool_rows, kv_type);
-  }
   for (size_t i = 0; i < reqs.size(); ++i) {
     const RequestResult& r = engine.result(ids[i]);
     if (r.state != RequestState::Finished)
@@ -302,7 +283,12 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
       if (!row.finite || !(*full)[i].finite) *row.fidelity = Fidelity{false, INFINITY, false, 0.0};
     }
     if (o.verify) {
-      const PrefillReport ref = reference->prefill(parts[i], *ref_kv, fwd);
+      // The same strategy without reuse: its prompt computed alone.
+      SamplingParams first;
+      first.max_tokens = 1;
+      const RequestId alone = engine.submit(engine_strategy, parts[i], first, {}, CacheUse::None);
+      const PrefillReport ref = engine.wait(alone).report;
+      engine.forget(alone);
       row.logit_diff =
           max_abs_difference(std::span<const float>(ref.logits), std::span<const float>(row.report.logits));
       row.top1_agrees = row.finite && argmax(ref.logits) == row.output.front();
@@ -378,7 +364,7 @@ std::vector<double> ttfts(const StrategyRun& run) {
 // Markdown and a PNG.
 void sweep_rates(const std::vector<std::string>& names, const std::vector<RagRequest>& reqs,
                  const std::vector<PromptParts>& parts, const std::shared_ptr<const Model>& model,
-                 Forward& fwd, const RunOptions& o, int64_t pool_rows, PositionScheme scheme) {
+                 const RunOptions& o, int64_t pool_rows, PositionScheme scheme) {
   RunOptions quiet = o;
   quiet.verify = quiet.fidelity = false;
   std::string md =
@@ -390,8 +376,7 @@ void sweep_rates(const std::vector<std::string>& names, const std::vector<RagReq
   std::string data;  // gnuplot: one block per strategy, "rate p99"
   for (const std::string& name : names) {
     quiet.serial = true;
-    const StrategyRun unloaded =
-        run_strategy(name, reqs, parts, model, fwd, quiet, pool_rows, scheme, nullptr);
+    const StrategyRun unloaded = run_strategy(name, reqs, parts, model, quiet, pool_rows, scheme, nullptr);
     const double p50 = percentile(ttfts(unloaded), 50);
     const double slo = o.slo_ms > 0 ? o.slo_ms : 5 * p50;
     const double serial_rate = static_cast<double>(reqs.size()) / unloaded.wall_s;
@@ -401,7 +386,7 @@ void sweep_rates(const std::vector<std::string>& names, const std::vector<RagReq
       std::vector<RagRequest> at = reqs;
       const std::vector<double> arrivals = poisson_arrivals(at.size(), rate, o.seed);
       for (size_t i = 0; i < at.size(); ++i) at[i].arrival_s = arrivals[i];
-      const StrategyRun run = run_strategy(name, at, parts, model, fwd, quiet, pool_rows, scheme, nullptr);
+      const StrategyRun run = run_strategy(name, at, parts, model, quiet, pool_rows, scheme, nullptr);
       const std::vector<double> t = ttfts(run);
       const double p99 = percentile(t, 99), served = static_cast<double>(at.size()) / run.wall_s;
       points[rate] = {p99, served};
@@ -801,8 +786,6 @@ void add_run_command(CLI::App& app) {
         "({}){}\n",
         o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, reqs.size(), o.kv_type, n_ctx,
         position_scheme_name(scheme), scheme_source, trees);
-    ThreadPool pool(o.threads);
-    Forward fwd(model, pool);
     std::vector<StrategyRun> runs;
     std::ofstream json;
     if (!o.json_path.empty()) {
@@ -810,15 +793,16 @@ void add_run_command(CLI::App& app) {
       if (!json) fail(ErrorKind::NotFound, "cannot write {}", o.json_path);
     }
     std::vector<FullAnswer> full;
-    if (o.fidelity) full = full_answers(reqs, tok, *model, fwd, parse_kv_type(o.kv_type), need, o.max_tokens);
-    if (o.sweep) return sweep_rates(names, reqs, parts, model, fwd, o, n_ctx, scheme);
+    if (o.fidelity)
+      full = full_answers(reqs, tok, model, parse_kv_type(o.kv_type), need, o.max_tokens, o.threads);
+    if (o.sweep) return sweep_rates(names, reqs, parts, model, o, n_ctx, scheme);
     for (const std::string& name : names) {
       if (name == "subgcache") {
         // Served in cluster order; the rows go back to the stream's order.
         std::vector<FullAnswer> full_in_order;
         for (size_t i : subg.order)
           if (o.fidelity) full_in_order.push_back(full[i]);
-        StrategyRun run = run_strategy(name, subg_reqs, subg_parts, model, fwd, o, n_ctx, scheme,
+        StrategyRun run = run_strategy(name, subg_reqs, subg_parts, model, o, n_ctx, scheme,
                                        o.fidelity ? &full_in_order : nullptr, &warm);
         std::vector<RequestRow> rows(run.rows.size());
         for (size_t k = 0; k < subg.order.size(); ++k) rows[subg.order[k]] = std::move(run.rows[k]);
@@ -833,8 +817,8 @@ void add_run_command(CLI::App& app) {
             run.wall_s);
         runs.push_back(std::move(run));
       } else {
-        runs.push_back(run_strategy(name, reqs, parts, model, fwd, o, n_ctx, scheme,
-                                    o.fidelity ? &full : nullptr, &warm));
+        runs.push_back(
+            run_strategy(name, reqs, parts, model, o, n_ctx, scheme, o.fidelity ? &full : nullptr, &warm));
       }
       for (size_t i = 0; i < reqs.size(); ++i) {
         if (reqs[i].answers.empty()) continue;

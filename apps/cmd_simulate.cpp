@@ -14,9 +14,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "engine/cost_profile.h"
-#include "exec/forward.h"
-#include "exec/kv_assembly.h"
+#include "engine/engine.h"
 #include "kv/policy.h"
 #include "model/model.h"
 #include "prompt/prompt_parts.h"
@@ -92,12 +90,14 @@ std::vector<RagRequest> graph_stream(const KnowledgeGraph& kg, const std::vector
 std::function<double(int64_t, int64_t)> profiled_cost_model(const SimulateOptions& o) {
   if (o.cost_model_path.empty()) return {};
   const auto model = Model::load(o.cost_model_path);
-  ThreadPool pool(o.threads);
-  Forward fwd(model, pool);
-  KvAssembly scratch(model->config(), std::clamp<int64_t>(model->config().n_ctx_train, 256, 4096),
-                     DType::F16);
+  const int64_t n_ctx = std::clamp<int64_t>(model->config().n_ctx_train, 256, 4096);
+  EngineOptions eo;
+  eo.pool_rows = n_ctx;
+  eo.cache_bytes = 0;
+  eo.threads = o.threads;
+  Engine engine(model, eo);
   const auto t0 = Clock::now();
-  PrefillCostTable table = profile_prefill_cost(fwd, scratch, scratch.n_ctx());
+  PrefillCostTable table = engine.profile_prefill_cost(n_ctx);
   fmt::print(stderr, "PGDSF prefill cost table of {} ({:.1f} s to measure):\n{}", o.cost_model_path,
              seconds_since(t0), table.to_string());
   return table;

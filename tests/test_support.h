@@ -10,6 +10,7 @@
 
 #include "compute/dot.h"
 #include "compute/dtype.h"
+#include "strategy/strategy.h"
 
 namespace depcache {
 class Model;
@@ -135,5 +136,12 @@ double max_abs_diff(const float* a, const float* b, int64_t n, const std::string
 // The same relative to the largest |ref| (at least 1e-30): for float64
 // references whose scale depends on the model.
 double max_rel_diff(std::span<const float> got, std::span<const double> ref, const std::string& label);
+
+// A strategy's plan for `parts` applied on its own assembly (apply_plan):
+// how the planner and executor tests run a request outside the engine.
+inline PrefillReport prefill(const Strategy& strategy, RadixIndex& index, const PromptParts& parts,
+                             KvAssembly& kv, Forward& fwd) {
+  return apply_plan(strategy.plan(parts), index, kv, fwd);
+}
 
 }  // namespace depcache::test

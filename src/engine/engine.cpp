@@ -15,8 +15,6 @@ namespace depcache {
 
 struct Engine::Sequence {
   RequestId id = 0;
-  Strategy* strategy = nullptr;
-  PromptParts parts;
   SamplingParams sampling;
   std::function<void(const TokenEvent&)> on_token;
   Sampler sampler;
@@ -57,17 +55,24 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
   // Records from the shared tiers of any other shape are refused, not placed.
   index_.expect_span_shape({pool_.kv().n_layer(), pool_.kv().row_elems(), options.kv_type});
   for (const std::string& name : strategy_names())
-    strategies_.emplace(name, make_strategy(name, index_, *model_, options.kv_type, options.strategy));
+    strategies_.emplace(name, make_strategy(name, *model_, options.kv_type, options.strategy));
 }
 
 Engine::~Engine() = default;
 
-Strategy& Engine::strategy(std::string_view name) {
+Strategy& Engine::strategy(std::string_view name, CacheUse cache) {
   const auto it = strategies_.find(name);
   if (it == strategies_.end())
     fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", name,
          fmt::join(strategy_names(), ", "));
-  return *it->second;
+  if (cache == CacheUse::Shared) return *it->second;
+  auto& alone = alone_strategies_[it->first];
+  if (!alone) {
+    StrategyOptions o = options_.strategy;
+    o.reuse = false;
+    alone = make_strategy(name, *model_, options_.kv_type, o);
+  }
+  return *alone;
 }
 
 void Engine::save_strategy_state(const std::filesystem::path& dir) const {
@@ -81,7 +86,20 @@ size_t Engine::load_strategy_state(const std::filesystem::path& dir) {
 }
 
 RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, const SamplingParams& sampling,
-                         std::function<void(const TokenEvent&)> on_token) {
+                         std::function<void(const TokenEvent&)> on_token, CacheUse cache) {
+  // Planning changes nothing: done once, up front.
+  RequestPlan plan = strategy(strategy_name, cache).plan(parts);
+  scope_plan(plan, parts.cache_scope);
+  return enqueue(std::move(plan), sampling, std::move(on_token));
+}
+
+RequestId Engine::submit_plan(RequestPlan plan, const SamplingParams& sampling,
+                              std::function<void(const TokenEvent&)> on_token) {
+  return enqueue(std::move(plan), sampling, std::move(on_token));
+}
+
+RequestId Engine::enqueue(RequestPlan plan, const SamplingParams& sampling,
+                          std::function<void(const TokenEvent&)> on_token) {
   if (sampling.max_tokens < 1) fail(ErrorKind::InvalidInput, "max_tokens must be at least 1");
   if (sampling.prefill_piece_tokens < 0)
     fail(ErrorKind::InvalidInput, "prefill_piece_tokens must not be negative");
@@ -93,11 +111,8 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
     fail(ErrorKind::InvalidInput, "stop strings need an engine with a tokenizer");
   auto s = std::make_unique<Sequence>(sampling);
   if (options_.tokenizer) s->text.emplace(*options_.tokenizer, sampling.stop);
-  s->strategy = &strategy(strategy_name);
-  s->parts = std::move(parts);
   s->on_token = std::move(on_token);
-  s->plan = s->strategy->plan(s->parts);  // planning changes nothing: done once, up front
-  scope_plan(s->plan, s->parts.cache_scope);
+  s->plan = std::move(plan);
   s->lookups = s->plan.lookups();
   s->rows_needed = static_cast<int64_t>(s->plan.tokens.size()) + sampling.max_tokens - 1;
   s->id = next_id_++;
@@ -543,6 +558,19 @@ bool Engine::step() {
 void Engine::run_until_idle() {
   while (step()) {
   }
+}
+
+PrefillCostTable Engine::profile_prefill_cost(int64_t max_tokens) {
+  KvAssembly scratch(model_->config(), max_tokens, options_.kv_type);
+  return depcache::profile_prefill_cost(fwd_, scratch, max_tokens);
+}
+
+const RequestResult& Engine::wait(RequestId id) {
+  while (live_.count(id) && step()) {
+  }
+  const RequestResult& r = result(id);
+  if (r.state == RequestState::Failed) fail(r.error_kind, "{}", r.error);
+  return r;
 }
 
 void Engine::forget(RequestId id) {

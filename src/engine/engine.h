@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "compute/sampling.h"
+#include "engine/cost_profile.h"
 #include "engine/kv_pool.h"
 #include "engine/span_fetcher.h"
 #include "engine/text_output.h"
@@ -99,6 +100,11 @@ struct EngineOptions {
 
 using RequestId = int64_t;
 
+// Whether a request's strategy reads and fills the index: Shared (the
+// default), or None — its prompt computed alone, nothing looked up, nothing
+// stored (the reference a reuse is compared with: `run --verify`).
+enum class CacheUse { Shared, None };
+
 enum class RequestState { Waiting, Running, Finished, Cancelled, Failed };
 // Why a finished request ended: max_tokens, an end-of-generation token, a
 // stop string.
@@ -146,7 +152,12 @@ class Engine {
 
   // strategy: one of strategy_names(). on_token is called from step().
   RequestId submit(std::string_view strategy, PromptParts parts, const SamplingParams& sampling,
-                   std::function<void(const TokenEvent&)> on_token = {});
+                   std::function<void(const TokenEvent&)> on_token = {}, CacheUse cache = CacheUse::Shared);
+  // A plan made outside the engine's strategies (FusionRAG's offline fusion
+  // of a chunk after its neighbours), run as any other request, in the
+  // scope it was confined to (scope_plan).
+  RequestId submit_plan(RequestPlan plan, const SamplingParams& sampling,
+                        std::function<void(const TokenEvent&)> on_token = {});
   // A waiting request never runs; a running one stops and frees its rows (a
   // prefill stopped midway leaves what it computed in the index).
   void cancel(RequestId id);
@@ -156,6 +167,9 @@ class Engine {
   // One batched forward pass; false when nothing was waiting or running.
   bool step();
   void run_until_idle();
+  // Steps until request `id` has ended (other requests advance with it) and
+  // returns its result; a request that failed throws its error.
+  const RequestResult& wait(RequestId id);
 
   const RequestResult& result(RequestId id) const;
   // Drops an ended request's result (a long-running front end forgets what it
@@ -167,6 +181,10 @@ class Engine {
   int64_t prefetched_tokens() const { return fetcher_ ? fetcher_->loaded() : 0; }
   // Tokens that prefills stopped midway (cancelled, preempted) left in the index.
   int64_t kept_partial_tokens() const { return kept_partial_; }
+  // PGDSF's cost of recomputing tokens after cached ones, timed on this
+  // machine with this model (engine/cost_profile.h) on a scratch assembly of
+  // max_tokens rows; call while no request runs.
+  PrefillCostTable profile_prefill_cost(int64_t max_tokens);
   RadixIndex& index() { return index_; }
   KvPool& pool() { return pool_; }
   Forward& forward() { return fwd_; }
@@ -177,7 +195,9 @@ class Engine {
 
  private:
   struct Sequence;
-  Strategy& strategy(std::string_view name);
+  Strategy& strategy(std::string_view name, CacheUse cache);
+  RequestId enqueue(RequestPlan plan, const SamplingParams& sampling,
+                    std::function<void(const TokenEvent&)> on_token);
   Sequence& live(RequestId id) { return *live_.at(id); }
   // The token sampled from `logits` (the model's, for logprobs) goes out.
   void emit(Sequence& s, int32_t token, std::span<const float> logits);
@@ -212,6 +232,8 @@ class Engine {
   KvPool pool_;
   RadixIndex index_;
   std::map<std::string, std::unique_ptr<Strategy>, std::less<>> strategies_;
+  // The same strategies without reuse (CacheUse::None), made when first asked for.
+  std::map<std::string, std::unique_ptr<Strategy>, std::less<>> alone_strategies_;
   RequestId next_id_ = 1;
   std::deque<RequestId> waiting_;      // preempted ones first
   std::vector<RequestId> prefilling_;  // admitted, prefill not done; in admission order

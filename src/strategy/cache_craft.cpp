@@ -321,8 +321,8 @@ void learn_variants(const CraftPlan& cp, const PassState& state) {
 
 class CacheCraftStrategy final : public Strategy {
  public:
-  CacheCraftStrategy(RadixIndex& index, uint64_t fp, DType kv_type, const StrategyOptions& options)
-      : Strategy(index, options.reuse),
+  CacheCraftStrategy(uint64_t fp, DType kv_type, const StrategyOptions& options)
+      : Strategy(options.reuse),
         fp_(fp),
         kv_type_(kv_type),
         alpha_(options.cachecraft_alpha),
@@ -401,8 +401,7 @@ class CacheCraftStrategy final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_cache_craft(RadixIndex& index, uint64_t fp, DType kv_type,
-                                           const StrategyOptions& options) {
+std::unique_ptr<Strategy> make_cache_craft(uint64_t fp, DType kv_type, const StrategyOptions& options) {
   if (!(options.cachecraft_alpha >= 0) || !std::isfinite(options.cachecraft_alpha))
     fail(ErrorKind::InvalidInput, "Cache-Craft's alpha must be a finite number >= 0, not {}",
          options.cachecraft_alpha);
@@ -412,7 +411,7 @@ std::unique_ptr<Strategy> make_cache_craft(RadixIndex& index, uint64_t fp, DType
   if (options.focus_window < 0)
     fail(ErrorKind::InvalidInput, "the focus window is a number of layers >= 0, not {}",
          options.focus_window);
-  return std::make_unique<CacheCraftStrategy>(index, fp, kv_type, options);
+  return std::make_unique<CacheCraftStrategy>(fp, kv_type, options);
 }
 
 }  // namespace depcache

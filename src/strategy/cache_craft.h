@@ -85,7 +85,7 @@ class ChunkVariants {
 
 inline constexpr const char* kCacheCraftStateFile = "cachecraft-variants.jsonl";
 
-std::unique_ptr<Strategy> make_cache_craft(RadixIndex& index, uint64_t model_fingerprint, DType kv_type,
+std::unique_ptr<Strategy> make_cache_craft(uint64_t model_fingerprint, DType kv_type,
                                            const StrategyOptions& options);
 
 }  // namespace depcache

@@ -163,9 +163,9 @@ RequestPlan chunk_plan(const PromptParts& parts, const ChunkLayout& layout, uint
 
 class ChunkStrategy final : public Strategy {
  public:
-  ChunkStrategy(std::string name, ChunkRecompute recompute, RadixIndex& index, uint64_t fp, DType kv_type,
+  ChunkStrategy(std::string name, ChunkRecompute recompute, uint64_t fp, DType kv_type,
                 const StrategyOptions& options)
-      : Strategy(index, options.reuse),
+      : Strategy(options.reuse),
         name_(std::move(name)),
         recompute_(recompute),
         fp_(fp),
@@ -219,12 +219,11 @@ class ChunkStrategy final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute,
-                                              RadixIndex& index, uint64_t fp, DType kv_type,
-                                              const StrategyOptions& options) {
+std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute, uint64_t fp,
+                                              DType kv_type, const StrategyOptions& options) {
   if (!(options.recompute_ratio >= 0 && options.recompute_ratio <= 1))
     fail(ErrorKind::InvalidInput, "the recompute ratio must be in [0, 1], not {}", options.recompute_ratio);
-  return std::make_unique<ChunkStrategy>(std::string(name), recompute, index, fp, kv_type, options);
+  return std::make_unique<ChunkStrategy>(std::string(name), recompute, fp, kv_type, options);
 }
 
 CacheRun fused_run(const PromptParts& parts, size_t item, uint64_t fp, DType kv_type) {

@@ -70,7 +70,7 @@ inline constexpr int kCacheBlendSelectLayer = 1;
 // prefix of both). fusionrag looks up a chunk's fused cache first and, on a
 // miss, its plain one (FusionRAG's alternative path).
 std::unique_ptr<Strategy> make_chunk_strategy(std::string_view name, ChunkRecompute recompute,
-                                              RadixIndex& index, uint64_t model_fingerprint, DType kv_type,
+                                              uint64_t model_fingerprint, DType kv_type,
                                               const StrategyOptions& options);
 
 // FusionRAG's offline step as a plan: the system prompt, the neighbour

@@ -29,10 +29,9 @@ struct Prepared {
 
 std::vector<SimulatedRequest> simulated_requests(const std::vector<PromptParts>& parts,
                                                  std::string_view strategy, PositionScheme scheme) {
-  RadixIndex none(0);
   StrategyOptions o;
   o.scheme = scheme;
-  const auto s = make_strategy(strategy, none, 0, DType::F16, o);
+  const auto s = make_strategy(strategy, 0, DType::F16, o);
   std::vector<SimulatedRequest> out;
   out.reserve(parts.size());
   const bool flat = strategy == "full" || strategy == "prefix" || strategy == "ragcache";

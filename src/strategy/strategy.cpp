@@ -23,8 +23,8 @@ uint64_t hash_ints(uint64_t h, std::span<const int32_t> v) { return hash_bytes(v
 // whole or not at all.
 class FlatStrategy final : public Strategy {
  public:
-  FlatStrategy(std::string name, RadixIndex& index, uint64_t ns, bool reuse, bool knowledge_tree)
-      : Strategy(index, reuse), name_(std::move(name)), ns_(ns), knowledge_tree_(knowledge_tree) {}
+  FlatStrategy(std::string name, uint64_t ns, bool reuse, bool knowledge_tree)
+      : Strategy(reuse), name_(std::move(name)), ns_(ns), knowledge_tree_(knowledge_tree) {}
   std::string_view name() const override { return name_; }
   RequestPlan plan(const PromptParts& parts) const override {
     RequestPlan p;
@@ -59,8 +59,8 @@ class FlatStrategy final : public Strategy {
 
 class DepCacheStrategy final : public Strategy {
  public:
-  DepCacheStrategy(RadixIndex& index, uint64_t ns, const StrategyOptions& options)
-      : Strategy(index, options.reuse),
+  DepCacheStrategy(uint64_t ns, const StrategyOptions& options)
+      : Strategy(options.reuse),
         ns_(ns),
         scheme_(options.scheme),
         tree_context_(options.tree_context),
@@ -169,37 +169,33 @@ TreeContext default_tree_context(const ModelConfig& config) {
   return *c;
 }
 
-PrefillReport Strategy::prefill(const PromptParts& parts, KvAssembly& kv, Forward& fwd) {
-  return apply_plan(plan(parts), index_, kv, fwd);
-}
-
 std::vector<std::string> strategy_names() {
   return {"full", "prefix", "ragcache", "depcache", "fullreuse", "cacheblend", "fusionrag", "cachecraft"};
 }
 
-std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
-                                        DType kv_type, const StrategyOptions& options) {
-  return make_strategy(name, index, model.fingerprint(), kv_type, options);
+std::unique_ptr<Strategy> make_strategy(std::string_view name, const Model& model, DType kv_type,
+                                        const StrategyOptions& options) {
+  return make_strategy(name, model.fingerprint(), kv_type, options);
 }
 
-std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, uint64_t fp, DType kv_type,
+std::unique_ptr<Strategy> make_strategy(std::string_view name, uint64_t fp, DType kv_type,
                                         const StrategyOptions& options) {
   if (name == "full" || name == "prefix")
-    return std::make_unique<FlatStrategy>(std::string(name), index, strategy_namespace(fp, kv_type, "prefix"),
+    return std::make_unique<FlatStrategy>(std::string(name), strategy_namespace(fp, kv_type, "prefix"),
                                           name == "prefix" && options.reuse, false);
   // Its own namespace: a knowledge tree's nodes end at documents, a prefix
   // tree's anywhere (sharing one tree would let either split the other's).
   if (name == "ragcache")
-    return std::make_unique<FlatStrategy>(std::string(name), index,
-                                          strategy_namespace(fp, kv_type, "ragcache"), options.reuse, true);
+    return std::make_unique<FlatStrategy>(std::string(name), strategy_namespace(fp, kv_type, "ragcache"),
+                                          options.reuse, true);
   if (name == "depcache")
-    return std::make_unique<DepCacheStrategy>(index, strategy_namespace(fp, kv_type, "depcache"), options);
-  if (name == "cachecraft") return make_cache_craft(index, fp, kv_type, options);
+    return std::make_unique<DepCacheStrategy>(strategy_namespace(fp, kv_type, "depcache"), options);
+  if (name == "cachecraft") return make_cache_craft(fp, kv_type, options);
   const std::pair<std::string_view, ChunkRecompute> chunk[] = {{"fullreuse", ChunkRecompute::None},
                                                                {"cacheblend", ChunkRecompute::CacheBlend},
                                                                {"fusionrag", ChunkRecompute::FusionRag}};
   for (const auto& [chunk_name, recompute] : chunk)
-    if (name == chunk_name) return make_chunk_strategy(name, recompute, index, fp, kv_type, options);
+    if (name == chunk_name) return make_chunk_strategy(name, recompute, fp, kv_type, options);
   fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", name,
        fmt::join(strategy_names(), ", "));
 }

@@ -1,9 +1,10 @@
 #pragma once
 // Strategies are planners: each turns a request's prompt parts into a
 // RequestPlan — the assembly's tokens and positions, the runs to look up and
-// insert, the visibility of what is computed — and one apply step
-// (apply_plan) carries out every plan: spans placed from the index, the rest
-// computed by one sparse prefill, the new KV offered to the index. They
+// insert, the visibility of what is computed — and the executor
+// (exec/plan_execution.h, inside the engine) carries out every plan: spans
+// placed from the index, the rest computed by one sparse prefill, the new KV
+// offered to the index. Planning reads and changes nothing. They
 // differ only in the prompt they build, what they look up and the visibility
 // they give.
 //   full:     the flat prompt, causal, no reuse (the baseline)
@@ -43,12 +44,10 @@ std::vector<CacheRun> dependency_runs(const DepPrompt& prompt, uint64_t ns, Posi
 
 class Strategy {
  public:
-  Strategy(RadixIndex& index, bool reuse) : index_(index), reuse_(reuse) {}
+  explicit Strategy(bool reuse) : reuse_(reuse) {}
   virtual ~Strategy() = default;
   virtual std::string_view name() const = 0;
   virtual RequestPlan plan(const PromptParts& parts) const = 0;
-  // plan + apply_plan.
-  PrefillReport prefill(const PromptParts& parts, KvAssembly& kv, Forward& fwd);
   bool reuse() const { return reuse_; }
   // What a strategy keeps beside the KV it stores (Cache-Craft's variant
   // metadata), saved into and loaded from a persistent tier's directory so
@@ -58,7 +57,6 @@ class Strategy {
   virtual size_t load_state(const std::filesystem::path& /*dir*/) { return 0; }
 
  private:
-  RadixIndex& index_;
   bool reuse_;
 };
 
@@ -86,13 +84,13 @@ struct StrategyOptions {
 };
 
 // name: one of strategy_names() (chunk strategies: strategy/chunk_reuse.h).
-// The index may be shared by several strategies; their keys never collide,
-// except where the same KV is meant (the system prompt as a prefix).
-std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, const Model& model,
-                                        DType kv_type, const StrategyOptions& options = {});
+// A strategy only plans; one index may serve several, whose keys never
+// collide except where the same KV is meant (the system prompt as a prefix).
+std::unique_ptr<Strategy> make_strategy(std::string_view name, const Model& model, DType kv_type,
+                                        const StrategyOptions& options = {});
 // The same keyed by a model fingerprint alone (what the simulator plans with).
-std::unique_ptr<Strategy> make_strategy(std::string_view name, RadixIndex& index, uint64_t model_fingerprint,
-                                        DType kv_type, const StrategyOptions& options = {});
+std::unique_ptr<Strategy> make_strategy(std::string_view name, uint64_t model_fingerprint, DType kv_type,
+                                        const StrategyOptions& options = {});
 std::vector<std::string> strategy_names();
 
 }  // namespace depcache

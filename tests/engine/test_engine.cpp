@@ -168,8 +168,8 @@ TEST(Engine, EqualsTheSingleRequestPath) {
     RadixIndex none(0);
     KvAssembly kv(model->config(), 1024, DType::F32);
     StrategyOptions so{PositionScheme::Depth, false};
-    const PrefillReport rep = make_strategy(js[i].strategy, none, *model, DType::F32, so)
-                                  ->prefill(make_prompt_parts(tok, js[i].request), kv, fwd);
+    const PrefillReport rep = test::prefill(*make_strategy(js[i].strategy, *model, DType::F32, so), none,
+                                            make_prompt_parts(tok, js[i].request), kv, fwd);
     std::vector<int32_t> tokens = {argmax(rep.logits)};
     std::vector<float> logits;
     for (int t = 1; t < 5; ++t) {
@@ -179,6 +179,49 @@ TEST(Engine, EqualsTheSingleRequestPath) {
     }
     EXPECT_EQ(e.result(ids[i]).tokens, tokens) << js[i].strategy << " #" << i;
   }
+}
+
+// What front ends that are not serving ask of the engine: a request computed
+// alone beside the shared cache (run --verify's reference), a plan made
+// outside its strategies (chunks fuse), and waiting for one request.
+TEST(Engine, RequestsAloneAndOwnPlansGoThroughTheEngine) {
+  const auto model = test::random_model("tiny", DType::F32);
+  const Tokenizer tok(Vocab::builtin_bytes());
+  const PromptParts parts = make_prompt_parts(tok, graph_request({kDog, kCat}, "Which animals?"));
+  EngineOptions no_reuse = engine_options();
+  no_reuse.strategy.reuse = false;
+  const RequestResult want = run_alone(model, no_reuse, "depcache", parts, greedy(4));
+  ASSERT_EQ(want.state, RequestState::Finished) << want.error;
+
+  Engine e(model, engine_options());
+  const RequestResult first = e.wait(e.submit("depcache", parts, greedy(4)));
+  EXPECT_EQ(first.report.reused_tokens, 0);
+  const size_t bytes = e.index().bytes(), nodes = e.index().n_nodes();
+  ASSERT_GT(nodes, 0u);
+  const RequestResult alone = e.wait(e.submit("depcache", parts, greedy(4), {}, CacheUse::None));
+  EXPECT_EQ(alone.report.reused_tokens, 0) << "nothing looked up";
+  EXPECT_EQ(alone.report.computed_tokens, alone.report.prompt_tokens);
+  EXPECT_EQ(e.index().bytes(), bytes) << "nothing stored";
+  EXPECT_EQ(e.index().n_nodes(), nodes);
+  EXPECT_LT(test::max_abs_diff(alone.report.logits, want.report.logits, "alone"), 1e-5);
+  EXPECT_EQ(alone.tokens, want.tokens);
+  const RequestResult shared = e.wait(e.submit("depcache", parts, greedy(4)));
+  EXPECT_GT(shared.report.reused_tokens, 0) << "the shared cache is still there";
+
+  // A plan of the strategy's own, submitted as a plan: the same request.
+  const RequestPlan plan =
+      make_strategy("depcache", *model, DType::F32, engine_options().strategy)->plan(parts);
+  const RequestResult planned = e.wait(e.submit_plan(plan, greedy(4)));
+  EXPECT_EQ(planned.report.reused_tokens, shared.report.reused_tokens);
+  EXPECT_EQ(planned.tokens, shared.tokens);
+
+  // wait() throws a failed request's error; the engine goes on.
+  EngineOptions small = engine_options();
+  small.pool_rows = 16;
+  Engine tiny(model, small);
+  EXPECT_THROW(tiny.wait(tiny.submit("full", parts, greedy(2))), Error);
+  EXPECT_EQ(tiny.pool().n_free(), tiny.pool().n_rows());
+  EXPECT_THROW(e.submit("nope", parts, greedy(1), {}, CacheUse::None), Error);
 }
 
 // Prompts cut into pieces over several steps (a budget far below their
@@ -777,10 +820,9 @@ TEST_F(LayerLoadEngine, TheSingleRequestPathRunsAgainWithoutABadLayer) {
     index.attach_disk(disk);
     index.set_layer_preload(preload);
     KvAssembly kv(model_->config(), 2048, DType::F16);
-    const auto strategy =
-        make_strategy("depcache", index, *model_, DType::F16, {PositionScheme::Depth, true});
+    const auto strategy = make_strategy("depcache", *model_, DType::F16, {PositionScheme::Depth, true});
     ASSERT_EQ(parts_[0].first, "depcache");
-    reports.push_back(strategy->prefill(parts_[0].second, kv, fwd));
+    reports.push_back(test::prefill(*strategy, index, parts_[0].second, kv, fwd));
     EXPECT_GT(index.stats().dropped_bad, 0) << label;
     disk_nodes.push_back(index.n_nodes(Tier::Disk));  // other requests' spans, never read
     EXPECT_EQ(index.n_pinned(), 0u) << label;

@@ -2,13 +2,13 @@
 // decode, batch splits) and against a real trained model's known output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
 
 #include "compute/dot.h"
 #include "compute/packed_matrix.h"
-#include "engine/generator.h"
 #include "exec/forward.h"
 #include "model/model.h"
 #include "model/model_writer.h"
@@ -21,6 +21,19 @@
 
 namespace depcache {
 namespace {
+
+// n greedy tokens after `prompt`, one forward pass each (the pass alone, as
+// these tests check it; front ends decode through the engine).
+std::vector<int32_t> greedy(Forward& fwd, KvAssembly& kv, std::span<const int32_t> prompt, int n) {
+  std::vector<float> logits;
+  fwd.eval(prompt, kv, Logits::Last, logits);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    if (i + 1 < n) fwd.eval(std::span<const int32_t>(&out.back(), 1), kv, Logits::Last, logits);
+  }
+  return out;
+}
 
 std::shared_ptr<const Model> tiny_model(const std::string& preset, DType type, bool tied = false) {
   return test::random_model(preset, type, tied);
@@ -160,11 +173,8 @@ TEST_F(Int8Activations, QualityOnTrainedModel) {
     ThreadPool pool(2);
     Forward fwd(m, pool);
     KvAssembly kv(m->config(), 128, DType::F32);
-    GenerateOptions go;
-    go.n_predict = 60;
-    go.stop_at_eog = false;
-    const GenerateResult r = generate(fwd, kv, ids, go, nullptr);
-    ids.insert(ids.end(), r.tokens.begin(), r.tokens.end());
+    const std::vector<int32_t> gen = greedy(fwd, kv, ids, 60);
+    ids.insert(ids.end(), gen.begin(), gen.end());
   }
   const int n_vocab = m->config().n_vocab;
   const auto exact = logits(m, ids, false), approx = logits(m, ids, true);
@@ -274,12 +284,9 @@ TEST(Forward, Stories260KGreedyMatchesKnownText) {
     ThreadPool pool(2);
     Forward fwd(m, pool);
     KvAssembly kv(m->config(), 128, kv_type);
-    GenerateOptions go;
-    go.n_predict = 60;
-    go.stop_at_eog = false;
-    const GenerateResult r = generate(fwd, kv, ids, go, nullptr);
+    const std::vector<int32_t> gen = greedy(fwd, kv, ids, 60);
     std::vector<int32_t> all = ids;
-    all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+    all.insert(all.end(), gen.begin(), gen.end());
     EXPECT_EQ(tok.decode(all),
               "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
               "One day, "

@@ -460,9 +460,14 @@ TEST(RemoteDeadline, PrefetchReadingWithoutTheLockKeepsTheIndexConsistent) {
   publisher.flush_remote();
   std::atomic<bool> stop{false};
   int64_t prefetched = 0;
+  std::atomic<int> prefetches{0};
   std::thread prefetcher([&] {
-    for (int i = 0; !stop; ++i) prefetched += index.prefetch(1, seqs[(i * 7) % seqs.size()]);
+    for (int i = 0; !stop; ++i, ++prefetches) prefetched += index.prefetch(1, seqs[(i * 7) % seqs.size()]);
   });
+  // On a loaded machine the thread may start late: the rounds begin once it
+  // has run (bounded), so they race with it.
+  for (int i = 0; i < 10000 && prefetches == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   for (int round = 0; round < 200; ++round) {
     const Tokens& s = seqs[(round * 5) % seqs.size()];
     const auto lk = index.lock();

@@ -43,16 +43,17 @@ struct Rig {
     StrategyOptions o;
     o.cachecraft_alpha = alpha;
     o.focus_window = window;
-    craft = make_strategy("cachecraft", index, *model, DType::F32, o);
+    craft = make_strategy("cachecraft", *model, DType::F32, o);
   }
   PrefillReport run(const RagRequest& r) {
     KvAssembly kv(model->config(), 2048, DType::F32);
-    return craft->prefill(make_prompt_parts(tok, r), kv, fwd);
+    return test::prefill(*craft, index, make_prompt_parts(tok, r), kv, fwd);
   }
   PrefillReport full(const RagRequest& r) {
     KvAssembly kv(model->config(), 2048, DType::F32);
     RadixIndex none(0);
-    return make_strategy("full", none, *model, DType::F32)->prefill(make_prompt_parts(tok, r), kv, fwd);
+    return test::prefill(*make_strategy("full", *model, DType::F32), none, make_prompt_parts(tok, r), kv,
+                         fwd);
   }
   int64_t chunk_tokens(const RagRequest& r) const {
     int64_t n = 0;
@@ -221,22 +222,22 @@ TEST(CacheCraft, FixingRestoresQualityOnATrainedModelAndFocusCutsWork) {
     arm->window = window;
     StrategyOptions o;
     o.focus_window = window;
-    arm->strategy = make_strategy(name, arm->index, *model, DType::F32, o);
+    arm->strategy = make_strategy(name, *model, DType::F32, o);
     arms.push_back(std::move(arm));
   }
   KvAssembly want_kv(model->config(), 512, DType::F32), got_kv(model->config(), 512, DType::F32);
-  const auto prefill = [&](Strategy& s, const RagRequest& r, KvAssembly& kv) {
-    return s.prefill(make_prompt_parts(tok, r), kv, fwd);
-  };
   RadixIndex none(0);
-  const auto full = make_strategy("full", none, *model, DType::F32);
+  const auto prefill = [&](Strategy& s, RadixIndex& index, const RagRequest& r, KvAssembly& kv) {
+    return test::prefill(s, index, make_prompt_parts(tok, r), kv, fwd);
+  };
+  const auto full = make_strategy("full", *model, DType::F32);
   for (auto& arm : arms)
-    for (const auto& order : seen) prefill(*arm->strategy, request(order), got_kv);
+    for (const auto& order : seen) prefill(*arm->strategy, arm->index, request(order), got_kv);
   for (const auto& order : asked) {
     const RagRequest r = request(order);
-    const PrefillReport want = prefill(*full, r, want_kv);
+    const PrefillReport want = prefill(*full, none, r, want_kv);
     for (auto& arm : arms) {
-      const PrefillReport got = prefill(*arm->strategy, r, got_kv);
+      const PrefillReport got = prefill(*arm->strategy, arm->index, r, got_kv);
       // The prompt's rows but the last (the question's last token is never cached).
       const std::vector<LayerDeviation> dev = kv_deviation(want_kv, got_kv, got.prompt_tokens - 1);
       arm->deviation.resize(dev.size());
@@ -277,13 +278,13 @@ TEST(CacheCraft, RejectsBadOptions) {
   Rig rig;
   StrategyOptions o;
   o.cachecraft_alpha = -1;
-  EXPECT_THROW(make_strategy("cachecraft", rig.index, *rig.model, DType::F32, o), Error);
+  EXPECT_THROW(make_strategy("cachecraft", *rig.model, DType::F32, o), Error);
   o = {};
   o.chunk_variants = 0;
-  EXPECT_THROW(make_strategy("cachecraft", rig.index, *rig.model, DType::F32, o), Error);
+  EXPECT_THROW(make_strategy("cachecraft", *rig.model, DType::F32, o), Error);
   o = {};
   o.focus_window = -2;
-  EXPECT_THROW(make_strategy("cachecraft", rig.index, *rig.model, DType::F32, o), Error);
+  EXPECT_THROW(make_strategy("cachecraft", *rig.model, DType::F32, o), Error);
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ struct Rig {
     StrategyOptions o;
     o.reuse = reuse;
     o.recompute_ratio = ratio;
-    return make_strategy(strategy, index, *model, kv_type, o)->prefill(make_prompt_parts(tok, r), kv, fwd);
+    return test::prefill(*make_strategy(strategy, *model, kv_type, o), index, make_prompt_parts(tok, r), kv,
+                         fwd);
   }
 };
 
@@ -187,8 +188,8 @@ TEST(ChunkReuse, WithoutRealignmentChunksKeepThePositionsTheyWereComputedAt) {
     KvAssembly kv(rig.model->config(), 2048, rig.kv_type);
     StrategyOptions o;
     o.realign = realign;
-    return make_strategy("fullreuse", rig.index, *rig.model, rig.kv_type, o)
-        ->prefill(make_prompt_parts(rig.tok, r), kv, rig.fwd);
+    return test::prefill(*make_strategy("fullreuse", *rig.model, rig.kv_type, o), rig.index,
+                         make_prompt_parts(rig.tok, r), kv, rig.fwd);
   };
   const RagRequest one = doc_request({kBark}, "Who barks?");
   EXPECT_LT(test::max_abs_diff(run(one, false).logits, run(one, true).logits, "one chunk"), 1e-5);
@@ -215,7 +216,8 @@ TEST(ChunkReuse, RecomputingRestoresWhatFullReuseLosesOnATrainedModel) {
     KvAssembly kv(model->config(), 512, DType::F32);
     StrategyOptions o;
     o.recompute_ratio = ratio;
-    return make_strategy(strategy, index, *model, DType::F32, o)->prefill(make_prompt_parts(tok, r), kv, fwd);
+    return test::prefill(*make_strategy(strategy, *model, DType::F32, o), index, make_prompt_parts(tok, r),
+                         kv, fwd);
   };
   // Every document cached alone, right after the system prompt.
   for (const RequestDocument& d : docs) prefill("fullreuse", doc_request({d}, "Who?"), 0);
@@ -277,9 +279,9 @@ TEST(ChunkReuse, RejectsARatioOutsideZeroToOne) {
   Rig rig;
   StrategyOptions o;
   o.recompute_ratio = 1.5;
-  EXPECT_THROW(make_strategy("cacheblend", rig.index, *rig.model, DType::F32, o), Error);
+  EXPECT_THROW(make_strategy("cacheblend", *rig.model, DType::F32, o), Error);
   try {
-    make_strategy("chunky", rig.index, *rig.model, DType::F32);
+    make_strategy("chunky", *rig.model, DType::F32);
     FAIL() << "an unknown strategy was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fusionrag"), std::string::npos) << e.what();

@@ -191,7 +191,7 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
     Outcome o;
     StrategyOptions so{c.scheme, reuse};
     so.tree_context = c.tree_context;
-    o.report = make_strategy("depcache", index_, *model_, c.kv_type, so)->prefill(parts, kv, fwd_);
+    o.report = test::prefill(*make_strategy("depcache", *model_, c.kv_type, so), index_, parts, kv, fwd_);
     const auto n = static_cast<int64_t>(want.tokens.size());
     EXPECT_EQ(o.report.prompt_tokens, n);
     EXPECT_EQ(kv.n_past(), n);

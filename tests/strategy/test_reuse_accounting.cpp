@@ -65,8 +65,8 @@ struct Rig {
   PrefillReport run(RadixIndex& index, const RagRequest& r, const std::string& strategy = "depcache") {
     KvAssembly kv(model->config(), 2048, DType::F32);
     const PrefillReport report =
-        make_strategy(strategy, index, *model, DType::F32, {PositionScheme::Sequential, true})
-            ->prefill(make_prompt_parts(tok, r), kv, fwd);
+        test::prefill(*make_strategy(strategy, *model, DType::F32, {PositionScheme::Sequential, true}), index,
+                      make_prompt_parts(tok, r), kv, fwd);
     EXPECT_EQ(index.n_pinned(), 0u);
     index.check_invariants();
     return report;

@@ -41,8 +41,8 @@ struct Rig {
   PrefillReport run(const std::string& strategy, const RagRequest& r, StrategyOptions o = {},
                     const PromptTemplate& tmpl = {}) {
     KvAssembly kv(model->config(), 2048, kv_type);
-    return make_strategy(strategy, index, *model, kv_type, o)
-        ->prefill(make_prompt_parts(tok, r, tmpl), kv, fwd);
+    return test::prefill(*make_strategy(strategy, *model, kv_type, o), index, make_prompt_parts(tok, r, tmpl),
+                         kv, fwd);
   }
 };
 
@@ -175,8 +175,8 @@ TEST(Strategies, DecodeAfterSparsePrefillEqualsDecodeAfterFullPrefill) {
   std::vector<std::vector<float>> steps[2];
   for (int pass = 0; pass < 2; ++pass) {
     KvAssembly kv(rig.model->config(), 2048, DType::F32);
-    auto strategy = make_strategy("depcache", rig.index, *rig.model, DType::F32, pass == 0 ? reuse : none);
-    PrefillReport rep = strategy->prefill(make_prompt_parts(rig.tok, b), kv, rig.fwd);
+    auto strategy = make_strategy("depcache", *rig.model, DType::F32, pass == 0 ? reuse : none);
+    PrefillReport rep = test::prefill(*strategy, rig.index, make_prompt_parts(rig.tok, b), kv, rig.fwd);
     if (pass == 0) {
       EXPECT_GT(rep.reused_tokens, 0);
     }
@@ -234,8 +234,8 @@ TEST(Strategies, KeysSeparateSystemPromptsAndKvTypes) {
   other.system = "Use the paths.\n";
   EXPECT_EQ(rig.run("depcache", r, {}, other).reused_tokens, 1);  // BOS, as a prefix; no subtree
   KvAssembly kv16(rig.model->config(), 2048, DType::F16);
-  const PrefillReport f16 = make_strategy("depcache", rig.index, *rig.model, DType::F16)
-                                ->prefill(make_prompt_parts(rig.tok, r), kv16, rig.fwd);
+  const PrefillReport f16 = test::prefill(*make_strategy("depcache", *rig.model, DType::F16), rig.index,
+                                          make_prompt_parts(rig.tok, r), kv16, rig.fwd);
   EXPECT_EQ(f16.reused_tokens, 0);
 }
 
@@ -361,9 +361,8 @@ TEST(Strategies, AFailedPrefillLeavesNoPin) {
     PromptParts bad = make_prompt_parts(rig.tok, r);
     bad.task.push_back(rig.model->config().n_vocab + 3);
     KvAssembly kv(rig.model->config(), 2048, DType::F32);
-    const auto strategy =
-        make_strategy(name, rig.index, *rig.model, DType::F32, {PositionScheme::Depth, true});
-    EXPECT_THROW(strategy->prefill(bad, kv, rig.fwd), Error) << name;
+    const auto strategy = make_strategy(name, *rig.model, DType::F32, {PositionScheme::Depth, true});
+    EXPECT_THROW(test::prefill(*strategy, rig.index, bad, kv, rig.fwd), Error) << name;
     EXPECT_EQ(rig.index.n_pinned(), 0u) << name;
     EXPECT_GT(rig.run(name, r).reused_tokens, 0) << name << ": the cache still serves";
     rig.index.evict_to(0);
@@ -376,8 +375,7 @@ TEST(Strategies, AFailedPrefillLeavesNoPin) {
 TEST(Strategies, PlanningHasNoSideEffects) {
   Rig rig("tiny");
   const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
-  const auto strategy =
-      make_strategy("depcache", rig.index, *rig.model, DType::F32, {PositionScheme::Depth, true});
+  const auto strategy = make_strategy("depcache", *rig.model, DType::F32, {PositionScheme::Depth, true});
   const PromptParts parts = make_prompt_parts(rig.tok, r);
   const RequestPlan before = strategy->plan(parts);
   EXPECT_EQ(rig.index.n_nodes(), 0u);
@@ -393,11 +391,11 @@ TEST(Strategies, PlanningHasNoSideEffects) {
 
 TEST(Strategies, ErrorsAreClear) {
   Rig rig("tiny");
-  EXPECT_THROW(make_strategy("nope", rig.index, *rig.model, DType::F32), Error);
+  EXPECT_THROW(make_strategy("nope", *rig.model, DType::F32), Error);
   KvAssembly small(rig.model->config(), 16, DType::F32);
-  auto full = make_strategy("full", rig.index, *rig.model, DType::F32);
+  auto full = make_strategy("full", *rig.model, DType::F32);
   try {
-    full->prefill(make_prompt_parts(rig.tok, graph_request({kDog}, "q")), small, rig.fwd);
+    test::prefill(*full, rig.index, make_prompt_parts(rig.tok, graph_request({kDog}, "q")), small, rig.fwd);
     ADD_FAILURE() << "an oversized prompt was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::LimitExceeded);
