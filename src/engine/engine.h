@@ -66,7 +66,7 @@ struct EngineOptions {
   // (long prompts are split over several steps). 512: on a loaded GraphRAG
   // stream (qwen2-0.5b, 2 cores) 256-512 gave the lowest TTFT at the same
   // throughput as 1024-4096 (pieces finish in admission order sooner), and
-  // prefill runs as fast per token at 512 as at 2048 (README, "Throughput").
+  // prefill runs as fast per token at 512 as at 2048 (docs/performance.md, "Throughput").
   int64_t batch_tokens = 512;
   // Rows a sequence gets beyond its prompt when admitted, and adds each time
   // it runs out while decoding (never more than it can still generate).

@@ -35,7 +35,7 @@ namespace depcache {
 struct SpeculationOptions {
   size_t stages = 1;  // of the search (Bm25Index::search_staged)
   // On MuSiQue and HotpotQA top-2 the list settles earlier by documents
-  // (README, "Speculative pipelining").
+  // (docs/ragcache.md, "Speculative pipelining").
   StageOrder order = StageOrder::Documents;
   // Off (or one stage): the whole search, then the prefill.
   bool speculate = false;

@@ -19,7 +19,7 @@
 // entropy cut of the paper's Algorithm 1); once that set holds for `window`
 // layers, the tokens being recomputed in the other chunks stop there.
 //
-// Choices the paper leaves open (see README "Cache-Craft"): intra-attention
+// Choices the paper leaves open (see docs/cachecraft.md): intra-attention
 // includes a token's attention to itself; beta is 1 when neither context
 // has earlier chunks and 0 when only the new one has; gamma is 0 with fewer
 // than two shared chunks; the focused-chunk cut needs three chunks (fewer:

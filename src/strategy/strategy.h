@@ -63,7 +63,7 @@ class Strategy {
 // The position scheme dependency attention uses when none is asked for: the
 // one the model says it was trained for (depcache.position_scheme), else
 // kDefaultPositionScheme, the scheme measured closest to full attention on
-// a model not trained for dependency attention (README, "Fidelity").
+// a model not trained for dependency attention (docs/fidelity.md).
 inline constexpr PositionScheme kDefaultPositionScheme = PositionScheme::Sequential;
 PositionScheme default_position_scheme(const ModelConfig& config);
 // Likewise what trees see: the model's depcache.tree_context, else System.

@@ -64,7 +64,7 @@ TEST(QaModel, ShippedModelAnswersHeldOutQuestionsAboveAFloor) {
   std::filesystem::create_directories(dir);
   const std::string world = held_out_world(dir);
   // Floors: 10 points under what the model scored when it was made (100%
-  // and 99%, README "Training"), room for another CPU's kernels to flip a
+  // and 99%, docs/training.md), room for another CPU's kernels to flip a
   // few argmaxes; a model that does not answer scores 0, and one that finds
   // the asked entity's sentences but not the asked relation about 33.
   const std::pair<const char*, double> forms[] = {{"paths", 90.0}, {"documents", 89.0}};
