@@ -139,9 +139,4 @@ DType parse_kv_type(const std::string& name) {
   fail(ErrorKind::InvalidInput, "KV cache type '{}' is not supported (f16, f32)", name);
 }
 
-double percentile(std::vector<double> values, double p) {
-  std::sort(values.begin(), values.end());
-  return percentile_sorted(values, p);
-}
-
 }  // namespace depcache::cli

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "compute/dtype.h"
+#include "eval/stats.h"
 #include "model/prompt_template.h"
 #include "model/tokenizer.h"
 #include "retrieval/bm25.h"
@@ -52,16 +53,6 @@ std::vector<std::string> split_list(const std::string& s);
 
 // KV cache storage type from its name (f16, f32); InvalidInput otherwise.
 DType parse_kv_type(const std::string& name);
-
-// p-th percentile (0..100) of ascending values, nearest rank; T{} for none.
-template <class T>
-T percentile_sorted(const std::vector<T>& sorted, double p) {
-  if (sorted.empty()) return T{};
-  const double rank = std::ceil(p / 100.0 * static_cast<double>(sorted.size()));
-  return sorted[static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(sorted.size()))) - 1];
-}
-// The same over unsorted values.
-double percentile(std::vector<double> values, double p);
 
 // Opens a file for writing or fails with a message naming it.
 std::ofstream open_output(const std::filesystem::path& path);

@@ -11,12 +11,12 @@
 #include "commands.h"
 #include "compute/dtype.h"
 #include "engine/engine.h"
+#include "eval/answers.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "prompt/prompt_parts.h"
 #include "retrieval/rag_request.h"
-#include "train/qa_sequences.h"
 #include "util/error.h"
 #include "util/timing.h"
 

@@ -11,13 +11,12 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "exec/forward.h"
-#include "exec/kv_assembly.h"
+#include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "prompt/prompt_parts.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace depcache::cli {
 
@@ -54,26 +53,31 @@ void add_model_probe_command(CLI::App& model) {
     if (n_ctx > c.n_ctx_train)
       fail(ErrorKind::LimitExceeded, "the text and the continuation need {} positions; the model runs {}",
            n_ctx, c.n_ctx_train);
-    ThreadPool pool(threads);
-    Forward fwd(model, pool);
-    KvAssembly kv(c, static_cast<int64_t>(ids.size()) + greedy + 1, parse_kv_type(kv_type));
-    std::vector<float> logits;
-    fwd.eval(ids, kv, Logits::All, logits);
+    // One request through the engine: the text in one pass (every row's
+    // logits), then greedy tokens up to the count or an end of generation.
+    EngineOptions eo;
+    eo.pool_rows = static_cast<int64_t>(ids.size()) + greedy + 1;
+    eo.kv_type = parse_kv_type(kv_type);
+    eo.cache_bytes = 0;
+    eo.batch_tokens = static_cast<int64_t>(ids.size()) + 1;
+    eo.threads = threads;
+    eo.eog_ids = tok.eog_ids();
+    Engine engine(model, eo);
+    PromptParts parts;
+    parts.text = ids;
+    SamplingParams sampling;
+    sampling.max_tokens = std::max(greedy, 1);
+    sampling.prompt_logits = true;
+    const RequestResult& r = engine.wait(engine.submit("full", parts, sampling));
     nlohmann::json out;
     out["ids"] = ids;
     nlohmann::json rows = nlohmann::json::array();
     for (size_t i = 0; i < ids.size(); ++i)
-      rows.push_back(
-          std::vector<float>(logits.begin() + i * c.n_vocab, logits.begin() + (i + 1) * c.n_vocab));
+      rows.push_back(std::vector<float>(r.prompt_logits.begin() + static_cast<int64_t>(i) * c.n_vocab,
+                                        r.prompt_logits.begin() + static_cast<int64_t>(i + 1) * c.n_vocab));
     out["logits"] = std::move(rows);
-    std::vector<int32_t> gen;
-    std::vector<float> last(logits.end() - c.n_vocab, logits.end());
-    for (int step = 0; step < greedy; ++step) {
-      const int32_t best = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
-      gen.push_back(best);
-      if (tok.is_eog(best) || step + 1 == greedy) break;
-      fwd.eval(std::span(&best, 1), kv, Logits::Last, last);
-    }
+    const std::vector<int32_t> gen =
+        greedy > 0 ? r.tokens : std::vector<int32_t>{};  // the end-of-generation token included, if any
     out["greedy"] = gen;
     fmt::print("{}\n", out.dump());
   });

@@ -12,6 +12,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_loop.h"
+#include "engine_options.h"
 #include "model/model.h"
 #include "model/vocab.h"
 #include "prompt/chat_template.h"
@@ -51,14 +52,12 @@ std::optional<ChatFormat> served_chat_format(const std::string& asked, const std
 
 void add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "Serve a GGUF model over an OpenAI-compatible HTTP API");
-  static std::string model_path, kv_type = "f16", policy = "lru", scheduler = "fifo";
+  static std::string model_path;
   static ServerOptions so;
-  static EngineOptions eo;
-  static double cache_mib = 1024, drain_s = 30;
+  static EngineArgs engine_args;
+  static double drain_s = 30;
   static int64_t pool_rows = 16384;
-  static TierOptions tiers;
   static std::string chat_template, kg_path, corpus_path, corpus_format = "auto";
-  static size_t prefetch = 0;
   cmd->add_option("-m,--model", model_path, "GGUF model file")->required();
   cmd->add_option("--host", so.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", so.port, "Port to listen on (0: any free port, printed at start)")
@@ -170,29 +169,10 @@ void add_serve_command(CLI::App& app) {
                   "clustered")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{60000}));
-  add_chunk_options(cmd, eo.strategy);
-  cmd->add_option("-t,--threads", eo.threads, "Compute threads (default: one per core)");
+  add_engine_options(*cmd, engine_args);
   cmd->add_option("-c,--ctx-size", pool_rows, "Rows of the KV pool shared by running requests")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{16}, int64_t{1} << 24));
-  cmd->add_option("--kv-type", kv_type, "KV storage: f16 or f32")->capture_default_str();
-  cmd->add_option("--cache-mib", cache_mib, "Hot tier of the KV index (MiB)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1048576.0));
-  cmd->add_option("--policy", policy,
-                  "Replacement policy of the index: lru, lfu, gdsf, pgdsf, lacr, cachecraft")
-      ->capture_default_str();
-  add_tier_options(*cmd, tiers);
-  cmd->add_option("--prefetch", prefetch,
-                  "Waiting requests whose spans are loaded into the hot tier while a step computes")
-      ->capture_default_str()
-      ->check(CLI::Range(size_t{0}, size_t{1} << 20));
-  cmd->add_option("--batch-tokens", eo.batch_tokens, "Tokens computed in one forward pass")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  cmd->add_option("--scheduler", scheduler, "Admission order: fifo, lpm, lsp, ragcache")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"fifo", "lpm", "lsp", "ragcache"}));
   cmd->add_option(
          "--drain-seconds", drain_s,
          "On SIGTERM/SIGINT: how long requests in flight may take to finish before they are cancelled")
@@ -253,32 +233,26 @@ void add_serve_command(CLI::App& app) {
       fmt::print(stderr, "depcache serve: corpus {} ({} documents, {} chunks)\n", corpus_path,
                  corpus->corpus().docs.size(), corpus->chunks().size());
     }
-    eo.pool_rows = pool_rows;
-    eo.kv_type = parse_kv_type(kv_type);
-    eo.cache_bytes = static_cast<size_t>(cache_mib * 1048576.0);
-    eo.policy = policy;
-    eo.strategy.scheme = default_position_scheme(model->config());
-    eo.strategy.tree_context = default_tree_context(model->config());
-    eo.strategy.reuse = true;
-    eo.scheduler = {scheduler, 32};
-    eo.prefetch = prefetch;
+    // Every strategy is served by one engine: the default strategy's profile
+    // (its policy, scheduler, tiers) is the engine's.
+    const ResolvedEngine re = resolve_engine(engine_args, so.strategy, model->config(), pool_rows, true);
+    EngineOptions eo = re.engine;
     eo.tokenizer = tok;
     eo.eog_ids = tok->eog_ids();
-    std::unique_ptr<LowerTiers> lower;
+    const TierOptions& tiers = re.tiers;
+    fmt::print(stderr, "depcache serve: default strategy {}: {}; positions {}\n", so.strategy, re.summary,
+               position_scheme_name(eo.strategy.scheme));
+    std::unique_ptr<EngineTiers> lower;
     EngineLoop loop(
         model, eo,
         [&](Engine& e) {
-          lower = std::make_unique<LowerTiers>(e.index(), tiers, "depcache serve: ");
-          if (lower->disk())
-            if (const size_t dropped = e.load_strategy_state(tiers.cache_dir); dropped > 0)
-              fmt::print(stderr, "depcache serve: warning: {} unreadable strategy records in {} dropped\n",
-                         dropped, tiers.cache_dir);
+          lower = std::make_unique<EngineTiers>(e, tiers, "depcache serve: ");
+          profile_costs_if_needed(e, re, "depcache serve: ");
         },
-        [&](Engine& e) {
-          if (!lower || !lower->disk()) return;
+        [&](Engine&) {
+          if (!lower) return;
           try {
-            e.index().persist();  // the next server starts from what this one computed
-            e.save_strategy_state(tiers.cache_dir);
+            lower->persist();  // the next server starts from what this one computed
           } catch (const std::exception& err) {
             fmt::print(stderr, "depcache serve: warning: the disk tier was not saved: {}\n", err.what());
           }

@@ -30,9 +30,12 @@ std::function<std::string(const std::string&)> parses_with(Parse parse) {
 }  // namespace
 
 void add_tier_options(CLI::App& cmd, TierOptions& o) {
-  cmd.add_option("--host-mib", o.host_mib, "Host tier budget in MiB (0: none; hot spans evicted go here)")
+  cmd.add_option("--host-mib", o.host_mib,
+                 "Host tier budget in MiB (0: none; hot spans evicted go here; -1 in run and serve: the "
+                 "strategy's own, "
+                 "4x --cache-mib for ragcache, none for the others)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1048576.0));
+      ->check(CLI::Range(-1.0, 1048576.0));
   cmd.add_flag("--swap-out-once", o.swap_out_once,
                "Host tier: a span brought back to the hot tier keeps its host copy, so evicting it again "
                "copies nothing (RAGCache); the copies count against --host-mib");
@@ -68,67 +71,5 @@ void add_tier_options(CLI::App& cmd, TierOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(1, 600000));
 }
-
-RedisOptions redis_options(const TierOptions& o) {
-  RedisOptions r = parse_redis_address(o.redis);
-  r.timeout_ms = o.remote_timeout_ms;
-  r.user = o.redis_user;
-  if (!o.redis_user.empty() && o.redis_password_file.empty())
-    fail(ErrorKind::InvalidInput, "--redis-user needs --redis-password-file");
-  if (!o.redis_password_file.empty()) {
-    std::ifstream in(o.redis_password_file, std::ios::binary);
-    if (!in.is_open() || std::filesystem::is_directory(o.redis_password_file))
-      fail(ErrorKind::InvalidInput, "Redis password file {} cannot be read", o.redis_password_file);
-    std::string password((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) password.pop_back();
-    if (password.empty())
-      fail(ErrorKind::InvalidInput, "Redis password file {} is empty", o.redis_password_file);
-    r.password = std::move(password);
-  }
-  return r;
-}
-
-RadixIndex::LayerPreload parse_layer_preload(const std::string& s) {
-  using Mode = RadixIndex::LayerPreload::Mode;
-  if (s == "auto") return {Mode::Auto, 0};
-  if (s == "off") return {Mode::Off, 0};
-  int depth = -1;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), depth);
-  if (ec != std::errc() || end != s.data() + s.size() || depth < 0 || depth > 100000)
-    fail(ErrorKind::InvalidInput, "--layer-preload takes auto, off or a number of layers, not '{}'", s);
-  return {Mode::Fixed, depth};
-}
-
-LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::string& log_prefix) {
-  std::shared_ptr<const MacKey> key;
-  if (!o.cache_key_file.empty()) key = std::make_shared<const MacKey>(MacKey::from_file(o.cache_key_file));
-  // Options and credentials are checked before anything is attached.
-  const std::optional<RedisOptions> redis = o.redis.empty() ? std::nullopt : std::optional(redis_options(o));
-  if (!key && (!o.cache_dir.empty() || redis)) {
-    const std::string where = !o.cache_dir.empty() && redis ? fmt::format("{} or that Redis", o.cache_dir)
-                              : redis                       ? std::string("that Redis")
-                                                            : o.cache_dir;
-    fmt::print(
-        stderr,
-        "{}warning: no --cache-key-file: tier records are only checksummed, so anyone who can write to "
-        "{} can plant K/V this process will serve\n",
-        log_prefix, where);
-  }
-  if (o.host_mib > 0) index.attach_host(static_cast<size_t>(o.host_mib * 1048576.0), o.swap_out_once);
-  if (!o.cache_dir.empty()) {
-    disk_ = std::make_unique<DiskSpanStore>(o.cache_dir, static_cast<size_t>(o.disk_mib * 1048576.0), key);
-    index.attach_disk(*disk_);
-    // Demoted spans are sealed and written on the store's thread, not the
-    // engine's; up to this much of them waits in memory.
-    disk_->write_behind(size_t{256} << 20);
-    index.set_layer_preload(parse_layer_preload(o.layer_preload));
-    if (disk_->n_files() > 0)
-      fmt::print(stderr, "{}disk tier: {} spans ({:.1f} MiB) adopted from {}\n", log_prefix, disk_->n_files(),
-                 disk_->bytes() / 1048576.0, o.cache_dir);
-  }
-  if (redis) index.attach_remote(std::make_shared<RedisStore>(*redis), o.redis_block, key);
-}
-
-LowerTiers::~LowerTiers() = default;
 
 }  // namespace depcache::cli

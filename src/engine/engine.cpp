@@ -37,6 +37,7 @@ struct Engine::Sequence {
   // of the decoded text, until released), and how far offsets were counted
   // in characters.
   std::deque<OutputLogprob> held_logprobs;
+  std::vector<float> prompt_logits;  // of the prefill under way (SamplingParams::prompt_logits)
   size_t counted_bytes = 0;
   int64_t counted_chars = 0;
   Sequence(const SamplingParams& s) : sampling(s), sampler(s.sampler) {}
@@ -203,6 +204,7 @@ void Engine::preempt(Sequence& s) {
   s.execution.reset();  // its pins go back to the index
   s.rows.reset();
   s.prefilled = 0;
+  s.prompt_logits.clear();
   std::erase(prefilling_, s.id);
   std::erase(decoding_, s.id);
   const std::vector<int32_t>& generated = results_.at(s.id).tokens;
@@ -413,6 +415,7 @@ bool Engine::step() {
     Sequence* s;
     int64_t end;  // queries [s->prefilled, end) of its prefill
     bool last;
+    bool all_logits = false;  // every query's logits (SamplingParams::prompt_logits)
   };
   std::vector<Piece> pieces;
   int64_t budget = options_.batch_tokens - static_cast<int64_t>(decoding_.size());
@@ -430,7 +433,10 @@ bool Engine::step() {
     const int64_t piece =
         s.sampling.prefill_piece_tokens > 0 ? std::min(budget, s.sampling.prefill_piece_tokens) : budget;
     const int64_t end = whole ? n_q : std::min(n_q, s.prefilled + piece);
-    pieces.push_back({&s, end, end == n_q});
+    // Prompt logits: of the final pass of the prompt alone (nothing generated yet).
+    const bool all_logits =
+        s.sampling.prompt_logits && s.execution->final_pass() && results_.at(s.id).tokens.empty();
+    pieces.push_back({&s, end, end == n_q, all_logits});
     budget -= end - s.prefilled;
   }
   // One plan for all of it, each sequence its own visibility group. Rows are
@@ -460,7 +466,9 @@ bool Engine::step() {
       batch.positions.push_back(p.positions[q]);
       batch.rows.push_back(row0 + p.rows[q]);
     }
-    if (piece.last && piece.s->execution->final_pass())
+    if (piece.all_logits)
+      for (int64_t q = 0; q < piece.end - begin; ++q) batch.logits_for.push_back(q0 + q);
+    else if (piece.last && piece.s->execution->final_pass())
       batch.logits_for.push_back(q0 + (piece.end - begin) - 1);
     // Whole passes only (begin is 0): hooks and statistics see all of it.
     if (p.hook) hooks.push_back({q0, piece.end, &p.hook});
@@ -518,6 +526,14 @@ bool Engine::step() {
   }
   for (const Piece& piece : pieces) {
     Sequence& s = *piece.s;
+    if (piece.all_logits) {
+      // Every row but the last is the prompt's only; the last is read below
+      // as the first token's too.
+      const int64_t n = piece.end - s.prefilled;
+      s.prompt_logits.insert(s.prompt_logits.end(), out.logits.begin() + static_cast<int64_t>(at) * n_vocab,
+                             out.logits.begin() + (static_cast<int64_t>(at) + n) * n_vocab);
+      at += static_cast<size_t>(piece.last ? n - 1 : n);
+    }
     s.prefilled = piece.end;
     if (!piece.last) continue;
     const PassResult done{out.attention_mass, s.execution->prefill().visibility.n_pairs(), ms_per_token};
@@ -546,6 +562,7 @@ bool Engine::step() {
       continue;
     }
     if (!s.resumed) r.report = std::move(report);  // the first prefill is the request's
+    if (piece.all_logits) r.prompt_logits = std::move(s.prompt_logits);
     s.execution.reset();
     r.finite = r.finite && all_finite(logits);
     std::erase(prefilling_, s.id);

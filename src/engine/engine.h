@@ -54,6 +54,9 @@ struct SamplingParams {
   // many as the step's budget allows). Small pieces let a cancel take effect
   // soon (speculative prefills).
   int64_t prefill_piece_tokens = 0;
+  // The logits of every prompt token the prefill computes, not only the
+  // last (RequestResult::prompt_logits): what an oracle comparison reads.
+  bool prompt_logits = false;
 };
 
 struct EngineOptions {
@@ -137,6 +140,9 @@ struct RequestResult {
   std::vector<int32_t> tokens;                 // generated
   std::string text;                            // with a tokenizer: their text, up to any stop string
   std::vector<OutputLogprob> logprobs;         // every TokenEvent's, in order
+  // With SamplingParams::prompt_logits: (computed prompt tokens, n_vocab),
+  // in prompt order; every prompt token when nothing was reused.
+  std::vector<float> prompt_logits;
   FinishReason finish_reason = FinishReason::None;
   bool finite = true;   // every logits row it produced was finite
   int preemptions = 0;  // times its rows were taken back and it was prefilled again

@@ -53,16 +53,4 @@ std::string answer_text(const std::string& answer, bool space_prefixed);
 // answer_text's tokens for this tokenizer, then EOS (when it has one).
 std::vector<int32_t> answer_tokens(const Tokenizer& tok, const std::string& answer);
 
-// What a generated continuation answers: its text up to the first
-// end-of-generation token or newline, without surrounding spaces.
-std::string generated_answer(const Tokenizer& tok, const std::vector<int32_t>& tokens);
-
-// Exact match: the generated answer equals one of the reference answers.
-bool answer_matches(const std::string& generated, const std::vector<std::string>& answers);
-
-// Token F1 against the best-matching reference answer, SQuAD-style: both
-// lower-cased, punctuation and the articles a/an/the dropped, split at
-// white space, F1 of the bags of words. 1 when both are empty, 0 when one is.
-double answer_f1(const std::string& generated, const std::vector<std::string>& answers);
-
 }  // namespace depcache

@@ -74,6 +74,27 @@ TEST_F(RunCli, ThreeStrategiesSideBySide) {
   EXPECT_EQ(rows["full/b"]["output"], rows["prefix/b"]["output"]);
 }
 
+// Each seed system runs at its own defaults within one run (strategy/
+// profile.h), says so in the header, and --policy, --scheduler and
+// --host-mib override them for every strategy.
+TEST_F(RunCli, EachSystemRunsWithItsOwnPolicies) {
+  const std::string base = "run --serial -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                           " -s prefix,depcache,ragcache,cachecraft -q --cache-mib 8 ";
+  auto r = run_cli(base);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s :
+       {"[prefix] policy lru, scheduler fifo, tiers hot 8 MiB\n", "[depcache] policy lacr, scheduler fifo",
+        "[ragcache] policy pgdsf, scheduler ragcache, tiers hot 8 MiB, host 32 MiB (swap-out-once)",
+        "[cachecraft] policy cachecraft, scheduler fifo", "[ragcache] PGDSF prefill cost table"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  r = run_cli(base + "--policy gdsf --scheduler lpm --host-mib 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"[depcache] policy gdsf (--policy), scheduler lpm, tiers hot 8 MiB\n",
+                        "[ragcache] policy gdsf (--policy), scheduler lpm, tiers hot 8 MiB\n"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_EQ(run_cli(base + "--policy nope").code, 3);
+}
+
 std::map<std::string, nlohmann::json> read_rows(const std::string& path) {
   std::ifstream in(path);
   std::map<std::string, nlohmann::json> rows;

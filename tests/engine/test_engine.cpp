@@ -224,6 +224,40 @@ TEST(Engine, RequestsAloneAndOwnPlansGoThroughTheEngine) {
   EXPECT_THROW(e.submit("nope", parts, greedy(1), {}, CacheUse::None), Error);
 }
 
+// Every prompt row's logits (SamplingParams::prompt_logits), from a prompt
+// cut into pieces and batched beside another request, equal one causal
+// pass of Forward::eval over the prompt.
+TEST(Engine, PromptLogitsEqualOneCausalPass) {
+  const auto model = test::random_model("tiny", DType::F32);
+  const Tokenizer tok(Vocab::builtin_bytes());
+  PromptParts parts;
+  parts.text = tok.encode("Once upon a time there was a dog who liked to run.", true, false);
+  const auto n = static_cast<int64_t>(parts.text.size());
+  const int n_vocab = model->config().n_vocab;
+  ThreadPool pool(2);
+  Forward fwd(model, pool);
+  KvAssembly kv(model->config(), 256, DType::F32);
+  std::vector<float> want;
+  fwd.eval(parts.text, kv, Logits::All, want);
+  ASSERT_EQ(want.size(), static_cast<size_t>(n * n_vocab));
+
+  EngineOptions o = engine_options();
+  o.batch_tokens = 7;  // pieces over several steps
+  Engine e(model, o);
+  SamplingParams s = greedy(3);
+  s.prompt_logits = true;
+  const RequestId other = e.submit("depcache", make_prompt_parts(tok, jobs()[0].request), greedy(3));
+  const RequestId id = e.submit("full", parts, s);
+  const RequestResult& r = e.wait(id);
+  ASSERT_EQ(r.prompt_logits.size(), want.size());
+  EXPECT_LT(test::max_abs_diff(r.prompt_logits, want, "prompt logits"), 1e-4);
+  EXPECT_LT(test::max_abs_diff(r.report.logits, std::vector<float>(want.end() - n_vocab, want.end()),
+                               "first token"),
+            1e-4);
+  EXPECT_TRUE(e.result(other).prompt_logits.empty()) << "only when asked";
+  e.run_until_idle();
+}
+
 // Prompts cut into pieces over several steps (a budget far below their
 // length, decode tokens taking part of it) give the logits and tokens of the
 // whole prefill.

@@ -12,13 +12,14 @@
 #include <fstream>
 
 #include "chunk_documents.h"
-#include "engine/fidelity.h"
+#include "eval/fidelity.h"
 #include "exec/forward.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "strategy/cache_craft.h"
 #include "strategy/strategy.h"
+#include "strategy_rig.h"
 #include "test_support.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -32,29 +33,17 @@ using test::kHoot;
 using test::kPurr;
 using test::kSwim;
 
-struct Rig {
-  std::shared_ptr<const Model> model = test::random_model("tiny-qwen2", DType::F32);
-  Tokenizer tok{Vocab::builtin_bytes()};
-  ThreadPool pool{2};
-  Forward fwd{model, pool};
-  RadixIndex index{64 << 20};
+// The shared rig on a qwen2 model, running Cache-Craft with one alpha and
+// focus window.
+struct Rig : test::StrategyRig {
   std::unique_ptr<Strategy> craft;
-  explicit Rig(double alpha = 1.0, int window = 0) {
+  explicit Rig(double alpha = 1.0, int window = 0) : StrategyRig("tiny-qwen2") {
     StrategyOptions o;
     o.cachecraft_alpha = alpha;
     o.focus_window = window;
     craft = make_strategy("cachecraft", *model, DType::F32, o);
   }
-  PrefillReport run(const RagRequest& r) {
-    KvAssembly kv(model->config(), 2048, DType::F32);
-    return test::prefill(*craft, index, make_prompt_parts(tok, r), kv, fwd);
-  }
-  PrefillReport full(const RagRequest& r) {
-    KvAssembly kv(model->config(), 2048, DType::F32);
-    RadixIndex none(0);
-    return test::prefill(*make_strategy("full", *model, DType::F32), none, make_prompt_parts(tok, r), kv,
-                         fwd);
-  }
+  PrefillReport run(const RagRequest& r) { return StrategyRig::run(*craft, r); }
   int64_t chunk_tokens(const RagRequest& r) const {
     int64_t n = 0;
     for (const auto& item : make_prompt_parts(tok, r).items)

@@ -10,13 +10,14 @@
 #include <map>
 
 #include "chunk_documents.h"
-#include "engine/fidelity.h"
+#include "eval/fidelity.h"
 #include "exec/forward.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "strategy/chunk_reuse.h"
 #include "strategy/strategy.h"
+#include "strategy_rig.h"
 #include "test_support.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -29,23 +30,15 @@ using test::kBark;
 using test::kHoot;
 using test::kPurr;
 
-struct Rig {
-  std::shared_ptr<const Model> model;
-  Tokenizer tok{Vocab::builtin_bytes()};
-  ThreadPool pool{2};
-  Forward fwd;
-  RadixIndex index{64 << 20};
-  DType kv_type;
-  explicit Rig(const std::string& preset = "tiny", DType kv = DType::F32)
-      : model(test::random_model(preset, DType::F32)), fwd(model, pool), kv_type(kv) {}
+// The shared rig, run with a recompute ratio and reuse on or off.
+struct Rig : test::StrategyRig {
+  using StrategyRig::StrategyRig;
   PrefillReport run(const std::string& strategy, const RagRequest& r, double ratio = 0.15,
                     bool reuse = true) {
-    KvAssembly kv(model->config(), 2048, kv_type);
     StrategyOptions o;
     o.reuse = reuse;
     o.recompute_ratio = ratio;
-    return test::prefill(*make_strategy(strategy, *model, kv_type, o), index, make_prompt_parts(tok, r), kv,
-                         fwd);
+    return StrategyRig::run(strategy, r, o);
   }
 };
 

@@ -15,6 +15,7 @@
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "strategy/strategy.h"
+#include "strategy_rig.h"
 #include "test_support.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -29,22 +30,7 @@ using test::kDog;
 using test::kDog2;
 using test::kOwl;
 
-struct Rig {
-  std::shared_ptr<const Model> model;
-  Tokenizer tok{Vocab::builtin_bytes()};
-  ThreadPool pool{2};
-  Forward fwd;
-  RadixIndex index{64 << 20};
-  DType kv_type;
-  explicit Rig(const std::string& preset = "tiny", DType kv = DType::F32)
-      : model(test::random_model(preset, DType::F32)), fwd(model, pool), kv_type(kv) {}
-  PrefillReport run(const std::string& strategy, const RagRequest& r, StrategyOptions o = {},
-                    const PromptTemplate& tmpl = {}) {
-    KvAssembly kv(model->config(), 2048, kv_type);
-    return test::prefill(*make_strategy(strategy, *model, kv_type, o), index, make_prompt_parts(tok, r, tmpl),
-                         kv, fwd);
-  }
-};
+using Rig = test::StrategyRig;
 
 TEST(Strategies, PrefixReuseEqualsFullPrefill) {
   for (DType kv_type : {DType::F32, DType::F16}) {

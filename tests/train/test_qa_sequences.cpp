@@ -5,6 +5,7 @@
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "prompt/prompt_parts.h"
+#include "eval/answers.h"
 #include "train/qa_sequences.h"
 #include "util/error.h"
 

@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "engine/fidelity.h"
+#include "eval/fidelity.h"
 
 namespace depcache {
 namespace {

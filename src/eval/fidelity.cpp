@@ -1,4 +1,4 @@
-#include "engine/fidelity.h"
+#include "eval/fidelity.h"
 
 #include <algorithm>
 #include <cmath>
