@@ -187,10 +187,14 @@ ReferencePass reference_forward(const ReferenceWeights& weights, const std::vect
   return out;
 }
 
-std::vector<double> reference_logits(const Model& model, const std::vector<int32_t>& tokens) {
+std::vector<double> reference_logits(const ReferenceWeights& weights, const std::vector<int32_t>& tokens) {
   std::vector<int32_t> positions(tokens.size());
   for (size_t t = 0; t < tokens.size(); ++t) positions[t] = static_cast<int32_t>(t);
-  return reference_forward(model, tokens, positions, [](int64_t q, int64_t k) { return k <= q; }).logits;
+  return reference_forward(weights, tokens, positions, [](int64_t q, int64_t k) { return k <= q; }).logits;
+}
+
+std::vector<double> reference_logits(const Model& model, const std::vector<int32_t>& tokens) {
+  return reference_logits(ReferenceWeights::from_model(model), tokens);
 }
 
 }  // namespace depcache::test

@@ -54,5 +54,7 @@ ReferencePass reference_forward(const Model& model, const std::vector<int32_t>& 
 
 // Logits (n_tokens x n_vocab) for every position of `tokens`, causal.
 std::vector<double> reference_logits(const Model& model, const std::vector<int32_t>& tokens);
+// The same with the weights converted once (for several calls).
+std::vector<double> reference_logits(const ReferenceWeights& weights, const std::vector<int32_t>& tokens);
 
 }  // namespace depcache::test

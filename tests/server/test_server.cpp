@@ -811,8 +811,9 @@ struct ReferenceGreedy {
 ReferenceGreedy reference_greedy(const Model& model, std::vector<int32_t> ids, int n) {
   ReferenceGreedy out;
   const auto n_vocab = static_cast<size_t>(model.config().n_vocab);
+  const test::ReferenceWeights weights = test::ReferenceWeights::from_model(model);  // converted once
   for (int i = 0; i < n; ++i) {
-    const std::vector<double> logits = test::reference_logits(model, ids);
+    const std::vector<double> logits = test::reference_logits(weights, ids);
     const double* row = logits.data() + (ids.size() - 1) * n_vocab;
     const double max = *std::max_element(row, row + n_vocab);
     double sum = 0;
