@@ -1,5 +1,5 @@
 // `depcache model probe`: a text's token ids, the logits at every position and
-// a greedy continuation, as one JSON object: what bench/oracle_check.sh
+// a greedy continuation, as one JSON object: what bench/experiments/oracle_check.sh
 // compares with the leading C++ engine's answer for the same file and text.
 #include <fmt/format.h>
 
@@ -37,7 +37,7 @@ void add_model_probe_command(CLI::App& model) {
   cmd->add_option("-c,--ctx-size", ctx,
                   "The context the model is loaded for (Phi-3's LongRoPE uses its long factors past the "
                   "original context; default: the text, the continuation and 16 more, as "
-                  "bench/oracle/llama_probe.cpp sizes the other engine's)");
+                  "bench/experiments/oracle/llama_probe.cpp sizes the other engine's)");
   cmd->footer("The text is standard input, byte for byte; special tokens in it are parsed.");
   cmd->callback([] {
     std::string text;

@@ -2,50 +2,27 @@
 // report, per request, TTFT and what was computed versus reused, then a
 // side-by-side summary.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdio>
+#include <cmath>
 #include <fstream>
-#include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <sstream>
-#include <thread>
 
 #include "cli_common.h"
 #include "commands.h"
-#include "compute/sampling.h"
-#include "engine/cost_profile.h"
 #include "engine/engine.h"
 #include "engine_options.h"
-#include "eval/answers.h"
-#include "eval/fidelity.h"
 #include "eval/replay.h"
-#include "eval/stream.h"
 #include "eval/report.h"
-#include "exec/forward.h"
-#include "exec/kv_assembly.h"
-#include "kv/disk_store.h"
+#include "eval/stream.h"
 #include "kv/policy.h"
-#include "kv/remote_store.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
-#include "prompt/prompt_parts.h"
 #include "retrieval/rag_request.h"
-#include "retrieval/workload.h"
-#include "strategy/lookahead.h"
-#include "strategy/strategy.h"
 #include "strategy/subgcache.h"
 #include "tier_options.h"
 #include "util/error.h"
-#include "util/numeric.h"
-#include "util/thread_pool.h"
-#include "util/timing.h"
 
 namespace depcache::cli {
 namespace {
@@ -53,17 +30,13 @@ namespace {
 struct RunOptions {
   std::string model_path, requests_path, strategies = "depcache", json_path;
   EngineArgs engine;
+  StreamOptions stream;  // its subgcache flag is set from the strategies
   int64_t ctx = 0;
-  size_t limit = 0;
   int max_tokens = 1;
-  double rate = 0, rate_scale = 1;
-  uint64_t seed = 1;
   bool quiet = false, verify = false, fidelity = false, serial = false, sweep = false;
   double slo_ms = 0;
   std::string report_path;
   std::string warmup_path;
-  std::string graph_format = "auto";
-  SubgcacheOptions subgcache;
 };
 
 StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs,
@@ -73,7 +46,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
                          const std::vector<PromptParts>* warmup = nullptr) {
   // SubGCache's queries arrive rewritten (their cluster's representative
   // subgraph as context, in cluster order): the engine reuses it as a prefix.
-  const std::string engine_strategy = name == "subgcache" ? "prefix" : name;
+  const std::string_view strategy = engine_strategy(name);
   const ResolvedEngine re = resolve_engine(o.engine, name, model->config(), pool_rows, dependency);
   fmt::print("[{}] {}\n", name, re.summary);
   Engine engine(model, re.engine);
@@ -85,7 +58,7 @@ StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>&
   ro.max_tokens = o.max_tokens;
   ro.serial = o.serial;
   ro.verify = o.verify;
-  StrategyRun run = replay(engine, name, engine_strategy, reqs, parts, ro, full, warmup);
+  StrategyRun run = replay(engine, name, strategy, reqs, parts, ro, full, warmup);
   run.tiered = re.tiers.any();
   if (tiers.persist()) run.stats = engine.index().stats();
   return run;
@@ -101,13 +74,14 @@ void sweep_rates(const std::vector<std::string>& names, const std::vector<RagReq
   quiet.verify = quiet.fidelity = false;
   std::vector<RateSweep> sweeps;
   for (const std::string& name : names)
-    sweeps.push_back(sweep_rate(reqs, o.slo_ms, o.seed, [&](const std::vector<RagRequest>& at, bool serial) {
-      quiet.serial = serial;
-      return run_strategy(name, at, parts, model, quiet, pool_rows, dependency, nullptr);
-    }));
+    sweeps.push_back(
+        sweep_rate(reqs, o.slo_ms, o.stream.seed, [&](const std::vector<RagRequest>& at, bool serial) {
+          quiet.serial = serial;
+          return run_strategy(name, at, parts, model, quiet, pool_rows, dependency, nullptr);
+        }));
   const std::string report = fmt::format(
       "Rate sweep: {} requests, Poisson arrivals (seed {}); SLO: p99 TTFT within {} \n\n{}", reqs.size(),
-      o.seed, o.slo_ms > 0 ? fmt::format("{} ms", o.slo_ms) : std::string("5x the unloaded p50"),
+      o.stream.seed, o.slo_ms > 0 ? fmt::format("{} ms", o.slo_ms) : std::string("5x the unloaded p50"),
       sweep_markdown(names, sweeps));
   fmt::print("\n{}", report);
   if (o.report_path.empty()) return;
@@ -154,7 +128,7 @@ StrategyRun run_clustered(const Stream& s, const std::shared_ptr<const Model>& m
   std::vector<RequestRow> rows(run.rows.size());
   for (size_t k = 0; k < s.subgcache.order.size(); ++k) rows[s.subgcache.order[k]] = std::move(run.rows[k]);
   run.rows = std::move(rows);
-  const SubgcacheOptions& so = o.subgcache;
+  const SubgcacheOptions& so = o.stream.subgcache_options;
   const double clustering_s = s.subgcache.clustering_ms / 1000.0;
   fmt::print(
       "subgcache: {} queries in {} batches of up to {}, {} clusters ({} linkage, {} embedding); "
@@ -173,22 +147,15 @@ void run_command(RunOptions& o) {
   for (const std::string& s : names)
     if (std::find(known.begin(), known.end(), s) == known.end())
       fail(ErrorKind::InvalidInput, "unknown strategy '{}' (expected {})", s, fmt::join(known, ", "));
-  StreamOptions so;
-  so.subgcache = std::find(names.begin(), names.end(), kSubgcache) != names.end();
-  if (so.subgcache && o.sweep)
+  o.stream.subgcache = std::find(names.begin(), names.end(), kSubgcache) != names.end();
+  if (o.stream.subgcache && o.sweep)
     throw CLI::ValidationError("--sweep-rate", "subgcache serves query batches; sweep the others");
   if (o.engine.policy != "auto") make_policy(o.engine.policy);  // reject bad names before loading anything
-  so.limit = o.limit;
-  so.rate = o.rate;
-  so.rate_scale = o.rate_scale;
-  so.seed = o.seed;
-  so.subgcache_options = o.subgcache;
-  so.graph_format = o.graph_format;
   std::vector<RagRequest> warm =
       o.warmup_path.empty() ? std::vector<RagRequest>{} : read_requests(o.warmup_path);
   const auto model = Model::load(o.model_path);
   const Tokenizer tok(Vocab::from_gguf(model->file()));
-  const Stream s = prepare_stream(read_requests(o.requests_path), std::move(warm), so, tok,
+  const Stream s = prepare_stream(read_requests(o.requests_path), std::move(warm), o.stream, tok,
                                   model->config().prompt, o.max_tokens);
   const int64_t need = s.largest_rows;
   const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::max(need, std::min(s.total_rows, 8 * need));
@@ -250,15 +217,15 @@ void add_run_command(CLI::App& app) {
                      "as CSV too)",
                      fmt::join(strategy_names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--graph-format", o.graph_format,
+  cmd->add_option("--graph-format", o.stream.graph_format,
                   "How requests with entities show their graph: paths (relation paths, one tree per entity), "
                   "csv (the request's subgraph as G-Retriever CSV, SubGCache's form), auto (csv when "
                   "subgcache is in the run, else paths)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "paths", "csv"}));
   add_engine_options(*cmd, o.engine);
-  add_subgcache_options(cmd, o.subgcache);
-  cmd->add_option("--query-batch", o.subgcache.batch,
+  add_subgcache_options(cmd, o.stream.subgcache_options);
+  cmd->add_option("--query-batch", o.stream.subgcache_options.batch,
                   "subgcache: queries clustered together (consecutive in arrival order; a batch is served "
                   "once its last query has arrived)")
       ->capture_default_str()
@@ -270,13 +237,14 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag(
       "--serial", o.serial,
       "One request at a time, each entering when the previous one is done (no queueing, no batching)");
-  cmd->add_option("--rate", o.rate,
+  cmd->add_option("--rate", o.stream.rate,
                   "Poisson arrivals at this many requests/s instead of the file's arrival times")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--rate-scale", o.rate_scale, "Divide the file's arrival times by this (2: twice the load)")
+  cmd->add_option("--rate-scale", o.stream.rate_scale,
+                  "Divide the file's arrival times by this (2: twice the load)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--seed", o.seed, "Seed of --rate's arrivals")->capture_default_str();
+  cmd->add_option("--seed", o.stream.seed, "Seed of --rate's arrivals")->capture_default_str();
   cmd->add_flag(
       "--sweep-rate", o.sweep,
       "Find, per strategy, the highest Poisson rate whose p99 TTFT stays within the SLO, and print the "
@@ -290,7 +258,8 @@ void add_run_command(CLI::App& app) {
                   "Tokens to generate per request (greedy; the first is TTFT)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--limit", o.limit, "Process at most this many requests (0: all)")->capture_default_str();
+  cmd->add_option("--limit", o.stream.limit, "Process at most this many requests (0: all)")
+      ->capture_default_str();
   cmd->add_option("--warmup", o.warmup_path,
                   "Request file served first, one at a time and unmeasured, by each strategy on its own "
                   "engine (fills the caches the stream starts from)");

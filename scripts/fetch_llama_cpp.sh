@@ -2,7 +2,7 @@
 # Brings the leading C++ engine's source (llama.cpp, as the npm package
 # node-llama-cpp carries it in llama/gitRelease.bundle) into the build folder.
 # The tests read its vocabulary test vectors (models/ggml-vocab-*.gguf with
-# .inp/.out) and chat templates (models/templates/*.jinja); bench/llama_cpp.sh
+# .inp/.out) and chat templates (models/templates/*.jinja); bench/experiments/llama_cpp.sh
 # builds it as a second oracle. Nothing of it is committed.
 # Usage: scripts/fetch_llama_cpp.sh [DEST]   (default: build/third_party)
 set -euo pipefail

@@ -20,7 +20,7 @@ PACKAGES=(
   libssl-dev                    # libcrypto's HMAC-SHA256: span records in the shared tiers are keyed
   libxxhash-dev                 # XXH3: model fingerprints, content keys, record and file checksums
   redis-server                  # a real Redis for the remote tier's tests (started on a loopback port)
-  linux-perf                    # bench/profile.sh: where the time of a run goes
+  linux-perf                    # bench/experiments/profile.sh: where the time of a run goes
   libcpp-httplib-dev            # HTTP/1.1 server of `depcache serve` (threads, chunked streaming)
   libopenblas-dev               # matrix products of the trainer (forward and backward)
   curl                          # a real HTTP client for the server's tests
@@ -29,7 +29,7 @@ PACKAGES=(
 )
 
 # Benchmark-only: PyTorch, to compare the trainer's throughput with
-# (bench/train_vs_torch.sh).
+# (bench/experiments/train_vs_torch.sh).
 if [ "${DEPCACHE_BENCH_EXTRAS:-0}" != 0 ]; then PACKAGES+=(python3-torch); fi
 
 missing=()

@@ -137,7 +137,7 @@ std::string summary_report(const std::vector<StrategyRun>& runs, bool verify, bo
   }
   // FusionRAG's normalized F1: where a strategy sits between full reuse (0)
   // and full attention (1). Undefined when the two are closer than
-  // kMinF1Gap: the ratio would be noise (bench/chunks.sh applies the same
+  // kMinF1Gap: the ratio would be noise (bench/experiments/chunks.sh applies the same
   // rule to its separate runs).
   constexpr double kMinF1Gap = 0.01;
   if (f1_of.count("full") && f1_of.count("fullreuse")) {

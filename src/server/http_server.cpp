@@ -452,7 +452,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   // A plain request on a server whose default is subgcache (a batch mode of
   // GraphRAG requests) runs under prefix, as it would by default.
   std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
-  if (!cr.rag && strategy == kSubgcache) strategy = "prefix";
+  if (!cr.rag && strategy == kSubgcache) strategy = std::string(engine_strategy(strategy));
   const auto clock = std::make_shared<TokenClock>();
   clock->arrived = clock->last = arrived;
   std::shared_ptr<void> writing = writing_.hold();  // until the response is written
@@ -481,7 +481,8 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
       QueryBatcher::Batched b = batcher_->submit(
           std::move(context),
           [&](const RagRequest& representative) {
-            return loop_->submit("prefix", fits(request_prompt(cr, sources, &representative)), cr.sampling);
+            return loop_->submit(std::string(engine_strategy(kSubgcache)),
+                                 fits(request_prompt(cr, sources, &representative)), cr.sampling);
           },
           cr.cache_scope);
       stream = std::move(b.stream);

@@ -25,6 +25,13 @@ namespace depcache {
 inline constexpr std::string_view kSubgcache = "subgcache";
 // What a request may name: the engine's strategies, then subgcache.
 std::vector<std::string> request_strategy_names();
+// The engine strategy a requested one runs under: SubGCache's queries
+// (rewritten to their cluster's representative subgraph, or a plain request
+// on a server whose default is subgcache) run under prefix, the subgraph
+// being the prefix a cluster shares; any other is itself.
+inline std::string_view engine_strategy(std::string_view requested) {
+  return requested == kSubgcache ? std::string_view("prefix") : requested;
+}
 
 // A subgraph as labels: what a request's relation paths mention.
 struct Subgraph {

@@ -191,7 +191,7 @@ TEST_F(Cli, ModelInfoSaysWhatIsSupported) {
 }
 
 // `model probe`: the text's ids, every position's logits and a greedy
-// continuation as JSON (what bench/oracle_check.sh compares with the other
+// continuation as JSON (what bench/experiments/oracle_check.sh compares with the other
 // engine); a context the model cannot run is LimitExceeded (exit 5).
 TEST_F(Cli, ModelProbePrintsIdsLogitsAndAGreedyContinuation) {
   const CliRun r = run("model probe -m " + model_->string() + " -n 5", "Once upon a time");

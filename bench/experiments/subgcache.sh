@@ -11,16 +11,16 @@
 #     kind of stream: agreement of SubGCache's answers with the per-query
 #     prompts' (first token, KL, identical continuation, ROUGE-L) and exact
 #     match, against c.
-#   bash bench/subgcache.sh [speed|quality|all] [MODEL]
+#   bash bench/experiments/subgcache.sh [speed|quality|all] [MODEL]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+source bench/experiments/common.sh
 WHAT=${1:-all}
 QA=${2:-models/depcache-qa.gguf}
-BIN=./build/depcache
 QWEN=build/bench-models/qwen2-0.5b-f16.gguf
 D=build/bench-subgcache
 mkdir -p "$D" "$(dirname "$QWEN")"
-[ -f "$QWEN" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$QWEN" >/dev/null
+qwen_model >/dev/null
 [ -f "$D/world.dkg" ] || $BIN kg import --synthetic --entities 40 --relations 12 --facts-per-entity 3 \
   --name-pool 1000 --seed 4242 -o "$D/world.dkg" >/dev/null
 
@@ -84,5 +84,5 @@ case $WHAT in
   speed) speed ;;
   quality) quality ;;
   all) speed && quality ;;
-  *) echo "usage: bash bench/subgcache.sh [speed|quality|all] [MODEL]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/experiments/subgcache.sh [speed|quality|all] [MODEL]" >&2; exit 2 ;;
 esac

@@ -4,13 +4,13 @@
 # --other, that tool (its llama-bench binary) runs on the same GGUF files and
 # a ratio table follows.
 #
-#   bench/model_bench.sh [--preset qwen2-0.5b] [--types "f16 bf16 q8_0 q4_k"]
+#   bench/experiments/model_bench.sh [--preset qwen2-0.5b] [--types "f16 bf16 q8_0 q4_k"]
 #                        [--threads 2] [--reps 3] [--prompts 128,512,2048]
 #                        [--gen 64] [--other /path/to/llama-bench]
 #
 # Models are written once to build/bench-models/PRESET-TYPE.gguf.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 preset=qwen2-0.5b types="f16 bf16 q8_0 q4_k" threads=2 reps=3 prompts=128,512,2048 gen=64 other=""
 while [ $# -gt 0 ]; do

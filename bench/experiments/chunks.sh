@@ -17,13 +17,13 @@
 #     three documents each, worlds it never saw): exact match and token F1
 #     per strategy and recompute ratio, FusionRAG's normalized F1, and the
 #     fidelity to full attention; then the RoPE fix x recompute ablation.
-#   bash bench/chunks.sh [quality|speed|answers|all] [requests]
+#   bash bench/experiments/chunks.sh [quality|speed|answers|all] [requests]
 #     (default: all; 40 requests, answers: 500)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+source bench/experiments/common.sh
 WHAT=${1:-all}
 N=${2:-$([ "$WHAT" = answers ] && echo 500 || echo 40)}
-BIN=./build/depcache
 SHARED=${DEPCACHE_SHARED:-../shared}
 STORIES="$SHARED/models/stories260K-f32.v1.gguf"
 QWEN=build/bench-models/qwen2-0.5b-f16.gguf
@@ -109,7 +109,7 @@ quality() {
 }
 
 speed() {
-  [ -f "$QWEN" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$QWEN" >/dev/null
+  qwen_model >/dev/null
   local n=$((N < 20 ? N : 20))
   echo "## Speed: qwen2-0.5b F16 (random weights), $n questions per set, top-5 chunks of 256 tokens"
   echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) threads; one request at a time"
@@ -178,5 +178,5 @@ case $WHAT in
   speed) speed ;;
   answers) answers ;;
   all) quality && echo && speed && echo && answers ;;
-  *) echo "usage: bash bench/chunks.sh [quality|speed|answers|all] [requests]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/experiments/chunks.sh [quality|speed|answers|all] [requests]" >&2; exit 2 ;;
 esac

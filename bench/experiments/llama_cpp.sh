@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the leading C++ engine (llama.cpp, from the source node-llama-cpp
 # carries; scripts/fetch_llama_cpp.sh) as a second, independent oracle: its
-# llama-bench and llama-tokenize tools, and bench/oracle/llama_probe.cpp (ids,
+# llama-bench and llama-tokenize tools, and bench/experiments/oracle/llama_probe.cpp (ids,
 # logits and greedy continuation for a file and a text). Not part of the test
-# command; bench/oracle_check.sh and bench/model_bench.sh --other use it.
-# Usage: bench/llama_cpp.sh   (prints the folder of the binaries)
+# command; bench/experiments/oracle_check.sh and bench/experiments/model_bench.sh --other use it.
+# Usage: bench/experiments/llama_cpp.sh   (prints the folder of the binaries)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 scripts/fetch_llama_cpp.sh >&2
 SRC=build/third_party/llama.cpp
@@ -20,6 +20,6 @@ nice cmake --build "$OUT" -j "$JOBS" --target llama llama-bench llama-tokenize >
 
 # The probe: our own program against the engine's public C API.
 libs=$(find "$OUT" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
-nice g++ -O2 -std=c++17 -I"$SRC/include" -I"$SRC/ggml/include" bench/oracle/llama_probe.cpp \
+nice g++ -O2 -std=c++17 -I"$SRC/include" -I"$SRC/ggml/include" bench/experiments/oracle/llama_probe.cpp \
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lpthread -ldl -lm -o "$OUT/bin/llama_probe" >&2
 echo "$OUT/bin"

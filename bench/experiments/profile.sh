@@ -4,14 +4,14 @@
 # activation quantization), attention, model loading (packing, page
 # clearing), thread pool (waiting between loops) and the rest.
 #
-#   bench/profile.sh MODEL.gguf [bench-model options, default: -p 512 -n 0]
-#   e.g. bench/profile.sh build/bench-models/qwen2-0.5b-f16.gguf -p 2048 -n 0
+#   bench/experiments/profile.sh MODEL.gguf [bench-model options, default: -p 512 -n 0]
+#   e.g. bench/experiments/profile.sh build/bench-models/qwen2-0.5b-f16.gguf -p 2048 -n 0
 #
 # Needs perf (Debian's linux-perf, installed by scripts/setup.sh). For
 # instruction counts that do not depend on machine load, run the same
 # command under valgrind --tool=callgrind instead.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,12p' "$0"; exit 2; }
 model=$1
 shift

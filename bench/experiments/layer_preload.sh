@@ -8,13 +8,13 @@
 # waited for layers still being read. Every run computes each prompt in one
 # pass (--batch-tokens 4096), as a pass placing layered loads always does, so
 # the modes differ only in how spans are read.
-#   bash bench/layer_preload.sh [requests]
+#   bash bench/experiments/layer_preload.sh [requests]
 # COLD=1: the copied span files are dropped from the page cache before each
 # run (dd iflag=nocache), so matches read from the device.
 # Models (made under build/bench-layer-preload): the tiers benchmark's shape
 # (4 layers) and a deeper one (24 layers, qwen2-0.5b's depth and KV width).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 N=${1:-120}
 BIN=./build/depcache
 D=build/bench-layer-preload

@@ -1,7 +1,7 @@
 // A probe of the leading C++ engine (llama.cpp, linked as a library) that
 // prints, as one JSON object, what depcache's `model probe` prints for the
 // same GGUF file and text: the token ids, every position's logits and a
-// greedy continuation. bench/llama_cpp.sh builds it against that engine's
+// greedy continuation. bench/experiments/llama_cpp.sh builds it against that engine's
 // source; bench/oracle_check.py compares the two outputs.
 // Usage: llama_probe MODEL.gguf N_GREEDY [--no-bos] [--ctx N] < text
 // (--ctx: the context size to create, which picks Phi-3's long RoPE factors

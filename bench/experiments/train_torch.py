@@ -2,7 +2,7 @@
 a Llama block stack (RMSNorm, RoPE on adjacent pairs, causal attention,
 SwiGLU, tied embeddings) on random tokens, AdamW, clipping; prints tokens/s.
 
-    python3 bench/train_torch.py EMBD LAYERS HEADS FF BATCH LEN [THREADS] [STEPS] [VOCAB]
+    python3 bench/experiments/train_torch.py EMBD LAYERS HEADS FF BATCH LEN [THREADS] [STEPS] [VOCAB]
 """
 import math
 import sys

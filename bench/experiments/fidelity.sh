@@ -6,9 +6,9 @@
 # one Markdown table: per workload, scheme and reuse, how often depcache's
 # first token and whole greedy continuation equal full attention's, the mean
 # KL divergence of the first-token distributions and the mean token ROUGE-L.
-#   bash bench/fidelity.sh [requests] [tokens]
+#   bash bench/experiments/fidelity.sh [requests] [tokens]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 N=${1:-16}
 TOKENS=${2:-24}
 BIN=./build/depcache

@@ -21,19 +21,18 @@
 #            share of hostile connections mixed in (loadgen --hostile: slow
 #            senders, malformed and oversized bodies, garbage); the figures are
 #            the normal requests'.
-#   bash bench/serve.sh [MODEL] [N] [RATES...]     (default N = 20, RATES = 0.25 0.5 1 2)
+#   bash bench/experiments/serve.sh [MODEL] [N] [RATES...]     (default N = 20, RATES = 0.25 0.5 1 2)
 # BIN overrides the binary (to keep measuring while the tree is rebuilt).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-BIN=${BIN:-./build/depcache}
+cd "$(dirname "$0")/../.."
+source bench/experiments/common.sh
 MODEL=${1:-build/bench-models/qwen2-0.5b-f16.gguf}
 N=${2:-20}
 shift $(($# < 2 ? $# : 2))
 RATES=${*:-0.25 0.5 1 2}
 D=build/bench-serve
 mkdir -p "$D" "$(dirname "$MODEL")"
-[ -f "$MODEL" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$MODEL" >/dev/null
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
+[ -f "$MODEL" ] || qwen_model >/dev/null
 $BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
 REQ="$D/graphrag-$N.jsonl"
 [ -f "$REQ" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests "$N" --qa-items 100 \

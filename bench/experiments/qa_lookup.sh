@@ -7,7 +7,7 @@
 # the shipped model's shape (its vocabulary) on contexts of K_MIN..9 facts
 # (each request keeps a random k of the entity's facts, the asked one among
 # them), then reports exact match on held-out worlds with 1, 3 and 9 facts.
-#   bash bench/qa_lookup.sh [steps]         (default 1500; ~6 steps/s on 2 cores)
+#   bash bench/experiments/qa_lookup.sh [steps]         (default 1500; ~6 steps/s on 2 cores)
 # Environment: K_MIN (fewest facts per training context, default 1; 9 trains
 # on full contexts only), WORLDS (training worlds of 200 entities, 300),
 # LR (3e-3), LOSS=answer (loss on the answer alone), SEED (of the fresh
@@ -23,7 +23,7 @@
 # The training log is OUT/lookup.log.jsonl (held-out loss and teacher-forced
 # exact match on 3-fact contexts every 250 steps).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 STEPS=${1:-1500}
 BIN=./build/depcache
 OUT=${OUT:-build/bench-qa-lookup}

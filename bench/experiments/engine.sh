@@ -17,19 +17,18 @@
 #           with 16 generated tokens per request (decoding is where batching
 #           pays on 2 cores). With few requests the p99 is the cold start's
 #           first requests, so this section is not in the default set.
-#   bash bench/engine.sh [MODEL] [N] [sections...]     (default: all four, N = 20)
+#   bash bench/experiments/engine.sh [MODEL] [N] [sections...]     (default: all four, N = 20)
 # BIN overrides the binary (to keep measuring while the tree is rebuilt).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-BIN=${BIN:-./build/depcache}
+cd "$(dirname "$0")/../.."
+source bench/experiments/common.sh
 MODEL=${1:-build/bench-models/qwen2-0.5b-f16.gguf}
 N=${2:-20}
 shift $(($# < 2 ? $# : 2))
 SECTIONS=${*:-decode stream shared budget batched}
 D=build/bench-engine
 mkdir -p "$D" "$(dirname "$MODEL")"
-[ -f "$MODEL" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$MODEL" >/dev/null
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
+[ -f "$MODEL" ] || qwen_model >/dev/null
 RUN=($BIN run -m "$MODEL" -t 2 -q)
 
 summary() {  # run's output -> the summary rows (strategy, TTFT p50, p99, req/s, tok/s)

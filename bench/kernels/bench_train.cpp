@@ -1,7 +1,7 @@
 // One training step (forward, backward, AdamW) of the trainer on causal
 // sequences, at the shape of the small QA model (d 128, 4 layers, 4 heads,
 // ff 352, vocab 1024, tied) and of a wider one: tokens/s to compare with
-// PyTorch on the same shape and batch (bench/train_vs_torch.sh).
+// PyTorch on the same shape and batch (bench/experiments/train_vs_torch.sh).
 #include <benchmark/benchmark.h>
 
 #include <random>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Differential check against the leading C++ engine (llama.cpp, built by
-# bench/llama_cpp.sh): for each preset and weight type, one random-weight GGUF
+# bench/experiments/llama_cpp.sh): for each preset and weight type, one random-weight GGUF
 # file written by `depcache model new`, and the same text through both
 # engines. Prints per file: token ids equal, greedy continuations equal, and
 # the largest logit difference over every position (absolute, and relative
@@ -8,12 +8,12 @@
 # or a difference exceeds --tolerance (quantized files: 0.03, and their
 # continuations may part at near-ties: that engine quantizes activations to
 # 8 bits, ours keeps them in f32).
-# Usage: bench/oracle_check.sh [--presets "tiny tiny-llama3 ..."] [--types "f32 f16 q8_0"]
+# Usage: bench/experiments/oracle_check.sh [--presets "tiny tiny-llama3 ..."] [--types "f32 f16 q8_0"]
 #                              [--greedy 24] [--tolerance 0.02] [--init-std 0.08] [--ctx N]
 # (--ctx: both engines load the model for an N-token context: Phi-3's
 # LongRoPE switches to its long factors past the original context)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PRESETS="tiny tiny-qwen2 tiny-llama3 tiny-qwen3"
 TYPES="f32 f16 q8_0"
@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
 done
 
 BIN=build/third_party/llama.cpp-build/bin
-[ -x "$BIN/llama_probe" ] || bash bench/llama_cpp.sh >/dev/null
+[ -x "$BIN/llama_probe" ] || bash bench/experiments/llama_cpp.sh >/dev/null
 DEPCACHE=${DEPCACHE:-build/depcache}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -1,4 +1,4 @@
-"""An independent check of the trainer on bench/qa_lookup.sh's task, in PyTorch
+"""An independent check of the trainer on bench/experiments/qa_lookup.sh's task, in PyTorch
 (Debian's python3-torch), and a workbench for what makes the lookup learnable.
 
 Defaults: the QA model's shape (4 layers, 128 wide, 4 heads, ff 352, tied
@@ -18,7 +18,7 @@ the answers alone.
 Prints the training loss and held-out exact match of every answer (argmax)
 with 1, 3 and 9 facts.
 
-    python3 bench/lookup_torch.py [--steps 1500] [--k-min 1] [--lr 3e-3] [--threads 2] [--seed 1]
+    python3 bench/experiments/lookup_torch.py [--steps 1500] [--k-min 1] [--lr 3e-3] [--threads 2] [--seed 1]
         [--layers 4] [--embd 128] [--heads 4] [--ff 352] [--vocab 4096] [--names 1000]
         [--form facts|pairs] [--questions 1] [--answer-loss-only]
         [--separators] [--topic] [--question-prefix N]

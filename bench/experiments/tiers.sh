@@ -2,17 +2,16 @@
 # End-to-end TTFT of DepCache per replacement policy with a hot tier too small
 # for the working set, alone and backed by a host tier, a disk tier or the host
 # tier with prefetching. Prints one Markdown table.
-#   bash bench/tiers.sh [requests] [hot-MiB]
+#   bash bench/experiments/tiers.sh [requests] [hot-MiB]
 # Uses the demo's model shape and WordNet graph (made under build/bench-tiers).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+source bench/experiments/common.sh
 N=${1:-150}
 HOT=${2:-3.6}
-BIN=./build/depcache
 D=build/bench-tiers
 mkdir -p "$D"
-[ -f "$D/model.gguf" ] || $BIN model new --preset tiny --layers 4 --embd 256 --heads 4 --heads-kv 2 --ff 768 \
-  --ctx 32768 --type f16 --seed 1 -o "$D/model.gguf" >/dev/null
+MODEL=$(demo_shape_model)
 $BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
 REQ="$D/requests-$N.jsonl"
 [ -f "$REQ" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests "$N" --qa-items 100 \
@@ -23,7 +22,7 @@ run() {  # label, extra options -> one table row
   shift 2
   rm -rf "$D/cache-dir"
   local out
-  out=$($BIN run --serial -m "$D/model.gguf" --requests "$REQ" -s depcache --scheme depth -q --cache-mib "${RUN_HOT:-$HOT}" --policy "$policy" "$@" 2>/dev/null)
+  out=$($BIN run --serial -m "$MODEL" --requests "$REQ" -s depcache --scheme depth -q --cache-mib "${RUN_HOT:-$HOT}" --policy "$policy" "$@" 2>/dev/null)
   local summary tiers
   summary=$(grep -E '^depcache +[0-9]' <<<"$out")
   tiers=$(grep -E '^depcache +tiers:' <<<"$out" || true)

@@ -15,14 +15,14 @@
 #     stage latency (LATENCIES, ms: BM25 over these corpora takes well under
 #     a millisecond, so the latency stands for a slower retriever) with and
 #     without --speculate: TTFT and the search time no prefill overlapped.
-#   bash bench/ragcache.sh [policies|ttft|speculation|all] [requests]
+#   bash bench/experiments/ragcache.sh [policies|ttft|speculation|all] [requests]
 #     (default: all; 2000 / 40 / 20 requests)
 #   SETS="musique hotpotqa" (the data sets), LIGHT=0.3 and HEAVY=2 (req/s),
 #   STAGES=8, LATENCIES="0 50 150".
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+source bench/experiments/common.sh
 WHAT=${1:-all}
-BIN=./build/depcache
 SHARED=${DEPCACHE_SHARED:-../shared}
 QWEN=build/bench-models/qwen2-0.5b-f16.gguf
 SETS=${SETS:-musique hotpotqa}
@@ -31,7 +31,7 @@ HEAVY=${HEAVY:-2}
 D=build/bench-ragcache
 mkdir -p "$D" "$(dirname "$QWEN")"
 [ -d "$SHARED/data/musique" ] || { echo "needs $SHARED/data (the ../shared reference material)" >&2; exit 4; }
-[ -f "$QWEN" ] || $BIN model new --preset qwen2-0.5b --type f16 -o "$QWEN" >/dev/null
+qwen_model >/dev/null
 
 stream() {  # dataset, requests, rate -> file
   local set=$1 n=$2 rate=$3 out="$D/$1-$2-$3.jsonl"
@@ -143,5 +143,5 @@ case $WHAT in
   ttft) ttft "${2:-40}" ;;
   speculation) speculation "${2:-20}" ;;
   all) policies && ttft && speculation ;;
-  *) echo "usage: bash bench/ragcache.sh [policies|ttft|speculation|all] [requests]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/experiments/ragcache.sh [policies|ttft|speculation|all] [requests]" >&2; exit 2 ;;
 esac
