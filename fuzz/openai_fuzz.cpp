@@ -23,8 +23,11 @@ void check_request(const depcache::CompletionRequest& r) {
   if (r.kind == depcache::ApiKind::Completion) {
     if (r.prompt.empty()) violated("empty prompt accepted");
   } else {
-    if (r.messages.empty() || r.messages.back().role != "user")
-      violated("chat not ending with a user message");
+    // The user's message last, or the assistant's, which the reply continues
+    // (prefill); with the RAG extension the user's (the question).
+    if (r.messages.empty() || r.messages.back().role == "system")
+      violated("chat ending with a system message");
+    if (r.rag && r.messages.back().role != "user") violated("RAG chat not ending with the user's question");
     for (const auto& m : r.messages)
       if (m.role != "system" && m.role != "user" && m.role != "assistant") violated("unknown role accepted");
   }
