@@ -109,7 +109,7 @@ SimulationOptions simulation_options(const SimulateOptions& o, const std::string
   const auto [policy, scheduler] = parse_policy_spec(spec);
   SimulationOptions so;
   so.policy = policy;
-  so.scheduler = scheduler;
+  so.scheduler.order = scheduler;
   so.capacity_tokens = capacity;
   so.host_tokens = parse_capacity(o.host_capacity, distinct);
   so.swap_out_once = o.swap_out_once;

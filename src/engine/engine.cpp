@@ -5,7 +5,6 @@
 
 #include "exec/visibility.h"
 #include "kv/policy.h"
-#include "strategy/lookahead.h"
 #include "strategy/scheduler.h"
 #include "util/error.h"
 #include "util/numeric.h"
@@ -47,12 +46,12 @@ struct Engine::Sequence {
 Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
     : model_(std::move(model)),
       options_(options),
+      admission_({options.scheduler, options.window, policy_reads_lookahead(options.policy)}),
       threads_(options.threads),
       fwd_(model_, threads_),
       pool_(model_->config(), options.pool_rows, options.kv_type),
       index_(options.cache_bytes, make_policy(options.policy)) {
   if (options.batch_tokens < 1) fail(ErrorKind::InvalidInput, "batch tokens must be at least 1");
-  check_scheduler(options.scheduler.order);
   // Records from the shared tiers of any other shape are refused, not placed.
   index_.expect_span_shape({pool_.kv().n_layer(), pool_.kv().row_elems(), options.kv_type});
   for (const std::string& name : strategy_names())
@@ -286,18 +285,19 @@ bool Engine::admit_next() {
   while (!waiting_.empty()) {
     // Preempted requests first; otherwise the scheduler's pick among the
     // first `window` waiting requests.
-    size_t pick = 0;
+    size_t pick = 0, chosen = 0;
     std::vector<WaitingRequest> window;
     std::vector<size_t> at;  // window entry -> position in waiting_
     if (!live(waiting_.front()).requeued) {
-      for (size_t i = 0; i < waiting_.size() && at.size() < std::max<size_t>(options_.window, 1); ++i) {
-        const Sequence& w = live(waiting_[i]);
+      for (size_t i = 0; i < waiting_.size() && at.size() < admission_.window(); ++i) {
+        Sequence& w = live(waiting_[i]);
         if (deferred.count(w.id)) continue;
-        window.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), w.passed_over});
+        window.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), &w.passed_over});
         at.push_back(i);
       }
       if (window.empty()) return false;  // every candidate waits for a prefill under way or a fetch
-      pick = at[pick_next(options_.scheduler, window, index_)];
+      chosen = admission_.pick(window, index_);
+      pick = at[chosen];
     }
     Sequence& s = live(waiting_[pick]);
     // Its lower tiers are read on the fetcher's thread; meanwhile the others
@@ -324,15 +324,14 @@ bool Engine::admit_next() {
              ErrorKind::InvalidInput);
       continue;
     }
-    if (options_.wait_for_shared && !s.requeued && s.passed_over < options_.scheduler.starvation_bound &&
+    if (options_.wait_for_shared && !s.requeued && s.passed_over < admission_.scheduler().starvation_bound &&
         computed_in_flight(s.lookups) > 0) {
       deferred.insert(s.id);
       continue;
     }
     std::optional<RowBlock> block = pool_.allocate(std::min(s.rows_needed, n + rows_ahead()));
     if (!block) return false;  // the pick waits for rows; nothing overtakes it
-    for (size_t i : at)
-      if (i != pick) ++live(waiting_[i]).passed_over;
+    if (!window.empty()) Admission::admitted(window, chosen);
     for (RequestId d : deferred) ++live(d).passed_over;
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
     s.rows = std::move(*block);
@@ -398,11 +397,11 @@ LayerHook batch_hook(std::vector<BatchHook> hooks, int64_t n_embd_kv) {
 
 bool Engine::step() {
   if (waiting_.empty() && prefilling_.empty() && decoding_.empty()) return false;
-  if (options_.policy == "lacr") {
+  if (admission_.lookahead()) {
     std::vector<const std::vector<Lookup>*> pending;
-    for (size_t i = 0; i < waiting_.size() && i < options_.window; ++i)
+    for (size_t i = 0; i < waiting_.size() && i < admission_.window(); ++i)
       pending.push_back(&live(waiting_[i]).lookups);
-    index_.set_lookahead(lookahead_weights(index_, pending));
+    admission_.refresh_lookahead(index_, pending);
   }
   make_room_to_decode();
   if (fetching_ahead())

@@ -31,7 +31,7 @@
 #include "exec/forward.h"
 #include "kv/radix_index.h"
 #include "prompt/prompt_parts.h"
-#include "strategy/scheduler.h"
+#include "strategy/admission.h"
 #include "strategy/strategy.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -233,6 +233,7 @@ class Engine {
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
+  Admission admission_;
   ThreadPool threads_;
   Forward fwd_;
   KvPool pool_;

@@ -201,6 +201,8 @@ const char* tier_name(Tier t) {
   return "?";
 }
 
+bool policy_reads_lookahead(std::string_view name) { return name == "lacr"; }
+
 std::vector<std::string> policy_names() { return {"lru", "lfu", "gdsf", "pgdsf", "lacr", "cachecraft"}; }
 
 std::unique_ptr<ReplacementPolicy> make_policy(std::string_view name, const PolicyOptions& options) {

@@ -77,5 +77,8 @@ struct PolicyOptions {
 // name: lru, lfu, gdsf, pgdsf, lacr, cachecraft.
 std::unique_ptr<ReplacementPolicy> make_policy(std::string_view name, const PolicyOptions& options = {});
 std::vector<std::string> policy_names();
+// Whether the policy ranks by the waiting requests' lookahead (LACR), which
+// its admission then keeps set.
+bool policy_reads_lookahead(std::string_view name);
 
 }  // namespace depcache

@@ -11,8 +11,8 @@
 #include <random>
 #include <sstream>
 
+#include "prompt/request_prompt.h"
 #include "server/openai.h"
-#include "server/request_prompt.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/timing.h"
@@ -354,6 +354,8 @@ void HttpServer::routes() {
       std::rethrow_exception(ep);
     } catch (const ApiError& e) {
       send_error(res, e);
+    } catch (const PromptError& e) {
+      send_error(res, bad_request(e.param(), e.what()));
     } catch (const Error& e) {
       // What the engine's own checks refused in a request is the client's.
       const bool client = e.kind() == ErrorKind::InvalidInput || e.kind() == ErrorKind::NotFound ||
@@ -439,6 +441,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         "server_error", {}, "queue_full");
   const PromptSources sources{model_.tokenizer.get(), model_.chat,   model_.corpus,
                               model_.graph,           model_.prompt, options_.special_in_text};
+  const PromptRequest prompt = prompt_request(cr);
   const auto fits = [&](const PromptParts& parts) {
     const int64_t n_prompt = parts.n_flat_tokens();
     if (n_prompt + cr.sampling.max_tokens > model_.n_ctx)
@@ -457,21 +460,21 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   clock->arrived = clock->last = arrived;
   std::shared_ptr<void> writing = writing_.hold();  // until the response is written
   std::shared_ptr<RequestStream> stream;
-  if (const std::optional<CorpusSearch> search = corpus_search(cr, sources)) {
+  if (const std::optional<CorpusSearch> search = corpus_search(prompt, sources)) {
     // Searched here, in stages, so that speculative prefills overlap it.
     SpeculativeSearch::Submitted s = search_->submit(
         search->question, search->top_k,
         [&](const std::vector<RequestDocument>& docs) {
           RagRequest context = cr.rag->context;
           context.documents = docs;
-          return fits(request_prompt(cr, sources, &context));
+          return fits(request_prompt(prompt, sources, &context));
         },
         strategy, cr.sampling);
     stream = std::move(s.stream);
     clock->search = s.report;
     metrics_.search(s.report);
   } else if (strategy == kSubgcache) {
-    RagRequest context = request_context(cr, sources);
+    RagRequest context = request_context(prompt, sources);
     if (context.entities.empty())
       throw ApiError(400,
                      "subgcache clusters GraphRAG subgraphs: give entities with relation paths, or retrieve "
@@ -482,17 +485,19 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
           std::move(context),
           [&](const RagRequest& representative) {
             return loop_->submit(std::string(engine_strategy(kSubgcache)),
-                                 fits(request_prompt(cr, sources, &representative)), cr.sampling);
+                                 fits(request_prompt(prompt, sources, &representative)), cr.sampling);
           },
           cr.cache_scope);
       stream = std::move(b.stream);
       clock->batch = b.report;
+    } catch (const PromptError& e) {
+      throw bad_request(e.param(), e.what());
     } catch (const Error& e) {
       throw ApiError(e.kind() == ErrorKind::Unavailable ? 503 : 400, e.what(),
                      e.kind() == ErrorKind::Unavailable ? "server_error" : "invalid_request_error");
     }
   } else {
-    stream = loop_->submit(strategy, fits(request_prompt(cr, sources)), cr.sampling);
+    stream = loop_->submit(strategy, fits(request_prompt(prompt, sources)), cr.sampling);
   }
   const std::string id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
   const int64_t created = std::time(nullptr);

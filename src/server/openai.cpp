@@ -389,6 +389,19 @@ json usage_json(const Usage& u) {
 
 const char* finish_reason_name(FinishReason r) { return r == FinishReason::Length ? "length" : "stop"; }
 
+PromptRequest prompt_request(const CompletionRequest& r) {
+  PromptRequest p;
+  p.chat = r.kind == ApiKind::Chat;
+  p.prompt = r.prompt;
+  p.messages = r.messages;
+  if (r.rag) {
+    p.context = &r.rag->context;
+    if (r.rag->retrieve) p.retrieve = &*r.rag->retrieve;
+  }
+  p.cache_scope = r.cache_scope;
+  return p;
+}
+
 void check_vocab(const CompletionRequest& r, int32_t n_vocab) {
   for (const auto& [id, bias] : r.sampling.sampler.logit_bias)
     if (id >= n_vocab)

@@ -16,6 +16,7 @@
 
 #include "engine/engine.h"
 #include "prompt/chat_template.h"
+#include "prompt/request_prompt.h"
 #include "retrieval/rag_request.h"
 
 namespace depcache {
@@ -47,12 +48,6 @@ std::string json_text(const nlohmann::json& j);
 inline constexpr int kMaxJsonDepth = 64;
 
 // The "rag" object of a request: what depcache adds to the OpenAI API.
-struct RetrieveSpec {
-  std::string from;          // "corpus" or "kg"; empty: whichever the server loaded
-  size_t top_k = 0;          // chunks, or paths per entity (0: 5 chunks, 30 paths)
-  size_t max_entities = 10;  // entities linked from the question
-  int hops = 2;              // longest relation path
-};
 struct RagExtension {
   std::string strategy;  // empty: the server's default
   // Context given with the request (documents, entities or text); the
@@ -86,6 +81,8 @@ struct CompletionRequest {
 // naming the field at fault.
 CompletionRequest parse_completion_request(std::string_view body, uint64_t random_seed);
 CompletionRequest parse_chat_request(std::string_view body, uint64_t random_seed);
+// What the request says about its prompt (views into `r`).
+PromptRequest prompt_request(const CompletionRequest& r);
 // What needs the served vocabulary: logit_bias ids (400 naming the id).
 void check_vocab(const CompletionRequest& r, int32_t n_vocab);
 

@@ -34,7 +34,7 @@ size_t pick_next(const SchedulerOptions& o, std::span<const WaitingRequest> queu
   if (queue.empty()) fail(ErrorKind::Internal, "scheduler: an empty queue");
   if (o.order == "fifo") return 0;
   for (size_t q = 0; q < queue.size(); ++q)
-    if (queue[q].passed_over >= o.starvation_bound) return q;  // waited long enough
+    if (*queue[q].passed_over >= o.starvation_bound) return q;  // waited long enough
   size_t pick = 0;
   if (o.order == "lpm") {
     int64_t best = -1;

@@ -23,7 +23,7 @@ namespace depcache {
 struct WaitingRequest {
   const std::vector<Lookup>* lookups = nullptr;  // what it will look up
   int64_t prompt_tokens = 0;
-  int passed_over = 0;  // times another request was picked while it waited
+  int* passed_over = nullptr;  // times another request was picked while it waited (read; Admission counts)
 };
 
 struct SchedulerOptions {
@@ -32,7 +32,8 @@ struct SchedulerOptions {
 };
 
 // Index into `queue` (arrival order, non-empty) of the request to serve next.
-// Reads the index (peek), never changes it. The caller counts passed_over.
+// Reads the index (peek), never changes it. Admission (strategy/admission.h)
+// decides the window and counts passed_over.
 size_t pick_next(const SchedulerOptions& options, std::span<const WaitingRequest> queue,
                  const RadixIndex& index);
 

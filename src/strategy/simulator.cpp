@@ -8,8 +8,7 @@
 
 #include "kv/pin_lease.h"
 #include "kv/radix_index.h"
-#include "strategy/lookahead.h"
-#include "strategy/scheduler.h"
+#include "strategy/admission.h"
 #include "strategy/strategy.h"
 #include "util/error.h"
 #include "util/hash.h"
@@ -66,7 +65,7 @@ int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme
 }
 
 SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const SimulationOptions& o) {
-  check_scheduler(o.scheduler);
+  const Admission admission({o.scheduler, o.window, policy_reads_lookahead(o.policy)});
   if (o.capacity_tokens < 0 || o.host_tokens < 0)
     fail(ErrorKind::InvalidInput, "capacity must not be negative");
   if (o.policy == "pgdsf" && !o.cost_model)
@@ -78,7 +77,6 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
   if (o.host_tokens > 0)
     index.attach_host(static_cast<size_t>(o.host_tokens) * kBytesPerToken, o.swap_out_once);
   if (o.cost_model) index.set_cost_model(o.cost_model);
-  const bool lookahead = o.policy == "lacr";
 
   std::vector<Prepared> reqs(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -102,25 +100,22 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
   std::vector<int> passed_over(requests.size(), 0);
   size_t next_arrival = 0;
   while (r.order.size() < requests.size()) {
-    while (queue.size() < std::max<size_t>(o.window, 1) && next_arrival < requests.size())
+    while (queue.size() < admission.window() && next_arrival < requests.size())
       queue.push_back(next_arrival++);
-    // Pick the next request: the engine's scheduler over the window.
+    // Pick the next request as the engine admits one.
     std::vector<WaitingRequest> waiting;
-    for (size_t q : queue) waiting.push_back({&reqs[q].lookups, requests[q].tokens, passed_over[q]});
-    const size_t pick = pick_next({o.scheduler, o.starvation_bound}, waiting, index);
-    for (size_t q = 0; q < queue.size(); ++q)
-      if (q != pick) ++passed_over[queue[q]];
+    for (size_t q : queue) waiting.push_back({&reqs[q].lookups, requests[q].tokens, &passed_over[q]});
+    const size_t pick = admission.pick(waiting, index);
+    Admission::admitted(waiting, pick);
     const size_t id = queue[pick];
     queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
 
-    // DepCache's future priority: nodes the pending requests will use,
-    // weighted by how soon (1 for the next, falling linearly). Refreshed
+    // DepCache's future priority from the requests still waiting, refreshed
     // before serving and again once this request's nodes are in.
     const auto refresh_lookahead = [&] {
-      if (!lookahead) return;
       std::vector<const std::vector<Lookup>*> pending;
       for (size_t q : queue) pending.push_back(&reqs[q].lookups);
-      index.set_lookahead(lookahead_weights(index, pending));
+      admission.refresh_lookahead(index, pending);
     };
     refresh_lookahead();
 

@@ -12,21 +12,23 @@
 
 #include "prompt/dep_prompt.h"
 #include "prompt/prompt_parts.h"
+#include "strategy/scheduler.h"
 #include "strategy/strategy.h"
 
 namespace depcache {
 
 struct SimulationOptions {
-  std::string policy = "lru";      // see make_policy
-  std::string scheduler = "fifo";  // fifo, lpm (longest prefix match first), lsp (longest shared prefix
-                                   // groups), ragcache (highest cached / to-compute ratio first)
-  int64_t capacity_tokens = 0;     // index budget (the hot tier), in tokens of KV
-  int64_t host_tokens = 0;         // a host tier below it (0: none)
-  bool swap_out_once = false;      // the host tier keeps copies (RAGCache)
-  size_t window = 32;              // pending requests the scheduler and LACR's lookahead see
+  std::string policy = "lru";  // see make_policy
+  // fifo, lpm (longest prefix match first), lsp (longest shared prefix
+  // groups), ragcache (highest cached / to-compute ratio first); the
+  // starvation bound: a request passed over this often goes next.
+  SchedulerOptions scheduler;
+  int64_t capacity_tokens = 0;  // index budget (the hot tier), in tokens of KV
+  int64_t host_tokens = 0;      // a host tier below it (0: none)
+  bool swap_out_once = false;   // the host tier keeps copies (RAGCache)
+  size_t window = 32;           // pending requests the scheduler and LACR's lookahead see (Admission)
   double lacr_alpha = 0.2;
   PositionScheme scheme = PositionScheme::Depth;
-  int starvation_bound = 32;  // a request passed over this often goes next
   // PGDSF's T(cached, fresh): the prefill cost table profiled on the engine
   // (required by pgdsf, which ranks by it; unused by the other policies).
   std::function<double(int64_t cached, int64_t fresh)> cost_model;

@@ -489,10 +489,10 @@ TEST(Engine, StopStringsEndTheText) {
 }
 
 // The simulator replays a stream through the same index, policies and
-// scheduler with virtual nodes; served one at a time, the engine must find
-// exactly the hits the simulator predicts, request by request, under
-// eviction. (Cost-aware policies differ by design: the engine feeds them
-// measured times, the simulator a formula.)
+// admission (scheduler, window, LACR's lookahead) with virtual nodes; served
+// one at a time, the engine must find exactly the hits the simulator
+// predicts, request by request, under eviction. (Cost-aware policies differ
+// by design: the engine feeds them measured times, the simulator a formula.)
 TEST(Engine, HitRateEqualsTheSimulators) {
   const auto model = test::random_model("tiny", DType::F32);
   const Tokenizer tok(Vocab::builtin_bytes());
@@ -519,18 +519,18 @@ TEST(Engine, HitRateEqualsTheSimulators) {
   for (const char* strategy : {"depcache", "fullreuse"}) {
     const std::vector<SimulatedRequest> prompts = simulated_requests(parts, strategy, PositionScheme::Depth);
     const int64_t distinct = distinct_kv_tokens(prompts);
-    for (const char* policy : {"lru", "lfu"})
+    for (const char* policy : {"lru", "lfu", "lacr"})
       for (const char* order : {"fifo", "lpm"}) {
         SimulationOptions so;
         so.policy = policy;
-        so.scheduler = order;
+        so.scheduler.order = order;
         so.capacity_tokens = distinct * 2 / 5;
         so.window = 8;
         so.scheme = PositionScheme::Depth;
         const SimulationResult sim = simulate(prompts, so);
         EngineOptions eo = engine_options();
         eo.policy = policy;
-        eo.scheduler = {order, so.starvation_bound};
+        eo.scheduler = so.scheduler;
         eo.window = so.window;
         eo.max_running = 1;
         eo.cache_bytes = static_cast<size_t>(so.capacity_tokens) * bytes_per_token;

@@ -20,8 +20,8 @@
 
 #include "model/model.h"
 #include "model/vocab.h"
+#include "prompt/request_prompt.h"
 #include "server/http_server.h"
-#include "server/request_prompt.h"
 #include "server/server_client.h"
 #include "test_support.h"
 
@@ -419,7 +419,7 @@ struct ChatRig {
     r.prompt = user;
     r.messages = {{"system", "Be brief."}, {"user", user}};
     PromptSources sources{&tok, ChatFormat(ChatFamily::ChatML), nullptr, nullptr, {}, special_in_text};
-    return request_prompt(r, sources).task;
+    return request_prompt(prompt_request(r), sources).task;
   }
   int64_t count(const std::vector<int32_t>& ids, const std::string& piece) {
     int64_t n = 0;
@@ -464,7 +464,7 @@ TEST(ServerHostile, SpecialTokenStringsInARagQuestionAreText) {
   tmpl.task_prefix = "<|im_start|>Q: ";  // the model's own template may hold control tokens
   const auto prompt = [&](bool special_in_text) {
     PromptSources sources{&rig.tok, ChatFormat(ChatFamily::ChatML), nullptr, nullptr, tmpl, special_in_text};
-    const PromptParts parts = request_prompt(r, sources);
+    const PromptParts parts = request_prompt(prompt_request(r), sources);
     std::vector<int32_t> all = parts.system;
     all.insert(all.end(), parts.text.begin(), parts.text.end());
     all.insert(all.end(), parts.task.begin(), parts.task.end());

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kv/radix_index.h"
+#include "strategy/admission.h"
 #include "strategy/scheduler.h"
 #include "util/error.h"
 
@@ -13,11 +14,15 @@ using Tokens = std::vector<int32_t>;
 
 struct Queue {
   std::vector<std::vector<Lookup>> lookups;
-  std::vector<WaitingRequest> waiting(std::vector<int64_t> prompt_tokens,
-                                      std::vector<int> passed = {}) const {
+  // Each request's passed-over count, one array for every waiting() view
+  // (a later call's counts replace the earlier ones).
+  std::vector<int> passed;
+  std::vector<WaitingRequest> waiting(std::vector<int64_t> prompt_tokens, std::vector<int> passed_over = {}) {
+    if (passed.empty()) passed.resize(lookups.size());
+    if (passed_over.empty()) passed_over.resize(lookups.size());
+    std::copy(passed_over.begin(), passed_over.end(), passed.begin());
     std::vector<WaitingRequest> q;
-    for (size_t i = 0; i < lookups.size(); ++i)
-      q.push_back({&lookups[i], prompt_tokens[i], passed.empty() ? 0 : passed[i]});
+    for (size_t i = 0; i < lookups.size(); ++i) q.push_back({&lookups[i], prompt_tokens[i], &passed[i]});
     return q;
   }
 };
@@ -60,6 +65,59 @@ TEST(Scheduler, StarvationBound) {
   EXPECT_EQ(pick_next({"ragcache", 4}, q.waiting({3, 4}, {4, 0}), index), 0u);
   // Among several starved requests, the oldest first.
   EXPECT_EQ(pick_next({"lpm", 4}, q.waiting({3, 4}, {5, 9}), index), 0u);
+}
+
+// Admission, as the engine and the simulator use it: the scheduler sees the
+// first `window` candidates only, an admission counts a wait for every other
+// one, and those counts reach the starvation bound.
+TEST(Admission, WindowPassedOverCountsAndStarvation) {
+  RadixIndex index(1 << 20);
+  index.insert_virtual(1, Tokens{1, 2, 3}, 1);
+  Queue q;
+  q.lookups = {{{1, {8, 8, 8}}}, {{1, {7, 7}}}, {{1, {1, 2, 3, 4}}}};
+  const Admission two({{"lpm", 3}, 2, false});
+  EXPECT_EQ(two.window(), 2u);
+  // #2 has the longest match but lies outside a window of two.
+  EXPECT_EQ(two.pick(q.waiting({3, 2, 4}), index), 0u);
+  const Admission three({{"lpm", 3}, 3, false});
+  auto waiting = q.waiting({3, 2, 4});
+  // #2 admitted three times over (a stream of such requests): #0 and #1 wait
+  // once each time, then the oldest starved one goes first.
+  for (int round = 0; round < 3; ++round) {
+    const size_t chosen = three.pick(waiting, index);
+    ASSERT_EQ(chosen, 2u) << round;
+    Admission::admitted(waiting, chosen);
+  }
+  EXPECT_EQ(q.passed, (std::vector<int>{3, 3, 0}));
+  EXPECT_EQ(three.pick(waiting, index), 0u);
+  EXPECT_EQ(Admission({{"fifo", 3}, 0, false}).window(), 1u) << "a window of 0 still admits";
+  EXPECT_THROW(Admission({{"nope", 3}, 2, false}), Error);
+}
+
+// A policy that keeps the lookahead weights it is given.
+struct LookaheadSeen : ReplacementPolicy {
+  std::unordered_map<int32_t, double>* seen;
+  explicit LookaheadSeen(std::unordered_map<int32_t, double>* s) : seen(s) {}
+  std::string_view name() const override { return "seen"; }
+  double priority(const NodeView&) const override { return 0; }
+  void set_lookahead(std::unordered_map<int32_t, double> w) override { *seen = std::move(w); }
+};
+
+// LACR's lookahead is set from the window only, and only when on.
+TEST(Admission, LookaheadFromTheWindowOnly) {
+  std::unordered_map<int32_t, double> seen{{-1, 1.0}};
+  RadixIndex index(1 << 20, std::make_unique<LookaheadSeen>(&seen));
+  index.insert_virtual(1, Tokens{1, 2}, 1);
+  index.insert_virtual(1, Tokens{5, 6}, 1);
+  const std::vector<Lookup> first{{1, {1, 2}}}, second{{1, {5, 6}}};
+  const std::vector<const std::vector<Lookup>*> waiting{&first, &second};
+  Admission({{"fifo", 3}, 2, false}).refresh_lookahead(index, waiting);
+  EXPECT_EQ(seen.size(), 1u) << "no lookahead unless asked";
+  Admission({{"fifo", 3}, 1, true}).refresh_lookahead(index, waiting);
+  EXPECT_EQ(seen.size(), 1u) << "the first request's node only, in a window of one";
+  EXPECT_EQ(seen.count(-1), 0u);
+  Admission({{"fifo", 3}, 2, true}).refresh_lookahead(index, waiting);
+  EXPECT_EQ(seen.size(), 2u);
 }
 
 }  // namespace

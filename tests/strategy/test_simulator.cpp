@@ -122,7 +122,7 @@ TEST(Simulator, SchedulersServeEveryRequestOnce) {
         tok, {std::string("e") + std::to_string(i % 4), std::string("f") + std::to_string(i % 2)}));
   for (const std::string& s : scheduler_names()) {
     SimulationOptions o;
-    o.scheduler = s;
+    o.scheduler.order = s;
     o.capacity_tokens = 1 << 20;
     const SimulationResult r = simulate(prompts, o);
     std::vector<size_t> order = r.order;
@@ -133,9 +133,9 @@ TEST(Simulator, SchedulersServeEveryRequestOnce) {
     }
   }
   SimulationOptions bad;
-  bad.scheduler = "random";
+  bad.scheduler.order = "random";
   EXPECT_THROW(simulate(prompts, bad), Error);
-  bad.scheduler = "fifo";
+  bad.scheduler.order = "fifo";
   bad.policy = "nope";
   EXPECT_THROW(simulate(prompts, bad), Error);
 }

@@ -1,6 +1,4 @@
-#include "server/request_prompt.h"
-
-#include "util/error.h"
+#include "prompt/request_prompt.h"
 
 namespace depcache {
 namespace {
@@ -13,29 +11,29 @@ constexpr std::string_view kContextMark =
 
 // Where a request retrieves from: "corpus" or "kg" (checked against what the
 // server loaded), or "" when it retrieves nothing.
-std::string retrieval_source(const CompletionRequest& r, const PromptSources& sources) {
-  if (!r.rag || !r.rag->retrieve) return {};
-  std::string from = r.rag->retrieve->from;
+std::string retrieval_source(const PromptRequest& r, const PromptSources& sources) {
+  if (!r.context || !r.retrieve) return {};
+  std::string from = r.retrieve->from;
   if (from.empty()) {
     if (sources.corpus && sources.graph)
-      throw bad_request("rag.retrieve.from", "the server has both a corpus and a graph: say which ('from')");
+      throw PromptError("rag.retrieve.from", "the server has both a corpus and a graph: say which ('from')");
     from = sources.graph ? "kg" : "corpus";
   }
   if (from == "corpus" && !sources.corpus)
-    throw bad_request("rag.retrieve", "this server has no corpus to retrieve from (start it with --corpus)");
+    throw PromptError("rag.retrieve", "this server has no corpus to retrieve from (start it with --corpus)");
   if (from != "corpus" && !sources.graph)
-    throw bad_request("rag.retrieve", "this server has no knowledge graph (start it with --kg)");
+    throw PromptError("rag.retrieve", "this server has no knowledge graph (start it with --kg)");
   return from;
 }
 
 }  // namespace
 
-RagRequest request_context(const CompletionRequest& r, const PromptSources& sources) {
-  if (!r.rag) return {};
-  RagRequest context = r.rag->context;
+RagRequest request_context(const PromptRequest& r, const PromptSources& sources) {
+  if (!r.context) return {};
+  RagRequest context = *r.context;
   const std::string from = retrieval_source(r, sources);
   if (from.empty()) return context;
-  const RetrieveSpec& spec = *r.rag->retrieve;
+  const RetrieveSpec& spec = *r.retrieve;
   if (from == "corpus") {
     context.documents =
         retrieve_documents(*sources.corpus, context.question, corpus_search(r, sources)->top_k);
@@ -60,15 +58,15 @@ using Ranges = std::vector<std::pair<size_t, size_t>>;
 
 RenderedChat rendered_chat(const PromptSources& sources, std::span<const ChatMessage> messages) {
   if (!sources.chat)
-    throw ApiError(400,
-                   "this model has no chat template; start the server with --chat-template NAME, or use "
-                   "/v1/completions");
+    throw PromptError("messages",
+                      "this model has no chat template; start the server with --chat-template NAME, or use "
+                      "/v1/completions");
   const Vocab& v = sources.tokenizer->vocab();
   const auto special = [&](int32_t id) { return id >= 0 ? sources.tokenizer->token_to_piece(id, true) : ""; };
   try {
     return sources.chat->render(messages, special(v.bos), special(v.eos));
   } catch (const Error& e) {
-    throw bad_request("messages", e.what());
+    throw PromptError("messages", e.what());
   }
 }
 
@@ -95,22 +93,21 @@ std::vector<int32_t> opening_tokens(const Tokenizer& tok, const std::string& tex
 
 }  // namespace
 
-std::optional<CorpusSearch> corpus_search(const CompletionRequest& r, const PromptSources& sources) {
+std::optional<CorpusSearch> corpus_search(const PromptRequest& r, const PromptSources& sources) {
   if (retrieval_source(r, sources) != "corpus") return std::nullopt;
-  const size_t k = r.rag->retrieve->top_k;
-  return CorpusSearch{r.rag->context.question, k ? k : 5};
+  const size_t k = r.retrieve->top_k;
+  return CorpusSearch{r.context->question, k ? k : 5};
 }
 
-PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sources,
-                           const RagRequest* given) {
+PromptParts request_prompt(const PromptRequest& r, const PromptSources& sources, const RagRequest* given) {
   const Tokenizer& tok = *sources.tokenizer;
   // Where special tokens are not parsed: the client's text, unless the
   // server lets trusted callers write them.
   const auto plain = [&](Ranges ranges) { return sources.special_in_text ? Ranges{} : ranges; };
   const PromptTemplate& rag_template = sources.prompt;
   PromptParts parts;
-  if (!r.rag) {
-    if (r.kind == ApiKind::Chat) {
+  if (!r.context) {
+    if (r.chat) {
       const RenderedChat chat = rendered_chat(sources, r.messages);
       parts.task = tok.encode(chat.text, true, true, plain(chat.text_ranges));
     } else {
@@ -122,11 +119,11 @@ PromptParts request_prompt(const CompletionRequest& r, const PromptSources& sour
   const RagRequest context = given ? *given : request_context(r, sources);
   parts = make_prompt_parts(tok, context, rag_template);
   parts.cache_scope = r.cache_scope;
-  if (r.kind == ApiKind::Completion) return parts;
+  if (!r.chat) return parts;
   // The chat format around the context: everything before the mark opens
   // the prompt (with the RAG instruction), the question and the rest of the
   // format close it.
-  std::vector<ChatMessage> messages = r.messages;
+  std::vector<ChatMessage> messages(r.messages.begin(), r.messages.end());
   messages.back().content = std::string(kContextMark) + rag_template.task_prefix + context.question;
   const RenderedChat chat = rendered_chat(sources, messages);
   // The mark is the last message's first bytes: the last text range that
