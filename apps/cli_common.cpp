@@ -95,6 +95,29 @@ void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o) {
           {"ids", SubgraphEmbedding::Ids}, {"text", SubgraphEmbedding::Text}}));
 }
 
+void add_stream_options(CLI::App* cmd, StreamOptions& o) {
+  cmd->add_option("--graph-format", o.graph_format,
+                  "How requests with entities show their graph: paths (relation paths, one tree per entity), "
+                  "csv (the request's subgraph as G-Retriever CSV, SubGCache's form), auto (csv when "
+                  "subgcache is in the run, else paths)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "paths", "csv"}));
+  add_subgcache_options(cmd, o.subgcache_options);
+  cmd->add_option("--query-batch", o.subgcache_options.batch,
+                  "subgcache: queries clustered together (consecutive in arrival order; a batch is served "
+                  "once its last query has arrived)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--rate", o.rate,
+                  "Poisson arrivals at this many requests/s instead of the file's arrival times")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rate-scale", o.rate_scale, "Divide the file's arrival times by this (2: twice the load)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", o.seed, "Seed of --rate's arrivals")->capture_default_str();
+  cmd->add_option("--limit", o.limit, "Process at most this many requests (0: all)")->capture_default_str();
+}
+
 std::string tokenizer_name(const std::string& gguf_path) {
   return gguf_path.empty() ? "built-in bytes" : gguf_path;
 }

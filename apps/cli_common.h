@@ -11,6 +11,7 @@
 
 #include "compute/dtype.h"
 #include "eval/stats.h"
+#include "eval/stream.h"
 #include "model/prompt_template.h"
 #include "model/tokenizer.h"
 #include "retrieval/bm25.h"
@@ -31,6 +32,9 @@ const std::map<std::string, StageOrder>& stage_orders();
 const char* stage_order_name(StageOrder order);
 // SubGCache's clustering: --clusters, --linkage, --subgraph-embedding.
 void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o);
+// A replayed request stream: its graph form, SubGCache's clustering and
+// query batches, arrivals (--rate, --rate-scale, --seed) and --limit.
+void add_stream_options(CLI::App* cmd, StreamOptions& o);
 
 // --prompt-system, --prompt-task-prefix, --prompt-task-suffix: the parts of
 // a prompt template given on the command line; apply() puts them over a base.

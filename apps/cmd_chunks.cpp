@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "engine/chunk_fusion.h"
 #include "engine/engine.h"
+#include "engine_options.h"
 #include "kv/radix_index.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -22,7 +23,6 @@
 #include "retrieval/bm25.h"
 #include "retrieval/rag_request.h"
 #include "strategy/chunk_reuse.h"
-#include "tier_options.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/timing.h"
@@ -89,14 +89,8 @@ void add_chunks_commands(CLI::App& app) {
       ->check(CLI::Range(size_t{0}, size_t{64}));
   cmd->add_option("--limit", o.limit, "Fuse at most this many chunks, in order of first appearance (0: all)")
       ->capture_default_str();
-  cmd->add_option("--kv-type", o.kv_type, "KV storage (as the runs that will use them): f16 or f32")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f16", "f32"}));
-  cmd->add_option("--cache-mib", o.cache_mib, "Hot tier of the index while fusing (MiB)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1048576.0));
-  cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
-  add_tier_options(*cmd, o.tiers);
+  add_kv_storage_options(*cmd, o.kv_type, o.cache_mib, o.tiers);
+  add_threads_option(*cmd, o.threads);
   cmd->callback([] { fuse(o); });
 }
 

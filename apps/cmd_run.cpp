@@ -87,12 +87,7 @@ void sweep_rates(const std::vector<std::string>& names, const std::vector<RagReq
   if (o.report_path.empty()) return;
   open_output(o.report_path) << report;
   fmt::print("wrote {}\n", o.report_path);
-  std::string plot =
-      "set logscale xy; set xlabel 'offered load (req/s)'; set ylabel 'TTFT p99 (ms)'; set key outside "
-      "right; plot ";
-  for (size_t i = 0; i < names.size(); ++i)
-    plot += fmt::format("{}$DATA index {} using 1:2 with linespoints title '{}'", i ? ", " : "", i, names[i]);
-  plot_beside(o.report_path, sweep_plot_data(names, sweeps), plot);
+  plot_beside(o.report_path, sweep_plot_data(names, sweeps), sweep_plot_commands(names));
 }
 
 // The model's description and what positions dependency attention runs
@@ -157,12 +152,7 @@ void run_command(RunOptions& o) {
   const Tokenizer tok(Vocab::from_gguf(model->file()));
   const Stream s = prepare_stream(read_requests(o.requests_path), std::move(warm), o.stream, tok,
                                   model->config().prompt, o.max_tokens);
-  const int64_t need = s.largest_rows;
-  const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::max(need, std::min(s.total_rows, 8 * need));
-  if (need > n_ctx)
-    fail(ErrorKind::LimitExceeded,
-         "request {} needs {} KV rows (prompt + {} generated tokens), more than the context size {}",
-         s.largest, need, o.max_tokens, n_ctx);
+  const int64_t need = s.largest_rows, n_ctx = pool_rows(s, o.ctx, o.max_tokens);
   if (const int n_train = model->config().n_ctx_train; n_train > 0 && need > n_train)
     fmt::print(
         stderr,
@@ -217,19 +207,8 @@ void add_run_command(CLI::App& app) {
                      "as CSV too)",
                      fmt::join(strategy_names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--graph-format", o.stream.graph_format,
-                  "How requests with entities show their graph: paths (relation paths, one tree per entity), "
-                  "csv (the request's subgraph as G-Retriever CSV, SubGCache's form), auto (csv when "
-                  "subgcache is in the run, else paths)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "paths", "csv"}));
   add_engine_options(*cmd, o.engine);
-  add_subgcache_options(cmd, o.stream.subgcache_options);
-  cmd->add_option("--query-batch", o.stream.subgcache_options.batch,
-                  "subgcache: queries clustered together (consecutive in arrival order; a batch is served "
-                  "once its last query has arrived)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  add_stream_options(cmd, o.stream);
   cmd->add_option("-c,--ctx-size", o.ctx,
                   "Rows of the KV pool shared by running requests (default: every request's rows, at most 8x "
                   "the largest request's; at least the largest)")
@@ -237,14 +216,6 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag(
       "--serial", o.serial,
       "One request at a time, each entering when the previous one is done (no queueing, no batching)");
-  cmd->add_option("--rate", o.stream.rate,
-                  "Poisson arrivals at this many requests/s instead of the file's arrival times")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--rate-scale", o.stream.rate_scale,
-                  "Divide the file's arrival times by this (2: twice the load)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--seed", o.stream.seed, "Seed of --rate's arrivals")->capture_default_str();
   cmd->add_flag(
       "--sweep-rate", o.sweep,
       "Find, per strategy, the highest Poisson rate whose p99 TTFT stays within the SLO, and print the "
@@ -258,8 +229,6 @@ void add_run_command(CLI::App& app) {
                   "Tokens to generate per request (greedy; the first is TTFT)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--limit", o.stream.limit, "Process at most this many requests (0: all)")
-      ->capture_default_str();
   cmd->add_option("--warmup", o.warmup_path,
                   "Request file served first, one at a time and unmeasured, by each strategy on its own "
                   "engine (fills the caches the stream starts from)");

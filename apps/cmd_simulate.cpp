@@ -15,6 +15,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine.h"
+#include "engine_options.h"
 #include "kv/policy.h"
 #include "model/model.h"
 #include "prompt/prompt_parts.h"
@@ -201,12 +202,65 @@ void run_grid(const SimulateOptions& o, const Tokenizer& tok, const PromptTempla
   plot_beside(o.report_path, dat, plot);
 }
 
-}  // namespace
+void print_result(const SimulateOptions& o, const std::string& spec, const SimulationResult& r,
+                  int64_t capacity, int64_t distinct) {
+  if (o.json) {
+    fmt::print("{}\n", nlohmann::json{{"policy", spec},
+                                      {"requests", r.n_requests},
+                                      {"capacity_tokens", capacity},
+                                      {"distinct_kv_tokens", distinct},
+                                      {"token_hit_rate", r.token_hit_rate},
+                                      {"item_hit_rate", r.item_hit_rate},
+                                      {"prompt_tokens", r.prompt_tokens},
+                                      {"cached_tokens", r.cached_tokens},
+                                      {"evicted_nodes", r.evicted_nodes},
+                                      {"swapped_out_tokens", r.swapped_out_tokens},
+                                      {"swap_outs_saved", r.swap_outs_saved}}
+                           .dump());
+  } else {
+    fmt::print("{:<10} token hit rate {:5.1f}%   document hit rate {:5.1f}%   ({} nodes evicted", spec,
+               100 * r.token_hit_rate, 100 * r.item_hit_rate, r.evicted_nodes);
+    if (o.host_capacity != "0")
+      fmt::print("; {} tokens swapped out, {} swap-outs saved", r.swapped_out_tokens, r.swap_outs_saved);
+    fmt::print(")\n");
+  }
+}
 
-void add_simulate_command(CLI::App& app) {
-  static SimulateOptions o;
-  CLI::App* cmd = app.add_subcommand(
-      "simulate", "Replay a request stream through the KV index and a replacement policy (no model)");
+void run_simulate(const SimulateOptions& o) {
+  const Tokenizer tok = tokenizer_from(o.vocab_path);
+  const PromptTemplate tmpl = prompt_template_from(o.vocab_path);
+  const PositionScheme scheme = *parse_position_scheme(o.scheme);
+  for (const std::string& spec : split_list(o.grid ? "pgdsf" : o.policies))
+    if (parse_policy_spec(spec).first == "pgdsf" && o.cost_model_path.empty())
+      throw CLI::ValidationError("--cost-model",
+                                 "pgdsf ranks by a profiled prefill cost table: give a model");
+  const auto cost = profiled_cost_model(o);
+  if (o.grid) return run_grid(o, tok, tmpl, scheme, cost);
+  if (o.requests_path.empty() && o.kg_path.empty()) throw CLI::ValidationError("give --requests or --kg");
+  std::vector<RagRequest> reqs;
+  if (!o.requests_path.empty()) {
+    reqs = read_requests(o.requests_path);
+  } else {
+    const KnowledgeGraph graph = KnowledgeGraph::load(o.kg_path);
+    GraphQaOptions qopt;
+    qopt.seed = o.seed;
+    reqs = graph_stream(graph, make_graph_qa(graph, qopt), o.workload, o);
+  }
+  const std::vector<SimulatedRequest> prompts = prompts_of(reqs, tok, tmpl, o.strategy, scheme);
+  const int64_t distinct = distinct_kv_tokens(prompts);
+  const int64_t capacity = parse_capacity(o.capacity, distinct);
+  if (!o.json)
+    fmt::print("{} requests; distinct KV {} tokens; capacity {} tokens ({:.1f}%)\n", reqs.size(), distinct,
+               capacity,
+               distinct ? 100.0 * static_cast<double>(capacity) / static_cast<double>(distinct) : 0.0);
+  for (const std::string& spec : split_list(o.policies)) {
+    const SimulationResult r =
+        simulate(prompts, simulation_options(o, spec, capacity, distinct, scheme, cost));
+    print_result(o, spec, r, capacity, distinct);
+  }
+}
+
+void add_simulate_options(CLI::App* cmd, SimulateOptions& o) {
   auto* req = cmd->add_option("--requests", o.requests_path, "Request file (JSONL) to replay");
   auto* kg =
       cmd->add_option("--kg", o.kg_path, "KG file: generate the stream (DepCache's synthetic GraphRAG QA)");
@@ -238,11 +292,8 @@ void add_simulate_command(CLI::App& app) {
                   "GGUF model whose prefill cost table (T(cached, new), profiled on this machine) PGDSF "
                   "ranks by; required by pgdsf")
       ->check(CLI::ExistingFile);
-  cmd->add_option("-t,--threads", o.threads, "Threads of the profiling (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--window", o.window, "Pending requests seen by schedulers and LACR's lookahead")
-      ->capture_default_str()
-      ->check(CLI::Range(size_t{1}, size_t{4096}));
+  add_threads_option(*cmd, o.threads);
+  add_window_option(*cmd, o.window);
   cmd->add_option("--alpha", o.alpha, "LACR's α (history weight)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
@@ -259,58 +310,16 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--report", o.report_path,
                   "With --grid: write the Markdown table here (and a PNG beside it)");
   cmd->add_flag("--json", o.json, "Print one JSON object per policy");
-  cmd->callback([] {
-    const Tokenizer tok = tokenizer_from(o.vocab_path);
-    const PromptTemplate tmpl = prompt_template_from(o.vocab_path);
-    const PositionScheme scheme = *parse_position_scheme(o.scheme);
-    for (const std::string& spec : split_list(o.grid ? "pgdsf" : o.policies))
-      if (parse_policy_spec(spec).first == "pgdsf" && o.cost_model_path.empty())
-        throw CLI::ValidationError("--cost-model",
-                                   "pgdsf ranks by a profiled prefill cost table: give a model");
-    const auto cost = profiled_cost_model(o);
-    if (o.grid) return run_grid(o, tok, tmpl, scheme, cost);
-    if (o.requests_path.empty() && o.kg_path.empty()) throw CLI::ValidationError("give --requests or --kg");
-    std::vector<RagRequest> reqs;
-    if (!o.requests_path.empty()) {
-      reqs = read_requests(o.requests_path);
-    } else {
-      const KnowledgeGraph graph = KnowledgeGraph::load(o.kg_path);
-      GraphQaOptions qopt;
-      qopt.seed = o.seed;
-      reqs = graph_stream(graph, make_graph_qa(graph, qopt), o.workload, o);
-    }
-    const std::vector<SimulatedRequest> prompts = prompts_of(reqs, tok, tmpl, o.strategy, scheme);
-    const int64_t distinct = distinct_kv_tokens(prompts);
-    const int64_t capacity = parse_capacity(o.capacity, distinct);
-    if (!o.json)
-      fmt::print("{} requests; distinct KV {} tokens; capacity {} tokens ({:.1f}%)\n", reqs.size(), distinct,
-                 capacity,
-                 distinct ? 100.0 * static_cast<double>(capacity) / static_cast<double>(distinct) : 0.0);
-    for (const std::string& spec : split_list(o.policies)) {
-      const SimulationResult r =
-          simulate(prompts, simulation_options(o, spec, capacity, distinct, scheme, cost));
-      if (o.json) {
-        fmt::print("{}\n", nlohmann::json{{"policy", spec},
-                                          {"requests", r.n_requests},
-                                          {"capacity_tokens", capacity},
-                                          {"distinct_kv_tokens", distinct},
-                                          {"token_hit_rate", r.token_hit_rate},
-                                          {"item_hit_rate", r.item_hit_rate},
-                                          {"prompt_tokens", r.prompt_tokens},
-                                          {"cached_tokens", r.cached_tokens},
-                                          {"evicted_nodes", r.evicted_nodes},
-                                          {"swapped_out_tokens", r.swapped_out_tokens},
-                                          {"swap_outs_saved", r.swap_outs_saved}}
-                               .dump());
-      } else {
-        fmt::print("{:<10} token hit rate {:5.1f}%   document hit rate {:5.1f}%   ({} nodes evicted", spec,
-                   100 * r.token_hit_rate, 100 * r.item_hit_rate, r.evicted_nodes);
-        if (o.host_capacity != "0")
-          fmt::print("; {} tokens swapped out, {} swap-outs saved", r.swapped_out_tokens, r.swap_outs_saved);
-        fmt::print(")\n");
-      }
-    }
-  });
+}
+
+}  // namespace
+
+void add_simulate_command(CLI::App& app) {
+  static SimulateOptions o;
+  CLI::App* cmd = app.add_subcommand(
+      "simulate", "Replay a request stream through the KV index and a replacement policy (no model)");
+  add_simulate_options(cmd, o);
+  cmd->callback([] { run_simulate(o); });
 }
 
 }  // namespace depcache::cli

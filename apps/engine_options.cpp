@@ -9,14 +9,29 @@
 
 namespace depcache::cli {
 
-void add_engine_options(CLI::App& cmd, EngineArgs& a) {
-  cmd.add_option("--kv-type", a.kv_type, "KV storage: f16 or f32")
+void add_kv_storage_options(CLI::App& cmd, std::string& kv_type, double& cache_mib, TierOptions& tiers) {
+  cmd.add_option("--kv-type", kv_type, "KV storage: f16 or f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"f16", "f32"}));
-  cmd.add_option("--cache-mib", a.cache_mib, "Byte budget of the KV index's hot tier in MiB")
+  cmd.add_option("--cache-mib", cache_mib, "Byte budget of the KV index's hot tier in MiB")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1048576.0));
-  add_tier_options(cmd, a.tiers);
+  add_tier_options(cmd, tiers);
+}
+
+void add_window_option(CLI::App& cmd, size_t& window) {
+  cmd.add_option("--window", window, "Queued requests LACR's lookahead and the scheduler see")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+}
+
+void add_threads_option(CLI::App& cmd, int& threads) {
+  cmd.add_option("-t,--threads", threads, "Compute threads (default: one per core)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+void add_engine_options(CLI::App& cmd, EngineArgs& a) {
+  add_kv_storage_options(cmd, a.kv_type, a.cache_mib, a.tiers);
   cmd.add_option("--policy", a.policy,
                  "Replacement policy of the index: auto (each strategy's own: lacr for depcache, pgdsf for "
                  "ragcache, cachecraft for cachecraft, lru for the others), lru, lfu, gdsf, pgdsf, lacr, "
@@ -31,9 +46,7 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
                  "A waiting request passed over this many times goes next (all orders but fifo)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd.add_option("--window", a.window, "Queued requests LACR's lookahead and the scheduler see")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  add_window_option(cmd, a.window);
   cmd.add_option("--prefetch", a.prefetch,
                  "Waiting requests whose spans are loaded into the hot tier while a step computes")
       ->capture_default_str()
@@ -51,7 +64,7 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_flag("--no-wait-for-shared", a.no_wait_for_shared,
                "Admit a request beside a prefill under way that computes some of its tokens (by default it "
                "waits for that prefill and reuses them)");
-  cmd.add_option("-t,--threads", a.threads, "Compute threads (default: one per core)");
+  add_threads_option(cmd, a.threads);
   cmd.add_option("--scheme", a.scheme,
                  "depcache positions: auto (the model's depcache.position_scheme, else sequential), "
                  "sequential or stacked (closer to full attention; moved subtrees reused approximately), "

@@ -1,9 +1,8 @@
 #pragma once
 // The engine's options, declared once for every command that runs an engine
-// over a request stream (run, serve): KV storage, the index and its tiers,
-// the replacement policy, the scheduler, batching, positions. A strategy's
-// own defaults (strategy/profile.h) fill what the command line leaves on
-// "auto"; what it sets applies to every strategy.
+// over a request stream (run, serve; some of them for chunks and simulate): KV storage, the index and its
+// tiers, the replacement policy, the scheduler, batching, positions. A strategy's own defaults
+// (strategy/profile.h) fill what the command line leaves on "auto"; what it sets applies to every strategy.
 #include <CLI/CLI.hpp>
 #include <string>
 #include <string_view>
@@ -32,6 +31,12 @@ struct EngineArgs {
 
 // Declares them on `cmd` (run, serve).
 void add_engine_options(CLI::App& cmd, EngineArgs& a);
+// Groups of them, for commands that run an engine for one job (chunks fuse)
+// or replay its index without a model (simulate): --kv-type, --cache-mib
+// and the lower tiers; --window; -t/--threads.
+void add_kv_storage_options(CLI::App& cmd, std::string& kv_type, double& cache_mib, TierOptions& tiers);
+void add_window_option(CLI::App& cmd, size_t& window);
+void add_threads_option(CLI::App& cmd, int& threads);
 
 // What a strategy runs with: its profile under what the command line set.
 struct ResolvedEngine {

@@ -278,6 +278,15 @@ std::string sweep_markdown(const std::vector<std::string>& names, const std::vec
   return md + "\n" + curve;
 }
 
+std::string sweep_plot_commands(const std::vector<std::string>& names) {
+  std::string plot =
+      "set logscale xy; set xlabel 'offered load (req/s)'; set ylabel 'TTFT p99 (ms)'; set key outside "
+      "right; plot ";
+  for (size_t i = 0; i < names.size(); ++i)
+    plot += fmt::format("{}$DATA index {} using 1:2 with linespoints title '{}'", i ? ", " : "", i, names[i]);
+  return plot;
+}
+
 std::string sweep_plot_data(const std::vector<std::string>& names, const std::vector<RateSweep>& sweeps) {
   std::string data;
   for (size_t k = 0; k < names.size(); ++k) {

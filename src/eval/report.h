@@ -44,5 +44,8 @@ RateSweep sweep_rate(
 // curve), and as gnuplot data blocks ("rate p99", one per strategy).
 std::string sweep_markdown(const std::vector<std::string>& names, const std::vector<RateSweep>& sweeps);
 std::string sweep_plot_data(const std::vector<std::string>& names, const std::vector<RateSweep>& sweeps);
+// The gnuplot commands that draw sweep_plot_data ('$DATA'): TTFT p99 against
+// offered load, one line per strategy, both axes logarithmic.
+std::string sweep_plot_commands(const std::vector<std::string>& names);
 
 }  // namespace depcache

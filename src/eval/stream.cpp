@@ -54,4 +54,14 @@ Stream prepare_stream(std::vector<RagRequest> requests, std::vector<RagRequest> 
   return s;
 }
 
+int64_t pool_rows(const Stream& s, int64_t ctx, int max_tokens) {
+  const int64_t need = s.largest_rows;
+  const int64_t rows = ctx > 0 ? ctx : std::max(need, std::min(s.total_rows, 8 * need));
+  if (need > rows)
+    fail(ErrorKind::LimitExceeded,
+         "request {} needs {} KV rows (prompt + {} generated tokens), more than the context size {}",
+         s.largest, need, max_tokens, rows);
+  return rows;
+}
+
 }  // namespace depcache

@@ -44,4 +44,9 @@ Stream prepare_stream(std::vector<RagRequest> requests, std::vector<RagRequest> 
                       const StreamOptions& o, const Tokenizer& tok, const PromptTemplate& tmpl,
                       int max_tokens);
 
+// Rows of the KV pool a replay of `s` runs with: `ctx` when given (> 0),
+// else every request's rows, at most 8x the largest request's and at least
+// those. LimitExceeded when the largest request needs more than `ctx`.
+int64_t pool_rows(const Stream& s, int64_t ctx, int max_tokens);
+
 }  // namespace depcache
