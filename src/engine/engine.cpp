@@ -577,8 +577,11 @@ void Engine::run_until_idle() {
 }
 
 PrefillCostTable Engine::profile_prefill_cost(int64_t max_tokens) {
-  KvAssembly scratch(model_->config(), max_tokens, options_.kv_type);
-  return depcache::profile_prefill_cost(fwd_, scratch, max_tokens);
+  // Timed in the pool's own rows, which no request holds yet: no second
+  // assembly beside the pool.
+  if (!waiting_.empty() || n_running() > 0 || pool_.n_free() != pool_.n_rows())
+    fail(ErrorKind::Internal, "the prefill cost is profiled before any request is submitted");
+  return depcache::profile_prefill_cost(fwd_, pool_.kv(), std::min(max_tokens, pool_.n_rows()));
 }
 
 const RequestResult& Engine::wait(RequestId id) {

@@ -188,8 +188,8 @@ class Engine {
   // Tokens that prefills stopped midway (cancelled, preempted) left in the index.
   int64_t kept_partial_tokens() const { return kept_partial_; }
   // PGDSF's cost of recomputing tokens after cached ones, timed on this
-  // machine with this model (engine/cost_profile.h) on a scratch assembly of
-  // max_tokens rows; call while no request runs.
+  // machine with this model (engine/cost_profile.h) in the pool's first
+  // max_tokens rows; call before submitting any request (Internal otherwise).
   PrefillCostTable profile_prefill_cost(int64_t max_tokens);
   RadixIndex& index() { return index_; }
   KvPool& pool() { return pool_; }
