@@ -262,38 +262,73 @@ int hostile_exchange(const std::string& host, int port, Hostile kind, double lim
   return reply.starts_with("HTTP/1.1 ") ? std::atoi(reply.c_str() + 9) : 0;
 }
 
-void run(const LoadOptions& o) {
-  std::vector<RagRequest> reqs = read_requests(o.requests_path);
-  if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
-  if (reqs.empty()) fail(ErrorKind::InvalidInput, "{} holds no requests", o.requests_path);
+// When each request arrives, in seconds from the start: Poisson (--rate),
+// the file's times scaled (--rate-scale), or zeros for a closed loop (a
+// request then arrives when a client is free).
+std::vector<double> arrival_times(const LoadOptions& o, const std::vector<RagRequest>& reqs) {
   std::vector<double> arrival(reqs.size(), 0.0);
-  const bool open_loop = o.rate > 0 || o.rate_scale > 0;
   if (o.rate > 0) {
     arrival = poisson_arrivals(reqs.size(), o.rate, o.seed);
   } else if (o.rate_scale > 0) {
     for (size_t i = 0; i < reqs.size(); ++i) arrival[i] = reqs[i].arrival_s / o.rate_scale;
     std::sort(arrival.begin(), arrival.end());
   }
+  return arrival;
+}
+
+// Before the clients' threads: a clear error when no server is there, and the
+// HTTP library's lazily built statics made on this thread (which keeps
+// ThreadSanitizer, blind inside the uninstrumented library, from seeing races).
+void check_server(const std::string& url) {
+  httplib::Client probe(url);
+  probe.set_connection_timeout(5);
+  const auto health = probe.Get("/health");
+  if (!health)
+    fail(ErrorKind::Unavailable, "no server answers at {} ({})", url, httplib::to_string(health.error()));
+  if (health->status != 200)
+    fail(ErrorKind::Unavailable, "{}/health answers {}: {}", url, health->status, health->body);
+}
+
+// Hostile clients spread over the normal stream's span, each on a thread of
+// its own, bounded in time; join() before reading the statuses.
+struct HostileClients {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::map<std::pair<Hostile, int>, size_t> status;  // (kind, status) -> count
+
+  void start(const LoadOptions& o, size_t n_requests, double span, Clock::time_point t0) {
+    if (o.hostile <= 0) return;
+    const auto n_hostile =
+        static_cast<size_t>(std::llround(static_cast<double>(n_requests) * o.hostile / (1 - o.hostile)));
+    const auto [host, port] = url_address(o.url);
+    for (size_t h = 0; h < n_hostile; ++h) {
+      const double at = span * static_cast<double>(h) / static_cast<double>(n_hostile);
+      const auto kind = static_cast<Hostile>(h % static_cast<size_t>(Hostile::kCount));
+      threads.emplace_back([this, &o, t0, at, kind, host = host, port = port] {
+        const double wait = at - seconds_since(t0);
+        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        const int got = hostile_exchange(host, port, kind, std::min(o.timeout_s, 120.0));
+        std::lock_guard lk(mu);
+        ++status[{kind, got}];
+      });
+    }
+  }
+  void join() {
+    for (std::thread& t : threads) t.join();
+  }
+};
+
+// The stream sent by o.concurrency clients; returns each request's outcome.
+std::vector<Outcome> send_stream(const LoadOptions& o, const std::vector<RagRequest>& reqs,
+                                 std::vector<double>& arrival, const std::string& path,
+                                 Clock::time_point t0) {
   httplib::Headers headers;
   if (!o.api_key.empty()) headers.emplace("Authorization", "Bearer " + o.api_key);
-  {  // Before the clients' threads: a clear error when no server is there, and the
-     // HTTP library's lazily built statics made on this thread (which keeps
-     // ThreadSanitizer, blind inside the uninstrumented library, from seeing races).
-    httplib::Client probe(o.url);
-    probe.set_connection_timeout(5);
-    const auto health = probe.Get("/health");
-    if (!health)
-      fail(ErrorKind::Unavailable, "no server answers at {} ({})", o.url, httplib::to_string(health.error()));
-    if (health->status != 200)
-      fail(ErrorKind::Unavailable, "{}/health answers {}: {}", o.url, health->status, health->body);
-  }
-  const std::string path = o.chat ? "/v1/chat/completions" : "/v1/completions";
+  const bool open_loop = o.rate > 0 || o.rate_scale > 0;
   std::vector<Outcome> outcomes(reqs.size());
   std::atomic<size_t> next{0};
-  const Clock::time_point t0 = Clock::now();
   std::vector<std::thread> clients;
-  const size_t n_clients = std::min(o.concurrency, reqs.size());
-  for (size_t c = 0; c < n_clients; ++c) {
+  for (size_t c = 0; c < std::min(o.concurrency, reqs.size()); ++c) {
     clients.emplace_back([&] {
       httplib::Client client(o.url);
       client.set_connection_timeout(10);
@@ -311,147 +346,161 @@ void run(const LoadOptions& o) {
       }
     });
   }
-  // Hostile clients spread over the normal stream's span, each on a thread
-  // of its own, bounded in time.
-  std::vector<std::thread> hostile;
-  std::mutex hostile_mu;
-  std::map<std::pair<Hostile, int>, size_t> hostile_status;  // (kind, status) -> count
-  if (o.hostile > 0) {
-    const auto n_hostile =
-        static_cast<size_t>(std::llround(static_cast<double>(reqs.size()) * o.hostile / (1 - o.hostile)));
-    const double span = open_loop && !arrival.empty() ? std::max(arrival.back(), 1.0) : 1.0;
-    const auto [host, port] = url_address(o.url);
-    for (size_t h = 0; h < n_hostile; ++h) {
-      const double at = span * static_cast<double>(h) / static_cast<double>(n_hostile);
-      const auto kind = static_cast<Hostile>(h % static_cast<size_t>(Hostile::kCount));
-      hostile.emplace_back([&, at, kind, host = host, port = port] {
-        const double wait = at - seconds_since(t0);
-        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-        const int status = hostile_exchange(host, port, kind, std::min(o.timeout_s, 120.0));
-        std::lock_guard lk(hostile_mu);
-        ++hostile_status[{kind, status}];
-      });
-    }
-  }
   for (std::thread& t : clients) t.join();
-  const double wall_s = seconds_since(t0);
-  for (std::thread& t : hostile) t.join();
+  return outcomes;
+}
 
-  // TTFT to the first token: the wait before the request could be sent plus
-  // the server's own TTFT (a token that completes no character yet sends no
-  // text, so with byte-level tokens the first text can come much later).
+// The answered requests' figures. TTFT to the first token: the wait before
+// the request could be sent plus the server's own TTFT (a token that
+// completes no character yet sends no text, so with byte-level tokens the
+// first text can come much later).
+struct Tally {
   std::vector<double> ttft, token_ttft, e2e, server_ttft, http_ms, search_ms, non_overlapped_ms;
   int64_t speculations = 0, accepted = 0;
   std::map<std::string, size_t> errors;
   int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
+};
+
+Tally tally(const std::vector<Outcome>& outcomes, const std::vector<double>& arrival) {
+  Tally t;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
     const Outcome& r = outcomes[i];
     if (!r.error.empty()) {
-      ++errors[r.error.substr(0, 120)];
+      ++t.errors[r.error.substr(0, 120)];
       continue;
     }
-    ttft.push_back(r.ttft_s * 1000);
-    e2e.push_back((r.end_s - arrival[i]) * 1000);
+    t.ttft.push_back(r.ttft_s * 1000);
+    t.e2e.push_back((r.end_s - arrival[i]) * 1000);
     if (r.server_ttft_ms >= 0) {
-      server_ttft.push_back(r.server_ttft_ms);
-      token_ttft.push_back((r.start_s - arrival[i]) * 1000 + r.server_ttft_ms);
+      t.server_ttft.push_back(r.server_ttft_ms);
+      t.token_ttft.push_back((r.start_s - arrival[i]) * 1000 + r.server_ttft_ms);
     }
-    if (r.server_total_ms >= 0) http_ms.push_back((r.end_s - r.start_s) * 1000 - r.server_total_ms);
-    prompt += r.prompt, computed += r.computed, reused += r.reused, generated += r.generated;
+    if (r.server_total_ms >= 0) t.http_ms.push_back((r.end_s - r.start_s) * 1000 - r.server_total_ms);
+    t.prompt += r.prompt, t.computed += r.computed, t.reused += r.reused, t.generated += r.generated;
     if (r.search_ms >= 0) {
-      search_ms.push_back(r.search_ms);
-      non_overlapped_ms.push_back(r.non_overlapped_ms);
-      speculations += r.speculations;
-      accepted += r.accepted ? 1 : 0;
+      t.search_ms.push_back(r.search_ms);
+      t.non_overlapped_ms.push_back(r.non_overlapped_ms);
+      t.speculations += r.speculations;
+      t.accepted += r.accepted ? 1 : 0;
     }
   }
-  const size_t n_failed = reqs.size() - ttft.size();
+  return t;
+}
+
+// The staged search's lines (requests that searched the server's corpus).
+void print_search(const Tally& t) {
+  const auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return sum / static_cast<double>(v.size());
+  };
+  fmt::print("server search ms:     mean {:.2f} p50 {:.2f} p99 {:.2f}\n", mean(t.search_ms),
+             percentile(t.search_ms, 50), percentile(t.search_ms, 99));
+  fmt::print(
+      "non-overlapped ms:    mean {:.2f} p50 {:.2f} p99 {:.2f} (search time before the answering "
+      "prefill started)\n",
+      mean(t.non_overlapped_ms), percentile(t.non_overlapped_ms, 50), percentile(t.non_overlapped_ms, 99));
+  fmt::print("speculation: {} prefills started, {} of {} searches answered by one\n", t.speculations,
+             t.accepted, t.search_ms.size());
+}
+
+// Latencies, throughput and reuse of the answered requests.
+void print_figures(const LoadOptions& o, const Tally& t, double wall_s) {
+  // The SLO is on TTFT to the first token where the server tells it (as run measures it).
+  const std::vector<double>& slo_ttft = t.token_ttft.size() == t.ttft.size() ? t.token_ttft : t.ttft;
+  const double slo = o.slo_ms > 0 ? o.slo_ms : 0;
+  const auto within = std::count_if(slo_ttft.begin(), slo_ttft.end(), [&](double x) { return x <= slo; });
+  if (!t.token_ttft.empty())
+    fmt::print("TTFT ms (first token): p50 {:.1f} p90 {:.1f} p99 {:.1f} max {:.1f}\n",
+               percentile(t.token_ttft, 50), percentile(t.token_ttft, 90), percentile(t.token_ttft, 99),
+               percentile(t.token_ttft, 100));
+  fmt::print("TTFT ms (first text):  p50 {:.1f} p90 {:.1f} p99 {:.1f} max {:.1f}\n", percentile(t.ttft, 50),
+             percentile(t.ttft, 90), percentile(t.ttft, 99), percentile(t.ttft, 100));
+  fmt::print("end to end ms:        p50 {:.1f} p99 {:.1f}\n", percentile(t.e2e, 50), percentile(t.e2e, 99));
+  if (!t.server_ttft.empty())
+    fmt::print(
+        "server TTFT ms:       p50 {:.1f} p99 {:.1f} (from arrival at the server to the first token)\n",
+        percentile(t.server_ttft, 50), percentile(t.server_ttft, 99));
+  if (!t.http_ms.empty())
+    fmt::print("HTTP layer ms:        p50 {:.1f} p99 {:.1f} (sent to received, less the server's time)\n",
+               percentile(t.http_ms, 50), percentile(t.http_ms, 99));
+  fmt::print("served {:.3f} req/s, {:.1f} generated tok/s over {:.1f} s\n", t.ttft.size() / wall_s,
+             t.generated / wall_s, wall_s);
+  fmt::print("prompt tokens {}: computed {}, reused {} ({:.1f}%)\n", t.prompt, t.computed, t.reused,
+             t.prompt ? 100.0 * t.reused / t.prompt : 0.0);
+  if (!t.search_ms.empty()) print_search(t);
+  if (slo > 0)
+    fmt::print("within the SLO (TTFT to the {} <= {} ms): {:.1f}%\n",
+               &slo_ttft == &t.token_ttft ? "first token" : "first text", slo,
+               100.0 * within / t.ttft.size());
+}
+
+// One JSON line per request (--json).
+void write_rows(const std::string& json_path, const std::vector<RagRequest>& reqs,
+                const std::vector<Outcome>& outcomes, const std::vector<double>& arrival) {
+  std::ofstream out = open_output(json_path);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Outcome& r = outcomes[i];
+    out << json({{"id", reqs[i].id},
+                 {"plain", r.plain},
+                 {"arrival_s", arrival[i]},
+                 {"start_s", r.start_s},
+                 {"status", r.status},
+                 {"error", r.error},
+                 {"ttft_ms", r.error.empty() ? r.ttft_s * 1000 : -1},
+                 {"server_ttft_ms", r.server_ttft_ms},
+                 {"ttft_token_ms", r.error.empty() && r.server_ttft_ms >= 0
+                                       ? (r.start_s - arrival[i]) * 1000 + r.server_ttft_ms
+                                       : -1},
+                 {"server_total_ms", r.server_total_ms},
+                 {"e2e_ms", (r.end_s - arrival[i]) * 1000},
+                 {"prompt_tokens", r.prompt},
+                 {"computed_tokens", r.computed},
+                 {"reused_tokens", r.reused},
+                 {"generated_tokens", r.generated},
+                 {"search_ms", r.search_ms},
+                 {"non_overlapped_ms", r.non_overlapped_ms},
+                 {"speculations", r.speculations},
+                 {"accepted", r.accepted}})
+               .dump()
+        << "\n";
+  }
+}
+
+void run(const LoadOptions& o) {
+  std::vector<RagRequest> reqs = read_requests(o.requests_path);
+  if (o.limit > 0 && reqs.size() > o.limit) reqs.resize(o.limit);
+  if (reqs.empty()) fail(ErrorKind::InvalidInput, "{} holds no requests", o.requests_path);
+  std::vector<double> arrival = arrival_times(o, reqs);
+  const bool open_loop = o.rate > 0 || o.rate_scale > 0;
+  check_server(o.url);
+  const std::string path = o.chat ? "/v1/chat/completions" : "/v1/completions";
+  const Clock::time_point t0 = Clock::now();
+  HostileClients hostile;
+  hostile.start(o, reqs.size(), open_loop && !arrival.empty() ? std::max(arrival.back(), 1.0) : 1.0, t0);
+  const std::vector<Outcome> outcomes = send_stream(o, reqs, arrival, path, t0);
+  const double wall_s = seconds_since(t0);
+  hostile.join();
+
+  const Tally t = tally(outcomes, arrival);
+  const size_t n_failed = reqs.size() - t.ttft.size();
   fmt::print("{} requests to {}{} ({}, {} clients, {}): {} answered, {} failed\n", reqs.size(), o.url, path,
              o.plain_every ? fmt::format("strategy {}, 1 in {} plain", o.strategy, o.plain_every)
                            : fmt::format("strategy {}", o.strategy),
-             n_clients,
+             std::min(o.concurrency, reqs.size()),
              o.rate > 0         ? fmt::format("Poisson {}/s", o.rate)
              : o.rate_scale > 0 ? fmt::format("the file's arrivals / {}", o.rate_scale)
                                 : std::string("closed loop"),
-             ttft.size(), n_failed);
-  for (const auto& [what, n] : errors) fmt::print("  {} x {}\n", n, what);
-  if (!hostile.empty()) {
+             t.ttft.size(), n_failed);
+  for (const auto& [what, n] : t.errors) fmt::print("  {} x {}\n", n, what);
+  if (!hostile.threads.empty()) {
     fmt::print("{} hostile clients mixed in (HTTP status they got; 0: closed without one):\n",
-               hostile.size());
-    for (const auto& [key, n] : hostile_status)
+               hostile.threads.size());
+    for (const auto& [key, n] : hostile.status)
       fmt::print("  {} x {}: {}\n", n, hostile_name(key.first), key.second);
   }
-  if (!ttft.empty()) {
-    // The SLO is on TTFT to the first token where the server tells it (as run measures it).
-    const std::vector<double>& slo_ttft = token_ttft.size() == ttft.size() ? token_ttft : ttft;
-    const double slo = o.slo_ms > 0 ? o.slo_ms : 0;
-    const auto within = std::count_if(slo_ttft.begin(), slo_ttft.end(), [&](double t) { return t <= slo; });
-    if (!token_ttft.empty())
-      fmt::print("TTFT ms (first token): p50 {:.1f} p90 {:.1f} p99 {:.1f} max {:.1f}\n",
-                 percentile(token_ttft, 50), percentile(token_ttft, 90), percentile(token_ttft, 99),
-                 percentile(token_ttft, 100));
-    fmt::print("TTFT ms (first text):  p50 {:.1f} p90 {:.1f} p99 {:.1f} max {:.1f}\n", percentile(ttft, 50),
-               percentile(ttft, 90), percentile(ttft, 99), percentile(ttft, 100));
-    fmt::print("end to end ms:        p50 {:.1f} p99 {:.1f}\n", percentile(e2e, 50), percentile(e2e, 99));
-    if (!server_ttft.empty())
-      fmt::print(
-          "server TTFT ms:       p50 {:.1f} p99 {:.1f} (from arrival at the server to the first token)\n",
-          percentile(server_ttft, 50), percentile(server_ttft, 99));
-    if (!http_ms.empty())
-      fmt::print("HTTP layer ms:        p50 {:.1f} p99 {:.1f} (sent to received, less the server's time)\n",
-                 percentile(http_ms, 50), percentile(http_ms, 99));
-    fmt::print("served {:.3f} req/s, {:.1f} generated tok/s over {:.1f} s\n", ttft.size() / wall_s,
-               generated / wall_s, wall_s);
-    fmt::print("prompt tokens {}: computed {}, reused {} ({:.1f}%)\n", prompt, computed, reused,
-               prompt ? 100.0 * reused / prompt : 0.0);
-    if (!search_ms.empty()) {
-      const auto mean = [](const std::vector<double>& v) {
-        double sum = 0;
-        for (double x : v) sum += x;
-        return sum / static_cast<double>(v.size());
-      };
-      fmt::print("server search ms:     mean {:.2f} p50 {:.2f} p99 {:.2f}\n", mean(search_ms),
-                 percentile(search_ms, 50), percentile(search_ms, 99));
-      fmt::print(
-          "non-overlapped ms:    mean {:.2f} p50 {:.2f} p99 {:.2f} (search time before the answering "
-          "prefill started)\n",
-          mean(non_overlapped_ms), percentile(non_overlapped_ms, 50), percentile(non_overlapped_ms, 99));
-      fmt::print("speculation: {} prefills started, {} of {} searches answered by one\n", speculations,
-                 accepted, search_ms.size());
-    }
-    if (slo > 0)
-      fmt::print("within the SLO (TTFT to the {} <= {} ms): {:.1f}%\n",
-                 &slo_ttft == &token_ttft ? "first token" : "first text", slo, 100.0 * within / ttft.size());
-  }
-  if (!o.json_path.empty()) {
-    std::ofstream out = open_output(o.json_path);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const Outcome& r = outcomes[i];
-      out << json({{"id", reqs[i].id},
-                   {"plain", r.plain},
-                   {"arrival_s", arrival[i]},
-                   {"start_s", r.start_s},
-                   {"status", r.status},
-                   {"error", r.error},
-                   {"ttft_ms", r.error.empty() ? r.ttft_s * 1000 : -1},
-                   {"server_ttft_ms", r.server_ttft_ms},
-                   {"ttft_token_ms", r.error.empty() && r.server_ttft_ms >= 0
-                                         ? (r.start_s - arrival[i]) * 1000 + r.server_ttft_ms
-                                         : -1},
-                   {"server_total_ms", r.server_total_ms},
-                   {"e2e_ms", (r.end_s - arrival[i]) * 1000},
-                   {"prompt_tokens", r.prompt},
-                   {"computed_tokens", r.computed},
-                   {"reused_tokens", r.reused},
-                   {"generated_tokens", r.generated},
-                   {"search_ms", r.search_ms},
-                   {"non_overlapped_ms", r.non_overlapped_ms},
-                   {"speculations", r.speculations},
-                   {"accepted", r.accepted}})
-                 .dump()
-          << "\n";
-    }
-  }
+  if (!t.ttft.empty()) print_figures(o, t, wall_s);
+  if (!o.json_path.empty()) write_rows(o.json_path, reqs, outcomes, arrival);
   if (n_failed > 0) fail(ErrorKind::Unavailable, "{} of {} requests failed", n_failed, reqs.size());
 }
 
