@@ -125,6 +125,128 @@ std::vector<ChunkHit> run_query(const ChunkIndex& index, const Options& o, const
   return hits;
 }
 
+// What a run over a batch of questions (--qa) adds up to.
+struct BatchStats {
+  std::vector<double> latencies;
+  // With --staged: how early the top-k settles (stage / stages, summed) and
+  // how many settle before the last stage.
+  double settled_fraction_sum = 0;
+  size_t n_settled_early = 0;
+  double recall_sum = 0;
+  size_t n_with_support = 0, n_titles = 0, n_found = 0, n_all_found = 0;
+
+  // The question's supporting titles among the hits, added to the totals;
+  // returns how many were found.
+  size_t count_support(const ChunkIndex& index, const QaItem& item, const std::vector<ChunkHit>& hits) {
+    size_t found = 0;
+    for (const std::string& title : item.supporting_titles)
+      found += std::any_of(hits.begin(), hits.end(),
+                           [&](const ChunkHit& h) { return index.doc_of(h.chunk).title == title; });
+    if (!item.supporting_titles.empty()) {
+      ++n_with_support;
+      n_titles += item.supporting_titles.size();
+      n_found += found;
+      n_all_found += found == item.supporting_titles.size();
+      recall_sum += static_cast<double>(found) / static_cast<double>(item.supporting_titles.size());
+    }
+    return found;
+  }
+};
+
+// One question searched, its result printed (or added to `out`'s queries).
+void answer(const ChunkIndex& index, const Options& o, const QaItem& item, size_t qi, BatchStats& st,
+            Json& out) {
+  const bool batch = !o.qa_path.empty();
+  Json stages = Json::array();
+  double ms = 0;
+  if (!batch && !o.json) fmt::print("\nquestion: {}\n", item.question);
+  size_t settled = 0, n_stages = 0;
+  const std::vector<ChunkHit> hits = run_query(index, o, item.question, !batch && o.staged > 0,
+                                               o.json ? &stages : nullptr, ms, settled, n_stages);
+  st.latencies.push_back(ms);
+  if (n_stages > 0) {
+    st.settled_fraction_sum += static_cast<double>(settled) / static_cast<double>(n_stages);
+    st.n_settled_early += settled < n_stages;
+  }
+  const size_t found = st.count_support(index, item, hits);
+  if (o.json) {
+    Json q = {{"question", item.question}, {"search_ms", ms}, {"results", hits_json(index, hits)}};
+    if (batch) {
+      q["id"] = item.id;
+      q["supporting_titles"] = item.supporting_titles;
+      q["supporting_found"] = found;
+    }
+    if (!stages.empty()) {
+      q["stages"] = std::move(stages);
+      q["settled_stage"] = settled;
+    }
+    out["queries"].push_back(std::move(q));
+  } else if (batch) {
+    fmt::print("[{:>3}] found {}/{}  {:7.3f} ms  {}\n", qi + 1, found, item.supporting_titles.size(), ms,
+               preview(item.question, 90));
+  } else {
+    if (o.staged > 0) fmt::print("final:\n");
+    print_hits(index, hits);
+    fmt::print("search: {:.3f} ms\n", ms);
+  }
+}
+
+// A batch's latency, recall and (with --staged) settling, printed or as
+// `out`'s summary.
+void summarize(const Options& o, BatchStats& st, size_t n_questions, Json& out) {
+  std::vector<double>& latencies = st.latencies;
+  std::sort(latencies.begin(), latencies.end());
+  double mean = 0;
+  for (double l : latencies) mean += l;
+  mean = latencies.empty() ? 0 : mean / static_cast<double>(latencies.size());
+  // Macro average: each question counts once, however many titles support it.
+  const double recall = st.n_with_support ? st.recall_sum / static_cast<double>(st.n_with_support) : 0.0;
+  const double n = static_cast<double>(n_questions);
+  if (o.json) {
+    out["summary"] = {
+        {"questions", n_questions},
+        {"top_k", o.top_k},
+        {"latency_ms",
+         {{"p50", percentile(latencies, 50)}, {"p99", percentile(latencies, 99)}, {"mean", mean}}},
+        {"recall_at_k", recall},
+        {"titles_found", st.n_found},
+        {"titles", st.n_titles},
+        {"questions_all_found", st.n_all_found},
+        {"questions_with_support", st.n_with_support}};
+    if (o.staged > 0)
+      out["summary"]["staged"] = {{"stages", o.staged},
+                                  {"order", stage_order_name(o.stage_order)},
+                                  {"settled_before_last", static_cast<double>(st.n_settled_early) / n},
+                                  {"mean_settled_fraction", st.settled_fraction_sum / n}};
+    return;
+  }
+  fmt::print("\nquestions: {}  top-k: {}\n", n_questions, o.top_k);
+  fmt::print("latency: p50 {:.3f} ms  p99 {:.3f} ms  mean {:.3f} ms\n", percentile(latencies, 50),
+             percentile(latencies, 99), mean);
+  fmt::print(
+      "recall@{} of supporting titles: {:.3f} (mean per question; {}/{} titles; all found for {}/{} "
+      "questions)\n",
+      o.top_k, recall, st.n_found, st.n_titles, st.n_all_found, st.n_with_support);
+  if (o.staged > 0)
+    fmt::print(
+        "staged ({} stages by {}): the top-k is final before the last stage for {:.1f}% of questions; "
+        "on average from {:.1f}% of the stages on\n",
+        o.staged, stage_order_name(o.stage_order), 100.0 * static_cast<double>(st.n_settled_early) / n,
+        100.0 * st.settled_fraction_sum / n);
+}
+
+// The questions: --qa's (at most --limit), or the one --question.
+std::vector<QaItem> questions(const Options& o) {
+  std::vector<QaItem> qa;
+  if (!o.qa_path.empty()) {
+    qa = load_qa(o.qa_path);
+    if (o.limit > 0 && qa.size() > o.limit) qa.resize(o.limit);
+  } else {
+    qa.push_back({"", o.question, {}, {}});
+  }
+  return qa;
+}
+
 void run(const Options& o) {
   Clock::time_point t0 = Clock::now();
   const Tokenizer tok = tokenizer_from(o.vocab_path);
@@ -134,13 +256,7 @@ void run(const Options& o) {
   const double load_ms = ms_since(t0);
   const size_t n_docs = corpus.docs.size();
   // Read the questions before the slow part, so a bad QA file fails fast.
-  std::vector<QaItem> qa;
-  if (!o.qa_path.empty()) {
-    qa = load_qa(o.qa_path);
-    if (o.limit > 0 && qa.size() > o.limit) qa.resize(o.limit);
-  } else {
-    qa.push_back({"", o.question, {}, {}});
-  }
+  const std::vector<QaItem> qa = questions(o);
 
   t0 = Clock::now();
   const ChunkIndex index = ChunkIndex::build(std::move(corpus), tok, o.chunking);
@@ -167,103 +283,9 @@ void run(const Options& o) {
     fmt::print("index: {} terms, built in {:.1f} ms (tokenize + chunk + BM25); load {:.1f} ms\n",
                index.bm25().n_terms(), build_ms, load_ms);
   }
-
-  const bool batch = !o.qa_path.empty();
-  std::vector<double> latencies;
-  // With --staged: how early the top-k settles (stage / stages, summed) and
-  // how many settle before the last stage.
-  double settled_fraction_sum = 0;
-  size_t n_settled_early = 0;
-  double recall_sum = 0;
-  size_t n_with_support = 0, n_titles = 0, n_found = 0, n_all_found = 0;
-  for (size_t qi = 0; qi < qa.size(); ++qi) {
-    const QaItem& item = qa[qi];
-    Json stages = Json::array();
-    double ms = 0;
-    if (!batch && !o.json) fmt::print("\nquestion: {}\n", item.question);
-    size_t settled = 0, n_stages = 0;
-    const std::vector<ChunkHit> hits = run_query(index, o, item.question, !batch && o.staged > 0,
-                                                 o.json ? &stages : nullptr, ms, settled, n_stages);
-    latencies.push_back(ms);
-    if (n_stages > 0) {
-      settled_fraction_sum += static_cast<double>(settled) / static_cast<double>(n_stages);
-      n_settled_early += settled < n_stages;
-    }
-
-    size_t found = 0;
-    for (const std::string& title : item.supporting_titles)
-      found += std::any_of(hits.begin(), hits.end(),
-                           [&](const ChunkHit& h) { return index.doc_of(h.chunk).title == title; });
-    if (!item.supporting_titles.empty()) {
-      ++n_with_support;
-      n_titles += item.supporting_titles.size();
-      n_found += found;
-      n_all_found += found == item.supporting_titles.size();
-      recall_sum += static_cast<double>(found) / static_cast<double>(item.supporting_titles.size());
-    }
-
-    if (o.json) {
-      Json q = {{"question", item.question}, {"search_ms", ms}, {"results", hits_json(index, hits)}};
-      if (batch) {
-        q["id"] = item.id;
-        q["supporting_titles"] = item.supporting_titles;
-        q["supporting_found"] = found;
-      }
-      if (!stages.empty()) {
-        q["stages"] = std::move(stages);
-        q["settled_stage"] = settled;
-      }
-      out["queries"].push_back(std::move(q));
-    } else if (batch) {
-      fmt::print("[{:>3}] found {}/{}  {:7.3f} ms  {}\n", qi + 1, found, item.supporting_titles.size(), ms,
-                 preview(item.question, 90));
-    } else {
-      if (o.staged > 0) fmt::print("final:\n");
-      print_hits(index, hits);
-      fmt::print("search: {:.3f} ms\n", ms);
-    }
-  }
-
-  if (batch) {
-    std::sort(latencies.begin(), latencies.end());
-    double mean = 0;
-    for (double l : latencies) mean += l;
-    mean = latencies.empty() ? 0 : mean / static_cast<double>(latencies.size());
-    // Macro average: each question counts once, however many titles support it.
-    const double recall = n_with_support ? recall_sum / static_cast<double>(n_with_support) : 0.0;
-    if (o.json) {
-      out["summary"] = {
-          {"questions", qa.size()},
-          {"top_k", o.top_k},
-          {"latency_ms",
-           {{"p50", percentile(latencies, 50)}, {"p99", percentile(latencies, 99)}, {"mean", mean}}},
-          {"recall_at_k", recall},
-          {"titles_found", n_found},
-          {"titles", n_titles},
-          {"questions_all_found", n_all_found},
-          {"questions_with_support", n_with_support}};
-      if (o.staged > 0)
-        out["summary"]["staged"] = {{"stages", o.staged},
-                                    {"order", stage_order_name(o.stage_order)},
-                                    {"settled_before_last", static_cast<double>(n_settled_early) / qa.size()},
-                                    {"mean_settled_fraction", settled_fraction_sum / qa.size()}};
-    } else {
-      fmt::print("\nquestions: {}  top-k: {}\n", qa.size(), o.top_k);
-      fmt::print("latency: p50 {:.3f} ms  p99 {:.3f} ms  mean {:.3f} ms\n", percentile(latencies, 50),
-                 percentile(latencies, 99), mean);
-      fmt::print(
-          "recall@{} of supporting titles: {:.3f} (mean per question; {}/{} titles; all found for {}/{} "
-          "questions)\n",
-          o.top_k, recall, n_found, n_titles, n_all_found, n_with_support);
-      if (o.staged > 0)
-        fmt::print(
-            "staged ({} stages by {}): the top-k is final before the last stage for {:.1f}% of questions; "
-            "on average from {:.1f}% of the stages on\n",
-            o.staged, stage_order_name(o.stage_order),
-            100.0 * static_cast<double>(n_settled_early) / static_cast<double>(qa.size()),
-            100.0 * settled_fraction_sum / static_cast<double>(qa.size()));
-    }
-  }
+  BatchStats st;
+  for (size_t qi = 0; qi < qa.size(); ++qi) answer(index, o, qa[qi], qi, st, out);
+  if (!o.qa_path.empty()) summarize(o, st, qa.size(), out);
   if (o.json) fmt::print("{}\n", out.dump(2, ' ', false, Json::error_handler_t::replace));
 }
 
