@@ -52,14 +52,8 @@ std::vector<QaSequence> sequences(const Tokenizer& tok, const std::vector<RagReq
 volatile std::sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-}  // namespace
-
-void add_train_command(CLI::App& app) {
-  static TrainCliOptions c;
-  static TrainerOptions t;
-  CLI::App* cmd = app.add_subcommand(
-      "train",
-      "Train or fine-tune a model on QA requests (causal or dependency attention), with checkpoints");
+// The data and the attention trained under.
+void add_data_options(CLI::App* cmd, TrainCliOptions& c) {
   cmd->add_option("--init", c.init, "Model to start from (`model new` for a fresh one, or a trained one)")
       ->required();
   cmd->add_option("--requests", c.requests,
@@ -86,6 +80,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--pack-shared-context", c.pack,
                 "Consecutive training requests over the same context form one sequence: the context once, "
                 "then each question and answer in turn (`workload generate --questions-per-context`)");
+}
+
+// The optimizer, its schedule, logging and checkpoints.
+void add_optimizer_options(CLI::App* cmd, TrainCliOptions& c, TrainerOptions& t) {
   cmd->add_option("--steps", t.adam.total_steps, "Optimizer steps")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -110,75 +108,102 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--checkpoint-every", t.checkpoint_every, "Steps between checkpoints")
       ->capture_default_str();
   cmd->add_flag("--resume", c.resume, "Continue from the checkpoint when there is one");
-  cmd->callback([] {
-    const auto t0 = Clock::now();
-    const auto init = Model::load(c.init);
-    const Tokenizer tok(Vocab::from_gguf(init->file()));
-    QaSequenceOptions qo;
-    qo.attention = c.attention == "dependency" ? TrainAttention::Dependency : TrainAttention::Causal;
-    qo.scheme = c.scheme == "depth" ? PositionScheme::Depth : PositionScheme::Sequential;
-    qo.tree_context = *parse_tree_context(c.tree_context);
-    qo.loss_on_prompt = !c.answer_loss_only;
-    qo.prompt = init->config().prompt;
-    const int64_t n_ctx = init->config().n_ctx_train;
-    const std::vector<QaSequence> train =
-        sequences(tok, read_requests(c.requests), qo, n_ctx, "training", c.pack);
-    std::vector<RagRequest> eval_requests =
-        c.eval.empty() ? std::vector<RagRequest>{} : read_requests(c.eval);
-    if (eval_requests.size() > c.eval_limit) eval_requests.resize(c.eval_limit);
-    const std::vector<QaSequence> eval = sequences(tok, eval_requests, qo, n_ctx, "held-out");
-    if (train.empty()) fail(ErrorKind::InvalidInput, "no training sequence fits the model's context");
+}
 
-    for (const auto& [k, v] : init->file().metadata())
-      if (inherited_metadata_key(k)) t.metadata.emplace_back(k, v);
-    if (qo.attention == TrainAttention::Dependency) {
-      t.metadata.emplace_back(kPositionSchemeKey, GgufValue::string(c.scheme));
-      t.metadata.emplace_back(kTreeContextKey, GgufValue::string(c.tree_context));
-    }
-    t.checkpoint = c.checkpoint.empty() ? c.out + ".ckpt" : c.checkpoint;
-    t.log = c.log;
-    ThreadPool pool(c.threads);
-    Trainer trainer(ParamSet::from_model(*init), t, pool);
-    if (c.resume && trainer.checkpoint_exists()) {
-      trainer.resume();
-      fmt::print(stderr, "resumed from {} at step {}\n", t.checkpoint.string(), trainer.step());
-      if (trainer.resumed_total_steps() != 0 && trainer.resumed_total_steps() != t.adam.total_steps)
-        fmt::print(
-            stderr,
-            "note: the checkpoint's run was of {} steps, this one is of {}: the learning rate schedule "
-            "changes from here\n",
-            trainer.resumed_total_steps(), t.adam.total_steps);
-    }
-    int64_t n_tokens = 0;
-    for (const QaSequence& s : train) n_tokens += static_cast<int64_t>(s.sequence.tokens.size());
+QaSequenceOptions sequence_options(const TrainCliOptions& c, const Model& init) {
+  QaSequenceOptions qo;
+  qo.attention = c.attention == "dependency" ? TrainAttention::Dependency : TrainAttention::Causal;
+  qo.scheme = c.scheme == "depth" ? PositionScheme::Depth : PositionScheme::Sequential;
+  qo.tree_context = *parse_tree_context(c.tree_context);
+  qo.loss_on_prompt = !c.answer_loss_only;
+  qo.prompt = init.config().prompt;
+  return qo;
+}
+
+// Resumes from the checkpoint when asked and there is one, saying so.
+void resume_if_asked(const TrainCliOptions& c, const TrainerOptions& t, Trainer& trainer) {
+  if (!c.resume || !trainer.checkpoint_exists()) return;
+  trainer.resume();
+  fmt::print(stderr, "resumed from {} at step {}\n", t.checkpoint.string(), trainer.step());
+  if (trainer.resumed_total_steps() != 0 && trainer.resumed_total_steps() != t.adam.total_steps)
     fmt::print(stderr,
-               "training on {} sequences ({:.1f} tokens each), {} held out; {} attention{}; {} steps of {}\n",
-               train.size(), static_cast<double>(n_tokens) / static_cast<double>(train.size()), eval.size(),
-               c.attention,
-               qo.attention == TrainAttention::Dependency
-                   ? ", " + c.scheme + " positions, trees see " +
-                         (c.tree_context == "none" ? "only themselves" : "the system text")
-                   : "",
-               t.adam.total_steps, t.batch_size);
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, nullptr);
-    sigaction(SIGTERM, &action, nullptr);
-    const bool finished = trainer.train(
-        train, eval, [](const std::string& line) { fmt::print(stderr, "{}\n", line); },
-        [] { return g_stop_signal != 0; });
-    if (!finished) {
-      const int sig = g_stop_signal;
-      fmt::print(stderr, "{} at step {}: checkpoint {} written; the same command with --resume continues\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", trainer.step(), t.checkpoint.string());
-      throw ExitCode{128 + sig};
-    }
-    const std::string name = init->file().get_string_or("general.name").value_or("depcache-trained");
-    const RandomModelReport r = trainer.params().write_gguf(c.out, name, DType::F32, t.metadata);
-    fmt::print("wrote {}: {:.2f} M params, {:.2f} MiB, in {:.1f} s\n", c.out, r.n_params / 1e6,
-               r.file_bytes / 1048576.0, seconds_since(t0));
-  });
+               "note: the checkpoint's run was of {} steps, this one is of {}: the learning rate schedule "
+               "changes from here\n",
+               trainer.resumed_total_steps(), t.adam.total_steps);
+}
+
+// Trains until done or stopped by SIGINT/SIGTERM (then exits 128 + the
+// signal after the checkpoint).
+void train_until_done_or_stopped(Trainer& trainer, const TrainerOptions& t,
+                                 const std::vector<QaSequence>& train, const std::vector<QaSequence>& eval) {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  const bool finished = trainer.train(
+      train, eval, [](const std::string& line) { fmt::print(stderr, "{}\n", line); },
+      [] { return g_stop_signal != 0; });
+  if (finished) return;
+  const int sig = g_stop_signal;
+  fmt::print(stderr, "{} at step {}: checkpoint {} written; the same command with --resume continues\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", trainer.step(), t.checkpoint.string());
+  throw ExitCode{128 + sig};
+}
+
+void run_train(const TrainCliOptions& c, TrainerOptions t) {
+  const auto t0 = Clock::now();
+  const auto init = Model::load(c.init);
+  const Tokenizer tok(Vocab::from_gguf(init->file()));
+  const QaSequenceOptions qo = sequence_options(c, *init);
+  const int64_t n_ctx = init->config().n_ctx_train;
+  const std::vector<QaSequence> train =
+      sequences(tok, read_requests(c.requests), qo, n_ctx, "training", c.pack);
+  std::vector<RagRequest> eval_requests = c.eval.empty() ? std::vector<RagRequest>{} : read_requests(c.eval);
+  if (eval_requests.size() > c.eval_limit) eval_requests.resize(c.eval_limit);
+  const std::vector<QaSequence> eval = sequences(tok, eval_requests, qo, n_ctx, "held-out");
+  if (train.empty()) fail(ErrorKind::InvalidInput, "no training sequence fits the model's context");
+
+  for (const auto& [k, v] : init->file().metadata())
+    if (inherited_metadata_key(k)) t.metadata.emplace_back(k, v);
+  if (qo.attention == TrainAttention::Dependency) {
+    t.metadata.emplace_back(kPositionSchemeKey, GgufValue::string(c.scheme));
+    t.metadata.emplace_back(kTreeContextKey, GgufValue::string(c.tree_context));
+  }
+  t.checkpoint = c.checkpoint.empty() ? c.out + ".ckpt" : c.checkpoint;
+  t.log = c.log;
+  ThreadPool pool(c.threads);
+  Trainer trainer(ParamSet::from_model(*init), t, pool);
+  resume_if_asked(c, t, trainer);
+  int64_t n_tokens = 0;
+  for (const QaSequence& s : train) n_tokens += static_cast<int64_t>(s.sequence.tokens.size());
+  fmt::print(stderr,
+             "training on {} sequences ({:.1f} tokens each), {} held out; {} attention{}; {} steps of {}\n",
+             train.size(), static_cast<double>(n_tokens) / static_cast<double>(train.size()), eval.size(),
+             c.attention,
+             qo.attention == TrainAttention::Dependency
+                 ? ", " + c.scheme + " positions, trees see " +
+                       (c.tree_context == "none" ? "only themselves" : "the system text")
+                 : "",
+             t.adam.total_steps, t.batch_size);
+  train_until_done_or_stopped(trainer, t, train, eval);
+  const std::string name = init->file().get_string_or("general.name").value_or("depcache-trained");
+  const RandomModelReport r = trainer.params().write_gguf(c.out, name, DType::F32, t.metadata);
+  fmt::print("wrote {}: {:.2f} M params, {:.2f} MiB, in {:.1f} s\n", c.out, r.n_params / 1e6,
+             r.file_bytes / 1048576.0, seconds_since(t0));
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  static TrainCliOptions c;
+  static TrainerOptions t;
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train or fine-tune a model on QA requests (causal or dependency attention), with checkpoints");
+  add_data_options(cmd, c);
+  add_optimizer_options(cmd, c, t);
+  cmd->callback([] { run_train(c, t); });
 }
 
 }  // namespace depcache::cli
