@@ -112,6 +112,19 @@ void add_import_command(CLI::App* kg) {
   });
 }
 
+// Relations, most triples first (ties by name), at most `top` (0: all).
+std::vector<RelationId> relations_by_triples(const KnowledgeGraph& g, const std::vector<size_t>& per_relation,
+                                             size_t top) {
+  std::vector<RelationId> order(g.n_relations());
+  for (RelationId r = 0; r < order.size(); ++r) order[r] = r;
+  std::sort(order.begin(), order.end(), [&](RelationId a, RelationId b) {
+    return per_relation[a] != per_relation[b] ? per_relation[a] > per_relation[b]
+                                              : g.relation_name(a) < g.relation_name(b);
+  });
+  if (top != 0 && order.size() > top) order.resize(top);
+  return order;
+}
+
 void add_stats_command(CLI::App* kg) {
   CLI::App* cmd = kg->add_subcommand("stats", "Describe a KG file: sizes, degrees, relations");
   static std::string path;
@@ -141,13 +154,7 @@ void add_stats_command(CLI::App* kg) {
       n_self_loops += t.head == t.tail;
       ++per_relation[t.relation];
     }
-    std::vector<RelationId> order(g.n_relations());
-    for (RelationId r = 0; r < order.size(); ++r) order[r] = r;
-    std::sort(order.begin(), order.end(), [&](RelationId a, RelationId b) {
-      return per_relation[a] != per_relation[b] ? per_relation[a] > per_relation[b]
-                                                : g.relation_name(a) < g.relation_name(b);
-    });
-    if (top != 0 && order.size() > top) order.resize(top);
+    const std::vector<RelationId> order = relations_by_triples(g, per_relation, top);
     std::vector<size_t> sorted = degree;
     std::sort(sorted.begin(), sorted.end());
     const double mean = n ? static_cast<double>(total) / static_cast<double>(n) : 0.0;

@@ -42,31 +42,47 @@ void print_paths(const KnowledgeGraph& kg, const EntityPaths& r, const std::stri
     for (const std::string& t : r.kept_text) fmt::print("{}\n", t);
 }
 
-void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
-  const auto t_link = Clock::now();
-  const EntityLinker linker(kg);
-  const double index_ms = ms_since(t_link);
+// The entities a query starts from (--entity, or linked from --question)
+// and how each was found.
+struct LinkedEntities {
   std::vector<EntityId> entities;
   std::vector<std::string> how;
-  auto t0 = Clock::now();
+  double link_ms = 0;
+};
+
+LinkedEntities link_entities(const EntityLinker& linker, const PathsOptions& o) {
+  LinkedEntities out;
+  const auto t0 = Clock::now();
   if (!o.entity.empty()) {
-    entities.push_back(linker.resolve(o.entity));
-    how.push_back(fmt::format("resolved from \"{}\"", o.entity));
+    out.entities.push_back(linker.resolve(o.entity));
+    out.how.push_back(fmt::format("resolved from \"{}\"", o.entity));
   } else {
     if (o.question.empty()) throw CLI::ValidationError("give --entity, --question or --benchmark");
     LinkOptions lopt;
     lopt.max_entities = o.n_entities;
     for (const LinkedEntity& l : linker.link(o.question, lopt)) {
-      entities.push_back(l.entity);
-      how.push_back(fmt::format("{} match \"{}\"",
-                                l.how == LinkKind::Label   ? "label"
-                                : l.how == LinkKind::Alias ? "alias"
-                                                           : "bm25",
-                                l.mention));
+      out.entities.push_back(l.entity);
+      out.how.push_back(fmt::format("{} match \"{}\"",
+                                    l.how == LinkKind::Label   ? "label"
+                                    : l.how == LinkKind::Alias ? "alias"
+                                                               : "bm25",
+                                    l.mention));
     }
-    if (entities.empty()) fail(ErrorKind::NotFound, "no entity of the graph is mentioned in the question");
+    if (out.entities.empty())
+      fail(ErrorKind::NotFound, "no entity of the graph is mentioned in the question");
   }
-  const double link_ms = ms_since(t0);
+  out.link_ms = ms_since(t0);
+  return out;
+}
+
+void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
+  const auto t_link = Clock::now();
+  const EntityLinker linker(kg);
+  const double index_ms = ms_since(t_link);
+  const LinkedEntities linked = link_entities(linker, o);
+  const std::vector<EntityId>& entities = linked.entities;
+  const std::vector<std::string>& how = linked.how;
+  const double link_ms = linked.link_ms;
   const auto scorer = make_text_scorer(o.scorer);
   const Tokenizer tok = tokenizer_from(o.vocab_path);
   GraphPromptText text;

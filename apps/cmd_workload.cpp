@@ -129,34 +129,9 @@ std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
   return out;
 }
 
-void add_generate(CLI::App& parent) {
-  static GenerateOptions o;
-  CLI::App* cmd = parent.add_subcommand("generate", "Write a request stream (JSONL) for cache experiments");
-  auto* kg = cmd->add_option("--kg", o.kg_path,
-                             "KG file: synthetic GraphRAG QA over it (DepCache's cache workload)");
-  auto* corpus =
-      cmd->add_option("--corpus", o.corpus_path, "Corpus file: chunk RAG with BM25 top-k per question");
-  kg->excludes(corpus);
-  cmd->add_option("--questions", o.qa_path,
-                  "QA file (MuSiQue/HotpotQA) the chunk workload draws questions from");
-  cmd->add_option("--corpus-format", o.corpus_format, "auto, musique, hotpotqa or jsonl")
-      ->capture_default_str();
-  cmd->add_option("--out", o.out_path, "Output JSONL file")->required();
-  cmd->add_option("--pattern", o.pattern,
-                  "Access pattern: uniform, temporal, zipf (or dataset: every question once, in order)")
-      ->capture_default_str();
-  cmd->add_option("--zipf-s", o.access.zipf_s, "Zipf exponent s: P(rank r) ∝ r^-s")->capture_default_str();
-  cmd->add_option("--temporal-reuse", o.access.temporal_reuse, "Temporal: chance to reuse a recent item")
-      ->capture_default_str();
-  cmd->add_option("--temporal-window", o.access.temporal_window, "Temporal: how many recent items count")
-      ->capture_default_str();
-  cmd->add_option("--requests", o.n_requests, "Number of requests")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--rate", o.rate, "Poisson arrival rate in requests/s (0: all at t=0)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", o.seed, "Random seed")->capture_default_str();
+// GraphRAG: the QA pool, the requests' entities and paths, how contexts and
+// questions read.
+void add_graph_workload_options(CLI::App* cmd, GenerateOptions& o) {
   cmd->add_option("--qa-items", o.qa_items, "GraphRAG: QA items (entities) in the pool")
       ->capture_default_str();
   cmd->add_option("--entities-per-request", o.entities_per_request,
@@ -195,6 +170,10 @@ void add_generate(CLI::App& parent) {
   cmd->add_option("--max-fanout", o.max_fanout, "GraphRAG: edges followed per entity")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{100000}));
+}
+
+// Chunk RAG: chunks per request, their order, chunking.
+void add_chunk_workload_options(CLI::App* cmd, GenerateOptions& o) {
   cmd->add_option("--top-k", o.top_k, "Chunk RAG: chunks per request")->capture_default_str();
   cmd->add_flag(
       "--shuffle-chunks", o.shuffle_chunks,
@@ -206,6 +185,38 @@ void add_generate(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--vocab", o.vocab_path,
                   "GGUF file whose tokenizer chunks the corpus (default: built-in bytes)");
+}
+
+void add_generate(CLI::App& parent) {
+  static GenerateOptions o;
+  CLI::App* cmd = parent.add_subcommand("generate", "Write a request stream (JSONL) for cache experiments");
+  auto* kg = cmd->add_option("--kg", o.kg_path,
+                             "KG file: synthetic GraphRAG QA over it (DepCache's cache workload)");
+  auto* corpus =
+      cmd->add_option("--corpus", o.corpus_path, "Corpus file: chunk RAG with BM25 top-k per question");
+  kg->excludes(corpus);
+  cmd->add_option("--questions", o.qa_path,
+                  "QA file (MuSiQue/HotpotQA) the chunk workload draws questions from");
+  cmd->add_option("--corpus-format", o.corpus_format, "auto, musique, hotpotqa or jsonl")
+      ->capture_default_str();
+  cmd->add_option("--out", o.out_path, "Output JSONL file")->required();
+  cmd->add_option("--pattern", o.pattern,
+                  "Access pattern: uniform, temporal, zipf (or dataset: every question once, in order)")
+      ->capture_default_str();
+  cmd->add_option("--zipf-s", o.access.zipf_s, "Zipf exponent s: P(rank r) ∝ r^-s")->capture_default_str();
+  cmd->add_option("--temporal-reuse", o.access.temporal_reuse, "Temporal: chance to reuse a recent item")
+      ->capture_default_str();
+  cmd->add_option("--temporal-window", o.access.temporal_window, "Temporal: how many recent items count")
+      ->capture_default_str();
+  cmd->add_option("--requests", o.n_requests, "Number of requests")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--rate", o.rate, "Poisson arrival rate in requests/s (0: all at t=0)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o.seed, "Random seed")->capture_default_str();
+  add_graph_workload_options(cmd, o);
+  add_chunk_workload_options(cmd, o);
   cmd->callback([] {
     if (o.kg_path.empty() && o.corpus_path.empty()) throw CLI::ValidationError("give --kg or --corpus");
     const auto t0 = std::chrono::steady_clock::now();
