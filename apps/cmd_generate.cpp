@@ -24,7 +24,7 @@ namespace depcache::cli {
 
 namespace {
 
-struct GenerateOptions {
+struct GenerateCliOptions {
   std::string model_path, prompt, request_file, kv_type = "f16";
   int n_predict = 64, threads = 0, ctx = 0;
   size_t request_line = 1;
@@ -39,7 +39,7 @@ struct GenerateOptions {
   int64_t seed = -1;
 };
 
-void add_generate_options(CLI::App* cmd, GenerateOptions& o) {
+void add_generate_options(CLI::App* cmd, GenerateCliOptions& o) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
   CLI::Option* prompt_opt = cmd->add_option("-p,--prompt", o.prompt, "Prompt text");
   CLI::Option* request_opt =
@@ -76,7 +76,7 @@ struct GeneratePrompt {
   std::vector<std::string> answers;
 };
 
-GeneratePrompt prompt_of(const GenerateOptions& o, const Tokenizer& tok, const Model& model) {
+GeneratePrompt prompt_of(const GenerateCliOptions& o, const Tokenizer& tok, const Model& model) {
   GeneratePrompt p;
   if (o.request_file.empty()) {
     p.ids = tok.encode(o.prompt, !o.no_bos, true);
@@ -117,7 +117,7 @@ void report(const Tokenizer& tok, const GeneratePrompt& p, const RequestResult& 
 
 // prompt_given: --prompt or --request was on the command line (an empty
 // --prompt is refused later, as tokenizing to nothing).
-void run_generate(const GenerateOptions& o, bool prompt_given) {
+void run_generate(const GenerateCliOptions& o, bool prompt_given) {
   SamplingParams sampling;
   sampling.sampler = o.sp;
   sampling.sampler.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
@@ -164,7 +164,7 @@ void run_generate(const GenerateOptions& o, bool prompt_given) {
 
 void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "Complete a prompt with a GGUF model");
-  static GenerateOptions o;
+  static GenerateCliOptions o;
   add_generate_options(cmd, o);
   cmd->callback([cmd] { run_generate(o, cmd->count("--prompt") > 0 || cmd->count("--request") > 0); });
 }

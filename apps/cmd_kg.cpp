@@ -125,6 +125,86 @@ std::vector<RelationId> relations_by_triples(const KnowledgeGraph& g, const std:
   return order;
 }
 
+// What `kg stats` reports of a graph besides its sizes.
+struct GraphStats {
+  std::vector<size_t> sorted_degree;  // out-degrees, ascending
+  double mean_degree = 0;
+  size_t max_degree = 0;
+  EntityId busiest = 0;
+  size_t n_isolated = 0, n_self_loops = 0;
+  std::vector<size_t> per_relation;  // triples of each relation
+  std::vector<RelationId> order;     // the relations listed, most triples first
+};
+
+GraphStats graph_stats(const KnowledgeGraph& g, size_t top) {
+  GraphStats s;
+  const size_t n = g.n_entities();
+  std::vector<size_t> degree(n);
+  size_t total = 0;
+  for (EntityId e = 0; e < n; ++e) {
+    degree[e] = g.out_edges(e).size();
+    total += degree[e];
+    if (degree[e] > degree[s.busiest]) s.busiest = e;
+    if (degree[e] == 0 && g.in_edges(e).empty()) ++s.n_isolated;
+  }
+  s.per_relation.assign(g.n_relations(), 0);
+  for (const Triple& t : g.triples()) {
+    s.n_self_loops += t.head == t.tail;
+    ++s.per_relation[t.relation];
+  }
+  s.order = relations_by_triples(g, s.per_relation, top);
+  s.mean_degree = n ? static_cast<double>(total) / static_cast<double>(n) : 0.0;
+  s.max_degree = n ? degree[s.busiest] : 0;
+  s.sorted_degree = std::move(degree);
+  std::sort(s.sorted_degree.begin(), s.sorted_degree.end());
+  return s;
+}
+
+void print_stats_json(const KnowledgeGraph& g, const GraphStats& s, const std::string& path,
+                      uintmax_t file_size, double load_s) {
+  nlohmann::json rel = nlohmann::json::array();
+  for (RelationId r : s.order)
+    rel.push_back({{"relation", g.relation_name(r)}, {"triples", s.per_relation[r]}});
+  const nlohmann::json j = {
+      {"file", path},
+      {"file_size_bytes", file_size},
+      {"load_seconds", load_s},
+      {"entities", g.n_entities()},
+      {"relations", g.n_relations()},
+      {"triples", g.n_triples()},
+      {"aliases", g.n_aliases()},
+      {"out_degree",
+       {{"mean", s.mean_degree},
+        {"max", s.max_degree},
+        {"p50", percentile_sorted(s.sorted_degree, 50)},
+        {"p90", percentile_sorted(s.sorted_degree, 90)},
+        {"p99", percentile_sorted(s.sorted_degree, 99)}}},
+      {"isolated_entities", s.n_isolated},
+      {"self_loops", s.n_self_loops},
+      {"relations_by_triples", rel},
+  };
+  fmt::print("{}\n", j.dump());
+}
+
+void print_stats_text(const KnowledgeGraph& g, const GraphStats& s, const std::string& path,
+                      uintmax_t file_size, double load_s, size_t top) {
+  const size_t n = g.n_entities();
+  fmt::print("file:       {} ({}, loaded in {:.3f} s)\n", path, human_size(file_size), load_s);
+  fmt::print("entities:   {}\n", n);
+  fmt::print("relations:  {}\n", g.n_relations());
+  fmt::print("triples:    {}\n", g.n_triples());
+  fmt::print("aliases:    {}\n", g.n_aliases());
+  fmt::print("out-degree: mean {:.2f}, p50 {}, p90 {}, p99 {}, max {}{}\n", s.mean_degree,
+             percentile_sorted(s.sorted_degree, 50), percentile_sorted(s.sorted_degree, 90),
+             percentile_sorted(s.sorted_degree, 99), s.max_degree,
+             n ? fmt::format(" ({})", g.entity_name(s.busiest)) : std::string());
+  fmt::print("isolated:   {} entities without edges\n", s.n_isolated);
+  fmt::print("self-loops: {}\n", s.n_self_loops);
+  fmt::print("triples per relation{}:\n",
+             top != 0 && g.n_relations() > top ? fmt::format(" (top {})", top) : "");
+  for (RelationId r : s.order) fmt::print("  {:>10}  {}\n", s.per_relation[r], g.relation_name(r));
+}
+
 void add_stats_command(CLI::App* kg) {
   CLI::App* cmd = kg->add_subcommand("stats", "Describe a KG file: sizes, degrees, relations");
   static std::string path;
@@ -137,68 +217,12 @@ void add_stats_command(CLI::App* kg) {
     const auto t0 = std::chrono::steady_clock::now();
     const KnowledgeGraph g = KnowledgeGraph::load(path);
     const double load_s = seconds_since(t0);
-
-    const size_t n = g.n_entities();
-    std::vector<size_t> degree(n);
-    size_t n_isolated = 0, total = 0;
-    EntityId busiest = 0;
-    for (EntityId e = 0; e < n; ++e) {
-      degree[e] = g.out_edges(e).size();
-      total += degree[e];
-      if (degree[e] > degree[busiest]) busiest = e;
-      if (degree[e] == 0 && g.in_edges(e).empty()) ++n_isolated;
-    }
-    size_t n_self_loops = 0;
-    std::vector<size_t> per_relation(g.n_relations(), 0);
-    for (const Triple& t : g.triples()) {
-      n_self_loops += t.head == t.tail;
-      ++per_relation[t.relation];
-    }
-    const std::vector<RelationId> order = relations_by_triples(g, per_relation, top);
-    std::vector<size_t> sorted = degree;
-    std::sort(sorted.begin(), sorted.end());
-    const double mean = n ? static_cast<double>(total) / static_cast<double>(n) : 0.0;
-    const size_t max_degree = n ? degree[busiest] : 0;
+    const GraphStats s = graph_stats(g, top);
     const uintmax_t file_size = std::filesystem::file_size(path);
-
-    if (json) {
-      nlohmann::json rel = nlohmann::json::array();
-      for (RelationId r : order)
-        rel.push_back({{"relation", g.relation_name(r)}, {"triples", per_relation[r]}});
-      const nlohmann::json j = {
-          {"file", path},
-          {"file_size_bytes", file_size},
-          {"load_seconds", load_s},
-          {"entities", n},
-          {"relations", g.n_relations()},
-          {"triples", g.n_triples()},
-          {"aliases", g.n_aliases()},
-          {"out_degree",
-           {{"mean", mean},
-            {"max", max_degree},
-            {"p50", percentile_sorted(sorted, 50)},
-            {"p90", percentile_sorted(sorted, 90)},
-            {"p99", percentile_sorted(sorted, 99)}}},
-          {"isolated_entities", n_isolated},
-          {"self_loops", n_self_loops},
-          {"relations_by_triples", rel},
-      };
-      fmt::print("{}\n", j.dump());
-      return;
-    }
-    fmt::print("file:       {} ({}, loaded in {:.3f} s)\n", path, human_size(file_size), load_s);
-    fmt::print("entities:   {}\n", n);
-    fmt::print("relations:  {}\n", g.n_relations());
-    fmt::print("triples:    {}\n", g.n_triples());
-    fmt::print("aliases:    {}\n", g.n_aliases());
-    fmt::print("out-degree: mean {:.2f}, p50 {}, p90 {}, p99 {}, max {}{}\n", mean,
-               percentile_sorted(sorted, 50), percentile_sorted(sorted, 90), percentile_sorted(sorted, 99),
-               max_degree, n ? fmt::format(" ({})", g.entity_name(busiest)) : std::string());
-    fmt::print("isolated:   {} entities without edges\n", n_isolated);
-    fmt::print("self-loops: {}\n", n_self_loops);
-    fmt::print("triples per relation{}:\n",
-               top != 0 && g.n_relations() > top ? fmt::format(" (top {})", top) : "");
-    for (RelationId r : order) fmt::print("  {:>10}  {}\n", per_relation[r], g.relation_name(r));
+    if (json)
+      print_stats_json(g, s, path, file_size, load_s);
+    else
+      print_stats_text(g, s, path, file_size, load_s, top);
   });
 }
 

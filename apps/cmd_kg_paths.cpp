@@ -75,61 +75,56 @@ LinkedEntities link_entities(const EntityLinker& linker, const PathsOptions& o) 
   return out;
 }
 
-void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
-  const auto t_link = Clock::now();
-  const EntityLinker linker(kg);
-  const double index_ms = ms_since(t_link);
-  const LinkedEntities linked = link_entities(linker, o);
-  const std::vector<EntityId>& entities = linked.entities;
-  const std::vector<std::string>& how = linked.how;
-  const double link_ms = linked.link_ms;
-  const auto scorer = make_text_scorer(o.scorer);
-  const Tokenizer tok = tokenizer_from(o.vocab_path);
-  GraphPromptText text;
-  text.system = "Answer the question using the knowledge graph paths below.";
-  text.task = "Question: " + o.question + "\nAnswer:";
-  std::vector<EntityPaths> all;
-  for (EntityId e : entities) {
-    all.push_back(retrieve_entity_paths(kg, e, o.question, *scorer, o.limits, o.top_k));
-    text.entities.push_back({std::string(kg.entity_name(e)), all.back().kept_text});
-  }
-  const DepPrompt prompt = build_graph_prompt(tok, text);
+// Tokens of the prompt's context (its tree segments), merged and flat.
+struct ContextSize {
+  int64_t merged = 0, flat = 0;
+};
 
-  int64_t context_tokens = 0, context_flat = 0;
+ContextSize context_size(const DepPrompt& prompt) {
+  ContextSize c;
   for (const PromptSegment& s : prompt.segments())
     if (s.kind == SegmentKind::Tree) {
-      context_tokens += s.tokens.size();
-      context_flat += s.n_flat_tokens;
+      c.merged += s.tokens.size();
+      c.flat += s.n_flat_tokens;
     }
-  if (o.json) {
-    nlohmann::json j;
-    for (size_t i = 0; i < all.size(); ++i) {
-      const EntityPaths& r = all[i];
-      j["entities"].push_back({{"name", kg.entity_name(r.entity)},
-                               {"label", kg.entity_label(r.entity)},
-                               {"linked_by", how[i]},
-                               {"candidates", r.candidates.paths.size()},
-                               {"truncated", r.candidates.truncated},
-                               {"paths", r.kept_text},
-                               {"extract_ms", r.extract_ms},
-                               {"prune_ms", r.prune_ms}});
-    }
-    j["link_ms"] = link_ms;
-    j["prompt"] = {{"tokens", prompt.size()},
-                   {"nodes", prompt.nodes().size()},
-                   {"flat_tokens", prompt.n_flat_tokens()},
-                   {"context_tokens", context_tokens},
-                   {"context_flat_tokens", context_flat},
-                   {"attention_pairs", prompt.n_attention_pairs()},
-                   {"flat_attention_pairs", prompt.n_flat_attention_pairs()},
-                   {"tokenizer", tokenizer_name(o.vocab_path)}};
-    fmt::print("{}\n", j.dump(2));
-    return;
-  }
-  fmt::print("linker index built in {:.1f} ms; linking took {:.3f} ms\n", index_ms, link_ms);
+  return c;
+}
+
+void print_query_json(const KnowledgeGraph& kg, const PathsOptions& o, const LinkedEntities& linked,
+                      const std::vector<EntityPaths>& all, const DepPrompt& prompt) {
+  const ContextSize context = context_size(prompt);
+  nlohmann::json j;
   for (size_t i = 0; i < all.size(); ++i) {
     const EntityPaths& r = all[i];
-    fmt::print("\n# {} ({}), {}\n", kg.entity_name(r.entity), kg.entity_label(r.entity), how[i]);
+    j["entities"].push_back({{"name", kg.entity_name(r.entity)},
+                             {"label", kg.entity_label(r.entity)},
+                             {"linked_by", linked.how[i]},
+                             {"candidates", r.candidates.paths.size()},
+                             {"truncated", r.candidates.truncated},
+                             {"paths", r.kept_text},
+                             {"extract_ms", r.extract_ms},
+                             {"prune_ms", r.prune_ms}});
+  }
+  j["link_ms"] = linked.link_ms;
+  j["prompt"] = {{"tokens", prompt.size()},
+                 {"nodes", prompt.nodes().size()},
+                 {"flat_tokens", prompt.n_flat_tokens()},
+                 {"context_tokens", context.merged},
+                 {"context_flat_tokens", context.flat},
+                 {"attention_pairs", prompt.n_attention_pairs()},
+                 {"flat_attention_pairs", prompt.n_flat_attention_pairs()},
+                 {"tokenizer", tokenizer_name(o.vocab_path)}};
+  fmt::print("{}\n", j.dump(2));
+}
+
+void print_query_text(const KnowledgeGraph& kg, const PathsOptions& o, double index_ms,
+                      const LinkedEntities& linked, const std::vector<EntityPaths>& all,
+                      const DepPrompt& prompt) {
+  const ContextSize context = context_size(prompt);
+  fmt::print("linker index built in {:.1f} ms; linking took {:.3f} ms\n", index_ms, linked.link_ms);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const EntityPaths& r = all[i];
+    fmt::print("\n# {} ({}), {}\n", kg.entity_name(r.entity), kg.entity_label(r.entity), linked.how[i]);
     fmt::print("# {} candidate paths{} in {:.3f} ms; kept {} by {} in {:.3f} ms\n", r.candidates.paths.size(),
                r.candidates.truncated ? " (limits cut the enumeration)" : "", r.extract_ms, r.kept.size(),
                o.question.empty() ? "enumeration order" : o.scorer, r.prune_ms);
@@ -142,9 +137,31 @@ void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
   fmt::print(
       "context: {} tokens merged vs {} flat; attention pairs {} vs {} causal over the flat prompt "
       "({:.2f}x)\n",
-      context_tokens, context_flat, prompt.n_attention_pairs(), prompt.n_flat_attention_pairs(),
+      context.merged, context.flat, prompt.n_attention_pairs(), prompt.n_flat_attention_pairs(),
       static_cast<double>(prompt.n_flat_attention_pairs()) /
           static_cast<double>(std::max<int64_t>(1, prompt.n_attention_pairs())));
+}
+
+void run_query(const KnowledgeGraph& kg, const PathsOptions& o) {
+  const auto t_link = Clock::now();
+  const EntityLinker linker(kg);
+  const double index_ms = ms_since(t_link);
+  const LinkedEntities linked = link_entities(linker, o);
+  const auto scorer = make_text_scorer(o.scorer);
+  const Tokenizer tok = tokenizer_from(o.vocab_path);
+  GraphPromptText text;
+  text.system = "Answer the question using the knowledge graph paths below.";
+  text.task = "Question: " + o.question + "\nAnswer:";
+  std::vector<EntityPaths> all;
+  for (EntityId e : linked.entities) {
+    all.push_back(retrieve_entity_paths(kg, e, o.question, *scorer, o.limits, o.top_k));
+    text.entities.push_back({std::string(kg.entity_name(e)), all.back().kept_text});
+  }
+  const DepPrompt prompt = build_graph_prompt(tok, text);
+  if (o.json)
+    print_query_json(kg, o, linked, all, prompt);
+  else
+    print_query_text(kg, o, index_ms, linked, all, prompt);
 }
 
 // Times each retrieval stage over sampled synthetic questions.

@@ -82,6 +82,29 @@ json request_body(const RagRequest& r, const LoadOptions& o, bool plain) {
   return body;
 }
 
+// The server's own figures a stream event carries: its timings and token counts.
+void read_server_figures(const json& j, Outcome& out) {
+  if (j.contains("timings") && j["timings"].is_object()) {
+    const json& t = j["timings"];
+    if (t.contains("ttft_ms") && t["ttft_ms"].is_number()) out.server_ttft_ms = t["ttft_ms"];
+    if (t.contains("total_ms") && t["total_ms"].is_number()) out.server_total_ms = t["total_ms"];
+    if (t.contains("search") && t["search"].is_object()) {
+      const json& sj = t["search"];
+      out.search_ms = sj.value("search_ms", -1.0);
+      out.non_overlapped_ms = sj.value("non_overlapped_ms", -1.0);
+      out.speculations = sj.value("speculations", 0);
+      out.accepted = sj.value("accepted", false);
+    }
+  }
+  if (j.contains("usage") && j["usage"].is_object()) {
+    const json& u = j["usage"];
+    out.prompt = u.value("prompt_tokens", 0);
+    out.generated = u.value("completion_tokens", 0);
+    out.computed = u.value("computed_tokens", 0);
+    out.reused = u.value("reused_tokens", 0);
+  }
+}
+
 // One request, streamed; the outcome's times are filled in by the caller's clock.
 Outcome send(httplib::Client& client, const std::string& path, const httplib::Headers& headers,
              const json& body, Clock::time_point t0, double arrival_s) {
@@ -124,25 +147,7 @@ Outcome send(httplib::Client& client, const std::string& path, const httplib::He
           choice.contains("text") ? choice["text"] : choice["delta"].value("content", json(""));
       if (out.ttft_s < 0 && piece.is_string() && !piece.get<std::string>().empty())
         out.ttft_s = seconds_since(t0) - arrival_s;
-      if (j.contains("timings") && j["timings"].is_object()) {
-        const json& t = j["timings"];
-        if (t.contains("ttft_ms") && t["ttft_ms"].is_number()) out.server_ttft_ms = t["ttft_ms"];
-        if (t.contains("total_ms") && t["total_ms"].is_number()) out.server_total_ms = t["total_ms"];
-        if (t.contains("search") && t["search"].is_object()) {
-          const json& sj = t["search"];
-          out.search_ms = sj.value("search_ms", -1.0);
-          out.non_overlapped_ms = sj.value("non_overlapped_ms", -1.0);
-          out.speculations = sj.value("speculations", 0);
-          out.accepted = sj.value("accepted", false);
-        }
-      }
-      if (j.contains("usage") && j["usage"].is_object()) {
-        const json& u = j["usage"];
-        out.prompt = u.value("prompt_tokens", 0);
-        out.generated = u.value("completion_tokens", 0);
-        out.computed = u.value("computed_tokens", 0);
-        out.reused = u.value("reused_tokens", 0);
-      }
+      read_server_figures(j, out);
     }
     return true;
   };

@@ -70,42 +70,47 @@ void add_metadata_options(CLI::App* cmd, ModelNewOptions& o) {
       ->check(CLI::IsMember(chat_family_names()));
 }
 
-// The preset's shape under the overrides given.
-ModelShape shape_of(const ModelNewOptions& o) {
-  auto shape = model_preset(o.preset);
+// The preset's shape; fails on an unknown preset.
+ModelShape preset_shape(const std::string& preset) {
+  auto shape = model_preset(preset);
   if (!shape)
-    fail(ErrorKind::InvalidInput, "unknown preset '{}' (known: {})", o.preset,
+    fail(ErrorKind::InvalidInput, "unknown preset '{}' (known: {})", preset,
          fmt::join(model_preset_names(), ", "));
+  return *shape;
+}
+
+// The overrides given, over the preset's shape.
+void apply_shape_overrides(const ModelNewOptions& o, ModelShape& shape) {
   if (!o.arch.empty()) {
     const std::optional<Arch> a = parse_arch(o.arch);
     if (!a)
       fail(ErrorKind::InvalidInput,
            "unknown architecture '{}' (llama, mistral3, qwen2, qwen3, gemma2, gemma3, phi3, smollm3)",
            o.arch);
-    shape->arch = *a;
+    shape.arch = *a;
   }
-  if (o.layers) shape->n_layer = o.layers;
-  if (o.embd) shape->n_embd = o.embd;
-  if (o.heads) shape->n_head = o.heads;
-  if (o.heads_kv) shape->n_head_kv = o.heads_kv;
-  if (o.ff) shape->n_ff = o.ff;
-  if (o.ctx) shape->n_ctx = o.ctx;
-  if (o.sliding_window >= 0) shape->sliding_window = o.sliding_window;
-  if (o.vocab_size) shape->n_vocab = o.vocab_size;
+  if (o.layers) shape.n_layer = o.layers;
+  if (o.embd) shape.n_embd = o.embd;
+  if (o.heads) shape.n_head = o.heads;
+  if (o.heads_kv) shape.n_head_kv = o.heads_kv;
+  if (o.ff) shape.n_ff = o.ff;
+  if (o.ctx) shape.n_ctx = o.ctx;
+  if (o.sliding_window >= 0) shape.sliding_window = o.sliding_window;
+  if (o.vocab_size) shape.n_vocab = o.vocab_size;
   // The preset's padding applies to the built-in vocabulary only.
-  if (!o.vocab_from.empty() && !o.vocab_size) shape->n_vocab = 0;
-  if (o.tied) shape->tied_embeddings = true;
-  return *shape;
+  if (!o.vocab_from.empty() && !o.vocab_size) shape.n_vocab = 0;
+  if (o.tied) shape.tied_embeddings = true;
 }
 
 void write_new_model(const ModelNewOptions& o) {
   RandomModelOptions m = o.model;
   if (!o.chat.empty()) m.chat_template = chat_template_jinja(*chat_family_from_name(o.chat));
-  const ModelShape preset_shape = shape_of(o);  // the preset's name is checked before the type's
+  // Checked in this order: the preset's name, the type's, the architecture's.
+  m.shape = preset_shape(o.preset);
   auto type = dtype_from_name(o.type_name);
   if (!type) fail(ErrorKind::InvalidInput, "unknown tensor type '{}'", o.type_name);
   m.type = *type;
-  m.shape = preset_shape;
+  apply_shape_overrides(o, m.shape);
   if (!o.vocab_from.empty()) m.vocab_from = o.vocab_from;
   // Given parts go over the --vocab-from file's template (or the defaults).
   if (o.prompt.any()) m.prompt = o.prompt.apply(prompt_template_from(o.vocab_from));
