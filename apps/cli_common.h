@@ -55,8 +55,12 @@ std::string tokenizer_name(const std::string& gguf_path);
 // "a,b,,c" -> {"a", "b", "c"}.
 std::vector<std::string> split_list(const std::string& s);
 
-// KV cache storage type from its name (f16, f32); InvalidInput otherwise.
+// KV cache storage type from its name (f16, f32, q8_0); InvalidInput otherwise.
 DType parse_kv_type(const std::string& name);
+// "f16", "f32", "q8_0": the --kv-type names.
+std::vector<std::string> kv_type_names();
+// --kv-type, its names checked by the parser.
+void add_kv_type_option(CLI::App& cmd, std::string& kv_type);
 
 // Opens a file for writing or fails with a message naming it.
 std::ofstream open_output(const std::filesystem::path& path);

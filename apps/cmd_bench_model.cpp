@@ -74,7 +74,7 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   cmd->add_option("-u,--ubatch", o.ubatch, "Prompt tokens per forward call")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-type", o.kv_type, "KV cache storage: f16 or f32")->capture_default_str();
+  add_kv_type_option(*cmd, o.kv_type);
   cmd->add_flag(
       "--int8-activations", o.int8,
       "Q8_0/Q4_K/Q4_0/Q6_K matmuls on int8-quantized activations (AVX-512 VNNI; faster, not exact)");

@@ -63,7 +63,7 @@ void add_generate_options(CLI::App* cmd, GenerateCliOptions& o) {
   cmd->add_option("--seed", o.seed, "Sampling seed (default: random)");
   cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size (default: prompt + n, at most the model's)");
-  cmd->add_option("--kv-type", o.kv_type, "KV cache storage: f16 or f32")->capture_default_str();
+  add_kv_type_option(*cmd, o.kv_type);
   cmd->add_flag("--no-bos", o.no_bos, "Do not prepend the BOS token");
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Keep generating after an end-of-generation token");
 }

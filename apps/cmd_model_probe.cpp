@@ -32,7 +32,7 @@ void add_model_probe_command(CLI::App& model) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--no-bos", no_bos, "Do not prepend the BOS token");
-  cmd->add_option("--kv-type", kv_type, "KV cache storage: f16 or f32")->capture_default_str();
+  add_kv_type_option(*cmd, kv_type);
   cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
   cmd->add_option("-c,--ctx-size", ctx,
                   "The context the model is loaded for (Phi-3's LongRoPE uses its long factors past the "

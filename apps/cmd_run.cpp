@@ -37,6 +37,7 @@ struct RunOptions {
   double slo_ms = 0;
   std::string report_path;
   std::string warmup_path;
+  std::string reference_kv_type;  // --fidelity's full answers; empty: --kv-type
 };
 
 StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs,
@@ -168,7 +169,7 @@ void run_command(RunOptions& o) {
   if (o.fidelity) {
     EngineOptions alone;
     alone.pool_rows = need;
-    alone.kv_type = parse_kv_type(o.engine.kv_type);
+    alone.kv_type = parse_kv_type(o.reference_kv_type.empty() ? o.engine.kv_type : o.reference_kv_type);
     alone.threads = o.engine.threads;
     full = full_answers(model, alone, s.parts, o.max_tokens);
   }
@@ -237,6 +238,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--fidelity", o.fidelity,
                 "Also answer every request with full attention on the flat prompt and report, per strategy, "
                 "first-token agreement, first-token KL divergence, identical continuations and ROUGE-L");
+  cmd->add_option("--reference-kv-type", o.reference_kv_type,
+                  "KV storage of --fidelity's full answers (default: --kv-type); e.g. --kv-type q8_0 "
+                  "--reference-kv-type f16 measures 8-bit KV against f16")
+      ->check(CLI::IsMember(kv_type_names()));
   cmd->add_option("--json", o.json_path, "Write per-request rows (JSONL) to this file");
   cmd->add_flag("-q,--quiet", o.quiet, "Print only the summary (no per-request lines)");
   cmd->callback([] { run_command(o); });

@@ -10,9 +10,7 @@
 namespace depcache::cli {
 
 void add_kv_storage_options(CLI::App& cmd, std::string& kv_type, double& cache_mib, TierOptions& tiers) {
-  cmd.add_option("--kv-type", kv_type, "KV storage: f16 or f32")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f16", "f32"}));
+  add_kv_type_option(cmd, kv_type);
   cmd.add_option("--cache-mib", cache_mib, "Byte budget of the KV index's hot tier in MiB")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1048576.0));

@@ -68,8 +68,9 @@ void raw_record(std::span<const uint8_t> bytes) {
 void made_record(uint8_t mode, depcache::fuzz::Bytes& in) {
   const uint8_t shape = in.u8();
   const int n_layer = 1 + shape % 3;
-  const int64_t row_elems = 1 + (shape >> 2) % 5;
-  const DType type = shape & 0x80 ? DType::F16 : DType::F32;
+  // q8_0 rows are whole blocks of 32; f32 and f16 rows any length.
+  const DType type = shape & 0x80 ? DType::F16 : shape & 0x40 ? DType::Q8_0 : DType::F32;
+  const int64_t row_elems = type == DType::Q8_0 ? 32 * (1 + (shape >> 2) % 2) : 1 + (shape >> 2) % 5;
   const int64_t n_tokens = 1 + in.u8() % 12;
   const int64_t prefix = in.u8() % n_tokens;  // at least one own token
   std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));

@@ -25,7 +25,7 @@ void bench_attention(benchmark::State& st, int64_t n_q, int64_t context, int thr
   std::vector<float> q(n_q * kHeads * kDim), out(q.size());
   for (auto& x : q) x = normal(rng);
   const depcache::Visibility vis({QueryGroup{0, n_q, {}, 0, context - n_q}});
-  const depcache::KvLayerView kv{k.data(), v.data(), true, kHeadsKv * kDim};
+  const depcache::KvLayerView kv{k.data(), v.data(), depcache::DType::F16, 2 * kHeadsKv * kDim};
   depcache::ThreadPool pool(threads);
   for (auto _ : st) {
     depcache::attention(q.data(), n_q, {}, vis, kv, kHeads, kHeadsKv, kDim, out.data(), pool);

@@ -5,6 +5,7 @@
 
 #include "compute/attention_lanes.h"
 #include "compute/dot.h"
+#include "compute/kv_format.h"
 #include "compute/vec.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -46,7 +47,30 @@ struct SimdAvx2 {
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
     for (; i < d; ++i) dst[i] = _cvtsh_ss(src[i]);
   }
+  static float half(uint16_t h) { return _cvtsh_ss(h); }
+  static void widen_q8(const BlockQ8_0& b, float* dst) {  // 32 values
+    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(b.d));
+    for (int i = 0; i < 32; i += 8) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + i));
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+  }
 };
+
+// The lane kernel of type t, or nullptr.
+template <class S>
+detail::AttendLanesFn lanes_for_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return detail::attend_lanes_for<S, float>;
+    case DType::F16:
+      return detail::attend_lanes_for<S, uint16_t>;
+    case DType::Q8_0:
+      return detail::attend_lanes_for<S, BlockQ8_0>;
+    default:
+      return nullptr;
+  }
+}
 
 // A task: KV head, a run of batch rows whose queries share one group, and
 // the range of query heads of that KV head it covers.
@@ -59,9 +83,7 @@ struct Task {
 }  // namespace
 
 namespace detail {
-AttendLanesFn attend_lanes_avx2(bool f16) {
-  return f16 ? attend_lanes_for<SimdAvx2, uint16_t> : attend_lanes_for<SimdAvx2, float>;
-}
+AttendLanesFn attend_lanes_avx2(DType type) { return lanes_for_type<SimdAvx2>(type); }
 }  // namespace detail
 
 Visibility::Visibility(std::vector<QueryGroup> groups) : groups_(std::move(groups)) {
@@ -121,8 +143,9 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
   // lanes with all heads of a KV head (decode: one query, its heads).
   using detail::kMaxLanes;
   detail::AttendLanesFn kernel = nullptr;
-  if (current_isa() == Isa::Avx512) kernel = detail::attend_lanes_avx512(kv.f16);
-  if (!kernel) kernel = detail::attend_lanes_avx2(kv.f16);
+  if (current_isa() == Isa::Avx512) kernel = detail::attend_lanes_avx512(kv.type);
+  if (!kernel) kernel = detail::attend_lanes_avx2(kv.type);
+  if (!kernel) fail(ErrorKind::Internal, "attention: no kernel for KV type {}", dtype_info(kv.type).name);
   const int heads_per_task = std::min(group, kMaxLanes);
   const int64_t rows_per_task = std::max(1, kMaxLanes / heads_per_task);
   std::vector<Task> tasks;
@@ -171,7 +194,7 @@ std::vector<double> attention_mass(const float* q_row, std::span<const RowRange>
   const int group = n_head / n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<double> mass(targets.size(), 0.0);
-  std::vector<float> scores;
+  std::vector<float> scores, key(static_cast<size_t>(head_dim));
   std::vector<int64_t> rows;
   for (const RowRange& r : visible)
     for (int64_t j = r.begin; j < r.end; ++j) rows.push_back(j);
@@ -181,11 +204,9 @@ std::vector<double> attention_mass(const float* q_row, std::span<const RowRange>
     scores.resize(rows.size());
     float m = -INFINITY;
     for (size_t i = 0; i < rows.size(); ++i) {
-      const int64_t off = rows[i] * kv.row_stride + kv_off;
-      if (kv.f16)
-        scores[i] = vec::dot(static_cast<const uint16_t*>(kv.k) + off, q, head_dim) * scale;
-      else
-        scores[i] = vec::dot(static_cast<const float*>(kv.k) + off, q, head_dim) * scale;
+      kv_decode_part(kv.type, static_cast<const uint8_t*>(kv.k) + rows[i] * kv.row_bytes, kv_off, head_dim,
+                     key.data());
+      scores[i] = vec::dot(key.data(), q, head_dim) * scale;
       if (softcap > 0) scores[i] = softcap * std::tanh(scores[i] / softcap);
       if (!(scores[i] <= m)) m = scores[i];  // a NaN score makes every mass NaN
     }

@@ -7,15 +7,19 @@
 #include <span>
 #include <vector>
 
+#include "compute/dtype.h"
+
 namespace depcache {
 
 class ThreadPool;
 
+// One layer's stored K/V rows (compute/kv_format.h): F32, F16 or Q8_0, read
+// in place by the kernels (a Q8_0 head slice is widened block by block).
 struct KvLayerView {
-  const void* k = nullptr;  // (n_rows, n_head_kv*head_dim), f32 or f16
+  const void* k = nullptr;  // (n_rows, n_head_kv*head_dim)
   const void* v = nullptr;  // same layout as k
-  bool f16 = false;
-  int64_t row_stride = 0;  // elements between consecutive rows
+  DType type = DType::F32;
+  size_t row_bytes = 0;  // bytes between consecutive rows
 };
 
 // Half-open range of KV rows.

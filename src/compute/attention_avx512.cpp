@@ -61,18 +61,35 @@ struct SimdAvx512 {
       _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
     }
   }
+  static float half(uint16_t h) { return _cvtsh_ss(h); }
+  static void widen_q8(const BlockQ8_0& b, float* dst) {  // 32 values
+    const __m512 scale = _mm512_set1_ps(_cvtsh_ss(b.d));
+    for (int i = 0; i < 32; i += 16) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + i));
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+    }
+  }
 };
 
 }  // namespace
 
-AttendLanesFn attend_lanes_avx512(bool f16) {
-  return f16 ? attend_lanes_for<SimdAvx512, uint16_t> : attend_lanes_for<SimdAvx512, float>;
+AttendLanesFn attend_lanes_avx512(DType type) {
+  switch (type) {
+    case DType::F32:
+      return attend_lanes_for<SimdAvx512, float>;
+    case DType::F16:
+      return attend_lanes_for<SimdAvx512, uint16_t>;
+    case DType::Q8_0:
+      return attend_lanes_for<SimdAvx512, BlockQ8_0>;
+    default:
+      return nullptr;
+  }
 }
 
 }  // namespace depcache::detail
 
 #else
 namespace depcache::detail {
-AttendLanesFn attend_lanes_avx512(bool) { return nullptr; }  // compiler without AVX-512: AVX2 stays
+AttendLanesFn attend_lanes_avx512(DType) { return nullptr; }  // compiler without AVX-512: AVX2 stays
 }  // namespace depcache::detail
 #endif

@@ -7,9 +7,11 @@
 // and the linker can never hand one ISA's code to the other's callers.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "compute/attention.h"
+#include "compute/quant.h"
 
 namespace depcache::detail {
 
@@ -38,15 +40,41 @@ using AttendLanesFn = void (*)(const LaneSet& ls, const float* q, int64_t q_stri
                                int64_t kv_off, const QueryGroup& g, int d, float scale, float softcap,
                                float* out, TileScratch& s);
 
-// The kernel of each ISA for f16 or f32 KV; nullptr where the compiler could
-// not build that ISA.
-AttendLanesFn attend_lanes_avx2(bool f16);    // attention.cpp
-AttendLanesFn attend_lanes_avx512(bool f16);  // attention_avx512.cpp
+// The kernel of each ISA for a KV storage type (F32, F16, Q8_0); nullptr
+// where the compiler could not build that ISA.
+AttendLanesFn attend_lanes_avx2(DType type);    // attention.cpp
+AttendLanesFn attend_lanes_avx512(DType type);  // attention_avx512.cpp
 
 }  // namespace depcache::detail
 
 namespace depcache::detail {
 namespace {
+
+// Elements [off, off + d) of one stored row as floats: T is the element
+// (float, uint16_t for f16) or the block (BlockQ8_0) the row is made of.
+template <class S, typename T>
+void widen_row(const uint8_t* row, int64_t off, float* dst, int d) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) {
+    // Whole blocks in vectors; a head slice that cuts a block is read by scalars.
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(row);
+    for (int i = 0; i < d;) {
+      const int64_t e = off + i;
+      const int in = static_cast<int>(e % kQ32);
+      const BlockQ8_0& blk = b[e / kQ32];
+      if (in == 0 && d - i >= kQ32) {
+        S::widen_q8(blk, dst + i);
+        i += kQ32;
+        continue;
+      }
+      const int take = kQ32 - in < d - i ? static_cast<int>(kQ32 - in) : d - i;
+      const float scale = S::half(blk.d);
+      for (int x = 0; x < take; ++x) dst[i + x] = scale * blk.qs[in + x];
+      i += take;
+    }
+  } else {
+    S::widen(reinterpret_cast<const T*>(row) + off, dst, d);
+  }
+}
 
 // S: the SIMD traits of an ISA (vector type V of S::W floats, see the ISA
 // files). Q (scaled) and the output are kept transposed, [vector][dim][lane],
@@ -57,8 +85,9 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
                   const QueryGroup& g, int d, float scale, float softcap, float* out, TileScratch& s) {
   using V = typename S::V;
   constexpr int W = S::W;
-  const T* k = static_cast<const T*>(kv.k) + kv_off;
-  const T* v = static_cast<const T*>(kv.v) + kv_off;
+  const auto* k = static_cast<const uint8_t*>(kv.k);
+  const auto* v = static_cast<const uint8_t*>(kv.v);
+  const size_t rb = kv.row_bytes;
   for (int64_t i = 0; i < int64_t{NV} * d * W; ++i) s.qt[i] = s.ot[i] = 0.0f;
   int32_t ends[kMaxLanes];
   int32_t max_end = 0;
@@ -78,8 +107,8 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
   }
   auto block = [&](int64_t j0, int64_t nb, bool causal) {
     for (int64_t j = 0; j < nb; ++j) {
-      S::widen(k + (j0 + j) * kv.row_stride, s.kf.data() + j * d, d);
-      S::widen(v + (j0 + j) * kv.row_stride, s.vf.data() + j * d, d);
+      widen_row<S, T>(k + (j0 + j) * rb, kv_off, s.kf.data() + j * d, d);
+      widen_row<S, T>(v + (j0 + j) * rb, kv_off, s.vf.data() + j * d, d);
     }
     V bm[NV];
     for (auto& x : bm) x = S::set1(-INFINITY);

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "compute/kv_format.h"
 #include "compute/ops.h"
-#include "compute/vec.h"
 #include "util/error.h"
 
 namespace depcache {
@@ -19,10 +19,10 @@ KvAssembly::KvAssembly(const ModelConfig& config, int64_t n_ctx, DType type)
       n_rot_(config.n_rot),
       config_(config),
       neox_(config.rope_style == RopeStyle::Neox) {
-  if (type != DType::F32 && type != DType::F16)
-    fail(ErrorKind::InvalidInput, "KV cache type {} is not supported (f32, f16)", dtype_info(type).name);
+  require_kv_type(type, row_);
   if (n_ctx <= 0) fail(ErrorKind::InvalidInput, "context size must be positive, got {}", n_ctx);
-  const size_t row_bytes = static_cast<size_t>(row_) * (type == DType::F16 ? 2 : 4);
+  row_bytes_ = kv_row_bytes(type, row_);
+  const size_t row_bytes = row_bytes_;
   const double total = 2.0 * config.n_layer * static_cast<double>(n_ctx) * static_cast<double>(row_bytes);
   const auto too_large = [&] {
     fail(ErrorKind::LimitExceeded,
@@ -53,18 +53,8 @@ void KvAssembly::write(int il, int64_t row0, const float* k_rows, const float* v
   if (row0 < 0 || row0 + n_rows > n_ctx_)
     fail(ErrorKind::LimitExceeded, "KV write at rows {}..{} exceeds the context size {}", row0, row0 + n_rows,
          n_ctx_);
-  const int64_t n = n_rows * row_;
-  if (type_ == DType::F32) {
-    std::memcpy(reinterpret_cast<float*>(k_[il].data()) + row0 * row_, k_rows, n * sizeof(float));
-    std::memcpy(reinterpret_cast<float*>(v_[il].data()) + row0 * row_, v_rows, n * sizeof(float));
-  } else {
-    uint16_t* kd = reinterpret_cast<uint16_t*>(k_[il].data()) + row0 * row_;
-    uint16_t* vd = reinterpret_cast<uint16_t*>(v_[il].data()) + row0 * row_;
-    for (int64_t i = 0; i < n; ++i) {
-      kd[i] = vec::f32_to_f16(k_rows[i]);
-      vd[i] = vec::f32_to_f16(v_rows[i]);
-    }
-  }
+  kv_encode(type_, k_rows, k_[il].data() + row0 * row_bytes_, n_rows, row_);
+  kv_encode(type_, v_rows, v_[il].data() + row0 * row_bytes_, n_rows, row_);
 }
 
 void KvAssembly::set_positions(int64_t row0, std::span<const int32_t> positions) {
@@ -80,22 +70,11 @@ int32_t KvAssembly::next_position() const {
 }
 
 void KvAssembly::read(int il, int64_t row, float* k_row, float* v_row) const {
-  if (type_ == DType::F32) {
-    std::memcpy(k_row, reinterpret_cast<const float*>(k_[il].data()) + row * row_, row_ * sizeof(float));
-    std::memcpy(v_row, reinterpret_cast<const float*>(v_[il].data()) + row * row_, row_ * sizeof(float));
-    return;
-  }
-  const uint16_t* ks = reinterpret_cast<const uint16_t*>(k_[il].data()) + row * row_;
-  const uint16_t* vs = reinterpret_cast<const uint16_t*>(v_[il].data()) + row * row_;
-  for (int64_t i = 0; i < row_; ++i) {
-    k_row[i] = vec::f16_to_f32(ks[i]);
-    v_row[i] = vec::f16_to_f32(vs[i]);
-  }
+  kv_decode(type_, k_[il].data() + row * row_bytes_, k_row, 1, row_);
+  kv_decode(type_, v_[il].data() + row * row_bytes_, v_row, 1, row_);
 }
 
-KvLayerView KvAssembly::layer(int il) const {
-  return {k_[il].data(), v_[il].data(), type_ == DType::F16, row_};
-}
+KvLayerView KvAssembly::layer(int il) const { return {k_[il].data(), v_[il].data(), type_, row_bytes_}; }
 
 KvSpan KvAssembly::extract(std::span<const int64_t> rows) const {
   KvSpan span(n_layer(), row_, type_, static_cast<int64_t>(rows.size()));
@@ -146,13 +125,8 @@ void KvAssembly::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0
       continue;
     }
     // Rotations compose: R(delta) R(old) = R(new). Rotate in float, store in
-    // the cache type (one extra f16 rounding for f16 caches).
-    if (type_ == DType::F32) {
-      std::memcpy(keys.data(), span.k(il) + from * rb, n * rb);
-    } else {
-      const auto* src = reinterpret_cast<const uint16_t*>(span.k(il)) + from * row_;
-      for (int64_t i = 0; i < n * row_; ++i) keys[i] = vec::f16_to_f32(src[i]);
-    }
+    // the cache type (one extra rounding for f16 and q8_0 caches).
+    kv_decode(type_, span.k(il) + from * rb, keys.data(), n, row_);
     if (!table_divisors || table_base != config_.layer_rope_base(il) ||
         *table_divisors != config_.layer_rope_divisors(il)) {
       table_base = config_.layer_rope_base(il);
@@ -160,12 +134,7 @@ void KvAssembly::place(const KvSpan& span, int64_t from, int64_t n, int64_t row0
       table.build(delta.data(), n, n_rot_, table_base, *table_divisors);
     }
     rope(keys.data(), n, n_head_kv_, head_dim_, table, neox_);
-    if (type_ == DType::F32) {
-      std::memcpy(kd, keys.data(), n * rb);
-    } else {
-      auto* dst = reinterpret_cast<uint16_t*>(kd);
-      for (int64_t i = 0; i < n * row_; ++i) dst[i] = vec::f32_to_f16(keys[i]);
-    }
+    kv_encode(type_, keys.data(), kd, n, row_);
   }
   std::copy(positions.begin(), positions.end(), positions_.begin() + row0);
 }

@@ -18,7 +18,8 @@ namespace depcache {
 
 class KvAssembly {
  public:
-  // type: F32 or F16.
+  // type: a KV storage type (compute/kv_format.h) that fits the model's rows,
+  // else Error(InvalidInput) saying why.
   KvAssembly(const ModelConfig& config, int64_t n_ctx, DType type);
 
   int64_t n_ctx() const { return n_ctx_; }
@@ -57,6 +58,7 @@ class KvAssembly {
  private:
   int64_t n_ctx_;
   int64_t row_;  // elements per row
+  size_t row_bytes_;
   DType type_;
   int n_head_kv_, head_dim_, n_rot_;
   ModelConfig config_;  // per-layer RoPE (base, scaling, layers without it)

@@ -2,14 +2,16 @@
 
 #include <cstring>
 
+#include "compute/kv_format.h"
 #include "util/error.h"
 
 namespace depcache {
 
 KvSpan::KvSpan(int n_layer, int64_t row_elems, DType type, int64_t n_tokens)
     : n_layer_(n_layer), row_elems_(row_elems), type_(type), positions_(n_tokens) {
-  if (type != DType::F32 && type != DType::F16)
-    fail(ErrorKind::Internal, "KV span type {} is not supported", dtype_info(type).name);
+  if (!kv_type_fits(type, row_elems))
+    fail(ErrorKind::Internal, "KV span: {}", kv_type_refusal(type, row_elems));
+  row_bytes_ = kv_row_bytes(type, row_elems);
   data_.resize(static_cast<size_t>(n_layer) * 2 * n_tokens * row_bytes());
 }
 

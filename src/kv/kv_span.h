@@ -1,6 +1,6 @@
 #pragma once
 // A KV span: the keys and values of a run of tokens for every layer, in the
-// KV dtype of the cache they came from, with the RoPE positions their keys
+// KV type of the cache they came from (compute/kv_format.h), with the RoPE positions their keys
 // were encoded at. Spans are what the index stores and what a request's KV
 // assembly is built from.
 #include <cstdint>
@@ -20,7 +20,7 @@ class KvSpan {
   int64_t row_elems() const { return row_elems_; }
   DType type() const { return type_; }
   int64_t n_tokens() const { return static_cast<int64_t>(positions_.size()); }
-  size_t row_bytes() const { return static_cast<size_t>(row_elems_) * elem_bytes(); }
+  size_t row_bytes() const { return row_bytes_; }
   size_t bytes() const { return data_.size() + positions_.size() * sizeof(int32_t); }
 
   std::vector<int32_t>& positions() { return positions_; }
@@ -39,12 +39,12 @@ class KvSpan {
   KvSpan slice(int64_t begin, int64_t end) const;
 
  private:
-  size_t elem_bytes() const { return type_ == DType::F16 ? 2 : 4; }
   size_t layer_offset(int il) const { return static_cast<size_t>(il) * 2 * n_tokens() * row_bytes(); }
 
   int n_layer_ = 0;
   int64_t row_elems_ = 0;
   DType type_ = DType::F32;
+  size_t row_bytes_ = 0;
   std::vector<int32_t> positions_;
   std::vector<uint8_t> data_;  // per layer: K rows, then V rows
 };

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "compute/kv_format.h"
 #include "util/error.h"
 #include "util/hash.h"
 
@@ -26,14 +27,12 @@ T get_at(std::span<const uint8_t> buf, size_t at) {
   return v;
 }
 
-size_t elem_bytes(DType type) { return type == DType::F16 ? 2 : 4; }
-
 size_t head_bytes_of(uint64_t n_tokens, uint64_t prefix, uint64_t n_layer) {
   return kSpanRecordHeader + 4 * n_tokens + 4 * (n_tokens - prefix) + kSpanRecordTag * (n_layer + 1);
 }
 
 size_t layer_bytes_of(uint64_t row_elems, DType type, uint64_t own_tokens) {
-  return static_cast<size_t>(2 * own_tokens * row_elems * elem_bytes(type));
+  return static_cast<size_t>(2 * own_tokens) * kv_row_bytes(type, static_cast<int64_t>(row_elems));
 }
 
 // The tag (keyed) or checksum (unkeyed, zero-padded) of some bytes.
@@ -127,8 +126,11 @@ std::optional<SpanRecordHeader> decode_span_record_header(std::span<const uint8_
   const auto type = static_cast<DType>(type_id);
   // Reserved fields are zero: nothing in a record goes unchecked.
   if (get_at<uint32_t>(head, 12) != 0 || get_at<uint64_t>(head, 72) != 0) return std::nullopt;
-  if ((scheme != kSchemeChecksum && scheme != kSchemeHmac) || (type != DType::F32 && type != DType::F16) ||
-      n_layer > 4096 || row_elems > (1u << 20) || n > (1u << 26) || prefix > n)
+  // The type and row length are checked before any size is computed from
+  // them (q8_0 rows must be whole blocks).
+  if ((scheme != kSchemeChecksum && scheme != kSchemeHmac) || n_layer > 4096 || row_elems > (1u << 20) ||
+      n > (1u << 26) || prefix > n || !dtype_info(type_id) ||
+      !kv_type_fits(type, static_cast<int64_t>(row_elems)))
     return std::nullopt;
   SpanRecordHeader h;
   h.scheme = scheme;

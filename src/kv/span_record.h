@@ -6,7 +6,8 @@
 // are the span's own), the positions its keys were encoded at and the K/V
 // bytes, layer after layer. A reader accepts a record only when all of these
 // agree with what it asked for, and its shape (layers, row size, dtype) is
-// the running model's.
+// the running model's. K/V rows are in the KV storage type's bytes
+// (compute/kv_format.h: f32, f16 or q8_0 blocks).
 //
 // Integrity, and authenticity against whoever can write to the tier. The
 // disk directory and Redis are shared: anyone who can write there could

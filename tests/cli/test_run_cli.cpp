@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "test_support.h"
 
@@ -137,6 +138,64 @@ TEST_F(RunCli, DiskTierCarriesSpansAcrossRuns) {
   EXPECT_NE(r.out.find("bad records dropped"), std::string::npos) << r.out;
   for (const char* id : {"a", "b", "c"})
     EXPECT_LT(rows[id]["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4);
+}
+
+// q8_0 KV end to end: spans written by one process to disk and Redis are
+// read back by the next ones (reuse equals recomputation in q8_0), fidelity
+// against f16 KV is reported, and a model whose KV rows are not whole q8_0
+// blocks is refused by name before anything runs.
+TEST_F(RunCli, Q8KvThroughDiskAndRedis) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const std::string dir = file("kv-cache-q8");
+  const std::string base = "run --serial -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                           " -s depcache,prefix --scheme depth --kv-type q8_0 --verify ";
+  const std::string disk = base + "--cache-dir " + dir;
+  const std::string remote = base + "--redis 127.0.0.1:" + std::to_string(redis.port());
+  ASSERT_EQ(run_cli(disk + " --json " + file("q8-disk1.jsonl")).code, 0);
+  ASSERT_EQ(run_cli(remote + " --json " + file("q8-redis1.jsonl")).code, 0);
+  bool some_span_file = false;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    some_span_file |= e.is_regular_file();
+  EXPECT_TRUE(some_span_file);
+  for (const auto& [cmd, out, tier] : {std::tuple{disk, file("q8-disk2.jsonl"), "disk"},
+                                       std::tuple{remote, file("q8-redis2.jsonl"), "remote"}}) {
+    const auto r = run_cli(cmd + " --json " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("KV q8_0"), std::string::npos) << r.out;
+    std::ifstream in(out);
+    int lower_rows = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      lower_rows += j["found_in"][tier].get<int64_t>() > 0;
+      EXPECT_LT(j["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << tier << ": " << line;
+      EXPECT_TRUE(j["top1_agrees_with_no_reuse"].get<bool>()) << line;
+    }
+    EXPECT_GE(lower_rows, 2) << tier << "\n" << r.out;
+  }
+  // Against f16 KV: close, not identical.
+  const auto f = run_cli("run --serial -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                         " -s full --kv-type q8_0 --reference-kv-type f16 --fidelity -n 4 --json " +
+                         file("q8-fidelity.jsonl"));
+  ASSERT_EQ(f.code, 0) << f.out;
+  std::ifstream in(file("q8-fidelity.jsonl"));
+  double kl = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    kl += j["fidelity"]["kl_first_token"].get<double>();
+  }
+  EXPECT_GT(kl, 0.0) << "q8_0 and f16 KV gave the same logits?\n" << f.out;
+  EXPECT_LT(kl, 0.1) << f.out;
+  // KV rows of 16 elements (one KV head of 16) are not whole blocks.
+  ASSERT_EQ(run_cli("model new --preset tiny --heads-kv 1 --seed 3 -o " + file("narrow.gguf")).code, 0);
+  const auto bad = run_cli("run -m " + file("narrow.gguf") + " --requests " + file("requests.jsonl") +
+                           " -s prefix --kv-type q8_0");
+  EXPECT_EQ(bad.code, 3) << bad.out;
+  EXPECT_NE(bad.out.find("q8_0 stores rows in blocks of 32"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("use f16"), std::string::npos) << bad.out;
+  const auto unknown =
+      run_cli("run -m " + file("model.gguf") + " --requests " + file("requests.jsonl") + " --kv-type q4_0");
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_NE(unknown.out.find("q8_0"), std::string::npos) << unknown.out;
 }
 
 // Layer-wise preload from the command line: spans on disk read layer by

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "compute/kv_format.h"
 #include "engine/engine.h"
 #include "engine/text_output.h"
 #include "engine_fixtures.h"
@@ -78,7 +79,10 @@ std::vector<Job> jobs() {
 // them) and all of them at once in one engine, where their prefills share a
 // forward pass with each other and with the others' decode tokens.
 TEST(Engine, BatchedEqualsEachRequestAlone) {
-  for (DType kv : {DType::F32, DType::F16}) {
+  for (DType kv : kv_types()) {
+    // f16 and q8_0 K/V: the same rows rounded the same way; only sums
+    // differ, and a sum that differs can round a q8_0 row another way.
+    const double tolerance = kv == DType::F32 ? 1e-4 : kv == DType::F16 ? 2e-3 : 2e-2;
     const auto model = test::random_model("tiny", DType::F32);
     const Tokenizer tok(Vocab::builtin_bytes());
     const auto js = jobs();
@@ -99,18 +103,14 @@ TEST(Engine, BatchedEqualsEachRequestAlone) {
     for (size_t i = 0; i < js.size(); ++i) {
       const RequestResult& r = e.result(ids[i]);
       ASSERT_EQ(r.state, RequestState::Finished) << r.error;
-      const std::string label =
-          js[i].strategy + " #" + std::to_string(i) + (kv == DType::F16 ? " f16" : " f32");
-      // f16 K/V: the same rows rounded the same way; only sums differ.
-      EXPECT_LT(test::max_abs_diff(r.report.logits, alone[i].report.logits, label),
-                kv == DType::F32 ? 1e-4 : 2e-3);
+      const std::string label = js[i].strategy + " #" + std::to_string(i) + " " + kv_type_name(kv);
+      EXPECT_LT(test::max_abs_diff(r.report.logits, alone[i].report.logits, label), tolerance);
       EXPECT_EQ(r.tokens, alone[i].tokens) << label;
       EXPECT_TRUE(r.finite);
     }
     const RequestResult& l = e.result(late);
     EXPECT_GT(l.report.reused_tokens, 0) << "the late request reuses the first one's subtrees";
-    EXPECT_LT(test::max_abs_diff(l.report.logits, alone[0].report.logits, "late arrival"),
-              kv == DType::F32 ? 1e-4 : 2e-3);
+    EXPECT_LT(test::max_abs_diff(l.report.logits, alone[0].report.logits, "late arrival"), tolerance);
     EXPECT_EQ(l.tokens, alone[0].tokens);
     EXPECT_EQ(e.pool().n_free(), e.pool().n_rows()) << "every row back in the pool";
     EXPECT_EQ(e.index().n_pinned(), 0u);
