@@ -30,18 +30,25 @@ run() {  # tier label, kv type, extra options -> one table row
   shift 2
   rm -rf "$D/cache-dir"
   redis-cli -p "$PORT" flushall >/dev/null
+  SENT_BEFORE=$(redis-cli -p "$PORT" info stats | awk -F: '/^total_net_output_bytes:/ {print $2+0}')
   local out held
   out=$($BIN run --serial -m "$MODEL" --requests "$REQ" -s depcache --scheme depth -q --cache-mib "$HOT" \
     --kv-type "$kv" "$@" 2>/dev/null)
+  local sent=-1
   case $tier in
     disk) held=$(du -sb "$D/cache-dir" | cut -f1) ;;
-    Redis) held=$(redis-cli -p "$PORT" info memory | awk -F: '/^used_memory_dataset:/ {print $2+0}') ;;
+    Redis)
+      held=$(redis-cli -p "$PORT" info memory | awk -F: '/^used_memory_dataset:/ {print $2+0}')
+      # What the clients read: the bytes Redis sent, less this script's own commands' replies (small).
+      sent=$(redis-cli -p "$PORT" info stats | awk -F: '/^total_net_output_bytes:/ {print $2+0}')
+      sent=$((sent - SENT_BEFORE))
+      ;;
     *) held=0 ;;
   esac
   local summary tiers
   summary=$(grep -E '^depcache +[0-9]' <<<"$out")
   tiers=$(grep -E '^depcache +tiers:' <<<"$out" || true)
-  awk -v tier="$tier" -v kv="$kv" -v tiers="$tiers" -v held="$held" -v n="$N" '{
+  awk -v tier="$tier" -v kv="$kv" -v tiers="$tiers" -v held="$held" -v sent="$sent" -v n="$N" '{
     lower = "-"; mib = "-"
     if (tiers != "") {
       split(tiers, t, /[ ;\/]+/)
@@ -51,6 +58,7 @@ run() {  # tier label, kv type, extra options -> one table row
       }
     }
     read = (mib == "-") ? "-" : sprintf("%.1f", mib * 1024 / n)
+    if (sent >= 0) read = sprintf("%.1f", sent / 1024 / n)
     printf "| %s | %s | %s | %s | %s | %s | %s | %.1f |\n", tier, kv, $3, $4, $12, lower, read, held / 1024 / n
   }' <<<"$summary"
 }

@@ -16,7 +16,7 @@
 namespace depcache::detail {
 
 inline constexpr int kMaxLanes = 64;
-inline constexpr int64_t kKeyBlock = 64;
+inline constexpr int64_t kKeyBlock = 32;
 
 // The (query, head) pairs of one task. Each pair is a vector lane and every
 // lane runs the same operations in the same order whatever the other lanes
@@ -105,71 +105,103 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
     l[vi] = S::zero();
     endv[vi] = S::load_i(ends + vi * W);
   }
+  // Per block of keys: scores of every lane and key (p), the softmax update
+  // per lane vector, then the outputs. Scores and outputs are computed in
+  // register tiles of lane vectors by keys (scores) or by output dimensions
+  // (outputs): each loaded vector serves a whole row or column of the tile,
+  // and the tile's accumulators are independent FMA chains. Every score and
+  // output element is the same sum, term for term, whatever the tile.
   auto block = [&](int64_t j0, int64_t nb, bool causal) {
     for (int64_t j = 0; j < nb; ++j) {
       widen_row<S, T>(k + (j0 + j) * rb, kv_off, s.kf.data() + j * d, d);
       widen_row<S, T>(v + (j0 + j) * rb, kv_off, s.vf.data() + j * d, d);
     }
-    V bm[NV];
-    for (auto& x : bm) x = S::set1(-INFINITY);
-    for (int64_t j = 0; j < nb; ++j) {
-      V acc[NV];
-      for (auto& x : acc) x = S::zero();
+    // p[j][vi] = q . k_j for lane vectors vi0.. and keys j..
+    auto scores = [&]<int TV, int TK>(int vi0, int64_t j) {
+      V acc[TV][TK];
+      for (auto& a : acc)
+        for (auto& x : a) x = S::zero();
       for (int i = 0; i < d; ++i) {
-        const V kb = S::bcast(&s.kf[j * d + i]);
-        for (int vi = 0; vi < NV; ++vi) acc[vi] = S::fmadd(kb, S::load(&s.qt[(vi * d + i) * W]), acc[vi]);
+        V qv[TV];
+        for (int t = 0; t < TV; ++t) qv[t] = S::load(&s.qt[((vi0 + t) * d + i) * W]);
+        for (int kk = 0; kk < TK; ++kk) {
+          const V kb = S::bcast(&s.kf[(j + kk) * d + i]);
+          for (int t = 0; t < TV; ++t) acc[t][kk] = S::fmadd(kb, qv[t], acc[t][kk]);
+        }
       }
-      for (int vi = 0; vi < NV; ++vi) {
+      for (int t = 0; t < TV; ++t)
+        for (int kk = 0; kk < TK; ++kk) S::store(&s.p[((j + kk) * NV + vi0 + t) * W], acc[t][kk]);
+    };
+    int vi0 = 0;
+    for (; vi0 + 2 <= NV; vi0 += 2) {
+      int64_t j = 0;
+      for (; j + 4 <= nb; j += 4) scores.template operator()<2, 4>(vi0, j);
+      for (; j < nb; ++j) scores.template operator()<2, 1>(vi0, j);
+    }
+    if (vi0 < NV) {
+      int64_t j = 0;
+      for (; j + 8 <= nb; j += 8) scores.template operator()<1, 8>(vi0, j);
+      for (; j < nb; ++j) scores.template operator()<1, 1>(vi0, j);
+    }
+    V corr[NV];
+    for (int vi = 0; vi < NV; ++vi) {
+      V bm = S::set1(-INFINITY);
+      for (int64_t j = 0; j < nb; ++j) {
+        float* pj = &s.p[(j * NV + vi) * W];
+        V a = S::load(pj);
         if (softcap > 0) {  // Gemma 2: scores bounded as cap * tanh(score / cap)
           float t[W];
-          S::store(t, acc[vi]);
+          S::store(t, a);
           for (int x = 0; x < W; ++x) t[x] = softcap * std::tanh(t[x] / softcap);
-          acc[vi] = S::load(t);
+          a = S::load(t);
         }
         // Lanes whose causal run ends at or before this row do not see it.
-        if (causal) acc[vi] = S::hide_past(acc[vi], static_cast<int32_t>(j0 + j + 1), endv[vi]);
-        bm[vi] = S::max(bm[vi], acc[vi]);
-        S::store(&s.p[(j * NV + vi) * W], acc[vi]);
+        if (causal) a = S::hide_past(a, static_cast<int32_t>(j0 + j + 1), endv[vi]);
+        bm = S::max(bm, a);
+        S::store(pj, a);
       }
-    }
-    for (int vi = 0; vi < NV; ++vi) {
-      const V m_new = S::max(m[vi], bm[vi]);
+      const V m_new = S::max(m[vi], bm);
       // A lane that has seen nothing yet keeps m = -inf; subtracting 0
       // instead keeps its exponentials at exactly 0 rather than NaN.
       const V m_use = S::zero_if_neg_inf(m_new);
-      const V corr = S::exp_nonpositive(S::sub(m[vi], m_use));
-      l[vi] = S::mul(l[vi], corr);
+      corr[vi] = S::exp_nonpositive(S::sub(m[vi], m_use));
+      l[vi] = S::mul(l[vi], corr[vi]);
       for (int64_t j = 0; j < nb; ++j) {
         float* pj = &s.p[(j * NV + vi) * W];
         const V p = S::exp_nonpositive(S::sub(S::load(pj), m_use));
         l[vi] = S::add(l[vi], p);
         S::store(pj, p);
       }
-      float* o = &s.ot[static_cast<size_t>(vi) * d * W];
-      int i = 0;
-      for (; i + 4 <= d; i += 4) {
-        V a0 = S::mul(S::load(o + (i + 0) * W), corr), a1 = S::mul(S::load(o + (i + 1) * W), corr);
-        V a2 = S::mul(S::load(o + (i + 2) * W), corr), a3 = S::mul(S::load(o + (i + 3) * W), corr);
-        for (int64_t j = 0; j < nb; ++j) {
-          const V p = S::load(&s.p[(j * NV + vi) * W]);
-          const float* vr = &s.vf[j * d + i];
-          a0 = S::fmadd(S::bcast(vr + 0), p, a0);
-          a1 = S::fmadd(S::bcast(vr + 1), p, a1);
-          a2 = S::fmadd(S::bcast(vr + 2), p, a2);
-          a3 = S::fmadd(S::bcast(vr + 3), p, a3);
-        }
-        S::store(o + (i + 0) * W, a0);
-        S::store(o + (i + 1) * W, a1);
-        S::store(o + (i + 2) * W, a2);
-        S::store(o + (i + 3) * W, a3);
-      }
-      for (; i < d; ++i) {
-        V a = S::mul(S::load(o + i * W), corr);
-        for (int64_t j = 0; j < nb; ++j)
-          a = S::fmadd(S::bcast(&s.vf[j * d + i]), S::load(&s.p[(j * NV + vi) * W]), a);
-        S::store(o + i * W, a);
-      }
       m[vi] = m_new;
+    }
+    // o[vi][i] = corr * o[vi][i] + sum over keys of p[j][vi] * v_j[i], for lane
+    // vectors vi0.. and output dimensions i..
+    auto outputs = [&]<int TV, int TD>(int vi0, int i) {
+      V a[TV][TD];
+      for (int t = 0; t < TV; ++t)
+        for (int x = 0; x < TD; ++x)
+          a[t][x] = S::mul(S::load(&s.ot[((vi0 + t) * d + i + x) * W]), corr[vi0 + t]);
+      for (int64_t j = 0; j < nb; ++j) {
+        V p[TV];
+        for (int t = 0; t < TV; ++t) p[t] = S::load(&s.p[(j * NV + vi0 + t) * W]);
+        const float* vr = &s.vf[j * d + i];
+        for (int x = 0; x < TD; ++x) {
+          const V vb = S::bcast(vr + x);
+          for (int t = 0; t < TV; ++t) a[t][x] = S::fmadd(vb, p[t], a[t][x]);
+        }
+      }
+      for (int t = 0; t < TV; ++t)
+        for (int x = 0; x < TD; ++x) S::store(&s.ot[((vi0 + t) * d + i + x) * W], a[t][x]);
+    };
+    for (vi0 = 0; vi0 + 2 <= NV; vi0 += 2) {
+      int i = 0;
+      for (; i + 4 <= d; i += 4) outputs.template operator()<2, 4>(vi0, i);
+      for (; i < d; ++i) outputs.template operator()<2, 1>(vi0, i);
+    }
+    if (vi0 < NV) {
+      int i = 0;
+      for (; i + 8 <= d; i += 8) outputs.template operator()<1, 8>(vi0, i);
+      for (; i < d; ++i) outputs.template operator()<1, 1>(vi0, i);
     }
   };
   auto range = [&](int64_t begin, int64_t end, bool causal) {
