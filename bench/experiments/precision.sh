@@ -43,7 +43,7 @@ row() {  # label, model, requests, kv type, reference kv type -> one table row
 
 echo "CPU: $CPU; $N requests per model, $TOKENS greedy tokens, full attention; against the reference KV type"
 echo
-echo "| model | KV | same first token | KL mean | identical continuation | ROUGE-L | exact match |"
+echo "| model | KV | same first token | identical continuation | KL mean | ROUGE-L | exact match |"
 echo "|---|---|---|---|---|---|---|"
 row "stories260K (WordNet paths)" "$STORIES" "$PATHS" f16 f32
 row "stories260K (WordNet paths)" "$STORIES" "$PATHS" q8_0 f16
