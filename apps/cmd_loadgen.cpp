@@ -24,6 +24,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "eval/answers.h"
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
 #include "util/error.h"
@@ -56,6 +57,7 @@ struct Outcome {
   double search_ms = -1, non_overlapped_ms = -1;
   int speculations = 0;
   bool accepted = false;
+  std::string text;  // the answer as streamed
 };
 
 json request_body(const RagRequest& r, const LoadOptions& o, bool plain) {
@@ -145,6 +147,7 @@ Outcome send(httplib::Client& client, const std::string& path, const httplib::He
       const json& choice = j["choices"][0];
       const json& piece =
           choice.contains("text") ? choice["text"] : choice["delta"].value("content", json(""));
+      if (piece.is_string()) out.text += piece.get<std::string>();
       if (out.ttft_s < 0 && piece.is_string() && !piece.get<std::string>().empty())
         out.ttft_s = seconds_since(t0) - arrival_s;
       read_server_figures(j, out);
@@ -364,15 +367,25 @@ struct Tally {
   int64_t speculations = 0, accepted = 0;
   std::map<std::string, size_t> errors;
   int64_t prompt = 0, computed = 0, reused = 0, generated = 0;
+  // Answered requests that carry reference answers, judged as run judges them.
+  int64_t scored = 0, exact = 0;
+  double f1 = 0;
 };
 
-Tally tally(const std::vector<Outcome>& outcomes, const std::vector<double>& arrival) {
+Tally tally(const std::vector<Outcome>& outcomes, const std::vector<double>& arrival,
+            const std::vector<RagRequest>& reqs) {
   Tally t;
   for (size_t i = 0; i < outcomes.size(); ++i) {
     const Outcome& r = outcomes[i];
     if (!r.error.empty()) {
       ++t.errors[r.error.substr(0, 120)];
       continue;
+    }
+    if (!reqs[i].answers.empty() && !r.plain) {
+      const std::string answer = answer_of_text(r.text);
+      ++t.scored;
+      t.exact += answer_matches(answer, reqs[i].answers) ? 1 : 0;
+      t.f1 += answer_f1(answer, reqs[i].answers);
     }
     t.ttft.push_back(r.ttft_s * 1000);
     t.e2e.push_back((r.end_s - arrival[i]) * 1000);
@@ -433,6 +446,9 @@ void print_figures(const LoadOptions& o, const Tally& t, double wall_s) {
              t.generated / wall_s, wall_s);
   fmt::print("prompt tokens {}: computed {}, reused {} ({:.1f}%)\n", t.prompt, t.computed, t.reused,
              t.prompt ? 100.0 * t.reused / t.prompt : 0.0);
+  if (t.scored > 0)
+    fmt::print("answers: {} of {} exact ({:.1f}%), token F1 {:.3f}; the text up to a newline or its end\n",
+               t.exact, t.scored, 100.0 * t.exact / t.scored, t.f1 / t.scored);
   if (!t.search_ms.empty()) print_search(t);
   if (slo > 0)
     fmt::print("within the SLO (TTFT to the {} <= {} ms): {:.1f}%\n",
@@ -446,29 +462,35 @@ void write_rows(const std::string& json_path, const std::vector<RagRequest>& req
   std::ofstream out = open_output(json_path);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Outcome& r = outcomes[i];
-    out << json({{"id", reqs[i].id},
-                 {"plain", r.plain},
-                 {"arrival_s", arrival[i]},
-                 {"start_s", r.start_s},
-                 {"status", r.status},
-                 {"error", r.error},
-                 {"ttft_ms", r.error.empty() ? r.ttft_s * 1000 : -1},
-                 {"server_ttft_ms", r.server_ttft_ms},
-                 {"ttft_token_ms", r.error.empty() && r.server_ttft_ms >= 0
-                                       ? (r.start_s - arrival[i]) * 1000 + r.server_ttft_ms
-                                       : -1},
-                 {"server_total_ms", r.server_total_ms},
-                 {"e2e_ms", (r.end_s - arrival[i]) * 1000},
-                 {"prompt_tokens", r.prompt},
-                 {"computed_tokens", r.computed},
-                 {"reused_tokens", r.reused},
-                 {"generated_tokens", r.generated},
-                 {"search_ms", r.search_ms},
-                 {"non_overlapped_ms", r.non_overlapped_ms},
-                 {"speculations", r.speculations},
-                 {"accepted", r.accepted}})
-               .dump()
-        << "\n";
+    json row = {
+        {"id", reqs[i].id},
+        {"plain", r.plain},
+        {"arrival_s", arrival[i]},
+        {"start_s", r.start_s},
+        {"status", r.status},
+        {"error", r.error},
+        {"ttft_ms", r.error.empty() ? r.ttft_s * 1000 : -1},
+        {"server_ttft_ms", r.server_ttft_ms},
+        {"ttft_token_ms",
+         r.error.empty() && r.server_ttft_ms >= 0 ? (r.start_s - arrival[i]) * 1000 + r.server_ttft_ms : -1},
+        {"server_total_ms", r.server_total_ms},
+        {"e2e_ms", (r.end_s - arrival[i]) * 1000},
+        {"prompt_tokens", r.prompt},
+        {"computed_tokens", r.computed},
+        {"reused_tokens", r.reused},
+        {"generated_tokens", r.generated},
+        {"search_ms", r.search_ms},
+        {"non_overlapped_ms", r.non_overlapped_ms},
+        {"speculations", r.speculations},
+        {"accepted", r.accepted},
+        {"text", r.text}};
+    if (!reqs[i].answers.empty() && !r.plain && r.error.empty()) {
+      const std::string answer = answer_of_text(r.text);
+      row["answer"] = answer;
+      row["exact_match"] = answer_matches(answer, reqs[i].answers);
+      row["f1"] = answer_f1(answer, reqs[i].answers);
+    }
+    out << row.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   }
 }
 
@@ -487,7 +509,7 @@ void run(const LoadOptions& o) {
   const double wall_s = seconds_since(t0);
   hostile.join();
 
-  const Tally t = tally(outcomes, arrival);
+  const Tally t = tally(outcomes, arrival, reqs);
   const size_t n_failed = reqs.size() - t.ttft.size();
   fmt::print("{} requests to {}{} ({}, {} clients, {}): {} answered, {} failed\n", reqs.size(), o.url, path,
              o.plain_every ? fmt::format("strategy {}, 1 in {} plain", o.strategy, o.plain_every)

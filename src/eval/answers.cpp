@@ -12,7 +12,10 @@ std::string generated_answer(const Tokenizer& tok, const std::vector<int32_t>& t
     if (tok.is_eog(t)) break;
     kept.push_back(t);
   }
-  std::string text = tok.decode(kept);
+  return answer_of_text(tok.decode(kept));
+}
+
+std::string answer_of_text(std::string text) {
   text = text.substr(0, text.find('\n'));
   const size_t begin = text.find_first_not_of(' ');
   if (begin == std::string::npos) return "";

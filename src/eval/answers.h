@@ -12,6 +12,10 @@ namespace depcache {
 // What a generated continuation answers: its text up to the first
 // end-of-generation token or newline, without surrounding spaces.
 std::string generated_answer(const Tokenizer& tok, const std::vector<int32_t>& tokens);
+// The same for a continuation received as text (a server's answer, which
+// ends at its end-of-generation token): up to the first newline, without
+// surrounding spaces.
+std::string answer_of_text(std::string text);
 
 // Exact match: the generated answer equals one of the reference answers.
 bool answer_matches(const std::string& generated, const std::vector<std::string>& answers);

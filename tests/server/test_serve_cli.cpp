@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -153,6 +154,61 @@ TEST(ServeCli, LoadgenExitsNonZeroWhenRequestsFail) {
   const test::CliRun ok = test::run_shell(loadgen(server.port(), requests, "--concurrency 2 --api-key k3y"));
   EXPECT_EQ(ok.code, 0) << ok.out;
   std::filesystem::remove(requests);
+}
+
+// With reference answers in the request file, loadgen judges each streamed
+// answer as `run` judges generated ones (the text up to a newline, exact
+// match and token F1): the shipped QA model served through the API answers
+// held-out questions under DepCache as `run` finds it does (every one), and
+// the same answers checked against wrong references all count as wrong.
+TEST(ServeCli, LoadgenJudgesTheAnswersAgainstTheRequestsReferences) {
+  const auto dir = test::temp_path("loadgen-answers");
+  std::filesystem::create_directories(dir);
+  const std::string world = (dir / "world.dkg").string(), requests = (dir / "qa.jsonl").string();
+  ASSERT_EQ(
+      test::run_cli("kg import --synthetic --entities 300 --name-pool 1000 --seed 9101 -o " + world).code, 0);
+  ASSERT_EQ(test::run_cli("workload generate --kg " + world +
+                          " --pattern dataset --qa-items 12 --entities-per-request 3 --paths-per-entity 9 "
+                          "--min-paths 1 --hops 2 --question-hops 1 --seed 77 --question-form cloze --out " +
+                          requests)
+                .code,
+            0);
+  const std::string model = (std::filesystem::path(DEPCACHE_MODELS_DIR) / "depcache-qa-alone.gguf").string();
+  ServeProcess server({"-m", model, "-t", "2"});
+  REQUIRE_SERVER(server);
+  const std::string rows = (dir / "rows.jsonl").string();
+  const test::CliRun load = test::run_shell(
+      loadgen(server.port(), requests, "--concurrency 2 -n 12 --stop-at-eos -s depcache --json " + rows));
+  ASSERT_EQ(load.code, 0) << load.out;
+  EXPECT_NE(load.out.find("answers: 12 of 12 exact (100.0%), token F1 1.000"), std::string::npos) << load.out;
+  std::map<std::string, std::string> answers;
+  {
+    std::ifstream in(rows);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      EXPECT_TRUE(j["exact_match"].get<bool>()) << line;
+      const std::string text = j["text"], answer = j["answer"];  // " Basnes\n" -> "Basnes"
+      EXPECT_EQ(text.substr(0, text.find('\n')).find(answer), 1u) << line;
+      answers[j["id"]] = j["answer"];
+    }
+  }
+  EXPECT_EQ(answers.size(), 12u);
+  // The same questions with every reference answer changed.
+  const std::string wrong = (dir / "wrong.jsonl").string();
+  {
+    std::ifstream in(requests);
+    std::ofstream out(wrong);
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      j["answers"] = {"not " + answers[j["id"]]};
+      out << j.dump() << "\n";
+    }
+  }
+  const test::CliRun judged_wrong =
+      test::run_shell(loadgen(server.port(), wrong, "--concurrency 2 -n 12 --stop-at-eos -s depcache"));
+  ASSERT_EQ(judged_wrong.code, 0) << judged_wrong.out;
+  EXPECT_NE(judged_wrong.out.find("answers: 0 of 12 exact (0.0%)"), std::string::npos) << judged_wrong.out;
+  std::filesystem::remove_all(dir);
 }
 
 // loadgen --retrieve sends questions only; a server searching its corpus in
