@@ -133,12 +133,16 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
         for (int kk = 0; kk < TK; ++kk) S::store(&s.p[((j + kk) * NV + vi0 + t) * W], acc[t][kk]);
     };
     int vi0 = 0;
-    for (; vi0 + 2 <= NV; vi0 += 2) {
+    for (; vi0 + 3 <= NV; vi0 += 3) {
+      int64_t j = 0;
+      for (; j + 4 <= nb; j += 4) scores.template operator()<3, 4>(vi0, j);
+      for (; j < nb; ++j) scores.template operator()<3, 1>(vi0, j);
+    }
+    if (vi0 + 2 == NV) {
       int64_t j = 0;
       for (; j + 4 <= nb; j += 4) scores.template operator()<2, 4>(vi0, j);
       for (; j < nb; ++j) scores.template operator()<2, 1>(vi0, j);
-    }
-    if (vi0 < NV) {
+    } else if (vi0 < NV) {
       int64_t j = 0;
       for (; j + 8 <= nb; j += 8) scores.template operator()<1, 8>(vi0, j);
       for (; j < nb; ++j) scores.template operator()<1, 1>(vi0, j);
@@ -193,12 +197,16 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
       for (int t = 0; t < TV; ++t)
         for (int x = 0; x < TD; ++x) S::store(&s.ot[((vi0 + t) * d + i + x) * W], a[t][x]);
     };
-    for (vi0 = 0; vi0 + 2 <= NV; vi0 += 2) {
+    for (vi0 = 0; vi0 + 3 <= NV; vi0 += 3) {
+      int i = 0;
+      for (; i + 4 <= d; i += 4) outputs.template operator()<3, 4>(vi0, i);
+      for (; i < d; ++i) outputs.template operator()<3, 1>(vi0, i);
+    }
+    if (vi0 + 2 == NV) {
       int i = 0;
       for (; i + 4 <= d; i += 4) outputs.template operator()<2, 4>(vi0, i);
       for (; i < d; ++i) outputs.template operator()<2, 1>(vi0, i);
-    }
-    if (vi0 < NV) {
+    } else if (vi0 < NV) {
       int i = 0;
       for (; i + 8 <= d; i += 8) outputs.template operator()<1, 8>(vi0, i);
       for (; i < d; ++i) outputs.template operator()<1, 1>(vi0, i);

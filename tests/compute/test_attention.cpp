@@ -110,9 +110,16 @@ TEST(Attention, RangesMatchFloat64SoftmaxWithGqaInEveryKvType) {
   // Group 0: a causal chain over rows 0..69 (spans key blocks); group 1: two
   // context ranges then its own run at 200..; group 2: one token seeing
   // everything up to row 250 (a recomputed token).
-  const Visibility vis({{0, 70, {}, 0, 0}, {70, 5, {{3, 40}, {100, 180}}, 195, 200}, {75, 1, {}, 0, 250}});
+  // Groups of 11, 13 and 19 queries fill 3, 4 and 5 vectors of 8 lanes: the
+  // kernel's register tiles and their remainders.
+  const Visibility vis({{0, 70, {}, 0, 0},
+                        {70, 5, {{3, 40}, {100, 180}}, 195, 200},
+                        {75, 1, {}, 0, 250},
+                        {76, 11, {{3, 40}}, 250, 260},
+                        {87, 13, {{0, 10}}, 240, 271},
+                        {100, 19, {}, 200, 280}});
   const int64_t n_q = vis.n_queries();
-  EXPECT_EQ(n_q, 76);
+  EXPECT_EQ(n_q, 119);
   const auto q = randn(n_q * n_head * hd, 5);
   ThreadPool pool(2);
   int64_t pairs = 0;
