@@ -24,3 +24,16 @@ demo_shape_model() {
   bench_model demo-shape-f16 --preset tiny --layers 4 --embd 256 --heads 4 --heads-kv 2 --ff 768 --ctx 32768 \
     --type f16 --seed 1
 }
+
+# graphrag_stream DIR N: prints DIR/requests-N.jsonl, N Zipf GraphRAG requests
+# over WordNet (10 entities x up to 10 two-hop paths each, 100 QA items),
+# with the WordNet graph imported into DIR first if it is missing.
+graphrag_stream() {
+  local dir=$1 n=$2
+  mkdir -p "$dir"
+  "$BIN" kg stats --kg "$dir/wordnet.dkg" >/dev/null 2>&1 || "$BIN" kg import --wordnet --out "$dir/wordnet.dkg" >/dev/null
+  local req="$dir/requests-$n.jsonl"
+  [ -f "$req" ] || "$BIN" workload generate --kg "$dir/wordnet.dkg" --pattern zipf --requests "$n" --qa-items 100 \
+    --paths-per-entity 10 --seed 1 --out "$req" >/dev/null
+  echo "$req"
+}

@@ -14,10 +14,7 @@ HOT=${2:-3.6}
 D=build/bench-kv-types
 mkdir -p "$D"
 MODEL=$(demo_shape_model)
-$BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
-REQ="$D/requests-$N.jsonl"
-[ -f "$REQ" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests "$N" --qa-items 100 \
-  --paths-per-entity 10 --seed 1 --out "$REQ" >/dev/null
+REQ=$(graphrag_stream "$D" "$N")
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$D/redis.log" 2>&1 &

@@ -12,10 +12,7 @@ HOT=${2:-3.6}
 D=build/bench-tiers
 mkdir -p "$D"
 MODEL=$(demo_shape_model)
-$BIN kg stats --kg "$D/wordnet.dkg" >/dev/null 2>&1 || $BIN kg import --wordnet --out "$D/wordnet.dkg" >/dev/null
-REQ="$D/requests-$N.jsonl"
-[ -f "$REQ" ] || $BIN workload generate --kg "$D/wordnet.dkg" --pattern zipf --requests "$N" --qa-items 100 \
-  --paths-per-entity 10 --seed 1 --out "$REQ" >/dev/null
+REQ=$(graphrag_stream "$D" "$N")
 
 run() {  # label, extra options -> one table row
   local label=$1 policy=$2

@@ -76,6 +76,25 @@ void widen_row(const uint8_t* row, int64_t off, float* dst, int d) {
   }
 }
 
+// Calls f.template operator()<TV, TN>(vi0, n0) for register tiles covering
+// lane vectors [0, NV) by [0, n): three lane vectors at a time (two for a
+// remainder of two) by four, a lone vector by eight, then by one for what
+// is left of n.
+template <int NV, class F>
+void tiles(int64_t n, F& f) {
+  auto run = [&]<int TV, int TN>(int vi0) {
+    int64_t i = 0;
+    for (; i + TN <= n; i += TN) f.template operator()<TV, TN>(vi0, i);
+    for (; i < n; ++i) f.template operator()<TV, 1>(vi0, i);
+  };
+  int vi0 = 0;
+  for (; vi0 + 3 <= NV; vi0 += 3) run.template operator()<3, 4>(vi0);
+  if (vi0 + 2 == NV)
+    run.template operator()<2, 4>(vi0);
+  else if (vi0 < NV)
+    run.template operator()<1, 8>(vi0);
+}
+
 // S: the SIMD traits of an ISA (vector type V of S::W floats, see the ISA
 // files). Q (scaled) and the output are kept transposed, [vector][dim][lane],
 // so scores and outputs are plain vector FMAs with a broadcast key or value
@@ -132,21 +151,7 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
       for (int t = 0; t < TV; ++t)
         for (int kk = 0; kk < TK; ++kk) S::store(&s.p[((j + kk) * NV + vi0 + t) * W], acc[t][kk]);
     };
-    int vi0 = 0;
-    for (; vi0 + 3 <= NV; vi0 += 3) {
-      int64_t j = 0;
-      for (; j + 4 <= nb; j += 4) scores.template operator()<3, 4>(vi0, j);
-      for (; j < nb; ++j) scores.template operator()<3, 1>(vi0, j);
-    }
-    if (vi0 + 2 == NV) {
-      int64_t j = 0;
-      for (; j + 4 <= nb; j += 4) scores.template operator()<2, 4>(vi0, j);
-      for (; j < nb; ++j) scores.template operator()<2, 1>(vi0, j);
-    } else if (vi0 < NV) {
-      int64_t j = 0;
-      for (; j + 8 <= nb; j += 8) scores.template operator()<1, 8>(vi0, j);
-      for (; j < nb; ++j) scores.template operator()<1, 1>(vi0, j);
-    }
+    tiles<NV>(nb, scores);
     V corr[NV];
     for (int vi = 0; vi < NV; ++vi) {
       V bm = S::set1(-INFINITY);
@@ -180,7 +185,7 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
     }
     // o[vi][i] = corr * o[vi][i] + sum over keys of p[j][vi] * v_j[i], for lane
     // vectors vi0.. and output dimensions i..
-    auto outputs = [&]<int TV, int TD>(int vi0, int i) {
+    auto outputs = [&]<int TV, int TD>(int vi0, int64_t i) {
       V a[TV][TD];
       for (int t = 0; t < TV; ++t)
         for (int x = 0; x < TD; ++x)
@@ -197,20 +202,7 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
       for (int t = 0; t < TV; ++t)
         for (int x = 0; x < TD; ++x) S::store(&s.ot[((vi0 + t) * d + i + x) * W], a[t][x]);
     };
-    for (vi0 = 0; vi0 + 3 <= NV; vi0 += 3) {
-      int i = 0;
-      for (; i + 4 <= d; i += 4) outputs.template operator()<3, 4>(vi0, i);
-      for (; i < d; ++i) outputs.template operator()<3, 1>(vi0, i);
-    }
-    if (vi0 + 2 == NV) {
-      int i = 0;
-      for (; i + 4 <= d; i += 4) outputs.template operator()<2, 4>(vi0, i);
-      for (; i < d; ++i) outputs.template operator()<2, 1>(vi0, i);
-    } else if (vi0 < NV) {
-      int i = 0;
-      for (; i + 8 <= d; i += 8) outputs.template operator()<1, 8>(vi0, i);
-      for (; i < d; ++i) outputs.template operator()<1, 1>(vi0, i);
-    }
+    tiles<NV>(d, outputs);
   };
   auto range = [&](int64_t begin, int64_t end, bool causal) {
     for (int64_t j0 = begin; j0 < end; j0 += kKeyBlock)
