@@ -77,7 +77,7 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   add_kv_type_option(*cmd, o.kv_type);
   cmd->add_flag(
       "--int8-activations", o.int8,
-      "Q8_0/Q4_K/Q4_0/Q6_K matmuls on int8-quantized activations (AVX-512 VNNI; faster, not exact)");
+      "Q8_0/Q4_K/Q4_0/Q6_K matmuls on int8-quantized activations (AVX-512 VNNI or AVX2; faster, not exact)");
   cmd->add_flag("--json", o.json, "Print JSON lines instead of a table");
 }
 

@@ -10,6 +10,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "compute/dot.h"
 #include "engine/engine.h"
 #include "engine_options.h"
 #include "eval/replay.h"
@@ -163,6 +164,7 @@ void run_command(RunOptions& o) {
   // The model's scheme is read (and checked) only when dependency attention runs.
   const bool dependency = std::find(names.begin(), names.end(), "depcache") != names.end();
   print_header(o, model->config(), s, n_ctx, dependency);
+  if (const std::string mode = apply_matmul_mode(o.engine); !mode.empty()) fmt::print("{}\n", mode);
   std::ofstream json;
   if (!o.json_path.empty()) json = open_output(o.json_path);
   std::vector<FullAnswer> full;
@@ -171,7 +173,11 @@ void run_command(RunOptions& o) {
     alone.pool_rows = need;
     alone.kv_type = parse_kv_type(o.reference_kv_type.empty() ? o.engine.kv_type : o.reference_kv_type);
     alone.threads = o.engine.threads;
+    // The reference is exact: approximate matmuls are measured against it.
+    const bool int8 = int8_activations();
+    set_int8_activations(false);
     full = full_answers(model, alone, s.parts, o.max_tokens);
+    set_int8_activations(int8);
   }
   if (o.sweep) return sweep_rates(names, s.requests, s.parts, model, o, n_ctx, dependency);
   std::vector<StrategyRun> runs;

@@ -146,6 +146,8 @@ void serve(ServeArgs& a) {
   const TierOptions& tiers = re.tiers;
   fmt::print(stderr, "depcache serve: default strategy {}: {}; positions {}\n", a.so.strategy, re.summary,
              position_scheme_name(eo.strategy.scheme));
+  if (const std::string mode = apply_matmul_mode(a.engine_args); !mode.empty())
+    fmt::print(stderr, "depcache serve: {}\n", mode);
   std::unique_ptr<EngineTiers> lower;
   EngineLoop loop(
       model, eo,

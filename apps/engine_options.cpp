@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "cli_common.h"
+#include "compute/dot.h"
+#include "compute/packed_matrix.h"
 #include "kv/policy.h"
 #include "strategy/profile.h"
 #include "util/timing.h"
@@ -75,6 +77,9 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
                  "none (for a model trained so: a moved tree is then reused exactly)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "system", "none"}));
+  cmd.add_flag("--int8-activations", a.int8_activations,
+               "Approximate: Q8_0/Q4_K/Q4_0/Q6_K matmuls on activations quantized per token to int8 "
+               "(AVX-512 VNNI or AVX2); faster, not exact (run --fidelity measures it against exact)");
   cmd.add_flag("--no-reuse", a.no_reuse, "Never look up or insert KV (depcache: dependency attention alone)");
   cmd.add_flag("--no-realign", a.no_realign,
                "depcache and the chunk strategies: reuse cached KV at the positions it was computed at, "
@@ -122,6 +127,13 @@ ResolvedEngine resolve_engine(const EngineArgs& a, std::string_view strategy, co
                          : fmt::format("policy {}{}, scheduler {}, tiers {}", eo.policy,
                                        a.policy == "auto" ? "" : " (--policy)", eo.scheduler.order, tiers);
   return r;
+}
+
+std::string apply_matmul_mode(const EngineArgs& a) {
+  if (a.int8_activations) set_int8_activations(true);
+  if (!int8_activations()) return "";
+  return fmt::format("matmuls: approximate, int8 activations for Q8_0/Q4_K/Q4_0/Q6_K weights ({} kernels{})",
+                     isa_name(current_isa()), has_int8_panels(DType::Q8_0) ? "" : ": none here, exact");
 }
 
 void profile_costs_if_needed(Engine& engine, const ResolvedEngine& r, const std::string& log_prefix) {

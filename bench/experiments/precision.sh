@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What 8-bit KV costs in answers: each model answers a request stream with
-# q8_0 KV and with the reference KV type (full attention on the flat prompt,
-# greedy), and the report compares them: same first token, mean KL of the
+# What the approximate modes cost in answers: each model answers a request
+# stream with q8_0 KV against the reference KV type, and with int8
+# activations (on a Q8_0 copy) against exact matmuls (full attention on the
+# flat prompt, greedy), and the report compares them: same first token, mean KL of the
 # first-token distributions, identical continuations, ROUGE-L and, for the
 # shipped QA model on a world it never saw, exact match. Calibration row:
 # f16 against f32 KV. Prints one Markdown table.
@@ -28,16 +29,19 @@ QAREQ="$D/qa-$N.jsonl"
   --entities-per-request 3 --paths-per-entity 9 --min-paths 1 --hops 2 --question-hops 1 --seed 77 \
   --question-form cloze --out "$QAREQ" >/dev/null
 
-row() {  # label, model, requests, kv type, reference kv type -> one table row
+row() {  # label, model, requests, kv type, reference kv type, extra run options... -> one table row
   local label=$1 model=$2 requests=$3 kv=$4 ref=$5 out summary em
+  shift 5
   out=$($BIN run --serial -m "$model" --requests "$requests" -s full --kv-type "$kv" --reference-kv-type "$ref" \
-    -n "$TOKENS" --fidelity -q 2>/dev/null)
+    -n "$TOKENS" --fidelity -q "$@" 2>/dev/null)
   summary=$(grep -E '^full +[0-9]' <<<"$out")
   em=$(grep -oE 'answers: [0-9]+ of [0-9]+ exact \([0-9.]+%\)' <<<"$out" | grep -oE '[0-9.]+%' || echo "-")
   [ "$label" = "${label#QA}" ] && em="-"
   # Columns from the end: 1st token, KL mean, identical, ROUGE-L.
-  awk -v label="$label" -v kv="$kv" -v ref="$ref" -v em="$em" '{
-    printf "| %s | %s vs %s | %s | %s | %s | %s | %s |\n", label, kv, ref, $(NF-3), $(NF-1), $(NF-2), $NF, em
+  local what="$kv KV vs $ref"
+  [ $# -gt 0 ] && what="$* vs exact"
+  awk -v label="$label" -v what="$what" -v em="$em" '{
+    printf "| %s | %s | %s | %s | %s | %s | %s |\n", label, what, $(NF-3), $(NF-1), $(NF-2), $NF, em
   }' <<<"$summary"
 }
 
@@ -49,3 +53,9 @@ row "stories260K (WordNet paths)" "$STORIES" "$PATHS" f16 f32
 row "stories260K (WordNet paths)" "$STORIES" "$PATHS" q8_0 f16
 row "QA model (held-out world)" "$QA" "$QAREQ" f16 f32
 row "QA model (held-out world)" "$QA" "$QAREQ" q8_0 f16
+# Int8 activations, on Q8_0 copies of the models (f16 KV both sides).
+STORIES_Q8="$D/stories260K-q8_0.gguf" QA_Q8="$D/depcache-qa-q8_0.gguf"
+[ -f "$STORIES_Q8" ] || $BIN model quantize -m "$STORIES" -o "$STORIES_Q8" --type q8_0 >/dev/null
+[ -f "$QA_Q8" ] || $BIN model quantize -m "$QA" -o "$QA_Q8" --type q8_0 >/dev/null
+row "stories260K Q8_0 (WordNet paths)" "$STORIES_Q8" "$PATHS" f16 f16 --int8-activations
+row "QA model Q8_0 (held-out world)" "$QA_Q8" "$QAREQ" f16 f16 --int8-activations

@@ -26,9 +26,10 @@ std::optional<Isa> isa_from_name(std::string_view name);  // case-insensitive
 
 // Int8 activations: matmuls on Q8_0, Q4_K, Q4_0 and Q6_K panels quantize
 // each token's input to int8 in blocks of 32 (as the Q8_0 format does) and
-// use integer dot products (AVX-512 VNNI), about twice as fast in prefill but
+// use integer dot products (AVX-512 VNNI, or AVX2's vpmaddubsw/vpmaddwd),
 // no longer exact in the activations. Off by default; the first use reads
-// DEPCACHE_INT8_ACTIVATIONS=1. Without VNNI the setting changes nothing.
+// DEPCACHE_INT8_ACTIVATIONS=1. The scalar kernels have none: there the
+// setting changes nothing.
 void set_int8_activations(bool on);
 bool int8_activations();
 

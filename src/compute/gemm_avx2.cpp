@@ -210,6 +210,136 @@ void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs
   }
 }
 
+// ---- Int8 activations without VNNI. Per block of 32 inputs a tile of MR
+// tokens by one half panel (16 rows) sums weight times xq in int32 with
+// vpmaddubsw (unsigned by signed bytes, pairs to int16) and vpmaddwd (pairs
+// to int32), then adds d_x * (a * sum - m * sum xq) in fp32 as the VNNI
+// kernel does. A pair of products must fit int16: nibbles (Q4_K, Q4_0) and
+// 6-bit values (Q6_K) do; Q8_0's slots (q + 128) would not, so they are
+// turned back into q and multiplied as |q| by x with q's sign (|q| <= 128,
+// |x| <= 127), with m = 0.
+enum class I8 { Q8_0, Q4, Q6_K };
+
+// Four unsigned weight bytes by four signed activations per int32 lane.
+inline __m256i dot4(__m256i u, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+}
+
+template <I8 kKind, int MR>
+void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const float* xs, float* y,
+             int64_t ys, const __m256i* masks) {
+  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock
+                                 : kKind == I8::Q4 ? kQ4PanelBlock
+                                                   : kQ6_KPanelBlock;
+  const int64_t nb = n_in / 32;
+  __m256 acc[MR][2];
+  __m256i ia[MR][2];
+  for (int t = 0; t < MR; ++t) {
+    acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    ia[t][0] = ia[t][1] = _mm256_setzero_si256();
+  }
+  auto x4 = [&](int t, int64_t i) {  // four activations of token t as one broadcast lane
+    int32_t v;
+    __builtin_memcpy(&v, xq + t * n_in + i, 4);
+    return _mm256_set1_epi32(v);
+  };
+  // acc += d_x * (a * ia - m * sum xq), the sum from scale slot `which`.
+  auto flush = [&](int64_t b, const float* fa, __m256 m0, __m256 m1, int which) {
+    const __m256 a0 = _mm256_loadu_ps(fa), a1 = _mm256_loadu_ps(fa + 8);
+    for (int t = 0; t < MR; ++t) {
+      const float* sc = xs + (t * nb + b) * kActScales;
+      const __m256 dx = _mm256_set1_ps(sc[0]), dxs = _mm256_set1_ps(sc[which]);
+      acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t][0]), _mm256_mul_ps(a0, dx),
+                                  _mm256_fnmadd_ps(m0, dxs, acc[t][0]));
+      acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t][1]), _mm256_mul_ps(a1, dx),
+                                  _mm256_fnmadd_ps(m1, dxs, acc[t][1]));
+      ia[t][0] = ia[t][1] = _mm256_setzero_si256();
+    }
+  };
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = panel + b * kBlockBytes;
+    const auto* f = reinterpret_cast<const float*>(blk) + 16 * h;
+    if constexpr (kKind == I8::Q4) {
+      const uint8_t* u = blk + 2 * kPanelScaleBytes + 64 * h;
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      for (int64_t g = 0; g < 4; ++g) {
+        const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
+        const __m256i lo0 = _mm256_and_si256(v0, low4),
+                      hi0 = _mm256_and_si256(_mm256_srli_epi32(v0, 4), low4);
+        const __m256i lo1 = _mm256_and_si256(v1, low4),
+                      hi1 = _mm256_and_si256(_mm256_srli_epi32(v1, 4), low4);
+        for (int t = 0; t < MR; ++t) {
+          const __m256i xl = x4(t, 32 * b + 8 * g), xh = x4(t, 32 * b + 8 * g + 4);
+          ia[t][0] = _mm256_add_epi32(ia[t][0], _mm256_add_epi32(dot4(lo0, xl), dot4(hi0, xh)));
+          ia[t][1] = _mm256_add_epi32(ia[t][1], _mm256_add_epi32(dot4(lo1, xl), dot4(hi1, xh)));
+        }
+      }
+      flush(b, f, _mm256_loadu_ps(f + 32), _mm256_loadu_ps(f + 40), 1);
+    } else if constexpr (kKind == I8::Q8_0) {
+      const uint8_t* u = blk + kPanelScaleBytes + 64 * h;
+      const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+      for (int64_t g = 0; g < 8; ++g) {
+        const __m256i q0 = _mm256_xor_si256(load32(u + g * 128), bias),
+                      q1 = _mm256_xor_si256(load32(u + g * 128 + 32), bias);
+        const __m256i m0 = _mm256_sign_epi8(q0, q0), m1 = _mm256_sign_epi8(q1, q1);  // |q|
+        for (int t = 0; t < MR; ++t) {
+          const __m256i xb = x4(t, 32 * b + 4 * g);
+          ia[t][0] = _mm256_add_epi32(ia[t][0], dot4(m0, _mm256_sign_epi8(xb, q0)));
+          ia[t][1] = _mm256_add_epi32(ia[t][1], dot4(m1, _mm256_sign_epi8(xb, q1)));
+        }
+      }
+      flush(b, f, zero, zero, 1);
+    } else {
+      const uint8_t* u = blk + 2 * kPanelScaleBytes + 64 * h;
+      for (int64_t g = 0; g < 8; ++g) {
+        const __m256i w0 = load32(u + g * 128), w1 = load32(u + g * 128 + 32);
+        for (int t = 0; t < MR; ++t) {
+          const __m256i xb = x4(t, 32 * b + 4 * g);
+          ia[t][0] = _mm256_add_epi32(ia[t][0], dot4(w0, xb));
+          ia[t][1] = _mm256_add_epi32(ia[t][1], dot4(w1, xb));
+        }
+        if (g == 3 || g == 7) {
+          const float* fa = f + (g == 3 ? 0 : 32);
+          const __m256 s32 = _mm256_set1_ps(32.f);
+          flush(b, fa, _mm256_mul_ps(_mm256_loadu_ps(fa), s32), _mm256_mul_ps(_mm256_loadu_ps(fa + 8), s32),
+                g == 3 ? 2 : 3);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < MR; ++t) {
+    _mm256_maskstore_ps(y + t * ys + 16 * h, masks[0], acc[t][0]);
+    _mm256_maskstore_ps(y + t * ys + 16 * h + 8, masks[1], acc[t][1]);
+  }
+}
+
+template <I8 kKind, int MR>
+void tail_i8(int left, const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const float* xs, float* y,
+             int64_t ys, const __m256i* masks) {
+  if constexpr (MR > 0) {
+    if (left == MR) return tile_i8<kKind, MR>(panel, n_in, h, xq, xs, y, ys, masks);
+    tail_i8<kKind, MR - 1>(left, panel, n_in, h, xq, xs, y, ys, masks);
+  }
+}
+
+template <I8 kKind>
+void panel_kernel_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, int64_t n_tok,
+                     float* y, int64_t ys, int n_rows) {
+  constexpr int MR = 2;
+  const int64_t xs_row = n_in / 32 * kActScales;
+  for (int h = 0; h < 2; ++h) {
+    if (n_rows <= 16 * h) continue;  // no valid row in this half
+    const __m256i masks[2] = {lane_mask(n_rows - 16 * h), lane_mask(n_rows - 16 * h - 8)};
+    int64_t i = 0;
+    for (; i + MR <= n_tok; i += MR)
+      tile_i8<kKind, MR>(panel, n_in, h, xq + i * n_in, xs + i * xs_row, y + i * ys, ys, masks);
+    if (i < n_tok)
+      tail_i8<kKind, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, h, xq + i * n_in, xs + i * xs_row,
+                             y + i * ys, ys, masks);
+  }
+}
+
 }  // namespace
 
 void fill_avx2_panels(KernelSet& set) {
@@ -221,6 +351,11 @@ void fill_avx2_panels(KernelSet& set) {
   put(DType::Q4_K, panel_kernel<WalkQ4_K>);
   put(DType::Q4_0, panel_kernel<WalkQ4_K>);  // same layout
   put(DType::Q6_K, panel_kernel<WalkQ6_K>);
+  auto put_i8 = [&](DType t, PanelI8Fn f) { set.by_type[static_cast<uint32_t>(t)].panel_i8 = f; };
+  put_i8(DType::Q8_0, panel_kernel_i8<I8::Q8_0>);
+  put_i8(DType::Q4_K, panel_kernel_i8<I8::Q4>);
+  put_i8(DType::Q4_0, panel_kernel_i8<I8::Q4>);
+  put_i8(DType::Q6_K, panel_kernel_i8<I8::Q6_K>);
 }
 
 }  // namespace depcache::detail

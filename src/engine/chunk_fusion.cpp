@@ -78,11 +78,12 @@ ChunkFusionReport fuse_chunks(Engine& engine, const Model& model, DType kv_type,
     while (parts.n_flat_tokens() > n_ctx && parts.items.size() > 1) parts.items.erase(parts.items.end() - 2);
     if (parts.n_flat_tokens() > n_ctx) {
       ++r.too_long;
-    } else if (const CacheRun run = fused_run(parts, parts.items.size() - 1, model.fingerprint(), kv_type);
+    } else if (const CacheRun run =
+                   fused_run(parts, parts.items.size() - 1, engine.cache_fingerprint(), kv_type);
                index.peek(run.ns, run.tokens).length == static_cast<int64_t>(run.tokens.size())) {
       ++r.present;
     } else {
-      const RequestId id = engine.submit_plan(fusion_plan(parts, model.fingerprint(), kv_type), one);
+      const RequestId id = engine.submit_plan(fusion_plan(parts, engine.cache_fingerprint(), kv_type), one);
       r.computed_tokens += engine.wait(id).report.computed_tokens;
       engine.forget(id);
       r.neighbours += static_cast<int64_t>(parts.items.size()) - 1;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <set>
 
+#include "compute/dot.h"
 #include "exec/visibility.h"
 #include "kv/policy.h"
 #include "strategy/scheduler.h"
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/numeric.h"
 #include "util/timing.h"
 
@@ -45,6 +47,8 @@ struct Engine::Sequence {
 
 Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
     : model_(std::move(model)),
+      cache_fingerprint_(int8_activations() ? hash_string("int8-activations", model_->fingerprint())
+                                            : model_->fingerprint()),
       options_(options),
       admission_({options.scheduler, options.window, policy_reads_lookahead(options.policy)}),
       threads_(options.threads),
@@ -55,7 +59,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
   // Records from the shared tiers of any other shape are refused, not placed.
   index_.expect_span_shape({pool_.kv().n_layer(), pool_.kv().row_elems(), options.kv_type});
   for (const std::string& name : strategy_names())
-    strategies_.emplace(name, make_strategy(name, *model_, options.kv_type, options.strategy));
+    strategies_.emplace(name, make_strategy(name, cache_fingerprint_, options.kv_type, options.strategy));
 }
 
 Engine::~Engine() = default;
@@ -70,7 +74,7 @@ Strategy& Engine::strategy(std::string_view name, CacheUse cache) {
   if (!alone) {
     StrategyOptions o = options_.strategy;
     o.reuse = false;
-    alone = make_strategy(name, *model_, options_.kv_type, o);
+    alone = make_strategy(name, cache_fingerprint_, options_.kv_type, o);
   }
   return *alone;
 }

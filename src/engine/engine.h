@@ -194,6 +194,11 @@ class Engine {
   RadixIndex& index() { return index_; }
   KvPool& pool() { return pool_; }
   Forward& forward() { return fwd_; }
+  // What every cache namespace of this engine is keyed by: the model's
+  // fingerprint and, when matmuls are approximate (int8 activations, set
+  // when the engine is made), that mode, so approximate K/V never meets
+  // exact K/V in a shared tier.
+  uint64_t cache_fingerprint() const { return cache_fingerprint_; }
   // Every strategy's state beside a persistent tier (Strategy::save_state);
   // call while no request runs. Load returns the records dropped.
   void save_strategy_state(const std::filesystem::path& dir) const;
@@ -232,6 +237,7 @@ class Engine {
   bool fetched(Sequence& s, bool admitting);
 
   std::shared_ptr<const Model> model_;
+  uint64_t cache_fingerprint_;
   EngineOptions options_;
   Admission admission_;
   ThreadPool threads_;

@@ -198,6 +198,39 @@ TEST_F(RunCli, Q8KvThroughDiskAndRedis) {
   EXPECT_NE(unknown.out.find("q8_0"), std::string::npos) << unknown.out;
 }
 
+// --int8-activations (approximate matmuls on a Q8_0 model): said in the
+// header, measured by --fidelity against exact matmuls (close, not equal),
+// and its K/V kept apart: an exact run finds nothing of an int8 run's spans
+// on disk, and the next int8 run finds them.
+TEST_F(RunCli, Int8ActivationsAreNamedMeasuredAndKeptApart) {
+  const std::string q8 = file("model-q8.gguf");
+  ASSERT_EQ(run_cli("model new --preset tiny --type q8_0 --seed 3 -o " + q8).code, 0);
+  const std::string base =
+      "run --serial -m " + q8 + " --requests " + file("requests.jsonl") + " -s prefix --kv-type f32 ";
+  const auto f = run_cli(base + "--int8-activations --fidelity -n 4 --json " + file("int8-fidelity.jsonl"));
+  ASSERT_EQ(f.code, 0) << f.out;
+  EXPECT_NE(f.out.find("matmuls: approximate, int8 activations"), std::string::npos) << f.out;
+  std::ifstream in(file("int8-fidelity.jsonl"));
+  double kl = 0;
+  for (std::string line; std::getline(in, line);)
+    kl += nlohmann::json::parse(line)["fidelity"]["kl_first_token"].get<double>();
+  EXPECT_GT(kl, 0.0) << "int8 activations gave the exact logits?\n" << f.out;
+  EXPECT_LT(kl, 0.1) << f.out;
+  const std::string dir = file("kv-cache-int8");
+  ASSERT_EQ(run_cli(base + "--int8-activations --cache-dir " + dir).code, 0);
+  auto found_on_disk = [&](const std::string& extra, const char* json) {
+    const auto r = run_cli(base + extra + " --cache-dir " + dir + " --json " + file(json));
+    EXPECT_EQ(r.code, 0) << r.out;
+    int64_t n = 0;
+    std::ifstream rows(file(json));
+    for (std::string line; std::getline(rows, line);)
+      n += nlohmann::json::parse(line)["found_in"]["disk"].get<int64_t>();
+    return n;
+  };
+  EXPECT_EQ(found_on_disk("", "int8-exact.jsonl"), 0) << "an exact run read int8 K/V";
+  EXPECT_GT(found_on_disk("--int8-activations", "int8-again.jsonl"), 0);
+}
+
 // Layer-wise preload from the command line: spans on disk read layer by
 // layer (a fixed depth, and whole with off) answer as recomputation does;
 // a value that is not auto, off or a count is refused before anything runs.

@@ -194,14 +194,26 @@ TEST(Int8Activations, QuantizationIsWithinHalfAStep) {
   EXPECT_THROW(quantize_activations(x.data(), 1, 33, q.data(), xs.data()), Error);
 }
 
+void int8_kernels_match_quantized_reference(std::string_view isa);
+
+// Every ISA with int8 kernels: AVX2 (vpmaddubsw) everywhere, AVX-512 where
+// the CPU has VNNI.
 TEST(Int8Activations, KernelsMatchQuantizedReference) {
   const Isa saved = current_isa();
-  if (!isa_supported(Isa::Avx512)) DEPCACHE_SKIP_CPU("no AVX-512 on this CPU");
-  set_isa(Isa::Avx512);
-  if (!has_int8_panels(DType::Q8_0)) {
-    set_isa(saved);
-    DEPCACHE_SKIP_CPU("this CPU has no AVX-512 VNNI");
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (!test::isa_available(isa)) continue;
+    set_isa(isa);
+    if (!has_int8_panels(DType::Q8_0)) {
+      ASSERT_EQ(isa, Isa::Avx512) << "AVX2 always has int8 kernels";
+      set_isa(saved);
+      DEPCACHE_SKIP_CPU("this CPU has no AVX-512 VNNI");
+    }
+    int8_kernels_match_quantized_reference(isa_name(isa));
   }
+  set_isa(saved);
+}
+
+void int8_kernels_match_quantized_reference(std::string_view isa) {
   std::mt19937 rng(41);
   for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q4_0, DType::Q6_K})
     for (int64_t n_in : inputs_for(t))
@@ -221,13 +233,13 @@ TEST(Int8Activations, KernelsMatchQuantizedReference) {
             panel_gemm_i8(t, p.panel(pi), n_in, xq.data(), xs.data(), n_tok, y.data() + pi * kPanelRows, ys,
                           static_cast<int>(std::min<int64_t>(kPanelRows, n_out - pi * kPanelRows)));
           expect_matches(m, xhat.data(), n_in, n_tok, y.data(), ys,
-                         std::string(dtype_info(t).name) + " int8 n_in " + std::to_string(n_in) + " n_out " +
-                             std::to_string(n_out) + " tokens " + std::to_string(n_tok));
+                         std::string(isa) + " " + std::string(dtype_info(t).name) + " int8 n_in " +
+                             std::to_string(n_in) + " n_out " + std::to_string(n_out) + " tokens " +
+                             std::to_string(n_tok));
           for (int64_t i = 0; i < n_tok; ++i)
             for (int64_t c = n_out; c < ys; ++c) ASSERT_EQ(y[i * ys + c], -1.0f) << "wrote padding";
-          if (HasFatalFailure()) break;
+          if (::testing::Test::HasFatalFailure()) return;
         }
-  set_isa(saved);
 }
 
 TEST(PanelMatmul, TypesWithoutPanelsAreRefused) {

@@ -38,11 +38,19 @@ constexpr int kMac = 0, kShapeReason = 1;  // reject_index(RecordStatus::Mac / S
 // the true K/V, any other a forgery of the same shape.
 KvSpan span_of(const Tokens& seq, int64_t begin, int64_t end, int salt = 0, SpanShape shape = kShape) {
   KvSpan s(shape.n_layer, shape.row_elems, shape.type, end - begin);
+  // Each token's K row and V row hold bytes of its own (token, position,
+  // layer), as real rows do: a slice of the span is the span of the slice's
+  // tokens, whichever piece the index hands out.
+  const size_t rb = s.row_bytes();
+  auto byte = [&](int64_t i, int il, size_t j) {
+    return static_cast<uint8_t>((seq[i] * 131 + i * 31 + il * 7 + static_cast<int64_t>(j) + salt) & 0xff);
+  };
   for (int il = 0; il < shape.n_layer; ++il)
     for (int64_t i = begin; i < end; ++i)
-      for (size_t j = 0; j < 2 * s.row_bytes(); ++j)
-        s.k(il)[(i - begin) * 2 * s.row_bytes() + j] =
-            static_cast<uint8_t>((seq[i] * 131 + i * 31 + il * 7 + static_cast<int64_t>(j) + salt) & 0xff);
+      for (size_t j = 0; j < rb; ++j) {
+        s.k(il)[(i - begin) * rb + j] = byte(i, il, j);
+        s.v(il)[(i - begin) * rb + j] = byte(i, il, j + rb);
+      }
   for (int64_t i = begin; i < end; ++i) s.positions()[i - begin] = static_cast<int32_t>(i);
   return s;
 }
