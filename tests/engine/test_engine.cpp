@@ -774,10 +774,15 @@ class LayerLoadEngine : public ::testing::Test {
   }
 
   // Bit for bit the same answers; with same_reuse, from the same reuse too.
+  // Without it only the strategies whose reuse is exact are compared: the
+  // approximate ones (chunk reuse, Cache-Craft's variants) answer from what
+  // they reused, which then differs.
   void expect_same(const Outcome& got, const Outcome& want, const std::string& label,
                    bool same_reuse = true) {
     ASSERT_EQ(got.results.size(), want.results.size());
     for (size_t i = 0; i < got.results.size(); ++i) {
+      const std::string& strategy = parts_[i].first;
+      if (!same_reuse && strategy != "full" && strategy != "prefix" && strategy != "depcache") continue;
       EXPECT_EQ(got.results[i].tokens, want.results[i].tokens) << label << " #" << i;
       EXPECT_EQ(got.results[i].report.logits, want.results[i].report.logits) << label << " #" << i;
       if (!same_reuse) continue;
@@ -828,7 +833,8 @@ TEST_F(LayerLoadEngine, ABadLayerMidPassRunsTheRequestAgainWithoutIt) {
     const Outcome layered = run_all(label, preload, 1, true);
     // Which request reuses a span recomputed in place of a bad one depends on
     // when the next request's fetch-ahead reads the bad file (before or after
-    // the running request puts its own copy back): the answers do not.
+    // the running request puts its own copy back): the exact strategies'
+    // answers do not (Cache-Craft's did once, under ThreadSanitizer's timing).
     expect_same(layered, whole, label, /*same_reuse=*/false);
     EXPECT_GT(layered.stats.dropped_bad, 0) << label;
     EXPECT_GT(layered.preemptions, 0) << label << ": the requests that placed bad spans ran again";
