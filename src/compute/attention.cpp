@@ -57,21 +57,6 @@ struct SimdAvx2 {
   }
 };
 
-// The lane kernel of type t, or nullptr.
-template <class S>
-detail::AttendLanesFn lanes_for_type(DType t) {
-  switch (t) {
-    case DType::F32:
-      return detail::attend_lanes_for<S, float>;
-    case DType::F16:
-      return detail::attend_lanes_for<S, uint16_t>;
-    case DType::Q8_0:
-      return detail::attend_lanes_for<S, BlockQ8_0>;
-    default:
-      return nullptr;
-  }
-}
-
 // A task: KV head, a run of batch rows whose queries share one group, and
 // the range of query heads of that KV head it covers.
 struct Task {
@@ -83,7 +68,7 @@ struct Task {
 }  // namespace
 
 namespace detail {
-AttendLanesFn attend_lanes_avx2(DType type) { return lanes_for_type<SimdAvx2>(type); }
+AttendLanesFn attend_lanes_avx2(DType type) { return attend_lanes_of<SimdAvx2>(type); }
 }  // namespace detail
 
 Visibility::Visibility(std::vector<QueryGroup> groups) : groups_(std::move(groups)) {

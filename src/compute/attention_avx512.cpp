@@ -73,18 +73,7 @@ struct SimdAvx512 {
 
 }  // namespace
 
-AttendLanesFn attend_lanes_avx512(DType type) {
-  switch (type) {
-    case DType::F32:
-      return attend_lanes_for<SimdAvx512, float>;
-    case DType::F16:
-      return attend_lanes_for<SimdAvx512, uint16_t>;
-    case DType::Q8_0:
-      return attend_lanes_for<SimdAvx512, BlockQ8_0>;
-    default:
-      return nullptr;
-  }
-}
+AttendLanesFn attend_lanes_avx512(DType type) { return attend_lanes_of<SimdAvx512>(type); }
 
 }  // namespace depcache::detail
 

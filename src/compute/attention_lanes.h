@@ -231,5 +231,20 @@ void attend_lanes_for(const LaneSet& ls, const float* q, int64_t q_stride, const
   attend_lanes<S, T, NV>(ls, q, q_stride, kv, kv_off, g, d, scale, softcap, out, s);
 }
 
+// The kernel for a KV storage type, or nullptr for one it cannot read.
+template <class S>
+AttendLanesFn attend_lanes_of(DType type) {
+  switch (type) {
+    case DType::F32:
+      return attend_lanes_for<S, float>;
+    case DType::F16:
+      return attend_lanes_for<S, uint16_t>;
+    case DType::Q8_0:
+      return attend_lanes_for<S, BlockQ8_0>;
+    default:
+      return nullptr;
+  }
+}
+
 }  // namespace
 }  // namespace depcache::detail

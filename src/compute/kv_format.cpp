@@ -123,27 +123,8 @@ void kv_encode(DType type, const float* src, uint8_t* dst, int64_t n_rows, int64
 }
 
 void kv_decode(DType type, const uint8_t* src, float* dst, int64_t n_rows, int64_t row_elems) {
-  const int64_t n = n_rows * row_elems;
-  switch (type) {
-    case DType::F32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case DType::F16: {
-      const auto* s = reinterpret_cast<const uint16_t*>(src);
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-      for (; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
-      return;
-    }
-    case DType::Q8_0: {
-      const auto* b = reinterpret_cast<const BlockQ8_0*>(src);
-      for (int64_t k = 0; k < n / kQ32; ++k) decode_q8_block(b[k], 0, kQ32, dst + k * kQ32);
-      return;
-    }
-    default:
-      require_kv_type(type, row_elems);
-  }
+  require_kv_type(type, row_elems);
+  dequantize_row(type, src, dst, n_rows * row_elems);  // the ISA's kernels; q8_0 is d * q, as encoded
 }
 
 void kv_decode_part(DType type, const uint8_t* row, int64_t first, int64_t n, float* dst) {

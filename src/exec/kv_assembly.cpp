@@ -19,9 +19,8 @@ KvAssembly::KvAssembly(const ModelConfig& config, int64_t n_ctx, DType type)
       n_rot_(config.n_rot),
       config_(config),
       neox_(config.rope_style == RopeStyle::Neox) {
-  require_kv_type(type, row_);
+  row_bytes_ = kv_row_bytes(type, row_);  // refuses a type that does not fit the rows
   if (n_ctx <= 0) fail(ErrorKind::InvalidInput, "context size must be positive, got {}", n_ctx);
-  row_bytes_ = kv_row_bytes(type, row_);
   const size_t row_bytes = row_bytes_;
   const double total = 2.0 * config.n_layer * static_cast<double>(n_ctx) * static_cast<double>(row_bytes);
   const auto too_large = [&] {
