@@ -164,6 +164,30 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
   });
 }
 
+namespace {
+
+// Elements [first, first + n) of every row of `ranges`, as floats, rows in
+// order: whole blocks through the ISA's row decoder, range by range; a cut
+// block row by row.
+void decode_slices(const KvLayerView& kv, std::span<const RowRange> ranges, int64_t first, int64_t n,
+                   float* dst) {
+  const DTypeInfo& info = dtype_info(kv.type);
+  const auto* base = static_cast<const uint8_t*>(kv.k);
+  if (first % info.block_size == 0 && n % info.block_size == 0) {
+    const size_t offset = static_cast<size_t>(first / info.block_size) * info.block_bytes;
+    for (const RowRange& r : ranges) {
+      dequantize_rows(kv.type, base + r.begin * kv.row_bytes + offset, kv.row_bytes, r.size(), n, dst);
+      dst += r.size() * n;
+    }
+    return;
+  }
+  for (const RowRange& r : ranges)
+    for (int64_t j = r.begin; j < r.end; ++j, dst += n)
+      kv_decode_part(kv.type, base + j * kv.row_bytes, first, n, dst);
+}
+
+}  // namespace
+
 std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
                                    std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
                                    int n_head_kv, int head_dim, float softcap) {
@@ -179,28 +203,42 @@ std::vector<double> attention_mass(const float* q_row, std::span<const RowRange>
   const int group = n_head / n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<double> mass(targets.size(), 0.0);
-  std::vector<float> scores, key(static_cast<size_t>(head_dim));
   std::vector<int64_t> rows;
   for (const RowRange& r : visible)
     for (int64_t j = r.begin; j < r.end; ++j) rows.push_back(j);
-  for (int h = 0; h < n_head; ++h) {
-    const float* q = q_row + int64_t{h} * head_dim;
-    const int64_t kv_off = int64_t{h / group} * head_dim;
-    scores.resize(rows.size());
-    float m = -INFINITY;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      kv_decode_part(kv.type, static_cast<const uint8_t*>(kv.k) + rows[i] * kv.row_bytes, kv_off, head_dim,
-                     key.data());
-      scores[i] = vec::dot(key.data(), q, head_dim) * scale;
-      if (softcap > 0) scores[i] = softcap * std::tanh(scores[i] / softcap);
-      if (!(scores[i] <= m)) m = scores[i];  // a NaN score makes every mass NaN
-    }
-    double total = 0;
-    for (float& s : scores) total += (s = std::exp(s - m));
-    size_t t = 0;
-    for (size_t i = 0; i < rows.size() && t < order.size(); ++i) {
-      while (t < order.size() && targets[order[t]].end <= rows[i]) ++t;
-      if (t < order.size() && rows[i] >= targets[order[t]].begin) mass[order[t]] += scores[i] / total;
+  // F32 rows are read in place; others decoded, each KV head's keys once for
+  // the query heads that share it.
+  const bool in_place = kv.type == DType::F32;
+  std::vector<float> scores(rows.size()), keys(in_place ? 0 : rows.size() * static_cast<size_t>(head_dim));
+  for (int kh = 0; kh < n_head_kv; ++kh) {
+    if (!in_place) decode_slices(kv, visible, int64_t{kh} * head_dim, head_dim, keys.data());
+    const auto key = [&](size_t i) {
+      return in_place ? reinterpret_cast<const float*>(static_cast<const uint8_t*>(kv.k) +
+                                                       rows[i] * kv.row_bytes) +
+                            int64_t{kh} * head_dim
+                      : keys.data() + i * head_dim;
+    };
+    for (int h = kh * group; h < (kh + 1) * group; ++h) {
+      const float* q = q_row + int64_t{h} * head_dim;
+      float m = -INFINITY;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        scores[i] = vec::dot(key(i), q, head_dim) * scale;
+        if (softcap > 0) scores[i] = softcap * std::tanh(scores[i] / softcap);
+        if (!(scores[i] <= m)) m = scores[i];  // a NaN score makes every mass NaN
+      }
+      double total = 0;
+      size_t i = 0;
+      for (; i + 8 <= scores.size(); i += 8) {
+        const __m256 e = vec::exp(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + i), _mm256_set1_ps(m)));
+        _mm256_storeu_ps(scores.data() + i, e);
+        for (size_t k = i; k < i + 8; ++k) total += scores[k];  // in double: the masses sum to 1
+      }
+      for (; i < scores.size(); ++i) total += (scores[i] = std::exp(scores[i] - m));
+      size_t t = 0;
+      for (size_t i = 0; i < rows.size() && t < order.size(); ++i) {
+        while (t < order.size() && targets[order[t]].end <= rows[i]) ++t;
+        if (t < order.size() && rows[i] >= targets[order[t]].begin) mass[order[t]] += scores[i] / total;
+      }
     }
   }
   for (double& x : mass) x /= n_head;

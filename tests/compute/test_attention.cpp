@@ -1,12 +1,14 @@
 // Range-based attention against a float64 softmax over explicit row sets:
 // groups with context ranges and causal runs, GQA, every KV storage type, query id lists,
 // attention mass, and the validation of visibility lists.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "compute/attention.h"
 #include "compute/dot.h"
@@ -191,39 +193,42 @@ TEST(Attention, NanPropagates) {
   set_isa(saved);
 }
 
+// Heads of 48 (a q8_0 head slice cuts blocks) and of 64 with two query heads
+// per KV head (whole blocks, each KV head's keys shared).
 TEST(Attention, MassOverTargetsIsTheSoftmaxShare) {
-  const int n_head = 2, n_head_kv = 2, hd = 48;
-  const Kv kv(20, n_head_kv, hd, 11);
-  const auto q = randn(n_head * hd, 13);
-  const std::vector<RowRange> visible = {{0, 5}, {8, 20}};
-  const std::vector<RowRange> targets = {{0, 5}, {8, 12}, {12, 20}, {5, 8}};
-  for (DType type : kv_types()) {
-    SCOPED_TRACE(kv_type_name(type));
-    const auto mass = attention_mass(q.data(), visible, targets, kv.view(type), n_head, n_head_kv, hd);
-    ASSERT_EQ(mass.size(), 4u);
-    EXPECT_NEAR(mass[0] + mass[1] + mass[2], 1.0, 1e-9);
-    EXPECT_EQ(mass[3], 0.0);  // not visible
-    // Reference for target 1, per head.
-    double want = 0;
-    for (int h = 0; h < n_head; ++h) {
-      std::vector<double> s;
-      double m = -INFINITY, sum = 0, part = 0;
-      for (int64_t j : rows_of(visible)) {
-        double d = 0;
-        for (int i = 0; i < hd; ++i) d += q[h * hd + i] * kv.key(type, j, h, i);
-        s.push_back(d / std::sqrt(double(hd)));
-        m = std::max(m, s.back());
+  for (const auto& [n_head, n_head_kv, hd] : {std::tuple{2, 2, 48}, std::tuple{4, 2, 64}})
+    for (DType type : kv_types()) {
+      SCOPED_TRACE(fmt::format("{} heads of {} over {}", n_head, hd, kv_type_name(type)));
+      const Kv kv(20, n_head_kv, hd, 11);
+      const auto q = randn(n_head * hd, 13);
+      const std::vector<RowRange> visible = {{0, 5}, {8, 20}};
+      const std::vector<RowRange> targets = {{0, 5}, {8, 12}, {12, 20}, {5, 8}};
+      const int group = n_head / n_head_kv;
+      const auto mass = attention_mass(q.data(), visible, targets, kv.view(type), n_head, n_head_kv, hd);
+      ASSERT_EQ(mass.size(), 4u);
+      EXPECT_NEAR(mass[0] + mass[1] + mass[2], 1.0, 1e-9);
+      EXPECT_EQ(mass[3], 0.0);  // not visible
+      // Reference for target 1, per head.
+      double want = 0;
+      for (int h = 0; h < n_head; ++h) {
+        std::vector<double> s;
+        double m = -INFINITY, sum = 0, part = 0;
+        for (int64_t j : rows_of(visible)) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += q[h * hd + i] * kv.key(type, j, h / group, i);
+          s.push_back(d / std::sqrt(double(hd)));
+          m = std::max(m, s.back());
+        }
+        const auto rows = rows_of(visible);
+        for (size_t r = 0; r < rows.size(); ++r) {
+          const double e = std::exp(s[r] - m);
+          sum += e;
+          if (rows[r] >= 8 && rows[r] < 12) part += e;
+        }
+        want += part / sum / n_head;
       }
-      const auto rows = rows_of(visible);
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const double e = std::exp(s[r] - m);
-        sum += e;
-        if (rows[r] >= 8 && rows[r] < 12) part += e;
-      }
-      want += part / sum / n_head;
+      EXPECT_NEAR(mass[1], want, 1e-6);
     }
-    EXPECT_NEAR(mass[1], want, 1e-6);
-  }
 }
 
 TEST(Attention, MalformedVisibilityIsRejected) {
