@@ -278,7 +278,8 @@ void add_simulate_options(CLI::App* cmd, SimulateOptions& o) {
                   "Index budget: tokens, or a percentage of the stream's distinct KV tokens")
       ->capture_default_str();
   cmd->add_option("--policy", o.policies,
-                  "Policies, comma-separated: lru, lfu, gdsf, pgdsf, lacr, cachecraft, optionally +lpm, +lsp "
+                  "Policies, comma-separated: lru, lfu, gdsf, gdsf-size, pgdsf, lacr, cachecraft, optionally "
+                  "+lpm, +lsp "
                   "or +ragcache "
                   "scheduling (a scheduler alone uses lru)")
       ->capture_default_str();

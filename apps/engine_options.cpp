@@ -32,10 +32,11 @@ void add_threads_option(CLI::App& cmd, int& threads) {
 
 void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   add_kv_storage_options(cmd, a.kv_type, a.cache_mib, a.tiers);
-  cmd.add_option("--policy", a.policy,
-                 "Replacement policy of the index: auto (each strategy's own: lacr for depcache, pgdsf for "
-                 "ragcache, cachecraft for cachecraft, lru for the others), lru, lfu, gdsf, pgdsf, lacr, "
-                 "cachecraft")
+  cmd.add_option(
+         "--policy", a.policy,
+         "Replacement policy of the index: auto (each strategy's own: lacr for depcache, pgdsf for "
+         "ragcache, cachecraft for cachecraft, lru for the others), lru, lfu, gdsf, gdsf-size, pgdsf, lacr, "
+         "cachecraft")
       ->capture_default_str();
   cmd.add_option("--scheduler", a.scheduler,
                  "Order of admission among the first --window waiting requests: auto (ragcache's "

@@ -31,7 +31,9 @@ std::string summary_report(const std::vector<StrategyRun>& runs, bool verify, bo
 // kept it. replay_at(requests with arrival times, serial) runs the stream.
 struct RateSweep {
   double unloaded_p50 = 0, slo = 0;
-  double best_rate = 0, best_served = 0;  // 0: even the lowest rate tried broke the SLO
+  // 0: one request at a time broke the SLO already (then nothing else is
+  // tried), or so did 1/16 of the unloaded throughput.
+  double best_rate = 0, best_served = 0;
   struct Point {
     double rate = 0, p50 = 0, p99 = 0, served = 0;
   };

@@ -21,7 +21,9 @@ Stream prepare_stream(std::vector<RagRequest> requests, std::vector<RagRequest> 
   std::stable_sort(requests.begin(), requests.end(),
                    [](const RagRequest& a, const RagRequest& b) { return a.arrival_s < b.arrival_s; });
   if (o.subgcache) {
-    s.subgcache = plan_subgcache(requests, o.subgcache_options);
+    SubgcacheOptions clustering = o.subgcache_options;
+    if (o.graph_format == "paths") clustering.form = SubgraphForm::Paths;
+    s.subgcache = plan_subgcache(requests, clustering);
     for (size_t i : s.subgcache.order) s.clustered.push_back(s.subgcache.requests[i]);
   }
   if (o.graph_format == "csv" || (o.graph_format == "auto" && o.subgcache)) {

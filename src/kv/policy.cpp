@@ -55,12 +55,15 @@ class TierClocks : public ReplacementPolicy {
   double clock_[4] = {};
 };
 
-// GDSF: Clock + Frequency / Size, the frequency the index's access count. A
-// node's clock term is the clock at its last access: what was not used
-// since evictions raised the clock ranks below what was (aging).
+// GDSF: Clock + Frequency × Cost / Size, the frequency the index's access
+// count; the cost 1 per node (small nodes first), or proportional to its size
+// (gdsf-size: Clock + Frequency, LFU with aging). A node's clock term is the
+// clock at its last access: what was not used since evictions raised the
+// clock ranks below what was (aging).
 class Gdsf final : public TierClocks {
  public:
-  std::string_view name() const override { return "gdsf"; }
+  explicit Gdsf(bool cost_by_size) : cost_by_size_(cost_by_size) {}
+  std::string_view name() const override { return cost_by_size_ ? "gdsf-size" : "gdsf"; }
   void on_split(int32_t head, int32_t from, uint64_t) override { base_.copy(from, head); }
   void on_insert(int32_t node, double, uint64_t) override { base_[node] = clock(Tier::Hot); }
   void on_access(int32_t node) override { base_[node] = clock(Tier::Hot); }
@@ -68,11 +71,12 @@ class Gdsf final : public TierClocks {
   void on_tier_change(int32_t node, Tier to) override { base_[node] = clock(to); }
   double priority(const NodeView& n) const override {
     const double* base = base_.find(n.id);
-    return (base ? *base : 0.0) +
-           static_cast<double>(n.hits) / static_cast<double>(std::max<int64_t>(n.tokens, 1));
+    const double size = cost_by_size_ ? 1.0 : static_cast<double>(std::max<int64_t>(n.tokens, 1));
+    return (base ? *base : 0.0) + static_cast<double>(n.hits) / size;
   }
 
  private:
+  bool cost_by_size_;
   PerNode<double> base_;
 };
 
@@ -203,17 +207,21 @@ const char* tier_name(Tier t) {
 
 bool policy_reads_lookahead(std::string_view name) { return name == "lacr"; }
 
-std::vector<std::string> policy_names() { return {"lru", "lfu", "gdsf", "pgdsf", "lacr", "cachecraft"}; }
+std::vector<std::string> policy_names() {
+  return {"lru", "lfu", "gdsf", "gdsf-size", "pgdsf", "lacr", "cachecraft"};
+}
 
 std::unique_ptr<ReplacementPolicy> make_policy(std::string_view name, const PolicyOptions& options) {
   if (name == "lru") return std::make_unique<Lru>();
   if (name == "lfu") return std::make_unique<Lfu>();
-  if (name == "gdsf") return std::make_unique<Gdsf>();
+  if (name == "gdsf") return std::make_unique<Gdsf>(false);
+  if (name == "gdsf-size") return std::make_unique<Gdsf>(true);
   if (name == "pgdsf") return std::make_unique<Pgdsf>();
   if (name == "lacr") return std::make_unique<Lacr>(options.lacr_alpha);
   if (name == "cachecraft") return std::make_unique<CacheCraft>();
   fail(ErrorKind::InvalidInput,
-       "unknown replacement policy '{}' (expected lru, lfu, gdsf, pgdsf, lacr or cachecraft)", name);
+       "unknown replacement policy '{}' (expected lru, lfu, gdsf, gdsf-size, pgdsf, lacr or cachecraft)",
+       name);
 }
 
 }  // namespace depcache

@@ -6,6 +6,7 @@
 //   lru       last access
 //   lfu       hit count
 //   gdsf      Clock + Frequency / Size (cost 1 per node)
+//   gdsf-size Clock + Frequency (cost proportional to size: LFU with aging)
 //   pgdsf     Clock + Frequency × Cost / Size (RAGCache, Eq. 2 and 4):
 //             Cost / Size is the mean, over the accesses that found the node
 //             uncached, of the recompute time per token of the request
@@ -74,7 +75,7 @@ struct PolicyOptions {
   double lacr_alpha = 0.2;  // DepCache's default
 };
 
-// name: lru, lfu, gdsf, pgdsf, lacr, cachecraft.
+// name: lru, lfu, gdsf, gdsf-size, pgdsf, lacr, cachecraft.
 std::unique_ptr<ReplacementPolicy> make_policy(std::string_view name, const PolicyOptions& options = {});
 std::vector<std::string> policy_names();
 // Whether the policy ranks by the waiting requests' lookahead (LACR), which

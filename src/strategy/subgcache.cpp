@@ -132,6 +132,23 @@ std::vector<std::vector<float>> embed(const std::vector<Subgraph>& graphs, Subgr
   return out;
 }
 
+// The entities of several requests, each once (by name) with every distinct
+// path any of them gave it, in the order the requests first give them (a
+// cluster of one query keeps its own context as it was).
+std::vector<RequestEntity> entity_union(const std::vector<const RagRequest*>& requests) {
+  std::vector<RequestEntity> out;
+  std::map<std::string, size_t> slot;
+  std::set<std::pair<size_t, std::string>> seen;
+  for (const RagRequest* r : requests)
+    for (const RequestEntity& e : r->entities) {
+      const auto [it, fresh] = slot.emplace(e.name, out.size());
+      if (fresh) out.push_back({e.name, e.label, {}});
+      for (const std::string& p : e.paths)
+        if (seen.emplace(it->second, p).second) out[it->second].paths.push_back(p);
+    }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> request_strategy_names() {
@@ -161,9 +178,18 @@ SubgcachePlan plan_subgcache(const std::vector<RagRequest>& requests, const Subg
         agglomerative_clusters(embed(graphs, o.embedding), o.clusters, o.linkage);
     const size_t n_clusters = label.empty() ? 0 : *std::max_element(label.begin(), label.end()) + 1;
     std::vector<std::vector<const Subgraph*>> members(n_clusters);
-    for (size_t k = 0; k < graphs.size(); ++k) members[label[k]].push_back(&graphs[k]);
-    std::vector<std::string> representative;
-    for (const auto& m : members) representative.push_back(subgraph_union(m).csv());
+    std::vector<std::vector<const RagRequest*>> member_requests(n_clusters);
+    for (size_t k = 0; k < graphs.size(); ++k) {
+      members[label[k]].push_back(&graphs[k]);
+      member_requests[label[k]].push_back(&requests[begin + k]);
+    }
+    std::vector<RagRequest> representative(n_clusters);
+    for (size_t c = 0; c < n_clusters; ++c) {
+      if (o.form == SubgraphForm::Csv)
+        representative[c].text = subgraph_union(members[c]).csv();
+      else
+        representative[c].entities = entity_union(member_requests[c]);
+    }
     plan.clustering_ms += ms_since(t0);
     double arrival = 0;
     for (size_t i = begin; i < end; ++i) arrival = std::max(arrival, requests[i].arrival_s);
@@ -172,9 +198,9 @@ SubgcachePlan plan_subgcache(const std::vector<RagRequest>& requests, const Subg
         if (label[i - begin] == c) plan.order.push_back(i);
     for (size_t i = begin; i < end; ++i) {
       RagRequest r = requests[i];
-      r.entities.clear();
       r.documents.clear();
-      r.text = representative[label[i - begin]];
+      r.text = representative[label[i - begin]].text;
+      r.entities = representative[label[i - begin]].entities;
       r.arrival_s = arrival;
       plan.requests[i] = std::move(r);
       plan.batch[i] = begin / o.batch;

@@ -60,8 +60,14 @@ enum class SubgraphEmbedding {
   Text,  // the hashing text embedder of the subgraph's CSV (retrieval/text_ranker.h)
 };
 
+// How a cluster's representative subgraph is shown: G-Retriever's CSV (the
+// paper's form), or the union of its members' relation paths, one tree per
+// entity in name order (for a model trained on relation paths).
+enum class SubgraphForm { Csv, Paths };
+
 struct SubgcacheOptions {
   size_t clusters = 10;  // per batch
+  SubgraphForm form = SubgraphForm::Csv;
   Linkage linkage = Linkage::Ward;
   SubgraphEmbedding embedding = SubgraphEmbedding::Ids;
   size_t batch = 100;  // queries clustered together (consecutive in arrival order)

@@ -82,6 +82,21 @@ TEST(Policy, GdsfClockAgesOldEntries) {
   }
 }
 
+// GDSF with the cost proportional to size: Frequency alone over the clock,
+// so a large node used as often as a small one ranks the same.
+TEST(Policy, GdsfSizeRanksByFrequencyNotSize) {
+  auto policy = make_policy("gdsf-size");
+  ReplacementPolicy& p = *policy;
+  p.on_insert(1, 1.0, 11);
+  p.on_insert(2, 1.0, 12);
+  EXPECT_NEAR(p.priority({1, 1000, 3, 0}), 3.0, 1e-9);
+  EXPECT_NEAR(p.priority({2, 4, 3, 0}), 3.0, 1e-9);
+  p.on_evict(7, 10.0, Tier::Hot);
+  p.on_access(1);
+  EXPECT_NEAR(p.priority({1, 1000, 4, 0}), 14.0, 1e-9);
+  EXPECT_EQ(p.name(), "gdsf-size");
+}
+
 // PGDSF as RAGCache publishes it: Frequency counts every access, Cost/Size
 // is the mean of the request's cost per token over the accesses that found
 // the node uncached, and both survive the node leaving the index.
@@ -171,7 +186,7 @@ TEST(Policy, UnknownNamesAndBadAlphaAreErrors) {
   PolicyOptions o;
   o.lacr_alpha = 1.5;
   EXPECT_THROW(make_policy("lacr", o), Error);
-  EXPECT_EQ(policy_names().size(), 6u);
+  EXPECT_EQ(policy_names().size(), 7u);
 }
 
 // A request that matches several paths sharing a trunk counts one access of

@@ -91,5 +91,33 @@ TEST(Subgcache, BatchesAreClusteredIntoRepresentativesThatHoldEveryMember) {
   EXPECT_THROW(plan_subgcache(reqs, o), Error) << "a query without a subgraph";
 }
 
+// The paths form: a cluster's representative is its members' entities, each
+// once with every distinct path any member gave it, in the order the members
+// first give them; with one cluster per query a query keeps its own context.
+TEST(Subgcache, RepresentativesAsRelationPathsHoldEveryMembersPaths) {
+  std::vector<RagRequest> reqs = {
+      graph_query("a", {{"dog", "dog", {"dog -is-> animal", "dog -has-> tail"}}}),
+      graph_query("b", {{"dog", "dog", {"dog -has-> tail", "dog -eats-> meat"}},
+                        {"cat", "cat", {"cat -is-> animal"}}}),
+      graph_query("c", {{"ship", "ship", {"ship -has-> hull"}}}),
+  };
+  SubgcacheOptions o;
+  o.clusters = 1;
+  o.batch = 3;
+  o.form = SubgraphForm::Paths;
+  const SubgcachePlan plan = plan_subgcache(reqs, o);
+  const std::vector<RequestEntity> expected = {
+      {"dog", "dog", {"dog -is-> animal", "dog -has-> tail", "dog -eats-> meat"}},
+      {"cat", "cat", {"cat -is-> animal"}},
+      {"ship", "ship", {"ship -has-> hull"}}};
+  for (const RagRequest& r : plan.requests) {
+    EXPECT_TRUE(r.text.empty());
+    EXPECT_EQ(r.entities, expected) << r.id;
+  }
+  o.clusters = 3;
+  const SubgcachePlan own = plan_subgcache(reqs, o);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(own.requests[i].entities, reqs[i].entities);
+}
+
 }  // namespace
 }  // namespace depcache
