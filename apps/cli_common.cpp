@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compute/kv_format.h"
+#include "eval/plot.h"
 #include "model/gguf.h"
 #include "model/vocab.h"
 #include "util/error.h"
@@ -99,9 +100,10 @@ void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o) {
 
 void add_stream_options(CLI::App* cmd, StreamOptions& o) {
   cmd->add_option("--graph-format", o.graph_format,
-                  "How requests with entities show their graph: paths (relation paths, one tree per entity), "
-                  "csv (the request's subgraph as G-Retriever CSV, SubGCache's form), auto (csv when "
-                  "subgcache is in the run, else paths)")
+                  "How requests with entities show their graph: paths (relation paths, one tree per entity; "
+                  "subgcache then shows a cluster's union of relation paths), csv (the request's subgraph "
+                  "as G-Retriever CSV, SubGCache's form), auto (csv when subgcache is in the run, else "
+                  "paths)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "paths", "csv"}));
   add_subgcache_options(cmd, o.subgcache_options);
@@ -131,23 +133,7 @@ std::ofstream open_output(const std::filesystem::path& path) {
 }
 
 void plot_beside(const std::filesystem::path& report, const std::string& data, const std::string& commands) {
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    fmt::print(stderr, "note: gnuplot not found; no plot written\n");
-    return;
-  }
-  const std::filesystem::path png = std::filesystem::path(report).replace_extension(".png");
-  const std::filesystem::path dat = std::filesystem::path(report).replace_extension(".dat");
-  const std::filesystem::path gp = std::filesystem::path(report).replace_extension(".gp");
-  open_output(dat) << data;
-  std::string script = commands;
-  const std::string quoted = fmt::format("'{}'", dat.string());
-  for (size_t at = script.find("$DATA"); at != std::string::npos;
-       at = script.find("$DATA", at + quoted.size()))
-    script.replace(at, 5, quoted);
-  open_output(gp) << fmt::format("set terminal pngcairo size 1400,600; set output '{}'; ", png.string())
-                  << script << "\n";
-  if (std::system(fmt::format("gnuplot '{}'", gp.string()).c_str()) == 0)
-    fmt::print("wrote {}\n", png.string());
+  depcache::plot_png(std::filesystem::path(report).replace_extension(".png"), data, commands);
 }
 
 std::vector<std::string> split_list(const std::string& s) {

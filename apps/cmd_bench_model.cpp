@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "compute/dot.h"
 #include "engine/engine.h"
+#include "engine_bench.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -81,54 +82,6 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   cmd->add_flag("--json", o.json, "Print JSON lines instead of a table");
 }
 
-// The model as the table names it: architecture, layers, width and the
-// matrix types of a layer (files that fall back to another type where rows
-// do not fit the blocks show both, e.g. Q8_0+Q4_K).
-std::string model_description(const Model& model) {
-  const ModelConfig& c = model.config();
-  std::vector<std::string_view> types;
-  const LayerWeights& l0 = model.layers[0];
-  for (const WeightMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down})
-    if (std::find(types.begin(), types.end(), dtype_info(w->type).name) == types.end())
-      types.push_back(dtype_info(w->type).name);
-  return fmt::format("{} {}L {}d {}", c.arch_name, c.n_layer, c.n_embd, fmt::join(types, "+"));
-}
-
-// Each test runs through the engine, as every request does: one request of
-// random tokens, computed without reuse, greedy. pp n: an n-token prompt in
-// --ubatch pieces, to its first token; tg n: a one-token prompt and n - 1
-// more tokens, n forward passes of one token each. Returns seconds.
-class EngineBench {
- public:
-  EngineBench(std::shared_ptr<const Model> model, const BenchOptions& o)
-      : model_(std::move(model)), o_(o), pick_(0, model_->config().n_vocab - 1) {}
-  double pp(int n) { return run(n, 1); }
-  double tg(int n) { return run(1, n); }
-
- private:
-  double run(int64_t n_prompt, int n_tokens) {
-    EngineOptions eo;
-    eo.pool_rows = n_prompt + n_tokens;
-    eo.kv_type = parse_kv_type(o_.kv_type);
-    eo.cache_bytes = 0;
-    eo.batch_tokens = o_.ubatch;
-    eo.threads = o_.threads;
-    Engine engine(model_, eo);
-    PromptParts parts;
-    for (int64_t i = 0; i < n_prompt; ++i) parts.text.push_back(pick_(rng_));
-    SamplingParams sampling;
-    sampling.max_tokens = n_tokens;
-    sampling.stop_at_eog = false;
-    const RequestResult& r = engine.wait(engine.submit("full", std::move(parts), sampling));
-    return std::chrono::duration<double>(r.done - r.submitted).count();
-  }
-
-  std::shared_ptr<const Model> model_;
-  const BenchOptions& o_;
-  std::mt19937 rng_{1234};
-  std::uniform_int_distribution<int32_t> pick_;
-};
-
 void run_bench(const BenchOptions& o) {
   if (o.int8) set_int8_activations(true);
   const std::vector<int> pps = parse_list(o.pp_list, "--n-prompt");
@@ -140,7 +93,11 @@ void run_bench(const BenchOptions& o) {
   for (const GgufTensor& t : model->file().tensors()) n_params += t.n_elements();
   const double size_mib = model->file().file_size() / 1048576.0;
   const std::string model_desc = model_description(*model);
-  EngineBench bench(model, o);
+  EngineBenchOptions eo;
+  eo.kv_type = parse_kv_type(o.kv_type);
+  eo.ubatch = o.ubatch;
+  eo.threads = o.threads;
+  EngineBench bench(model, eo);
   const int n_threads = ThreadPool(o.threads).size();
 
   if (!o.json) {

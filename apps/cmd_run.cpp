@@ -22,6 +22,7 @@
 #include "model/vocab.h"
 #include "retrieval/rag_request.h"
 #include "strategy/subgcache.h"
+#include "strategy_run.h"
 #include "tier_options.h"
 #include "util/error.h"
 
@@ -41,29 +42,12 @@ struct RunOptions {
   std::string reference_kv_type;  // --fidelity's full answers; empty: --kv-type
 };
 
-StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs,
-                         const std::vector<PromptParts>& parts, const std::shared_ptr<const Model>& model,
-                         const RunOptions& o, int64_t pool_rows, bool dependency,
-                         const std::vector<FullAnswer>* full,
-                         const std::vector<PromptParts>* warmup = nullptr) {
-  // SubGCache's queries arrive rewritten (their cluster's representative
-  // subgraph as context, in cluster order): the engine reuses it as a prefix.
-  const std::string_view strategy = engine_strategy(name);
-  const ResolvedEngine re = resolve_engine(o.engine, name, model->config(), pool_rows, dependency);
-  fmt::print("[{}] {}\n", name, re.summary);
-  Engine engine(model, re.engine);
-  // Lower tiers: the stores outlive nothing but this run.
-  EngineTiers tiers(engine, re.tiers, fmt::format("[{}] ", name));
-  if (name != "full") profile_costs_if_needed(engine, re, fmt::format("[{}] ", name));
-
+ReplayOptions replay_options(const RunOptions& o) {
   ReplayOptions ro;
   ro.max_tokens = o.max_tokens;
   ro.serial = o.serial;
   ro.verify = o.verify;
-  StrategyRun run = replay(engine, name, strategy, reqs, parts, ro, full, warmup);
-  run.tiered = re.tiers.any();
-  if (tiers.persist()) run.stats = engine.index().stats();
-  return run;
+  return ro;
 }
 
 // --sweep-rate: each strategy's highest Poisson rate within the SLO
@@ -79,7 +63,8 @@ void sweep_rates(const std::vector<std::string>& names, const std::vector<RagReq
     sweeps.push_back(
         sweep_rate(reqs, o.slo_ms, o.stream.seed, [&](const std::vector<RagRequest>& at, bool serial) {
           quiet.serial = serial;
-          return run_strategy(name, at, parts, model, quiet, pool_rows, dependency, nullptr);
+          return run_strategy(name, at, parts, model, quiet.engine, replay_options(quiet), pool_rows,
+                              dependency);
         }));
   const std::string report = fmt::format(
       "Rate sweep: {} requests, Poisson arrivals (seed {}); SLO: p99 TTFT within {} \n\n{}", reqs.size(),
@@ -111,30 +96,6 @@ void print_header(const RunOptions& o, const ModelConfig& c, const Stream& s, in
       "({}){}\n",
       o.model_path, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, s.requests.size(), o.engine.kv_type, n_ctx,
       position_scheme_name(positions.strategy.scheme), scheme_source, trees);
-}
-
-// SubGCache: its clustered queries served in cluster order, the rows put
-// back in the stream's order.
-StrategyRun run_clustered(const Stream& s, const std::shared_ptr<const Model>& model, const RunOptions& o,
-                          int64_t n_ctx, bool dependency, const std::vector<FullAnswer>& full) {
-  std::vector<FullAnswer> full_in_order;
-  if (o.fidelity)
-    for (size_t i : s.subgcache.order) full_in_order.push_back(full[i]);
-  StrategyRun run = run_strategy(std::string(kSubgcache), s.clustered, s.clustered_parts, model, o, n_ctx,
-                                 dependency, o.fidelity ? &full_in_order : nullptr, &s.warmup_parts);
-  std::vector<RequestRow> rows(run.rows.size());
-  for (size_t k = 0; k < s.subgcache.order.size(); ++k) rows[s.subgcache.order[k]] = std::move(run.rows[k]);
-  run.rows = std::move(rows);
-  const SubgcacheOptions& so = o.stream.subgcache_options;
-  const double clustering_s = s.subgcache.clustering_ms / 1000.0;
-  fmt::print(
-      "subgcache: {} queries in {} batches of up to {}, {} clusters ({} linkage, {} embedding); "
-      "clustering {:.1f} ms ({:.2f}% of its run's {:.1f} s)\n",
-      s.requests.size(), (s.requests.size() + so.batch - 1) / so.batch, so.batch, s.subgcache.n_clusters,
-      linkage_name(so.linkage), so.embedding == SubgraphEmbedding::Text ? "text" : "ids",
-      s.subgcache.clustering_ms, 100.0 * clustering_s / std::max(run.wall_s + clustering_s, 1e-9),
-      run.wall_s);
-  return run;
 }
 
 void run_command(RunOptions& o) {
@@ -182,9 +143,12 @@ void run_command(RunOptions& o) {
   if (o.sweep) return sweep_rates(names, s.requests, s.parts, model, o, n_ctx, dependency);
   std::vector<StrategyRun> runs;
   for (const std::string& name : names) {
-    runs.push_back(name == kSubgcache ? run_clustered(s, model, o, n_ctx, dependency, full)
-                                      : run_strategy(name, s.requests, s.parts, model, o, n_ctx, dependency,
-                                                     o.fidelity ? &full : nullptr, &s.warmup_parts));
+    const std::vector<FullAnswer>* reference = o.fidelity ? &full : nullptr;
+    runs.push_back(name == kSubgcache
+                       ? run_clustered(s, model, o.engine, replay_options(o), o.stream.subgcache_options,
+                                       n_ctx, dependency, reference)
+                       : run_strategy(name, s.requests, s.parts, model, o.engine, replay_options(o), n_ctx,
+                                      dependency, reference, &s.warmup_parts));
     score_answers(runs.back(), s.requests, tok);
     if (!o.quiet) fmt::print("{}", request_table(runs.back()));
     if (json)

@@ -26,5 +26,6 @@ void add_loadgen_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_vocab_commands(CLI::App& app);
 void add_chunks_commands(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 }  // namespace depcache::cli

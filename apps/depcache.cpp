@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   depcache::cli::add_train_command(app);
   depcache::cli::add_vocab_commands(app);
   depcache::cli::add_chunks_commands(app);
+  depcache::cli::add_eval_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

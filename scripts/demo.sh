@@ -128,6 +128,8 @@ cat <<EOF
 
 The report: $D/report.md; every request's row: $D/<workload>-<strategy>.jsonl;
 the server's log: $D/serve.log. What the tables mean: docs/demo.md.
-Next: serve your own GGUF model (README, "Serving"); the whole test suite:
-bash scripts/test.sh; every command: build/depcache --help.
+Next: serve your own GGUF model (README, "Serving"); each seed paper's
+headline results re-measured on this machine: build/depcache eval --quick
+(a few minutes; docs/eval.md); the whole test suite: bash scripts/test.sh;
+every command: build/depcache --help.
 EOF
