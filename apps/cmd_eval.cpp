@@ -50,7 +50,8 @@ namespace {
 namespace fs = std::filesystem;
 
 struct EvalOptions {
-  std::string out = "build/eval", models_dir = "models", data_dir = "../shared/data", sections;
+  std::string out = "build/eval", models_dir = "models", work_dir = "build/eval-models",
+              data_dir = "../shared/data", sections;
   bool quick = false;
   int threads = 0;
 };
@@ -902,7 +903,7 @@ void engine_table(EvalContext& c) {
     const std::string name = std::string(dtype_info(t).name);
     fs::path path = c.speed_path;
     if (t != DType::F16) {
-      path = c.report.dir() / "models" / fmt::format("speed-{}.gguf", name);
+      path = fs::path(c.o.work_dir) / fmt::format("speed-{}.gguf", name);
       if (!fs::exists(path)) quantize_model(c.speed_path, path, t, c.o.threads);
     }
     stage(fmt::format("engine: {} pp{} tg{}", name, pp, tg));
@@ -959,12 +960,13 @@ void run_eval(const EvalOptions& o, const std::string& command) {
     if (!fs::exists(fs::path(o.models_dir) / m))
       fail(ErrorKind::NotFound, "{}: the shipped QA model is missing (--models names their directory)",
            (fs::path(o.models_dir) / m).string());
-  fs::create_directories(fs::path(o.out) / "models");
+  fs::create_directories(o.out);
+  fs::create_directories(o.work_dir);
   const auto t0 = Clock::now();
   stage(fmt::format("eval{}: writing {}/report.md", o.quick ? " --quick" : "", o.out));
 
   // The speed model: the demo's shape, random F16 weights, made once.
-  const fs::path speed = fs::path(o.out) / "models" / "speed-f16.gguf";
+  const fs::path speed = fs::path(o.work_dir) / "speed-f16.gguf";
   if (!fs::exists(speed)) {
     RandomModelOptions m;
     m.shape = *model_preset("tiny");
@@ -1031,9 +1033,11 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "eval", "Re-run each seed paper's headline experiments and write one report (Markdown and PNG plots)");
   cmd->add_flag("--quick", o.quick, "Smaller streams and fewer points: a few minutes on 2 cores");
-  cmd->add_option("-o,--out", o.out, "Directory of report.md, its plots and the models it makes")
-      ->capture_default_str();
+  cmd->add_option("-o,--out", o.out, "Directory of report.md and its plots")->capture_default_str();
   cmd->add_option("--models", o.models_dir, "Directory of the shipped QA models")->capture_default_str();
+  cmd->add_option("--work", o.work_dir,
+                  "Directory of the models eval makes (the speed model and its quantized copies, made once)")
+      ->capture_default_str();
   cmd->add_option("--data", o.data_dir,
                   "Directory with musique/ (MuSiQue corpus and questions); without it the document sections "
                   "use documents of a made-up world")
