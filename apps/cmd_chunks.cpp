@@ -21,6 +21,7 @@
 #include "model/vocab.h"
 #include "prompt/prompt_parts.h"
 #include "retrieval/bm25.h"
+#include "retrieval/corpus.h"
 #include "retrieval/rag_request.h"
 #include "strategy/chunk_reuse.h"
 #include "util/error.h"
@@ -31,8 +32,9 @@ namespace depcache::cli {
 namespace {
 
 struct FuseOptions {
-  std::string model_path, requests_path, kv_type = "f16";
+  std::string model_path, requests_path, kv_type = "f16", corpus_path, corpus_format = "auto";
   size_t neighbours = 10, limit = 0;
+  ChunkOptions chunking;
   double cache_mib = 1024;
   int threads = 0;
   TierOptions tiers;
@@ -55,6 +57,20 @@ void fuse(const FuseOptions& o) {
   ChunkFusionOptions fo;
   fo.neighbours = o.neighbours;
   fo.limit = o.limit;
+  if (!o.corpus_path.empty()) {
+    // Each chunk of the corpus as the document a request would carry (as
+    // `workload generate --corpus` writes them).
+    const ChunkIndex index =
+        ChunkIndex::build(load_corpus(o.corpus_path, parse_corpus_format(o.corpus_format)), tok, o.chunking);
+    for (uint32_t i = 0; i < index.chunks().size(); ++i) {
+      const Chunk& c = index.chunk(i);
+      const Document& d = index.doc_of(i);
+      RagRequest q;
+      q.documents.push_back({fmt::format("{}#{}", d.id, c.index_in_doc), d.title, c.text});
+      fo.neighbour_pool.push_back(std::move(q));
+    }
+    if (fo.neighbour_pool.empty()) fail(ErrorKind::InvalidInput, "{}: no chunks", o.corpus_path);
+  }
   const ChunkFusionReport r =
       fuse_chunks(engine, *model, eo.kv_type, reqs, tok, fo, [](size_t done, size_t total) {
         if (done % 50 == 0 || done == total) fmt::print(stderr, "[chunks fuse] {}/{} chunks\n", done, total);
@@ -65,10 +81,11 @@ void fuse(const FuseOptions& o) {
                eo.pool_rows);
   fmt::print(
       "{} requests, {} distinct chunks; fused {} chunks ({} already fused) after {:.1f} neighbours on "
-      "average; "
+      "average from {} ({} chunks); "
       "{} tokens computed in {:.1f} s\n",
       r.requests, r.chunks, r.fused, r.present,
-      r.fused ? static_cast<double>(r.neighbours) / static_cast<double>(r.fused) : 0.0, r.computed_tokens,
+      r.fused ? static_cast<double>(r.neighbours) / static_cast<double>(r.fused) : 0.0,
+      o.corpus_path.empty() ? std::string("the stream") : o.corpus_path, r.candidates, r.computed_tokens,
       r.seconds);
 }
 
@@ -88,6 +105,18 @@ void add_chunks_commands(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(size_t{0}, size_t{64}));
   cmd->add_option("--limit", o.limit, "Fuse at most this many chunks, in order of first appearance (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--corpus", o.corpus_path,
+                  "Search neighbours among this corpus's chunks, as FusionRAG does (default: among the "
+                  "stream's own chunks); chunked as `workload generate` chunks it")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--corpus-format", o.corpus_format, "auto, musique, hotpotqa or jsonl")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "musique", "hotpotqa", "jsonl"}));
+  cmd->add_option("--chunk-tokens", o.chunking.chunk_tokens, "With --corpus: tokens per chunk")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--overlap", o.chunking.overlap, "With --corpus: tokens shared by neighbouring chunks")
       ->capture_default_str();
   add_kv_storage_options(*cmd, o.kv_type, o.cache_mib, o.tiers);
   add_threads_option(*cmd, o.threads);

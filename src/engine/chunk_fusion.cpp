@@ -55,8 +55,13 @@ ChunkFusionReport fuse_chunks(Engine& engine, const Model& model, DType kv_type,
   r.requests = reqs.size();
   const std::vector<StreamChunk> chunks = distinct_chunks(reqs, tok, model.config().prompt);
   r.chunks = chunks.size();
+  const std::vector<StreamChunk> pool = o.neighbour_pool.empty()
+                                            ? std::vector<StreamChunk>{}
+                                            : distinct_chunks(o.neighbour_pool, tok, model.config().prompt);
+  const std::vector<StreamChunk>& candidates = o.neighbour_pool.empty() ? chunks : pool;
+  r.candidates = candidates.size();
   Bm25Index bm25;
-  for (const StreamChunk& c : chunks) bm25.add(c.text);
+  for (const StreamChunk& c : candidates) bm25.add(c.text);
   bm25.finalize();
   const int64_t n_ctx = engine.pool().n_rows();
   RadixIndex& index = engine.index();
@@ -69,9 +74,10 @@ ChunkFusionReport fuse_chunks(Engine& engine, const Model& model, DType kv_type,
     PromptParts parts;
     parts.system = c.system;
     for (const ScoredDoc& hit : bm25.search(c.text, o.neighbours + 1)) {
-      if (hit.doc == i || chunks[hit.doc].system != c.system) continue;
+      const StreamChunk& n = candidates[hit.doc];
+      if (n.text == c.text || n.system != c.system) continue;
       if (parts.items.size() == o.neighbours) break;
-      parts.items.push_back(chunks[hit.doc].item);
+      parts.items.push_back(n.item);
     }
     parts.items.push_back(c.item);
     // Neighbours beyond the context are left out, the least similar first.

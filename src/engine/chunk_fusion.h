@@ -1,7 +1,8 @@
 #pragma once
 // FusionRAG's offline step over the chunks a request stream carries: each
 // distinct chunk computed after its most similar chunks (BM25 with the
-// chunk as the query) and stored in the engine's index as its fused cache,
+// chunk as the query) — from the corpus, as the paper does, or from the
+// stream itself — and stored in the engine's index as its fused cache,
 // which the fusionrag strategy finds before the chunk's plain cache.
 #include <cstdint>
 #include <functional>
@@ -17,10 +18,15 @@ namespace depcache {
 struct ChunkFusionOptions {
   size_t neighbours = 10;  // similar chunks each chunk is computed after
   size_t limit = 0;        // at most this many chunks, in order of first appearance (0: all)
+  // Where neighbours are searched: the chunks of these requests (a corpus's
+  // chunks, one request each); empty: the stream's own chunks. A chunk is
+  // never its own neighbour (same text).
+  std::vector<RagRequest> neighbour_pool;
 };
 
 struct ChunkFusionReport {
   size_t requests = 0, chunks = 0;  // distinct chunks of the stream
+  size_t candidates = 0;            // distinct chunks neighbours were searched among
   size_t fused = 0, present = 0;    // computed now; found fused already
   size_t too_long = 0;              // alone longer than the context: not fused
   int64_t neighbours = 0;           // summed over the chunks fused

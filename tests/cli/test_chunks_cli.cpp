@@ -62,6 +62,49 @@ TEST(ChunksCli, FusesIntoTheDiskTierThatFusionRagReadsFrom) {
   std::filesystem::remove_all(dir);
 }
 
+// FusionRAG's neighbours from the corpus: a stream of one document has no
+// neighbour of its own, but the corpus it came from has; a chunk is never
+// its own neighbour.
+TEST(ChunksCli, NeighboursComeFromTheCorpusWhenGiven) {
+  const auto dir = test::temp_path("chunks-corpus");
+  std::filesystem::create_directories(dir);
+  const std::string model = (dir / "m.gguf").string(), requests = (dir / "r.jsonl").string(),
+                    corpus = (dir / "corpus.jsonl").string();
+  auto r = run_cli("model new --preset tiny --seed 4 -o " + model);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<std::string> texts = {"Dogs bark at night and chase cats.",
+                                          "Cats purr and sleep at night.", "Owls hunt mice at night.",
+                                          "Dogs and owls are awake at night."};
+  {
+    std::ofstream out(corpus);
+    for (const std::string& t : texts) out << nlohmann::json{{"text", t}}.dump() << "\n";
+  }
+  nlohmann::json j{{"id", "0"}, {"question", "Who is awake at night?"}};
+  j["documents"].push_back({{"id", "0#0"}, {"text", texts[3]}});
+  std::ofstream(requests) << j.dump() << "\n";
+  const std::string fuse =
+      fmt::format("chunks fuse -m {} --requests {} --neighbours 2 -t 2 --cache-dir ", model, requests);
+  r = run_cli(fuse + (dir / "alone").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(
+      r.out.find(
+          "fused 1 chunks (0 already fused) after 0.0 neighbours on average from the stream (1 chunks)"),
+      std::string::npos)
+      << r.out;
+  r = run_cli(fuse + (dir / "corpus").string() + " --corpus " + corpus);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("after 2.0 neighbours on average from " + corpus + " (4 chunks)"), std::string::npos)
+      << r.out;
+  // --neighbours 3 takes every other chunk of the corpus, but not the chunk itself.
+  r = run_cli(fmt::format("chunks fuse -m {} --requests {} --neighbours 3 -t 2 --cache-dir {} --corpus {}",
+                          model, requests, (dir / "all").string(), corpus));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("after 3.0 neighbours"), std::string::npos) << r.out;
+  r = run_cli(fuse + (dir / "bad").string() + " --corpus " + corpus + " --chunk-tokens 4 --overlap 4");
+  EXPECT_EQ(r.code, 3) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
 // A request file of one question over these documents, in this order.
 void write_request(const std::string& path, const std::vector<std::string>& texts) {
   nlohmann::json j{{"id", "0"}, {"question", "Who is awake at night?"}};
