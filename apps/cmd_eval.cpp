@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -14,12 +13,13 @@
 #include <functional>
 #include <map>
 #include <numeric>
-#include <thread>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "compute/dot.h"
+#include "engine/chunk_fusion.h"
 #include "engine/engine.h"
+#include "engine/engine_tiers.h"
 #include "engine_bench.h"
 #include "engine_options.h"
 #include "eval/eval_report.h"
@@ -244,7 +244,8 @@ std::shared_ptr<const Model> load_shipped(const EvalContext& c, const std::strin
   return Model::load(p);
 }
 
-const char* kLines = "set key outside right; set grid; ";
+// What every line plot of the report starts with.
+constexpr const char* kLinePlot = "set key outside right; set grid; ";
 
 // ---- DepCache ---------------------------------------------------------------
 
@@ -332,10 +333,10 @@ void depcache_length(EvalContext& c) {
       "index "
       "2 with linespoints title 'depcache'");
   r.plot("depcache-ttft", ttft_dat,
-         std::string(kLines) + "set logscale xy; set xlabel 'prompt tokens'; set ylabel 'TTFT p50 (ms)'; " +
-             plot_lines);
+         std::string(kLinePlot) +
+             "set logscale xy; set xlabel 'prompt tokens'; set ylabel 'TTFT p50 (ms)'; " + plot_lines);
   r.plot("depcache-throughput", rate_dat,
-         std::string(kLines) +
+         std::string(kLinePlot) +
              "set logscale xy; set xlabel 'prompt tokens'; set ylabel 'req/s within SLO'; " + plot_lines);
   r.versus(
       {{"TTFT, dependency attention + KV reuse vs self-attention with prefix reuse",
@@ -548,6 +549,9 @@ void depcache_accuracy(EvalContext& c) {
 struct DocStream {
   std::vector<RagRequest> requests;
   std::string what;
+  // Another draw from the same stream, served first and unmeasured: the
+  // caches start warm, as a service's do (empty unless asked for).
+  std::vector<RagRequest> warmup;
 };
 
 // MuSiQue's BM25 top-2 streams when the data is there, else documents of a
@@ -566,6 +570,12 @@ DocStream document_stream(const EvalContext& c, const Tokenizer& tok, size_t n, 
   a.entities = 4;
   a.seed = seed;
   return {ask(world(21), a), "documents of a made-up world (MuSiQue not found under --data)"};
+}
+
+DocStream warm_document_stream(const EvalContext& c, const Tokenizer& tok, size_t n, size_t chunk_tokens) {
+  DocStream s = document_stream(c, tok, n, chunk_tokens);
+  s.warmup = document_stream(c, tok, n, chunk_tokens, 8).requests;
+  return s;
 }
 
 void ragcache_policies(EvalContext& c) {
@@ -626,7 +636,7 @@ void ragcache_policies(EvalContext& c) {
   r.table({"host tier", "pgdsf", "gdsf", "gdsf-size", "lru", "lfu"}, rows);
   r.plot(
       "ragcache-policies", dat,
-      std::string(kLines) +
+      std::string(kLinePlot) +
           "set xlabel 'host tier (% of distinct KV)'; set ylabel 'document hit rate (%)'; plot $DATA using "
           "1:2 with linespoints title 'pgdsf', '' using 1:3 with linespoints title 'gdsf', '' using 1:4 with "
           "linespoints title 'gdsf-size', '' using 1:5 with linespoints title 'lru', '' using 1:6 with "
@@ -647,9 +657,8 @@ void ragcache_ttft(EvalContext& c) {
   r.section("RAGCache: TTFT under load, with and without reordering");
   const Tokenizer tok(Vocab::from_gguf(c.speed->file()));
   const size_t n = c.n(30, 80);
-  const DocStream stream = document_stream(c, tok, n, 512);
-  // The caches start warm, as a service's do: another draw from the stream, unmeasured.
-  const std::vector<RagRequest> warm = document_stream(c, tok, n, 512, 8).requests;
+  const DocStream stream = warm_document_stream(c, tok, n, 512);
+  const std::vector<RagRequest>& warm = stream.warmup;
   stage(fmt::format("ragcache-ttft: {} requests", n));
   const Summary alone =
       summarize(serve("ragcache", stream.requests, c.speed, c.args(), 1, true, nullptr, nullptr, warm));
@@ -748,7 +757,7 @@ void subgcache(EvalContext& c) {
            "exact match"},
           rows);
   r.plot("subgcache", dat,
-         std::string(kLines) +
+         std::string(kLinePlot) +
              "set logscale x; set xlabel 'clusters'; set ylabel 'mean TTFT (ms)'; set y2label 'exact match "
              "(%)'; "
              "set y2tics; plot $DATA using 1:2 with linespoints title 'TTFT', '' using 1:3 axes x1y2 with "
@@ -779,6 +788,31 @@ void subgcache(EvalContext& c) {
 
 // ---- Chunk reuse: CacheBlend, FusionRAG, Cache-Craft -------------------------
 
+// FusionRAG's offline step (`chunks fuse`): the chunks of reqs fused into a
+// fresh disk tier under --work, each after its nearest chunks of `pool`
+// (empty: of reqs); returns the tier's directory.
+std::string fuse_into_disk_tier(const EvalContext& c, const std::shared_ptr<const Model>& model,
+                                const Tokenizer& tok, const std::vector<RagRequest>& reqs,
+                                const std::vector<RagRequest>& pool, const std::string& name) {
+  const fs::path dir = fs::path(c.o.work_dir) / name;
+  fs::remove_all(dir);
+  EngineOptions eo;
+  eo.pool_rows = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
+  eo.threads = c.o.threads;
+  Engine engine(model, eo);
+  TierOptions to;
+  to.cache_dir = dir.string();
+  const LowerTiers tiers(engine.index(), to, "[fuse] ");
+  ChunkFusionOptions fo;
+  fo.neighbour_pool = pool;
+  const ChunkFusionReport fr = fuse_chunks(engine, *model, eo.kv_type, reqs, tok, fo);
+  engine.index().persist();
+  stage(fmt::format("chunk-quality: fused {} chunks after {:.1f} neighbours from {} candidates", fr.fused,
+                    fr.fused ? static_cast<double>(fr.neighbours) / static_cast<double>(fr.fused) : 0.0,
+                    fr.candidates));
+  return dir.string();
+}
+
 void chunk_quality(EvalContext& c) {
   EvalReport& r = c.report;
   r.section("Chunk reuse: quality against recomputation (CacheBlend, FusionRAG, Cache-Craft)");
@@ -793,42 +827,64 @@ void chunk_quality(EvalContext& c) {
   const std::vector<RagRequest> reqs = ask(kg, a);
   stage(fmt::format("chunk-quality: {} requests, full attention's answers", n));
   const std::vector<FullAnswer> full = reference_answers(reqs, model, 12, c.o.threads);
+  // FusionRAG's offline step's neighbours: every document of the world (the
+  // corpus, as the paper takes them), or the stream's own chunks.
+  enum class Fused { No, FromCorpus, FromStream };
   struct Variant {
     std::string strategy;
     double ratio;  // < 0: none
+    Fused fused = Fused::No;
   };
   std::vector<Variant> variants = {{"full", -1}, {"prefix", -1}, {"fullreuse", -1}, {"cachecraft", -1}};
   const std::vector<double> ratios =
       c.o.quick ? std::vector<double>{0.05, 0.15, 0.5} : std::vector<double>{0.05, 0.10, 0.15, 0.30, 0.50};
   for (const char* s : {"cacheblend", "fusionrag"})
     for (double x : ratios) variants.push_back({s, x});
+  variants.push_back({"fusionrag", 0.15, Fused::FromCorpus});
+  variants.push_back({"fusionrag", 0.15, Fused::FromStream});
+  AskOptions every;
+  every.documents = true;
+  every.requests = 300;
+  every.entities = 1;
+  every.seed = 31;
+  const std::vector<RagRequest> corpus = ask(kg, every);
+  const Tokenizer tok(Vocab::from_gguf(model->file()));
   std::vector<std::vector<std::string>> rows;
   std::map<std::string, std::string> dat;
   std::map<std::string, Summary> got;
   for (const Variant& v : variants) {
     EngineArgs args = c.args();
     if (v.ratio >= 0) args.chunk.recompute_ratio = v.ratio;
-    const std::string label =
-        v.ratio >= 0 ? fmt::format("{} {:.0f}%", v.strategy, 100 * v.ratio) : v.strategy;
+    std::string label = v.ratio >= 0 ? fmt::format("{} {:.0f}%", v.strategy, 100 * v.ratio) : v.strategy;
+    if (v.fused != Fused::No) {
+      const bool from_corpus = v.fused == Fused::FromCorpus;
+      label += from_corpus ? ", fused with corpus neighbours" : ", fused with stream neighbours";
+      args.tiers.cache_dir =
+          fuse_into_disk_tier(c, model, tok, reqs, from_corpus ? corpus : std::vector<RagRequest>{},
+                              from_corpus ? "fusion-corpus" : "fusion-stream");
+    }
     stage(fmt::format("chunk-quality: {}", label));
     const Summary s = summarize(serve(v.strategy, reqs, model, args, 12, true, &full));
     got[label] = s;
     rows.push_back({label, r.num(s.exact) + "%", r.num(s.f1, 3), r.num(s.rouge, 3),
                     r.num(100 * s.computed / std::max(s.prompt, 1.0)) + "%", r.num(s.p50, 2)});
-    if (v.ratio >= 0) dat[v.strategy] += fmt::format("{} {}\n", 100 * v.ratio, s.exact);
+    if (v.ratio >= 0 && v.fused == Fused::No)
+      dat[v.strategy] += fmt::format("{} {}\n", 100 * v.ratio, s.exact);
   }
   r.text(fmt::format(
       "{} Zipf requests over a held-out world's documents (3 entities per request, one document of fact "
       "sentences each; 1-hop cloze questions), the shipped causal QA model `depcache-qa.gguf`, 12 greedy "
       "tokens, one request at a time. Exact match and token F1 against the reference answer; ROUGE-L of the "
       "continuation against full attention's (Cache-Craft's measure); computed: tokens run through the model "
-      "over prompt tokens. FusionRAG runs without offline fusion of neighbours.",
+      "over prompt tokens. FusionRAG runs without its offline step, and at 15% with it: each chunk also "
+      "stored computed after its 10 BM25-nearest chunks, from the corpus (every document of the world) "
+      "or from the stream's own chunks.",
       n));
   r.table({"strategy", "exact match", "F1", "ROUGE-L vs full", "computed", "TTFT p50 ms"}, rows);
   const double fr = got["fullreuse"].exact, fa = got["full"].exact;
   r.plot(
       "chunk-quality", dat["cacheblend"] + "\n\n" + dat["fusionrag"] + "\n\n",
-      std::string(kLines) +
+      std::string(kLinePlot) +
           fmt::format("set xlabel 'recomputed (%)'; set ylabel 'exact match (%)'; set yrange [0:100]; plot "
                       "$DATA index 0 with linespoints title 'cacheblend', '' index 1 with linespoints title "
                       "'fusionrag', {} title 'full', {} title 'fullreuse'",
@@ -841,7 +897,15 @@ void chunk_quality(EvalContext& c) {
       {{"FusionRAG at 15% recomputed, normalized score ((x - fullreuse) / (full - fullreuse))",
         "Normalized-F1 up to 70% above the baselines; 12 of 20 settings recover > 80% (Fig. 13)",
         fmt::format("{} on exact match (CacheBlend {})", norm("fusionrag 15%"), norm("cacheblend 15%")),
-        "neighbour fusion from the corpus is not applied here; 3 short documents per request"},
+        "without the offline step (with it: next row); 3 short documents per request"},
+       {"FusionRAG at 15% with its offline step, neighbours from the corpus / the stream / none (exact "
+        "match)",
+        "neighbours from the corpus (Sec. 3.1); the step raises Normalized-F1 (Fig. 16, 18)",
+        fmt::format("{}% / {}% / {}%", r.num(got["fusionrag 15%, fused with corpus neighbours"].exact),
+                    r.num(got["fusionrag 15%, fused with stream neighbours"].exact),
+                    r.num(got["fusionrag 15%"].exact)),
+        "the QA model's documents are three facts about one entity: the nearest documents share names and "
+        "relation words, not the facts asked"},
        {"Cache-Craft ROUGE-L vs full", "~0.87 at 20% recomputed, 0.59 for full reuse (Sys-X, Fig. 20)",
         fmt::format("{} (fullreuse {})", r.num(got["cachecraft"].rouge, 3), r.num(got["fullreuse"].rouge, 3)),
         "Cache-Craft here decides per chunk how much to fix from its variants' attention"},
@@ -859,8 +923,8 @@ void throughput(EvalContext& c) {
   r.section("Throughput within an SLO (RAGCache, Cache-Craft)");
   const Tokenizer tok(Vocab::from_gguf(c.speed->file()));
   const size_t n = c.n(24, 60);
-  const DocStream stream = document_stream(c, tok, n, 512);
-  const std::vector<RagRequest> warm = document_stream(c, tok, n, 512, 8).requests;
+  const DocStream stream = warm_document_stream(c, tok, n, 512);
+  const std::vector<RagRequest>& warm = stream.warmup;
   stage(fmt::format("throughput: {} requests, full unloaded", n));
   const Summary full =
       summarize(serve("full", stream.requests, c.speed, c.args(), 1, true, nullptr, nullptr, warm));
@@ -962,6 +1026,13 @@ void run_eval(const EvalOptions& o, const std::string& command) {
            (fs::path(o.models_dir) / m).string());
   fs::create_directories(o.out);
   fs::create_directories(o.work_dir);
+  // The checkout this run starts from (edits made while it runs do not change what runs).
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::string commit = shell_line("git rev-parse --short HEAD 2>/dev/null");
+  if (!commit.empty() && !shell_line("git status --porcelain --untracked-files=no 2>/dev/null").empty())
+    commit += " (with uncommitted changes)";
   const auto t0 = Clock::now();
   stage(fmt::format("eval{}: writing {}/report.md", o.quick ? " --quick" : "", o.out));
 
@@ -1003,12 +1074,6 @@ void run_eval(const EvalOptions& o, const std::string& command) {
   report.section("Time per section");
   report.table({"section", "wall time"}, timing);
 
-  const std::time_t now = std::time(nullptr);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::string commit = shell_line("git rev-parse --short HEAD 2>/dev/null");
-  if (!commit.empty() && !shell_line("git status --porcelain --untracked-files=no 2>/dev/null").empty())
-    commit += " (with uncommitted changes)";
   const std::string header = fmt::format(
       "# depcache eval{}\n\nEach seed paper's headline experiments, re-run on this engine; every figure "
       "below "
