@@ -95,8 +95,8 @@ TEST(ChunksCli, NeighboursComeFromTheCorpusWhenGiven) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("after 2.0 neighbours on average from " + corpus + " (4 chunks)"), std::string::npos)
       << r.out;
-  // --neighbours 3 takes every other chunk of the corpus, but not the chunk itself.
-  r = run_cli(fmt::format("chunks fuse -m {} --requests {} --neighbours 3 -t 2 --cache-dir {} --corpus {}",
+  // --neighbours 4 takes every other chunk of the corpus (3), but not the chunk itself.
+  r = run_cli(fmt::format("chunks fuse -m {} --requests {} --neighbours 4 -t 2 --cache-dir {} --corpus {}",
                           model, requests, (dir / "all").string(), corpus));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("after 3.0 neighbours"), std::string::npos) << r.out;
