@@ -1,0 +1,1 @@
+set terminal pngcairo size 1400,600; set output 'docs/eval/chunk-quality.png'; set key outside right; set grid; set xlabel 'recomputed (%)'; set ylabel 'exact match (%)'; set yrange [0:100]; plot 'docs/eval/chunk-quality.dat' index 0 with linespoints title 'cacheblend', '' index 1 with linespoints title 'fusionrag', 97.5 title 'full', 72 title 'fullreuse'

@@ -1,0 +1,1 @@
+set terminal pngcairo size 1400,600; set output 'docs/eval/depcache-throughput.png'; set key outside right; set grid; set logscale xy; set xlabel 'prompt tokens'; set ylabel 'req/s within SLO'; plot 'docs/eval/depcache-throughput.dat' index 0 with linespoints title 'full', '' index 1 with linespoints title 'prefix', '' index 2 with linespoints title 'depcache'
