@@ -760,8 +760,11 @@ TEST(Server, ClientGoneMidStreamFreesRowsAndPins) {
   std::string m;
   for (int i = 0; i < 200; ++i) {
     m = curl(s.port, "/metrics").body;
+    // The outcome, the running gauge and the duration are recorded one after
+    // another: wait for all three.
     if (sample(m, "depcache_requests_total{outcome=\"cancelled\"}") == 1 &&
-        sample(m, "depcache_requests_running") == 0)
+        sample(m, "depcache_requests_running") == 0 &&
+        sample(m, "depcache_request_duration_seconds_count") == 1)
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
