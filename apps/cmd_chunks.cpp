@@ -63,10 +63,8 @@ void fuse(const FuseOptions& o) {
     const ChunkIndex index =
         ChunkIndex::build(load_corpus(o.corpus_path, parse_corpus_format(o.corpus_format)), tok, o.chunking);
     for (uint32_t i = 0; i < index.chunks().size(); ++i) {
-      const Chunk& c = index.chunk(i);
-      const Document& d = index.doc_of(i);
       RagRequest q;
-      q.documents.push_back({fmt::format("{}#{}", d.id, c.index_in_doc), d.title, c.text});
+      q.documents.push_back(index.request_document(i));
       fo.neighbour_pool.push_back(std::move(q));
     }
     if (fo.neighbour_pool.empty()) fail(ErrorKind::InvalidInput, "{}: no chunks", o.corpus_path);

@@ -144,11 +144,8 @@ std::vector<RagRequest> corpus_stream(const fs::path& corpus, const fs::path& qu
     r.id = std::to_string(i);
     r.question = q.question;
     r.answers = q.answers;
-    for (const ChunkHit& hit : index.search(q.question, 2)) {
-      const Chunk& c = index.chunk(hit.chunk);
-      const Document& d = index.doc_of(hit.chunk);
-      r.documents.push_back({fmt::format("{}#{}", d.id, c.index_in_doc), d.title, c.text});
-    }
+    for (const ChunkHit& hit : index.search(q.question, 2))
+      r.documents.push_back(index.request_document(hit.chunk));
     out.push_back(std::move(r));
   }
   return out;

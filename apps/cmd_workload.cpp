@@ -98,11 +98,8 @@ std::vector<RagRequest> generate_chunks(const GenerateOptions& o) {
   // Retrieval is deterministic per question: do it once per QA item.
   std::vector<std::vector<RequestDocument>> retrieved(qa.size());
   for (size_t i = 0; i < qa.size(); ++i)
-    for (const ChunkHit& hit : index.search(qa[i].question, o.top_k)) {
-      const Chunk& c = index.chunk(hit.chunk);
-      const Document& d = index.doc_of(hit.chunk);
-      retrieved[i].push_back({fmt::format("{}#{}", d.id, c.index_in_doc), d.title, c.text});
-    }
+    for (const ChunkHit& hit : index.search(qa[i].question, o.top_k))
+      retrieved[i].push_back(index.request_document(hit.chunk));
   std::vector<size_t> order;
   if (o.pattern == "dataset") {
     for (size_t i = 0; i < qa.size(); ++i) order.push_back(i);

@@ -51,7 +51,7 @@ std::string EvalReport::num(double v, int digits) {
 }
 
 std::string EvalReport::ratio(double a, double b) {
-  if (!(b != 0) || !std::isfinite(a / b)) {
+  if (b == 0 || !std::isfinite(a / b)) {
     failures_.push_back(fmt::format("{}: a ratio {} / {} is not finite", section_, a, b));
     return "NaN";
   }

@@ -343,4 +343,10 @@ std::vector<ChunkHit> ChunkIndex::search_staged(std::string_view question, size_
   return to_hits(bm25_.search_staged(question, k, n_stages, on_stage, order));
 }
 
+RequestDocument ChunkIndex::request_document(uint32_t chunk) const {
+  const Chunk& c = this->chunk(chunk);
+  const Document& d = doc_of(chunk);
+  return {fmt::format("{}#{}", d.id, c.index_in_doc), d.title, c.text};
+}
+
 }  // namespace depcache

@@ -11,6 +11,7 @@
 
 #include "model/tokenizer.h"
 #include "retrieval/bm25.h"
+#include "retrieval/rag_request.h"
 
 namespace depcache {
 
@@ -108,6 +109,9 @@ class ChunkIndex {
   const std::vector<Chunk>& chunks() const { return chunks_; }
   const Chunk& chunk(uint32_t i) const { return chunks_.at(i); }
   const Document& doc_of(uint32_t chunk) const { return corpus_.docs[chunks_.at(chunk).doc]; }
+  // A chunk as a request carries it: id "doc#index", the document's title,
+  // the chunk's text.
+  RequestDocument request_document(uint32_t chunk) const;
   const Bm25Index& bm25() const { return bm25_; }
   const ChunkOptions& options() const { return options_; }
 
