@@ -37,7 +37,7 @@ struct SimulateOptions {
   std::string report_path, cost_model_path, host_capacity = "0";
   bool swap_out_once = false;
   size_t n_requests = 500, window = 32;
-  int threads = 0;
+  int threads = 0, starvation_bound = SchedulerOptions{}.starvation_bound;
   double alpha = 0.2;
   uint64_t seed = 1;
   bool grid = false, json = false;
@@ -111,6 +111,7 @@ SimulationOptions simulation_options(const SimulateOptions& o, const std::string
   SimulationOptions so;
   so.policy = policy;
   so.scheduler.order = scheduler;
+  so.scheduler.starvation_bound = o.starvation_bound;
   so.capacity_tokens = capacity;
   so.host_tokens = parse_capacity(o.host_capacity, distinct);
   so.swap_out_once = o.swap_out_once;
@@ -295,6 +296,7 @@ void add_simulate_options(CLI::App* cmd, SimulateOptions& o) {
       ->check(CLI::ExistingFile);
   add_threads_option(*cmd, o.threads);
   add_window_option(*cmd, o.window);
+  add_starvation_bound_option(*cmd, o.starvation_bound);
   cmd->add_option("--alpha", o.alpha, "LACR's α (history weight)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));

@@ -19,6 +19,13 @@ void add_kv_storage_options(CLI::App& cmd, std::string& kv_type, double& cache_m
   add_tier_options(cmd, tiers);
 }
 
+void add_starvation_bound_option(CLI::App& cmd, int& bound) {
+  cmd.add_option("--starvation-bound", bound,
+                 "A waiting request passed over this many times goes next (all orders but fifo)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+}
+
 void add_window_option(CLI::App& cmd, size_t& window) {
   cmd.add_option("--window", window, "Queued requests LACR's lookahead and the scheduler see")
       ->capture_default_str()
@@ -43,10 +50,7 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
                  "cache-aware order for ragcache, fifo for the others), fifo, lpm, lsp, ragcache")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "fifo", "lpm", "lsp", "ragcache"}));
-  cmd.add_option("--starvation-bound", a.starvation_bound,
-                 "A waiting request passed over this many times goes next (all orders but fifo)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  add_starvation_bound_option(cmd, a.starvation_bound);
   add_window_option(cmd, a.window);
   cmd.add_option("--prefetch", a.prefetch,
                  "Waiting requests whose spans are loaded into the hot tier while a step computes")

@@ -34,9 +34,10 @@ struct EngineArgs {
 void add_engine_options(CLI::App& cmd, EngineArgs& a);
 // Groups of them, for commands that run an engine for one job (chunks fuse)
 // or replay its index without a model (simulate): --kv-type, --cache-mib
-// and the lower tiers; --window; -t/--threads.
+// and the lower tiers; --window; --starvation-bound; -t/--threads.
 void add_kv_storage_options(CLI::App& cmd, std::string& kv_type, double& cache_mib, TierOptions& tiers);
 void add_window_option(CLI::App& cmd, size_t& window);
+void add_starvation_bound_option(CLI::App& cmd, int& bound);
 void add_threads_option(CLI::App& cmd, int& threads);
 
 // What a strategy runs with: its profile under what the command line set.

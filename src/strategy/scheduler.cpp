@@ -49,14 +49,19 @@ size_t pick_next(const SchedulerOptions& o, std::span<const WaitingRequest> queu
       if (ratio > best) best = ratio, pick = q;
     }
   } else if (o.order == "lsp") {
-    std::unordered_map<uint64_t, int64_t> shared;  // group -> waiting requests holding it
-    for (const WaitingRequest& r : queue)
-      for (const Lookup& l : *r.lookups) ++shared[group_key(l)];
+    // A request counts once per group however many of its runs fall in it:
+    // its own runs sharing a start (one entity's paths) are not sharing.
+    std::vector<std::unordered_map<uint64_t, int64_t>> groups(queue.size());  // group -> its tokens there
+    std::unordered_map<uint64_t, int64_t> holders;  // group -> waiting requests holding it
+    for (size_t q = 0; q < queue.size(); ++q) {
+      for (const Lookup& l : *queue[q].lookups)
+        groups[q][group_key(l)] += static_cast<int64_t>(l.tokens.size());
+      for (const auto& g : groups[q]) ++holders[g.first];
+    }
     int64_t best = -1;
     for (size_t q = 0; q < queue.size(); ++q) {
       int64_t score = 0;
-      for (const Lookup& l : *queue[q].lookups)
-        score += (shared[group_key(l)] - 1) * static_cast<int64_t>(l.tokens.size());
+      for (const auto& [group, tokens] : groups[q]) score += (holders[group] - 1) * tokens;
       if (score > best) best = score, pick = q;
     }
   } else {

@@ -53,6 +53,25 @@ TEST(Scheduler, EachOrderOnAHandMadeQueue) {
   EXPECT_THROW(check_scheduler("nope"), Error);
 }
 
+// A request's own runs that start alike (one entity's relation paths) are
+// not shared with anyone: lsp scores sharing between waiting requests.
+TEST(Scheduler, LspCountsEachRequestOncePerGroup) {
+  RadixIndex index(1 << 20);
+  Queue q;
+  const Tokens start = {3, 3, 3, 3, 3, 3, 3, 3};  // a group is a run's first 8 tokens
+  auto run = [&](int32_t last) {
+    Tokens t = start;
+    t.push_back(last);
+    return Lookup{1, t};
+  };
+  q.lookups = {
+      {run(1), run(2), run(4), run(5)},  // 0: four runs of one group, shared by nobody
+      {{1, {5, 5, 6}}},                  // 1: shares its run with 2
+      {{1, {5, 5, 6}}},                  // 2
+  };
+  EXPECT_EQ(pick_next({"lsp"}, q.waiting({36, 3, 3}), index), 1u);
+}
+
 TEST(Scheduler, StarvationBound) {
   RadixIndex index(1 << 20);
   index.insert_virtual(1, Tokens{1, 2, 3}, 1);
