@@ -19,6 +19,7 @@
 #include "compute/dot.h"
 #include "engine/chunk_fusion.h"
 #include "engine/engine.h"
+#include "engine/engine_loop.h"
 #include "engine/engine_tiers.h"
 #include "engine_bench.h"
 #include "engine_options.h"
@@ -37,6 +38,7 @@
 #include "retrieval/synthetic_kg.h"
 #include "retrieval/wordnet.h"
 #include "retrieval/workload.h"
+#include "server/speculation.h"
 #include "strategy/simulator.h"
 #include "strategy/subgcache.h"
 #include "strategy_run.h"
@@ -58,9 +60,8 @@ struct EvalOptions {
 
 const std::vector<std::string>& eval_sections() {
   static const std::vector<std::string> names = {
-      "depcache-length",   "depcache-policies", "depcache-accuracy",
-      "ragcache-policies", "ragcache-ttft",     "subgcache",
-      "chunk-quality",     "throughput",        "engine"};
+      "depcache-length",      "depcache-policies", "depcache-accuracy", "ragcache-policies", "ragcache-ttft",
+      "ragcache-speculation", "subgcache",         "chunk-quality",     "throughput",        "engine"};
   return names;
 }
 
@@ -126,22 +127,32 @@ std::vector<RagRequest> ask(const KnowledgeGraph& kg, const AskOptions& a) {
   return make_graph_workload(kg, make_graph_qa(kg, q), w);
 }
 
-// Chunk RAG over a corpus: Zipf-drawn questions with their BM25 top-k chunks.
-std::vector<RagRequest> corpus_stream(const fs::path& corpus, const fs::path& questions, const Tokenizer& tok,
-                                      size_t n, size_t chunk_tokens, uint64_t seed) {
+// A corpus in chunks of `chunk_tokens` (no overlap) for BM25 search.
+ChunkIndex chunk_corpus(const fs::path& corpus, const Tokenizer& tok, size_t chunk_tokens) {
   ChunkOptions chunking;
   chunking.chunk_tokens = chunk_tokens;
   chunking.overlap = 0;
-  const ChunkIndex index = ChunkIndex::build(load_corpus(corpus), tok, chunking);
+  return ChunkIndex::build(load_corpus(corpus), tok, chunking);
+}
+
+// n questions drawn Zipf-skewed from a QA file, as a service sees popular ones again.
+std::vector<QaItem> zipf_questions(const fs::path& questions, size_t n, uint64_t seed) {
   const std::vector<QaItem> qa = load_qa(questions);
   if (qa.empty()) fail(ErrorKind::InvalidInput, "{}: no questions", questions.string());
-  AccessOptions access;
-  AccessSampler sampler(qa.size(), access, seed);
+  AccessSampler sampler(qa.size(), AccessOptions{}, seed);
+  std::vector<QaItem> out;
+  for (size_t i = 0; i < n; ++i) out.push_back(qa[sampler.next()]);
+  return out;
+}
+
+// Chunk RAG over a corpus: Zipf-drawn questions with their BM25 top-k chunks.
+std::vector<RagRequest> corpus_stream(const fs::path& corpus, const fs::path& questions, const Tokenizer& tok,
+                                      size_t n, size_t chunk_tokens, uint64_t seed) {
+  const ChunkIndex index = chunk_corpus(corpus, tok, chunk_tokens);
   std::vector<RagRequest> out;
-  for (size_t i = 0; i < n; ++i) {
-    const QaItem& q = qa[sampler.next()];
+  for (const QaItem& q : zipf_questions(questions, n, seed)) {
     RagRequest r;
-    r.id = std::to_string(i);
+    r.id = std::to_string(out.size());
     r.question = q.question;
     r.answers = q.answers;
     for (const ChunkHit& hit : index.search(q.question, 2))
@@ -377,7 +388,13 @@ void depcache_policies(EvalContext& c) {
   const std::vector<double> fractions = {0.10, 0.20, 0.40};
   const size_t n = c.n(150, 500);
   std::map<std::pair<std::string, std::string>, double> mean_of;  // (workload, spec) -> mean over capacities
-  std::vector<std::vector<std::string>> rows;
+  std::vector<std::vector<std::string>> rows, window_rows;
+  // SGLang's LPM sorts its whole queue with no starvation bound; the grid
+  // does too (a bound as large as the window would leave a full queue in
+  // arrival order).
+  constexpr int kNoStarvationBound = 1 << 30;
+  const std::vector<size_t> kWindows = {8, 16, 32, 64};
+  std::map<size_t, double> both_gain;  // window -> LACR+LPM over LACR, mean over workloads
   std::string dat;
   for (const std::string& wl : workloads) {
     stage(fmt::format("depcache-policies: {} workload, {} requests", wl, n));
@@ -391,6 +408,28 @@ void depcache_policies(EvalContext& c) {
     const std::vector<SimulatedRequest> prompts =
         simulated_requests(parts, "depcache", kDefaultPositionScheme);
     const int64_t distinct = distinct_kv_tokens(prompts);
+    // How the schedulers' gains depend on how many requests wait (the paper
+    // does not say): LPM and LACR+LPM at 20% capacity over several windows.
+    {
+      const auto hit = [&](const std::string& policy, const std::string& order, size_t window) {
+        SimulationOptions so;
+        so.policy = policy;
+        so.scheduler.order = order;
+        so.scheduler.starvation_bound = kNoStarvationBound;
+        so.window = window;
+        so.capacity_tokens = static_cast<int64_t>(0.2 * static_cast<double>(distinct));
+        so.scheme = kDefaultPositionScheme;
+        return 100 * simulate(prompts, so).token_hit_rate;
+      };
+      const double lru = hit("lru", "fifo", 1);
+      for (size_t window : kWindows) {
+        const double lpm = hit("lru", "lpm", window), lacr = hit("lacr", "fifo", window),
+                     both = hit("lacr", "lpm", window);
+        window_rows.push_back({wl, std::to_string(window), r.num(lru), r.num(lpm), r.num(lacr), r.num(both),
+                               fmt::format("{:+.1f}", lpm - lru), fmt::format("{:+.1f}", both - lacr)});
+        both_gain[window] += (both - lacr) / 3;
+      }
+    }
     for (double f : fractions) {
       std::vector<std::string> row = {wl, fmt::format("{:.0f}%", 100 * f)};
       dat += fmt::format("\"{} {:.0f}%\"", wl, 100 * f);
@@ -398,6 +437,7 @@ void depcache_policies(EvalContext& c) {
         SimulationOptions so;
         so.policy = s.policy;
         so.scheduler.order = s.scheduler;
+        so.scheduler.starvation_bound = kNoStarvationBound;
         so.capacity_tokens = static_cast<int64_t>(f * static_cast<double>(distinct));
         so.scheme = kDefaultPositionScheme;
         so.cost_model = cost;
@@ -417,6 +457,12 @@ void depcache_policies(EvalContext& c) {
       "entities with up to 30 two-hop relation paths each, over {}; capacity as a share of the workload's "
       "distinct KV tokens; PGDSF ranks by the prefill cost table profiled on `{}`.",
       n, wordnet ? "WordNet 3.0" : "a made-up world (WordNet not installed)", c.speed_path));
+  r.text(
+      "The schedulers (lpm, lsp) reorder a window of 32 waiting requests of a queue kept full, with no "
+      "starvation bound, as SGLang's LPM (the paper does not give one): their hits are partly bought by "
+      "deferring requests with nothing cached. With the engine's bound of 32 passes on a full window of "
+      "32, nearly every pick is the oldest request, and the schedulers gain almost nothing. LACR's "
+      "lookahead sees the same window, in arrival order.");
   r.table(header, rows);
   std::string plot =
       "set style data histograms; set style histogram clustered gap 1; set style fill solid 0.8 border -1; "
@@ -425,6 +471,11 @@ void depcache_policies(EvalContext& c) {
   for (size_t i = 1; i < specs.size(); ++i)
     plot += fmt::format(", '' using {} title '{}'", i + 2, specs[i].name);
   r.plot("depcache-policies", dat, plot);
+  r.text(
+      "The same streams at 20% capacity with the window (the waiting requests the scheduler reorders and "
+      "LACR looks ahead over) from 8 to 64; LRU in arrival order does not depend on it:");
+  r.table({"workload", "window", "lru", "lpm", "lacr", "lacr+lpm", "lpm over lru", "lacr+lpm over lacr"},
+          window_rows);
   // Mean lead of spec a over spec b (points), over `over` (default: every workload).
   auto lead = [&](const std::string& a, const std::string& b, std::vector<std::string> over = {}) {
     if (over.empty()) over = workloads;
@@ -433,6 +484,9 @@ void depcache_policies(EvalContext& c) {
     return d / static_cast<double>(over.size());
   };
   const std::vector<std::string> ut = {"uniform", "temporal"};
+  std::string by_window;
+  for (size_t w : kWindows)
+    by_window += fmt::format("{}{:+.1f}", by_window.empty() ? "" : " / ", both_gain[w]);
   r.versus(
       {{"LACR over LRU / LFU / PGDSF (points, mean)", "+10.1 / +6.7 / +7.2% (Fig. 13)",
         fmt::format("{:+.1f} / {:+.1f} / {:+.1f}", lead("lacr", "lru"), lead("lacr", "lfu"),
@@ -442,12 +496,19 @@ void depcache_policies(EvalContext& c) {
         fmt::format("{:+.1f} / {:+.1f}", lead("lacr", "lpm"), lead("lacr", "lsp")), "as above"},
        {"LPM / LSP over LRU, uniform and temporal (points)", "+5.2 / +1.8% (Sec. 6.4)",
         fmt::format("{:+.1f} / {:+.1f}", lead("lpm", "lru", ut), lead("lsp", "lru", ut)),
-        "the schedulers reorder a window of 32 waiting requests here; the paper's window is not stated"},
+        "a window of 32 waiting requests here (the paper's is not stated); see the window table"},
        {"LACR+LPM / LACR+LSP over LACR (points)", "+3.7 / +4.8% (Fig. 13)",
-        fmt::format("{:+.1f} / {:+.1f}", lead("lacr+lpm", "lacr"), lead("lacr+lsp", "lacr")),
-        "not explained; what the table shows: the schedulers gain little over LRU alone here (row above), "
-        "and LACR's lookahead already ranks by what the same window will use, so reordering that window "
-        "leaves it little to add"}});
+        fmt::format(
+            "{:+.1f} / {:+.1f} (uniform {:+.1f} / {:+.1f}, temporal {:+.1f} / {:+.1f}, zipf {:+.1f} / "
+            "{:+.1f}); LACR+LPM at windows 8-64: {}",
+            lead("lacr+lpm", "lacr"), lead("lacr+lsp", "lacr"), lead("lacr+lpm", "lacr", {"uniform"}),
+            lead("lacr+lsp", "lacr", {"uniform"}), lead("lacr+lpm", "lacr", {"temporal"}),
+            lead("lacr+lsp", "lacr", {"temporal"}), lead("lacr+lpm", "lacr", {"zipf"}),
+            lead("lacr+lsp", "lacr", {"zipf"}), by_window),
+        "reordering serves next what the cache holds: it gains where requests share little in order "
+        "(uniform) and loses where the stream's own order already runs related requests together "
+        "(temporal), which the mean hides; LACR's lookahead follows arrival order, not the scheduler's; "
+        "the paper states no queue length or arrival process for Fig. 13"}});
 }
 
 // DepCache Fig. 14: answers under self-attention and dependency attention,
@@ -699,6 +760,123 @@ void ragcache_ttft(EvalContext& c) {
              "reordering helps only while a queue holds requests with different cached shares"}});
 }
 
+// Dynamic speculative pipelining: each question is searched in stages over
+// the corpus (on its own thread, as the server does) while the engine
+// computes; plain (the whole search, then the prefill) against speculative
+// (a prefill from each stage's top-2), at a retriever latency per stage.
+void ragcache_speculation(EvalContext& c) {
+  EvalReport& r = c.report;
+  r.section("RAGCache: speculative pipelining");
+  const fs::path d = fs::path(c.o.data_dir) / "musique";
+  if (!fs::exists(d / "musique_train_corpus.json"))
+    fail(ErrorKind::NotFound, "{}: MuSiQue's corpus is needed to search (--data names the data directory)",
+         (d / "musique_train_corpus.json").string());
+  const auto tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(c.speed->file()));
+  const ChunkIndex index = chunk_corpus(d / "musique_train_corpus.json", *tok, 512);
+  const size_t n = c.n(10, 24);
+  const std::vector<QaItem> questions = zipf_questions(d / "musique_train.json", n, 11);
+  constexpr size_t kStages = 8;
+  const double rate = 0.5;  // light load: the search, not a queue, is what speculation hides
+  const std::vector<double> arrivals = poisson_arrivals(n, rate, 13);
+  const PromptTemplate tmpl = c.speed->config().prompt;
+  struct Row {
+    std::vector<double> ttft;
+    double search = 0, hidden = 0;
+    int speculations = 0, accepted = 0;
+  };
+  const auto measure = [&](int latency_ms, bool speculate) {
+    const ResolvedEngine re = resolve_engine(c.args(), "ragcache", c.speed->config(), 8192, false);
+    EngineOptions eo = re.engine;
+    eo.tokenizer = tok;
+    std::unique_ptr<EngineTiers> tiers;
+    EngineLoop loop(c.speed, eo, [&](Engine& e) {
+      tiers = std::make_unique<EngineTiers>(e, re.tiers, "[ragcache] ");
+      profile_costs_if_needed(e, re, "[ragcache] ");
+    });
+    SpeculationOptions so;
+    so.stages = kStages;
+    so.speculate = speculate;
+    so.stage_latency = std::chrono::milliseconds(latency_ms);
+    SpeculativeSearch search(loop, index, so);
+    SamplingParams sampling;
+    sampling.max_tokens = 1;
+    Row row;
+    row.ttft.resize(n);
+    std::vector<RetrievalReport> reports(n);
+    std::vector<std::string> errors(n);
+    const auto t0 = Clock::now();
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < n; ++i)
+      clients.emplace_back([&, i] {
+        std::this_thread::sleep_until(
+            t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+        const auto at = Clock::now();
+        try {
+          SpeculativeSearch::Submitted got = search.submit(
+              questions[i].question, 2,
+              [&](const std::vector<RequestDocument>& docs) {
+                RagRequest q;
+                q.question = questions[i].question;
+                q.documents = docs;
+                return make_prompt_parts(*tok, q, tmpl);
+              },
+              "ragcache", sampling);
+          // The first token may not be delivered before the search decided.
+          if (!got.stream->next()) errors[i] = got.stream->result().error;
+          row.ttft[i] = ms_since(at);
+          while (got.stream->next()) {
+          }
+          reports[i] = got.report;
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (std::thread& t : clients) t.join();
+    for (size_t i = 0; i < n; ++i) {
+      if (!errors[i].empty()) fail(ErrorKind::Internal, "speculation: request {} failed: {}", i, errors[i]);
+      row.search += reports[i].search_ms / static_cast<double>(n);
+      row.hidden += (reports[i].search_ms - reports[i].non_overlapped_ms) / static_cast<double>(n);
+      row.speculations += reports[i].speculations;
+      row.accepted += reports[i].accepted ? 1 : 0;
+    }
+    return row;
+  };
+  std::vector<std::vector<std::string>> rows;
+  double gain_lo = 1e9, gain_hi = 0, non_lo = 1e9, non_hi = 0;
+  for (const int latency : {50, 150}) {
+    stage(fmt::format("ragcache-speculation: {} questions, {} ms per search stage", n, latency));
+    const Row plain = measure(latency, false), spec = measure(latency, true);
+    for (const auto& [mode, row] :
+         {std::pair<const char*, const Row&>{"plain", plain}, {"speculative", spec}})
+      rows.push_back({fmt::format("{} ms, {}", latency, mode), r.num(percentile(row.ttft, 50)),
+                      r.num(percentile(row.ttft, 99)), r.num(row.search), r.num(row.search - row.hidden),
+                      std::to_string(row.speculations),
+                      row.speculations ? fmt::format("{}/{}", row.accepted, n) : "-"});
+    const double gain = percentile(plain.ttft, 50) / percentile(spec.ttft, 50);
+    const double non = (plain.search - plain.hidden) / std::max(spec.search - spec.hidden, 1e-3);
+    gain_lo = std::min(gain_lo, gain), gain_hi = std::max(gain_hi, gain);
+    non_lo = std::min(non_lo, non), non_hi = std::max(non_hi, non);
+  }
+  r.text(fmt::format(
+      "{} Zipf-drawn MuSiQue questions at Poisson {} req/s, each searched by the engine's BM25 over the "
+      "corpus "
+      "in chunks of 512 tokens (top-2) in {} stages by documents, each stage made to take 50 or 150 ms (a "
+      "retriever slower than in-memory BM25); RAGCache with its profile on `{}`, one token generated. TTFT "
+      "from the question's arrival, the search included; non-overlapped: search time before the prefill that "
+      "answered was submitted.",
+      n, rate, kStages, c.speed_path));
+  r.table({"stage latency, mode", "TTFT p50 ms", "TTFT p99 ms", "search mean ms", "non-overlapped mean ms",
+           "speculative prefills", "accepted"},
+          rows);
+  r.versus(
+      {{"TTFT from speculative pipelining", "up to 1.6x lower (Fig. 22)",
+        fmt::format("{:.2f}-{:.2f}x lower (p50)", gain_lo, gain_hi),
+        "a CPU step cannot stop midway, so a discarded speculation holds the cores for its 64-token piece"},
+       {"search time no prefill overlaps", "1.5-4.3x less (Table 3)",
+        fmt::format("{:.2f}-{:.2f}x less", non_lo, non_hi),
+        "the top-2 of the chunks scanned so far settles after about half the stages on MuSiQue"}});
+}
+
 // ---- SubGCache --------------------------------------------------------------
 
 void subgcache(EvalContext& c) {
@@ -749,9 +927,11 @@ void subgcache(EvalContext& c) {
       "1-hop cloze questions), all arriving at once, 12 greedy tokens; the shipped causal QA model "
       "`depcache-qa.gguf`. It was trained on relation paths, so each cluster's representative is shown as "
       "the "
-      "union of its members' relation paths (`--graph-format paths`; SubGCache's CSV needs a model trained "
-      "on CSV, which is not shipped). TTFT: mean from arrival; attention pairs: (query, key) pairs per layer "
-      "and request, in thousands.",
+      "union of its members' relation paths (`--graph-format paths`; SubGCache's CSV form reaches a fact "
+      "through three id lookups, which fine-tuning this 2-layer model on CSV did not teach it: 0% exact, "
+      "docs/training.md). TTFT: mean from arrival; attention pairs: (query, key) pairs per layer and "
+      "request, "
+      "in thousands.",
       n));
   r.table({"serving", "clusters", "TTFT mean ms", "tokens computed per query", "attention pairs (k)",
            "exact match"},
@@ -926,33 +1106,58 @@ void throughput(EvalContext& c) {
   const DocStream stream = warm_document_stream(c, tok, n, 512);
   const std::vector<RagRequest>& warm = stream.warmup;
   stage(fmt::format("throughput: {} requests, full unloaded", n));
+  // RAGCache's definition: the rate whose mean TTFT stays under 5x that at
+  // the lowest rate; one threshold for every system (full's), so that the
+  // rates compare.
   const Summary full =
       summarize(serve("full", stream.requests, c.speed, c.args(), 1, true, nullptr, nullptr, warm));
-  const double slo = 5 * full.p50;
-  std::vector<std::vector<std::string>> rows;
+  const double slo = 5 * full.mean;
+  std::vector<std::vector<std::string>> rows, points;
   std::map<std::string, double> best;
+  std::map<std::string, RateSweep> sweeps;
   for (const std::string s : {"full", "prefix", "ragcache", "cachecraft"}) {
     stage(fmt::format("throughput: {} rate sweep", s));
-    const RateSweep sweep =
-        sweep_rate(stream.requests, slo, 3, [&](const std::vector<RagRequest>& at, bool serial) {
+    const RateSweep sweep = sweep_rate(
+        stream.requests, slo, 3,
+        [&](const std::vector<RagRequest>& at, bool serial) {
           return serve(s, at, c.speed, c.args(), 1, serial, nullptr, nullptr, warm);
-        });
+        },
+        SloStatistic::Mean);
     best[s] = sweep.best_served;
-    rows.push_back({s, r.num(sweep.unloaded_p50), r.num(sweep.best_rate, 2), r.num(sweep.best_served, 2)});
+    sweeps[s] = sweep;
+    rows.push_back({s, r.num(sweep.unloaded_mean), r.num(sweep.unloaded_p50), r.num(sweep.unloaded_p99),
+                    r.num(sweep.best_rate, 2), r.num(sweep.best_served, 2)});
+    for (const RateSweep::Point& p : sweep.points)
+      points.push_back({s, r.num(p.rate, 2), r.num(p.mean), r.num(p.p50), r.num(p.p99), r.num(p.served, 2),
+                        sweep.within(p) ? "yes" : "no"});
   }
   r.text(fmt::format(
-      "{} requests of {}, `{}`; the highest Poisson rate whose p99 TTFT stays within {:.0f} ms (5x full "
-      "prefill's unloaded p50) and the requests completed per second at it (the throughput compared), each "
-      "system at its own defaults, its caches warmed by {} other requests of the stream.",
+      "{} requests of {}, `{}`; as RAGCache defines throughput: the highest Poisson rate whose mean TTFT "
+      "stays within {:.0f} ms (5x full prefill's unloaded mean), and the requests completed per second at it "
+      "(the throughput compared); each system at its own defaults, its caches warmed by {} other requests of "
+      "the stream.",
       n, stream.what, c.speed_path, slo, warm.size()));
-  r.table({"system", "unloaded TTFT p50 ms", "offered req/s within the SLO", "completed req/s"}, rows);
+  r.table({"system", "unloaded TTFT mean ms", "p50 ms", "p99 ms", "offered req/s within the SLO",
+           "completed req/s"},
+          rows);
+  r.text(
+      "Every rate tried. The p99 of a few dozen requests is their slowest one: a request whose chunks no "
+      "earlier one brought computes its whole prompt (under Cache-Craft also scoring every chunk's attention "
+      "for its later reuse), and two of them close together set the p99 at any rate:");
+  r.table(
+      {"system", "offered req/s", "TTFT mean ms", "p50 ms", "p99 ms", "completed req/s", "within the SLO"},
+      points);
   auto gain = [&](const std::string& a, const std::string& b) {
     return best[b] > 0 ? r.ratio(best[a], best[b]) : std::string("- (baseline broke the SLO at every rate)");
   };
   r.versus({{"RAGCache vs no reuse", "1.3-2.1x vLLM (Fig. 15)", gain("ragcache", "full"),
              "two chunks per request here; the paper's prompts are ~7,400 tokens of documents"},
             {"Cache-Craft vs prefix caching", "1.6x (Fig. 22, 30% recomputed)", gain("cachecraft", "prefix"),
-             "the paper's trace reorders 5 chunks of a proprietary corpus"}});
+             fmt::format("prefix caching reuses the system text alone here, yet its cold requests cost {} "
+                         "(unloaded p99) against Cache-Craft's {}; the paper's trace reorders 5 chunks of a "
+                         "proprietary corpus",
+                         r.num(sweeps["prefix"].unloaded_p99) + " ms",
+                         r.num(sweeps["cachecraft"].unloaded_p99) + " ms")}});
 }
 
 // ---- The engine -------------------------------------------------------------
@@ -1060,6 +1265,7 @@ void run_eval(const EvalOptions& o, const std::string& command) {
       {"depcache-accuracy", depcache_accuracy},
       {"ragcache-policies", ragcache_policies},
       {"ragcache-ttft", ragcache_ttft},
+      {"ragcache-speculation", ragcache_speculation},
       {"subgcache", subgcache},
       {"chunk-quality", chunk_quality},
       {"throughput", throughput},

@@ -28,7 +28,7 @@
 # DATA_ONLY=1 (make the training and held-out requests, then stop; heldout:
 # the held-out requests only), CONTEXTS (context forms trained and
 # evaluated, default "paths documents"; add csv for the subgraph as
-# G-Retriever CSV, the form SubGCache serves), QUESTIONS (questions asked
+# G-Retriever CSV, the form SubGCache serves, asked in words), QUESTIONS (questions asked
 # over each training context, trained as one sequence; default 1),
 # QUESTION_FORM (cloze, the default: the asked fact in the context's
 # notation up to the answer, "A -r->" or "The r of A is", and a model whose
@@ -83,12 +83,14 @@ world() { [ -f "$D/world$1.dkg" ] || "$BIN" kg import --synthetic --entities "$2
 # questions asked over each context (default 1). CONTEXT_HOPS (hops of the
 # paths each entity's context holds, 2) and ASK_SEED (the generator's seed,
 # else one drawn from the world, hops and entity count) may be set for a call.
+# CSV has no notation a cloze could follow: its questions are in words.
+form() { if [ "$1" = csv ]; then echo words; else echo "$QUESTION_FORM"; fi; }
 ask() {
   local pattern=(--pattern uniform --requests "$5" --questions-per-context "${8:-1}")
   [ "$5" = 0 ] && pattern=(--pattern dataset)
   "$BIN" workload generate --kg "$D/world$1.dkg" "${pattern[@]}" --qa-items "$6" --entities-per-request "$4" \
     --paths-per-entity 9 --min-paths 1 --hops "${CONTEXT_HOPS:-2}" --question-hops "$2" --context "$3" \
-    --question-form "$QUESTION_FORM" --seed "${ASK_SEED:-$((1000 * $1 + 100 * $2 + 10 * $4))}" --out "$7" >/dev/null
+    --question-form "$(form "$3")" --seed "${ASK_SEED:-$((1000 * $1 + 100 * $2 + 10 * $4))}" --out "$7" >/dev/null
 }
 
 # The requests of training world $1 (8 contexts per hop count, form and
@@ -115,7 +117,7 @@ training_set() {
   [ -f "$1" ] && return
   log "training worlds $2..$3"
   mkdir -p "$D/part"
-  export -f world ask world_requests
+  export -f world form ask world_requests
   export BIN D NAME_POOL CONTEXTS QUESTIONS QUESTION_FORM
   local worlds
   worlds=$(seq "$2" "$3" | grep -vxF -f <(tr ' ' '\n' <<<"$HELD_OUT_WORLDS") || true)

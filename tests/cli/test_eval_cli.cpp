@@ -39,6 +39,7 @@ const std::vector<Section> kSections = {
      {"depcache-accuracy"}},
     {"ragcache-policies", "RAGCache: document hit rate by policy and capacity", {"ragcache-policies"}},
     {"ragcache-ttft", "RAGCache: TTFT under load", {}},
+    {"ragcache-speculation", "RAGCache: speculative pipelining", {}},
     {"subgcache", "SubGCache: clusters of queries", {"subgcache"}},
     {"chunk-quality", "Chunk reuse: quality against recomputation", {"chunk-quality"}},
     {"throughput", "Throughput within an SLO", {}},

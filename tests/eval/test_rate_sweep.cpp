@@ -1,6 +1,8 @@
 // The rate sweep's search: a replay whose p99 TTFT grows with the offered
 // rate is searched up to the highest rate within the SLO, and a stream that
-// breaks the SLO one request at a time is not searched at all.
+// breaks the SLO one request at a time is not searched at all; the mean
+// TTFT as the SLO's statistic (RAGCache's), and a stream that saturates
+// the system within the SLO stops the doubling.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -60,6 +62,35 @@ TEST(RateSweep, AStreamThatBreaksTheSloAloneIsNotSearched) {
   EXPECT_EQ(s.best_rate, 0);
   EXPECT_EQ(calls, 1) << "only the unloaded run";
   EXPECT_TRUE(s.points.empty());
+}
+
+TEST(RateSweep, TheMeanIgnoresOneSlowRequestThatP99Counts) {
+  // One request in ten takes 200 ms, the others 10 ms, at any load.
+  const auto replay = [](const std::vector<RagRequest>& at, bool serial) {
+    StrategyRun run = run_of(at, 10, serial);
+    run.rows[3].ttft_ms = 200;
+    return run;
+  };
+  const RateSweep p99 = sweep_rate(stream(10), 50, 1, replay);
+  EXPECT_EQ(p99.best_rate, 0);
+  const RateSweep mean = sweep_rate(stream(10), 50, 1, replay, SloStatistic::Mean);
+  EXPECT_NEAR(mean.unloaded_mean, 29, 1e-9);
+  EXPECT_GT(mean.best_rate, 0);
+  for (const RateSweep::Point& p : mean.points) EXPECT_TRUE(mean.within(p));
+}
+
+TEST(RateSweep, SaturationWithinTheSloEndsTheDoubling) {
+  // The system completes at most 30 req/s; TTFT stays 10 ms however fast requests come.
+  int calls = 0;
+  const RateSweep s = sweep_rate(stream(20), 50, 1, [&](const std::vector<RagRequest>& at, bool serial) {
+    ++calls;
+    StrategyRun run = run_of(at, 10, serial);
+    if (!serial) run.wall_s = std::max(run.wall_s, static_cast<double>(at.size()) / 30);
+    return run;
+  });
+  EXPECT_GT(s.best_rate, 0);
+  EXPECT_NEAR(s.best_served, 30, 3);
+  EXPECT_LE(calls, 4) << "unloaded, 10 req/s, 20 and 40 req/s (saturated)";
 }
 
 }  // namespace
