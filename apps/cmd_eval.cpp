@@ -219,7 +219,7 @@ Summary summarize(const StrategyRun& run) {
   const std::vector<double> t = ttfts(run);
   s.p50 = percentile(t, 50);
   s.p99 = percentile(t, 99);
-  s.mean = std::accumulate(t.begin(), t.end(), 0.0) / std::max<size_t>(t.size(), 1);
+  s.mean = mean(t);
   size_t scored = 0, judged = 0;
   for (const RequestRow& r : run.rows) {
     s.prompt += static_cast<double>(r.report.prompt_tokens);
@@ -426,8 +426,8 @@ void depcache_policies(EvalContext& c) {
         const double lpm = hit("lru", "lpm", window), lacr = hit("lacr", "fifo", window),
                      both = hit("lacr", "lpm", window);
         window_rows.push_back({wl, std::to_string(window), r.num(lru), r.num(lpm), r.num(lacr), r.num(both),
-                               fmt::format("{:+.1f}", lpm - lru), fmt::format("{:+.1f}", both - lacr)});
-        both_gain[window] += (both - lacr) / 3;
+                               r.delta(lpm - lru), r.delta(both - lacr)});
+        both_gain[window] += (both - lacr) / static_cast<double>(workloads.size());
       }
     }
     for (double f : fractions) {
@@ -461,8 +461,8 @@ void depcache_policies(EvalContext& c) {
       "The schedulers (lpm, lsp) reorder a window of 32 waiting requests of a queue kept full, with no "
       "starvation bound, as SGLang's LPM (the paper does not give one): their hits are partly bought by "
       "deferring requests with nothing cached. With the engine's bound of 32 passes on a full window of "
-      "32, nearly every pick is the oldest request, and the schedulers gain almost nothing. LACR's "
-      "lookahead sees the same window, in arrival order.");
+      "32 nearly every pick is the oldest request (docs/depcache.md has that grid). LACR's lookahead sees "
+      "the same window, in arrival order.");
   r.table(header, rows);
   std::string plot =
       "set style data histograms; set style histogram clustered gap 1; set style fill solid 0.8 border -1; "
@@ -485,8 +485,7 @@ void depcache_policies(EvalContext& c) {
   };
   const std::vector<std::string> ut = {"uniform", "temporal"};
   std::string by_window;
-  for (size_t w : kWindows)
-    by_window += fmt::format("{}{:+.1f}", by_window.empty() ? "" : " / ", both_gain[w]);
+  for (size_t w : kWindows) by_window += (by_window.empty() ? "" : " / ") + r.delta(both_gain[w]);
   r.versus(
       {{"LACR over LRU / LFU / PGDSF (points, mean)", "+10.1 / +6.7 / +7.2% (Fig. 13)",
         fmt::format("{:+.1f} / {:+.1f} / {:+.1f}", lead("lacr", "lru"), lead("lacr", "lfu"),
@@ -505,10 +504,10 @@ void depcache_policies(EvalContext& c) {
             lead("lacr+lsp", "lacr", {"uniform"}), lead("lacr+lpm", "lacr", {"temporal"}),
             lead("lacr+lsp", "lacr", {"temporal"}), lead("lacr+lpm", "lacr", {"zipf"}),
             lead("lacr+lsp", "lacr", {"zipf"}), by_window),
-        "reordering serves next what the cache holds: it gains where requests share little in order "
-        "(uniform) and loses where the stream's own order already runs related requests together "
-        "(temporal), which the mean hides; LACR's lookahead follows arrival order, not the scheduler's; "
-        "the paper states no queue length or arrival process for Fig. 13"}});
+        "reordering serves next what the cache holds, which pays only where the stream's own order does "
+        "not already run related requests together: the workloads differ (figures in parentheses) and the "
+        "mean hides it; LACR's lookahead follows arrival order, not the scheduler's; the paper states no "
+        "queue length or arrival process for Fig. 13"}});
 }
 
 // DepCache Fig. 14: answers under self-attention and dependency attention,
@@ -586,12 +585,9 @@ void depcache_accuracy(EvalContext& c) {
       "set ylabel 'exact match (%)'; set yrange [0:100]; set key outside right; set xtics rotate by -20 "
       "font ',8'; plot $DATA using 2:xtic(1) title '1-hop paths', '' using 3 title '2-hop paths', '' using 4 "
       "title '1-hop documents', '' using 5 title '2-hop documents'");
-  auto mean = [&](const std::string& label) {
-    const auto& v = em[label];
-    return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-  };
-  const double self = mean(table[0].label), ft = mean(table[3].label), noft = mean(table[2].label),
-               seq = mean(table[5].label), noalign = mean(table[6].label);
+  auto mean_em = [&](const std::string& label) { return mean(em[label]); };
+  const double self = mean_em(table[0].label), ft = mean_em(table[3].label), noft = mean_em(table[2].label),
+               seq = mean_em(table[5].label), noalign = mean_em(table[6].label);
   r.versus(
       {{"dependency + fine-tuning vs self-attention", "comparable, up to +4.6% (MultiHop) (Fig. 14)",
         fmt::format("{:+.1f} points (mean of the four sets)", ft - self),
@@ -768,9 +764,11 @@ void ragcache_speculation(EvalContext& c) {
   EvalReport& r = c.report;
   r.section("RAGCache: speculative pipelining");
   const fs::path d = fs::path(c.o.data_dir) / "musique";
-  if (!fs::exists(d / "musique_train_corpus.json"))
-    fail(ErrorKind::NotFound, "{}: MuSiQue's corpus is needed to search (--data names the data directory)",
-         (d / "musique_train_corpus.json").string());
+  if (!fs::exists(d / "musique_train_corpus.json")) {
+    r.text(fmt::format("Not measured: it searches MuSiQue's corpus, which is not under `{}` (`--data`).",
+                       c.o.data_dir));
+    return;
+  }
   const auto tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(c.speed->file()));
   const ChunkIndex index = chunk_corpus(d / "musique_train_corpus.json", *tok, 512);
   const size_t n = c.n(10, 24);
@@ -779,21 +777,29 @@ void ragcache_speculation(EvalContext& c) {
   const double rate = 0.5;  // light load: the search, not a queue, is what speculation hides
   const std::vector<double> arrivals = poisson_arrivals(n, rate, 13);
   const PromptTemplate tmpl = c.speed->config().prompt;
+  const ResolvedEngine re = resolve_engine(c.args(), "ragcache", c.speed->config(), 8192, false);
+  // One PGDSF cost table for every run, so that plain and speculative rank alike.
+  std::optional<PrefillCostTable> costs;
+  if (re.engine.policy == "pgdsf") {
+    EngineOptions po = re.engine;
+    po.cache_bytes = 0;
+    costs = Engine(c.speed, po).profile_prefill_cost(2048);
+  }
+  const SpeculationOptions defaults;
   struct Row {
     std::vector<double> ttft;
-    double search = 0, hidden = 0;
+    double search = 0, overlapped = 0;
     int speculations = 0, accepted = 0;
   };
   const auto measure = [&](int latency_ms, bool speculate) {
-    const ResolvedEngine re = resolve_engine(c.args(), "ragcache", c.speed->config(), 8192, false);
     EngineOptions eo = re.engine;
     eo.tokenizer = tok;
     std::unique_ptr<EngineTiers> tiers;
     EngineLoop loop(c.speed, eo, [&](Engine& e) {
       tiers = std::make_unique<EngineTiers>(e, re.tiers, "[ragcache] ");
-      profile_costs_if_needed(e, re, "[ragcache] ");
+      if (costs) e.index().set_cost_model(*costs);
     });
-    SpeculationOptions so;
+    SpeculationOptions so = defaults;
     so.stages = kStages;
     so.speculate = speculate;
     so.stage_latency = std::chrono::milliseconds(latency_ms);
@@ -821,11 +827,16 @@ void ragcache_speculation(EvalContext& c) {
                 return make_prompt_parts(*tok, q, tmpl);
               },
               "ragcache", sampling);
-          // The first token may not be delivered before the search decided.
-          if (!got.stream->next()) errors[i] = got.stream->result().error;
+          // TTFT as a client sees it: the stream holds a speculation's token
+          // back until the search has confirmed it.
+          const bool first = got.stream->next().has_value();
           row.ttft[i] = ms_since(at);
           while (got.stream->next()) {
           }
+          const RequestResult result = got.stream->result();
+          if (!first || result.state != RequestState::Finished)
+            errors[i] = fmt::format("ended {} before a token{}", request_state_name(result.state),
+                                    result.error.empty() ? "" : ": " + result.error);
           reports[i] = got.report;
         } catch (const std::exception& e) {
           errors[i] = e.what();
@@ -833,48 +844,51 @@ void ragcache_speculation(EvalContext& c) {
       });
     for (std::thread& t : clients) t.join();
     for (size_t i = 0; i < n; ++i) {
-      if (!errors[i].empty()) fail(ErrorKind::Internal, "speculation: request {} failed: {}", i, errors[i]);
+      if (!errors[i].empty()) fail(ErrorKind::Internal, "speculation: request {} {}", i, errors[i]);
       row.search += reports[i].search_ms / static_cast<double>(n);
-      row.hidden += (reports[i].search_ms - reports[i].non_overlapped_ms) / static_cast<double>(n);
+      row.overlapped += (reports[i].search_ms - reports[i].non_overlapped_ms) / static_cast<double>(n);
       row.speculations += reports[i].speculations;
       row.accepted += reports[i].accepted ? 1 : 0;
     }
     return row;
   };
   std::vector<std::vector<std::string>> rows;
-  double gain_lo = 1e9, gain_hi = 0, non_lo = 1e9, non_hi = 0;
+  std::vector<std::string> gains, non_overlapped;
   for (const int latency : {50, 150}) {
     stage(fmt::format("ragcache-speculation: {} questions, {} ms per search stage", n, latency));
     const Row plain = measure(latency, false), spec = measure(latency, true);
     for (const auto& [mode, row] :
          {std::pair<const char*, const Row&>{"plain", plain}, {"speculative", spec}})
       rows.push_back({fmt::format("{} ms, {}", latency, mode), r.num(percentile(row.ttft, 50)),
-                      r.num(percentile(row.ttft, 99)), r.num(row.search), r.num(row.search - row.hidden),
+                      r.num(percentile(row.ttft, 99)), r.num(row.search), r.num(row.search - row.overlapped),
                       std::to_string(row.speculations),
                       row.speculations ? fmt::format("{}/{}", row.accepted, n) : "-"});
-    const double gain = percentile(plain.ttft, 50) / percentile(spec.ttft, 50);
-    const double non = (plain.search - plain.hidden) / std::max(spec.search - spec.hidden, 1e-3);
-    gain_lo = std::min(gain_lo, gain), gain_hi = std::max(gain_hi, gain);
-    non_lo = std::min(non_lo, non), non_hi = std::max(non_hi, non);
+    gains.push_back(
+        fmt::format("{} ms: {}", latency, r.ratio(percentile(plain.ttft, 50), percentile(spec.ttft, 50))));
+    non_overlapped.push_back(fmt::format(
+        "{} ms: {}", latency, r.ratio(plain.search - plain.overlapped, spec.search - spec.overlapped)));
   }
   r.text(fmt::format(
       "{} Zipf-drawn MuSiQue questions at Poisson {} req/s, each searched by the engine's BM25 over the "
       "corpus "
       "in chunks of 512 tokens (top-2) in {} stages by documents, each stage made to take 50 or 150 ms (a "
-      "retriever slower than in-memory BM25); RAGCache with its profile on `{}`, one token generated. TTFT "
-      "from the question's arrival, the search included; non-overlapped: search time before the prefill that "
-      "answered was submitted.",
-      n, rate, kStages, c.speed_path));
+      "retriever slower than in-memory BM25); RAGCache with its profile on `{}`, one token generated; "
+      "speculative prefills of {} tokens per step. TTFT from the question's arrival, the search included; "
+      "non-overlapped: search time before the prefill that answered was submitted.",
+      n, rate, kStages, c.speed_path, defaults.piece_tokens));
   r.table({"stage latency, mode", "TTFT p50 ms", "TTFT p99 ms", "search mean ms", "non-overlapped mean ms",
            "speculative prefills", "accepted"},
           rows);
   r.versus(
       {{"TTFT from speculative pipelining", "up to 1.6x lower (Fig. 22)",
-        fmt::format("{:.2f}-{:.2f}x lower (p50)", gain_lo, gain_hi),
-        "a CPU step cannot stop midway, so a discarded speculation holds the cores for its 64-token piece"},
+        fmt::format("p50 lower by {}", fmt::join(gains, ", ")),
+        fmt::format("a CPU engine step cannot stop midway, so a discarded speculation holds the cores for "
+                    "its {}-token piece",
+                    defaults.piece_tokens)},
        {"search time no prefill overlaps", "1.5-4.3x less (Table 3)",
-        fmt::format("{:.2f}-{:.2f}x less", non_lo, non_hi),
-        "the top-2 of the chunks scanned so far settles after about half the stages on MuSiQue"}});
+        fmt::format("less by {}", fmt::join(non_overlapped, ", ")),
+        "how early the top-2 settles bounds it: on MuSiQue by documents, before the last of 8 stages for 88% "
+        "of questions, from 58% of the stages on average (256-token chunks, docs/ragcache.md)"}});
 }
 
 // ---- SubGCache --------------------------------------------------------------
@@ -928,8 +942,9 @@ void subgcache(EvalContext& c) {
       "`depcache-qa.gguf`. It was trained on relation paths, so each cluster's representative is shown as "
       "the "
       "union of its members' relation paths (`--graph-format paths`; SubGCache's CSV form reaches a fact "
-      "through three id lookups, which fine-tuning this 2-layer model on CSV did not teach it: 0% exact, "
-      "docs/training.md). TTFT: mean from arrival; attention pairs: (query, key) pairs per layer and "
+      "through three id lookups, which 500 steps of fine-tuning this 2-layer model on CSV did not teach it: "
+      "0% exact, docs/training.md). TTFT: mean from arrival; attention pairs: (query, key) pairs per layer "
+      "and "
       "request, "
       "in thousands.",
       n));
@@ -1105,24 +1120,22 @@ void throughput(EvalContext& c) {
   const size_t n = c.n(24, 60);
   const DocStream stream = warm_document_stream(c, tok, n, 512);
   const std::vector<RagRequest>& warm = stream.warmup;
-  stage(fmt::format("throughput: {} requests, full unloaded", n));
   // RAGCache's definition: the rate whose mean TTFT stays under 5x that at
-  // the lowest rate; one threshold for every system (full's), so that the
-  // rates compare.
-  const Summary full =
-      summarize(serve("full", stream.requests, c.speed, c.args(), 1, true, nullptr, nullptr, warm));
-  const double slo = 5 * full.mean;
+  // the lowest rate. One threshold for every system, full's (its sweep sets
+  // it), so that the rates compare.
+  double slo = 0;
   std::vector<std::vector<std::string>> rows, points;
   std::map<std::string, double> best;
   std::map<std::string, RateSweep> sweeps;
   for (const std::string s : {"full", "prefix", "ragcache", "cachecraft"}) {
-    stage(fmt::format("throughput: {} rate sweep", s));
+    stage(fmt::format("throughput: {} rate sweep, {} requests", s, n));
     const RateSweep sweep = sweep_rate(
         stream.requests, slo, 3,
         [&](const std::vector<RagRequest>& at, bool serial) {
           return serve(s, at, c.speed, c.args(), 1, serial, nullptr, nullptr, warm);
         },
         SloStatistic::Mean);
+    slo = sweep.slo;
     best[s] = sweep.best_served;
     sweeps[s] = sweep;
     rows.push_back({s, r.num(sweep.unloaded_mean), r.num(sweep.unloaded_p50), r.num(sweep.unloaded_p99),
@@ -1132,13 +1145,13 @@ void throughput(EvalContext& c) {
                         sweep.within(p) ? "yes" : "no"});
   }
   r.text(fmt::format(
-      "{} requests of {}, `{}`; as RAGCache defines throughput: the highest Poisson rate whose mean TTFT "
-      "stays within {:.0f} ms (5x full prefill's unloaded mean), and the requests completed per second at it "
-      "(the throughput compared); each system at its own defaults, its caches warmed by {} other requests of "
-      "the stream.",
+      "{} requests of {}, `{}`; as RAGCache defines throughput: the Poisson rates whose mean TTFT stays "
+      "within {:.0f} ms (5x full prefill's unloaded mean), and the most requests completed per second at "
+      "them (the throughput compared; the search stops doubling the rate once the completed rate stops "
+      "growing); each system at its own defaults, its caches warmed by {} other requests of the stream.",
       n, stream.what, c.speed_path, slo, warm.size()));
-  r.table({"system", "unloaded TTFT mean ms", "p50 ms", "p99 ms", "offered req/s within the SLO",
-           "completed req/s"},
+  r.table({"system", "unloaded TTFT mean ms", "p50 ms", "p99 ms",
+           "highest offered req/s found within the SLO", "completed req/s"},
           rows);
   r.text(
       "Every rate tried. The p99 of a few dozen requests is their slowest one: a request whose chunks no "
@@ -1150,14 +1163,15 @@ void throughput(EvalContext& c) {
   auto gain = [&](const std::string& a, const std::string& b) {
     return best[b] > 0 ? r.ratio(best[a], best[b]) : std::string("- (baseline broke the SLO at every rate)");
   };
-  r.versus({{"RAGCache vs no reuse", "1.3-2.1x vLLM (Fig. 15)", gain("ragcache", "full"),
-             "two chunks per request here; the paper's prompts are ~7,400 tokens of documents"},
-            {"Cache-Craft vs prefix caching", "1.6x (Fig. 22, 30% recomputed)", gain("cachecraft", "prefix"),
-             fmt::format("prefix caching reuses the system text alone here, yet its cold requests cost {} "
-                         "(unloaded p99) against Cache-Craft's {}; the paper's trace reorders 5 chunks of a "
-                         "proprietary corpus",
-                         r.num(sweeps["prefix"].unloaded_p99) + " ms",
-                         r.num(sweeps["cachecraft"].unloaded_p99) + " ms")}});
+  r.versus(
+      {{"RAGCache vs no reuse", "1.3-2.1x vLLM (Fig. 15)", gain("ragcache", "full"),
+        "two chunks per request here; the paper's prompts are ~7,400 tokens of documents"},
+       {"Cache-Craft vs prefix caching", "1.6x (Fig. 22, 30% recomputed)", gain("cachecraft", "prefix"),
+        fmt::format("unloaded, Cache-Craft's slowest requests (p99 {} ms against prefix caching's {} ms) "
+                    "are those whose chunks no earlier request brought: it computes them whole and scores "
+                    "their attention for later reuse; the paper's trace reorders 5 chunks of a "
+                    "proprietary corpus",
+                    r.num(sweeps["cachecraft"].unloaded_p99), r.num(sweeps["prefix"].unloaded_p99))}});
 }
 
 // ---- The engine -------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "eval/answers.h"
+#include "eval/stats.h"
 #include "retrieval/rag_request.h"
 #include "retrieval/workload.h"
 #include "util/error.h"
@@ -407,11 +408,6 @@ Tally tally(const std::vector<Outcome>& outcomes, const std::vector<double>& arr
 
 // The staged search's lines (requests that searched the server's corpus).
 void print_search(const Tally& t) {
-  const auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (double x : v) sum += x;
-    return sum / static_cast<double>(v.size());
-  };
   fmt::print("server search ms:     mean {:.2f} p50 {:.2f} p99 {:.2f}\n", mean(t.search_ms),
              percentile(t.search_ms, 50), percentile(t.search_ms, 99));
   fmt::print(

@@ -14,6 +14,22 @@
 
 namespace depcache {
 
+const char* request_state_name(RequestState s) {
+  switch (s) {
+    case RequestState::Waiting:
+      return "waiting";
+    case RequestState::Running:
+      return "running";
+    case RequestState::Finished:
+      return "finished";
+    case RequestState::Cancelled:
+      return "cancelled";
+    case RequestState::Failed:
+      return "failed";
+  }
+  return "unknown";
+}
+
 struct Engine::Sequence {
   RequestId id = 0;
   SamplingParams sampling;

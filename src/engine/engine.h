@@ -109,6 +109,7 @@ using RequestId = int64_t;
 enum class CacheUse { Shared, None };
 
 enum class RequestState { Waiting, Running, Finished, Cancelled, Failed };
+const char* request_state_name(RequestState s);  // "waiting", "running", "finished", ...
 // Why a finished request ended: max_tokens, an end-of-generation token, a
 // stop string.
 enum class FinishReason { None, Length, EndOfGeneration, Stop };

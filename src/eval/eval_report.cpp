@@ -50,6 +50,11 @@ std::string EvalReport::num(double v, int digits) {
   return fmt::format("{:.{}f}", v, digits);
 }
 
+std::string EvalReport::delta(double v) {
+  const std::string n = num(v);
+  return std::isfinite(v) && v >= 0 ? "+" + n : n;
+}
+
 std::string EvalReport::ratio(double a, double b) {
   if (b == 0 || !std::isfinite(a / b)) {
     failures_.push_back(fmt::format("{}: a ratio {} / {} is not finite", section_, a, b));

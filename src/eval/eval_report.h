@@ -29,6 +29,8 @@ class EvalReport {
   // v with `digits` decimals; a non-finite v is recorded against the current
   // section and printed as NaN.
   std::string num(double v, int digits = 1);
+  // v with a sign and one decimal, "+2.4" (non-finite: recorded, as num()).
+  std::string delta(double v);
   // a / b as "2.4x" (b == 0 or non-finite: recorded).
   std::string ratio(double a, double b);
 

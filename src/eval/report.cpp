@@ -230,10 +230,8 @@ RateSweep sweep_rate(const std::vector<RagRequest>& reqs, double slo_ms, uint64_
   s.statistic = statistic;
   const auto point = [](double rate, const StrategyRun& run, size_t n) {
     const std::vector<double> t = ttfts(run);
-    return RateSweep::Point{
-        rate, percentile(t, 50), percentile(t, 99),
-        std::accumulate(t.begin(), t.end(), 0.0) / static_cast<double>(std::max<size_t>(t.size(), 1)),
-        static_cast<double>(n) / run.wall_s};
+    return RateSweep::Point{rate, percentile(t, 50), percentile(t, 99), mean(t),
+                            static_cast<double>(n) / run.wall_s};
   };
   const StrategyRun unloaded = replay_at(reqs, true);
   const RateSweep::Point alone = point(0, unloaded, reqs.size());
@@ -255,9 +253,10 @@ RateSweep sweep_rate(const std::vector<RagRequest>& reqs, double slo_ms, uint64_
   // SLO, no rate keeps it (and the rates below would take ever longer).
   if (!s.within(alone)) return s;
   double good = 0, bad = 0, rate = static_cast<double>(reqs.size()) / unloaded.wall_s;
-  // A finite stream offered faster than the system serves it all arrives at
-  // once: past the rate where the completed rate stops growing (saturation)
-  // a higher offered rate changes nothing, so the doubling ends there.
+  // A finite stream offered much faster than the system serves it arrives
+  // nearly at once: once the completed rate stops growing (saturation), a
+  // higher offered rate only compresses the arrivals further, and the
+  // doubling ends there (the rate reported is then a lower bound).
   for (int i = 0; i < 10 && bad == 0; ++i, rate *= 2) {
     if (!within(rate)) {
       bad = rate;
@@ -278,7 +277,10 @@ RateSweep sweep_rate(const std::vector<RagRequest>& reqs, double slo_ms, uint64_
     (within(mid) ? good : bad) = mid;
   }
   s.best_rate = good;
-  s.best_served = good > 0 ? served_at[good] : 0;
+  // The throughput: the most completed at any rate within the SLO (at the
+  // highest such rate it may be a little lower, by noise).
+  for (const RateSweep::Point& p : s.points)
+    if (s.within(p)) s.best_served = std::max(s.best_served, p.served);
   return s;
 }
 

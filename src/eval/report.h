@@ -28,8 +28,9 @@ std::string summary_report(const std::vector<StrategyRun>& runs, bool verify, bo
 // the SLO (slo_ms, or 5x the unloaded TTFT), then Poisson replays at rising
 // rates — doubling from the unloaded throughput until the SLO's statistic
 // of TTFT breaks it, then bisecting, or until the completed rate stops
-// growing (saturated: the stream then arrives all at once whatever the
-// rate) — and the highest rate that kept it.
+// growing (saturated: a faster offer only compresses the arrivals) — the
+// highest rate found within it (a lower bound when saturated) and the most
+// requests completed per second within it.
 // replay_at(requests with arrival times, serial) runs the stream.
 // P99 is a tail bound: on a few dozen requests it is their slowest one.
 // Mean is how RAGCache defines throughput (mean TTFT under 5x that at the

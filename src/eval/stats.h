@@ -20,4 +20,11 @@ inline double percentile(std::vector<double> values, double p) {
   return percentile_sorted(values, p);
 }
 
+// Arithmetic mean; 0 for none.
+inline double mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (double v : values) sum += v;
+  return values.empty() ? 0 : sum / static_cast<double>(values.size());
+}
+
 }  // namespace depcache

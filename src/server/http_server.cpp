@@ -114,19 +114,6 @@ json final_json(ApiKind kind, bool chunk, const std::string& id, int64_t created
   return j;
 }
 
-const char* state_name(RequestState s) {
-  switch (s) {
-    case RequestState::Finished:
-      return "finished";
-    case RequestState::Cancelled:
-      return "cancelled";
-    case RequestState::Failed:
-      return "failed";
-    default:
-      return "running";
-  }
-}
-
 }  // namespace
 
 HttpServer::HttpServer(const ServerOptions& options)
@@ -274,7 +261,7 @@ void HttpServer::finished(const std::string& id, const std::string& strategy, co
       stderr,
       "{} strategy={} prompt={} computed={} reused={} generated={} ttft_ms={:.1f} total_ms={:.1f} {}{}\n", id,
       strategy, r.report.prompt_tokens, r.report.computed_tokens, r.report.reused_tokens, r.tokens.size(),
-      ttft_ms, total_s * 1000, state_name(r.state), r.error.empty() ? "" : ": " + r.error);
+      ttft_ms, total_s * 1000, request_state_name(r.state), r.error.empty() ? "" : ": " + r.error);
 }
 
 void HttpServer::routes() {

@@ -73,14 +73,14 @@ TEST(SimulateCli, ReplaysATraceUnderEveryPolicy) {
   EXPECT_EQ(run_cli("simulate --requests " + (dir / "missing.jsonl").string()).code, 4);
   // The schedulers' starvation bound: a bound of one pass leaves lpm next to
   // arrival order; without one it reorders the window by what is cached.
-  const auto lpm_order = [&](const std::string& bound) {
+  const auto lpm_hit_rate = [&](const std::string& bound) {
     const auto res =
         run_cli("simulate --requests " + trace + " --capacity 20% --json --policy lru+lpm --window 8" +
                 " --starvation-bound " + bound);
     EXPECT_EQ(res.code, 0) << res.out;
     return res.code == 0 ? nlohmann::json::parse(res.out)["token_hit_rate"].get<double>() : -1.0;
   };
-  EXPECT_NE(lpm_order("1"), lpm_order("1000000"));
+  EXPECT_NE(lpm_hit_rate("1"), lpm_hit_rate("1000000"));
   EXPECT_EQ(run_cli("simulate --requests " + trace + " --starvation-bound 0").code, 2);
   EXPECT_EQ(run_cli("simulate").code, 2);
   EXPECT_EQ(run_cli("simulate --grid").code, 2);  // needs --kg

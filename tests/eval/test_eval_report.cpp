@@ -29,6 +29,8 @@ TEST(EvalReport, WritesTablesAndRecordsNonFiniteFigures) {
   r.section("One");
   r.text("Some words.");
   r.table({"a", "b"}, {{r.num(1.25, 1), r.ratio(3, 2)}});
+  EXPECT_EQ(r.delta(2.44), "+2.4");
+  EXPECT_EQ(r.delta(-0.5), "-0.5");
   r.versus({{"speed", "2x (Fig. 1)", r.ratio(4, 2), "because"}});
   EXPECT_TRUE(r.write("# head\n").empty()) << "every figure finite";
   const std::string md = read_all(dir / "report.md");
@@ -41,8 +43,9 @@ TEST(EvalReport, WritesTablesAndRecordsNonFiniteFigures) {
   EXPECT_EQ(r.num(std::nan("")), "NaN");
   EXPECT_EQ(r.num(INFINITY), "NaN");
   EXPECT_EQ(r.ratio(1, 0), "NaN");
+  EXPECT_EQ(r.delta(-INFINITY), "NaN");
   const std::vector<std::string> failures = r.write("# head\n");
-  ASSERT_EQ(failures.size(), 3u);
+  ASSERT_EQ(failures.size(), 4u);
   for (const std::string& f : failures) EXPECT_EQ(f.rfind("Two: ", 0), 0u) << f;
   std::filesystem::remove_all(dir);
 }
