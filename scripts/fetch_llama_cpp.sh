@@ -17,9 +17,13 @@ if [ -f "$STAMP" ]; then exit 0; fi
 mkdir -p "$DEST"
 tmp=$(mktemp -d "$DEST/fetch.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && npm pack --silent "node-llama-cpp@$VERSION" >/dev/null)
-tar -xzf "$tmp/node-llama-cpp-$VERSION.tgz" -C "$tmp" package/llama/gitRelease.bundle
+fail() { echo "fetch_llama_cpp.sh: $*" >&2; exit 1; }
+(cd "$tmp" && npm pack --silent "node-llama-cpp@$VERSION" >/dev/null) ||
+  fail "npm could not fetch node-llama-cpp@$VERSION from the npm registry"
+tar -xzf "$tmp/node-llama-cpp-$VERSION.tgz" -C "$tmp" package/llama/gitRelease.bundle ||
+  fail "node-llama-cpp-$VERSION.tgz holds no llama/gitRelease.bundle"
 rm -rf "$SRC"
-git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$SRC" 2>/dev/null
+command -v git >/dev/null || fail "git is needed to unpack llama/gitRelease.bundle (scripts/setup.sh installs it)"
+git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$SRC" || fail "git could not clone the bundle into $SRC"
 touch "$STAMP"
 echo "llama.cpp source of node-llama-cpp $VERSION in $SRC"

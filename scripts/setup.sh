@@ -24,6 +24,7 @@ PACKAGES=(
   libcpp-httplib-dev            # HTTP/1.1 server of `depcache serve` (threads, chunked streaming)
   libopenblas-dev               # matrix products of the trainer (forward and backward)
   curl                          # a real HTTP client for the server's tests
+  git                           # unpacks the leading C++ engine's source (scripts/fetch_llama_cpp.sh)
   nodejs                        # runs the official `openai` client in the server's tests (tests/client)
   python3-jinja2                # renders real chat templates, the chat tests' independent oracle
 )
