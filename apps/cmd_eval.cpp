@@ -393,6 +393,7 @@ void depcache_policies(EvalContext& c) {
   // does too (a bound as large as the window would leave a full queue in
   // arrival order).
   constexpr int kNoStarvationBound = 1 << 30;
+  const size_t kGridWindow = SimulationOptions{}.window;
   const std::vector<size_t> kWindows = {8, 16, 32, 64};
   std::map<size_t, double> both_gain;  // window -> LACR+LPM over LACR, mean over workloads
   std::string dat;
@@ -408,40 +409,35 @@ void depcache_policies(EvalContext& c) {
     const std::vector<SimulatedRequest> prompts =
         simulated_requests(parts, "depcache", kDefaultPositionScheme);
     const int64_t distinct = distinct_kv_tokens(prompts);
+    // Token hit rate (%) of `policy` under `order` at `fraction` of the
+    // stream's distinct KV, the scheduler seeing `window` waiting requests.
+    const auto hit_rate = [&](const std::string& policy, const std::string& order, double fraction,
+                              size_t window) {
+      SimulationOptions so;
+      so.policy = policy;
+      so.scheduler.order = order;
+      so.scheduler.starvation_bound = kNoStarvationBound;
+      so.window = window;
+      so.capacity_tokens = static_cast<int64_t>(fraction * static_cast<double>(distinct));
+      so.scheme = kDefaultPositionScheme;
+      so.cost_model = cost;
+      return 100 * simulate(prompts, so).token_hit_rate;
+    };
     // How the schedulers' gains depend on how many requests wait (the paper
     // does not say): LPM and LACR+LPM at 20% capacity over several windows.
-    {
-      const auto hit = [&](const std::string& policy, const std::string& order, size_t window) {
-        SimulationOptions so;
-        so.policy = policy;
-        so.scheduler.order = order;
-        so.scheduler.starvation_bound = kNoStarvationBound;
-        so.window = window;
-        so.capacity_tokens = static_cast<int64_t>(0.2 * static_cast<double>(distinct));
-        so.scheme = kDefaultPositionScheme;
-        return 100 * simulate(prompts, so).token_hit_rate;
-      };
-      const double lru = hit("lru", "fifo", 1);
-      for (size_t window : kWindows) {
-        const double lpm = hit("lru", "lpm", window), lacr = hit("lacr", "fifo", window),
-                     both = hit("lacr", "lpm", window);
-        window_rows.push_back({wl, std::to_string(window), r.num(lru), r.num(lpm), r.num(lacr), r.num(both),
-                               r.delta(lpm - lru), r.delta(both - lacr)});
-        both_gain[window] += (both - lacr) / static_cast<double>(workloads.size());
-      }
+    const double lru = hit_rate("lru", "fifo", 0.2, 1);
+    for (size_t window : kWindows) {
+      const double lpm = hit_rate("lru", "lpm", 0.2, window), lacr = hit_rate("lacr", "fifo", 0.2, window),
+                   both = hit_rate("lacr", "lpm", 0.2, window);
+      window_rows.push_back({wl, std::to_string(window), r.num(lru), r.num(lpm), r.num(lacr), r.num(both),
+                             r.delta(lpm - lru), r.delta(both - lacr)});
+      both_gain[window] += (both - lacr) / static_cast<double>(workloads.size());
     }
     for (double f : fractions) {
       std::vector<std::string> row = {wl, fmt::format("{:.0f}%", 100 * f)};
       dat += fmt::format("\"{} {:.0f}%\"", wl, 100 * f);
       for (const Spec& s : specs) {
-        SimulationOptions so;
-        so.policy = s.policy;
-        so.scheduler.order = s.scheduler;
-        so.scheduler.starvation_bound = kNoStarvationBound;
-        so.capacity_tokens = static_cast<int64_t>(f * static_cast<double>(distinct));
-        so.scheme = kDefaultPositionScheme;
-        so.cost_model = cost;
-        const double hit = 100 * simulate(prompts, so).token_hit_rate;
+        const double hit = hit_rate(s.policy, s.scheduler, f, kGridWindow);
         mean_of[{wl, s.name}] += hit / static_cast<double>(fractions.size());
         row.push_back(r.num(hit));
         dat += fmt::format(" {:.2f}", hit);
@@ -870,8 +866,8 @@ void ragcache_speculation(EvalContext& c) {
   }
   r.text(fmt::format(
       "{} Zipf-drawn MuSiQue questions at Poisson {} req/s, each searched by the engine's BM25 over the "
-      "corpus "
-      "in chunks of 512 tokens (top-2) in {} stages by documents, each stage made to take 50 or 150 ms (a "
+      "corpus in chunks of 512 tokens (top-2) in {} stages by documents, each stage made to take 50 or 150 "
+      "ms (a "
       "retriever slower than in-memory BM25); RAGCache with its profile on `{}`, one token generated; "
       "speculative prefills of {} tokens per step. TTFT from the question's arrival, the search included; "
       "non-overlapped: search time before the prefill that answered was submitted.",
@@ -944,9 +940,7 @@ void subgcache(EvalContext& c) {
       "union of its members' relation paths (`--graph-format paths`; SubGCache's CSV form reaches a fact "
       "through three id lookups, which 500 steps of fine-tuning this 2-layer model on CSV did not teach it: "
       "0% exact, docs/training.md). TTFT: mean from arrival; attention pairs: (query, key) pairs per layer "
-      "and "
-      "request, "
-      "in thousands.",
+      "and request, in thousands.",
       n));
   r.table({"serving", "clusters", "TTFT mean ms", "tokens computed per query", "attention pairs (k)",
            "exact match"},
@@ -1125,7 +1119,6 @@ void throughput(EvalContext& c) {
   // it), so that the rates compare.
   double slo = 0;
   std::vector<std::vector<std::string>> rows, points;
-  std::map<std::string, double> best;
   std::map<std::string, RateSweep> sweeps;
   for (const std::string s : {"full", "prefix", "ragcache", "cachecraft"}) {
     stage(fmt::format("throughput: {} rate sweep, {} requests", s, n));
@@ -1136,9 +1129,8 @@ void throughput(EvalContext& c) {
         },
         SloStatistic::Mean);
     slo = sweep.slo;
-    best[s] = sweep.best_served;
     sweeps[s] = sweep;
-    rows.push_back({s, r.num(sweep.unloaded_mean), r.num(sweep.unloaded_p50), r.num(sweep.unloaded_p99),
+    rows.push_back({s, r.num(sweep.unloaded.mean), r.num(sweep.unloaded.p50), r.num(sweep.unloaded.p99),
                     r.num(sweep.best_rate, 2), r.num(sweep.best_served, 2)});
     for (const RateSweep::Point& p : sweep.points)
       points.push_back({s, r.num(p.rate, 2), r.num(p.mean), r.num(p.p50), r.num(p.p99), r.num(p.served, 2),
@@ -1161,7 +1153,9 @@ void throughput(EvalContext& c) {
       {"system", "offered req/s", "TTFT mean ms", "p50 ms", "p99 ms", "completed req/s", "within the SLO"},
       points);
   auto gain = [&](const std::string& a, const std::string& b) {
-    return best[b] > 0 ? r.ratio(best[a], best[b]) : std::string("- (baseline broke the SLO at every rate)");
+    const double base = sweeps[b].best_served;
+    return base > 0 ? r.ratio(sweeps[a].best_served, base)
+                    : std::string("- (baseline broke the SLO at every rate)");
   };
   r.versus(
       {{"RAGCache vs no reuse", "1.3-2.1x vLLM (Fig. 15)", gain("ragcache", "full"),
@@ -1171,7 +1165,7 @@ void throughput(EvalContext& c) {
                     "are those whose chunks no earlier request brought: it computes them whole and scores "
                     "their attention for later reuse; the paper's trace reorders 5 chunks of a "
                     "proprietary corpus",
-                    r.num(sweeps["cachecraft"].unloaded_p99), r.num(sweeps["prefix"].unloaded_p99))}});
+                    r.num(sweeps["cachecraft"].unloaded.p99), r.num(sweeps["prefix"].unloaded.p99))}});
 }
 
 // ---- The engine -------------------------------------------------------------

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <iterator>
 #include <map>
-#include <numeric>
 
 #include "eval/stats.h"
 #include "retrieval/workload.h"
@@ -233,26 +232,20 @@ RateSweep sweep_rate(const std::vector<RagRequest>& reqs, double slo_ms, uint64_
     return RateSweep::Point{rate, percentile(t, 50), percentile(t, 99), mean(t),
                             static_cast<double>(n) / run.wall_s};
   };
-  const StrategyRun unloaded = replay_at(reqs, true);
-  const RateSweep::Point alone = point(0, unloaded, reqs.size());
-  s.unloaded_p50 = alone.p50;
-  s.unloaded_p99 = alone.p99;
-  s.unloaded_mean = alone.mean;
-  s.slo = slo_ms > 0 ? slo_ms : 5 * (statistic == SloStatistic::Mean ? alone.mean : alone.p50);
-  std::map<double, double> served_at;
+  s.unloaded = point(0, replay_at(reqs, true), reqs.size());
+  s.slo = slo_ms > 0 ? slo_ms : 5 * (statistic == SloStatistic::Mean ? s.unloaded.mean : s.unloaded.p50);
   const auto within = [&](double rate) {
     std::vector<RagRequest> at = reqs;
     const std::vector<double> arrivals = poisson_arrivals(at.size(), rate, seed);
     for (size_t i = 0; i < at.size(); ++i) at[i].arrival_s = arrivals[i];
     const RateSweep::Point p = point(rate, replay_at(at, false), at.size());
     s.points.push_back(p);
-    served_at[rate] = p.served;
     return s.within(p);
   };
   // One request at a time is the least load there is: when it breaks the
   // SLO, no rate keeps it (and the rates below would take ever longer).
-  if (!s.within(alone)) return s;
-  double good = 0, bad = 0, rate = static_cast<double>(reqs.size()) / unloaded.wall_s;
+  if (!s.within(s.unloaded)) return s;
+  double good = 0, bad = 0, rate = s.unloaded.served;
   // A finite stream offered much faster than the system serves it arrives
   // nearly at once: once the completed rate stops growing (saturation), a
   // higher offered rate only compresses the arrivals further, and the
@@ -262,7 +255,8 @@ RateSweep sweep_rate(const std::vector<RagRequest>& reqs, double slo_ms, uint64_
       bad = rate;
       break;
     }
-    const bool saturated = good > 0 && served_at[rate] < 1.05 * served_at[good];
+    // Every point so far was within the SLO: the one before is `good`'s.
+    const bool saturated = good > 0 && s.points.back().served < 1.05 * s.points[s.points.size() - 2].served;
     good = rate;
     if (saturated) break;
   }
@@ -293,8 +287,8 @@ std::string sweep_markdown(const std::vector<std::string>& names, const std::vec
       "|\n|---|---|---|---|---|---|---|\n";
   for (size_t k = 0; k < names.size(); ++k) {
     const RateSweep& s = sweeps[k];
-    md += fmt::format("| {} | {:.1f}ms | {:.1f}ms | {} <= {:.1f}ms | {} | {} |\n", names[k], s.unloaded_p50,
-                      s.unloaded_p99, s.statistic == SloStatistic::Mean ? "mean" : "p99", s.slo,
+    md += fmt::format("| {} | {:.1f}ms | {:.1f}ms | {} <= {:.1f}ms | {} | {} |\n", names[k], s.unloaded.p50,
+                      s.unloaded.p99, s.statistic == SloStatistic::Mean ? "mean" : "p99", s.slo,
                       s.best_rate > 0 ? fmt::format("{:.2f} req/s", s.best_rate) : "none",
                       s.best_rate > 0 ? fmt::format("{:.2f} req/s", s.best_served) : "-");
     for (const RateSweep::Point& p : s.points)

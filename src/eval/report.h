@@ -37,18 +37,18 @@ std::string summary_report(const std::vector<StrategyRun>& runs, bool verify, bo
 // lowest rate).
 enum class SloStatistic { P99, Mean };
 struct RateSweep {
-  SloStatistic statistic = SloStatistic::P99;
-  double unloaded_p50 = 0, unloaded_p99 = 0, unloaded_mean = 0, slo = 0;
-  // 0: one request at a time broke the SLO already (then nothing else is
-  // tried), or so did 1/16 of the unloaded throughput.
-  double best_rate = 0, best_served = 0;
   struct Point {
     double rate = 0, p50 = 0, p99 = 0, mean = 0, served = 0;
   };
+  SloStatistic statistic = SloStatistic::P99;
+  Point unloaded;  // one request at a time (rate 0)
+  double slo = 0;
+  // 0: one request at a time broke the SLO already (then nothing else is
+  // tried), or so did 1/16 of the unloaded throughput.
+  double best_rate = 0, best_served = 0;
   std::vector<Point> points;  // in the order tried
-  // The statistic the SLO bounds, of a point or of the unloaded run.
-  double measured(const Point& p) const { return statistic == SloStatistic::Mean ? p.mean : p.p99; }
-  bool within(const Point& p) const { return measured(p) <= slo; }
+  // Whether the statistic the SLO bounds keeps it, at a point or unloaded.
+  bool within(const Point& p) const { return (statistic == SloStatistic::Mean ? p.mean : p.p99) <= slo; }
 };
 RateSweep sweep_rate(const std::vector<RagRequest>& reqs, double slo_ms, uint64_t seed,
                      const std::function<StrategyRun(const std::vector<RagRequest>&, bool serial)>& replay_at,

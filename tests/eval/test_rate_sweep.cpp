@@ -74,7 +74,7 @@ TEST(RateSweep, TheMeanIgnoresOneSlowRequestThatP99Counts) {
   const RateSweep p99 = sweep_rate(stream(10), 50, 1, replay);
   EXPECT_EQ(p99.best_rate, 0);
   const RateSweep mean = sweep_rate(stream(10), 50, 1, replay, SloStatistic::Mean);
-  EXPECT_NEAR(mean.unloaded_mean, 29, 1e-9);
+  EXPECT_NEAR(mean.unloaded.mean, 29, 1e-9);
   EXPECT_GT(mean.best_rate, 0);
   for (const RateSweep::Point& p : mean.points) EXPECT_TRUE(mean.within(p));
 }
