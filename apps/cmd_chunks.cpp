@@ -41,9 +41,10 @@ struct FuseOptions {
 };
 
 void fuse(const FuseOptions& o) {
-  if (o.tiers.cache_dir.empty() && o.tiers.redis.empty())
+  if (o.tiers.cache_dir.empty() && !o.tiers.remote())
     fail(ErrorKind::InvalidInput,
-         "fused caches must go to a tier that outlives this process: give --cache-dir or --redis");
+         "fused caches must go to a tier that outlives this process: give --cache-dir, --redis or "
+         "--redis-cluster");
   const std::vector<RagRequest> reqs = read_requests(o.requests_path);
   const auto model = Model::load(o.model_path);
   const Tokenizer tok(Vocab::from_gguf(model->file()));

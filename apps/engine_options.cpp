@@ -128,6 +128,7 @@ ResolvedEngine resolve_engine(const EngineArgs& a, std::string_view strategy, co
         fmt::format(", host {:.0f} MiB{}", r.tiers.host_mib, r.tiers.swap_out_once ? " (swap-out-once)" : "");
   if (!r.tiers.cache_dir.empty()) tiers += fmt::format(", disk {:.0f} MiB", r.tiers.disk_mib);
   if (!r.tiers.redis.empty()) tiers += ", remote " + r.tiers.redis;
+  if (!r.tiers.redis_cluster.empty()) tiers += ", remote cluster " + r.tiers.redis_cluster;
   r.summary = a.no_reuse ? "no reuse"
                          : fmt::format("policy {}{}, scheduler {}, tiers {}", eo.policy,
                                        a.policy == "auto" ? "" : " (--policy)", eo.scheduler.order, tiers);

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <optional>
 
+#include "kv/redis_cluster_store.h"
 #include "util/error.h"
 #include "util/mac.h"
 
@@ -54,6 +55,12 @@ void add_tier_options(CLI::App& cmd, TierOptions& o) {
          "--redis", o.redis,
          "Remote tier shared with other processes: Redis at host:port (down or slow: computed locally)")
       ->check(parses_with(parse_redis_address));
+  cmd.add_option("--redis-cluster", o.redis_cluster,
+                 "Remote tier on a Redis Cluster: some of its nodes as host:port,host:port (the rest are "
+                 "learnt from the cluster); keys spread over the masters by hash slot, and a node down or "
+                 "failing over makes only its keys misses")
+      ->check(parses_with(parse_redis_addresses))
+      ->excludes("--redis");
   cmd.add_option("--redis-block", o.redis_block, "Tokens per remote block")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

@@ -17,6 +17,7 @@ PACKAGES=(
   wordnet-base                  # WordNet 3.0 database: the real knowledge graph `kg import --wordnet` reads
   gnuplot-nox                   # the PNG plot of `simulate --grid`
   libhiredis-dev                # Redis client for the shared remote KV tier
+  libboost-dev                  # Boost.CRC: the CRC16 that maps a key to its Redis Cluster slot
   libssl-dev                    # libcrypto's HMAC-SHA256: span records in the shared tiers are keyed
   libxxhash-dev                 # XXH3: model fingerprints, content keys, record and file checksums
   redis-server                  # a real Redis for the remote tier's tests (started on a loopback port)

@@ -91,9 +91,7 @@ std::filesystem::path llama_cpp_dir() {
   return std::filesystem::exists(p) ? p : std::filesystem::path{};
 }
 
-RedisServer::RedisServer() {
-  if (!std::filesystem::exists("/usr/bin/redis-server")) return;
-  // A free port: bind to 0, read it back, release it for Redis.
+int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -101,9 +99,14 @@ RedisServer::RedisServer() {
   socklen_t len = sizeof addr;
   if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    throw std::runtime_error("no free loopback port for redis-server");
-  port_ = ntohs(addr.sin_port);
+    throw std::runtime_error("no free loopback port");
   ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+RedisServer::RedisServer(std::vector<std::string> extra_args) : extra_args_(std::move(extra_args)) {
+  if (!std::filesystem::exists("/usr/bin/redis-server")) return;
+  port_ = free_port();
   start();
 }
 
@@ -116,8 +119,14 @@ void RedisServer::start() {
     const int null = ::open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
-    execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save",
-          "", "--appendonly", "no", "--daemonize", "no", static_cast<char*>(nullptr));
+    std::vector<std::string> args{"redis-server", "--port",      port, "--bind",
+                                  "127.0.0.1",    "--save",      "",   "--appendonly",
+                                  "no",           "--daemonize", "no"};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv("/usr/bin/redis-server", argv.data());
     _exit(127);
   }
   // Ready when it accepts connections.
@@ -141,6 +150,75 @@ void RedisServer::stop() {
   int status = 0;
   waitpid(pid_, &status, 0);
   pid_ = -1;
+}
+
+RedisCluster::RedisCluster(int masters, int replicas) {
+  if (!std::filesystem::exists("/usr/bin/redis-server")) return;
+  dir_ = temp_path("redis-cluster");
+  std::filesystem::create_directories(dir_);
+  std::string create = "redis-cli --cluster create";
+  for (int i = 0; i < masters * (1 + replicas); ++i) {
+    // The cluster bus gets a port of its own (not port + 10000, which may be taken).
+    const std::string bus = std::to_string(free_port());
+    const std::string conf = (dir_ / ("nodes-" + std::to_string(i) + ".conf")).string();
+    nodes_.push_back(std::make_unique<RedisServer>(std::vector<std::string>{
+        "--cluster-enabled", "yes", "--cluster-config-file", conf, "--cluster-node-timeout", "1000",
+        "--cluster-port", bus, "--dir", dir_.string(),
+        // What a cache wants (docs/tiers.md): the other masters keep serving
+        // while one master's slots have no master.
+        "--cluster-require-full-coverage", "no"}));
+    create += " 127.0.0.1:" + std::to_string(nodes_.back()->port());
+  }
+  create += " --cluster-replicas " + std::to_string(replicas) + " --cluster-yes 2>&1";
+  const CliRun r = run_shell(create);
+  if (r.code != 0) throw std::runtime_error("redis-cli --cluster create failed: " + r.out);
+  if (!wait_ok(masters, 20000)) throw std::runtime_error("the Redis Cluster did not come up within 20 s");
+}
+
+RedisCluster::~RedisCluster() {
+  nodes_.clear();
+  if (!dir_.empty()) std::filesystem::remove_all(dir_);
+}
+
+std::vector<int> RedisCluster::ports() const {
+  std::vector<int> out;
+  for (const auto& n : nodes_) out.push_back(n->port());
+  return out;
+}
+
+std::string RedisCluster::seeds() const {
+  std::string s;
+  for (size_t i = 0; i < nodes_.size() && i < 2; ++i)
+    s += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(nodes_[i]->port());
+  return s;
+}
+
+std::string RedisCluster::cli(int port, const std::string& args) const {
+  return run_shell("redis-cli -p " + std::to_string(port) + " " + args + " 2>&1").out;
+}
+
+void RedisCluster::kill(int port) {
+  for (const auto& n : nodes_)
+    if (n->port() == port) n->stop();
+}
+
+std::vector<int> RedisCluster::masters() const {
+  std::vector<int> out;
+  for (const auto& n : nodes_)
+    if (n->running() && cli(n->port(), "role").rfind("master", 0) == 0) out.push_back(n->port());
+  return out;
+}
+
+bool RedisCluster::wait_ok(int masters, int timeout_ms) const {
+  for (int waited = 0; waited < timeout_ms; waited += 100) {
+    bool ok = true;
+    for (const auto& n : nodes_)
+      if (n->running() && cli(n->port(), "cluster info").find("cluster_state:ok") == std::string::npos)
+        ok = false;
+    if (ok && static_cast<int>(this->masters().size()) == masters) return true;
+    usleep(100000);
+  }
+  return false;
 }
 
 std::filesystem::path temp_path(const std::string& stem) {

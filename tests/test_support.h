@@ -97,18 +97,55 @@ CliRun run_shell(const std::string& command);
 // installed; tests then skip with a message.
 class RedisServer {
  public:
-  RedisServer();
+  // extra_args: more redis-server options ("--cluster-enabled", "yes", ...).
+  explicit RedisServer(std::vector<std::string> extra_args = {});
   ~RedisServer();
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
   int port() const { return port_; }
   void stop();
   void start();  // again, on the same port
+  bool running() const { return pid_ > 0; }
 
  private:
   int port_ = 0;
   int pid_ = -1;
+  std::vector<std::string> extra_args_;
 };
+
+// A free loopback TCP port (bound, read back, released).
+int free_port();
+
+// A real Redis Cluster (Debian's redis-server and redis-cli) on loopback:
+// `masters` masters with `replicas` replicas each, a 1 s node timeout (so a
+// killed master's replica takes over within a few seconds) and
+// cluster-require-full-coverage off (the other masters serve meanwhile), made with
+// `redis-cli --cluster create` and up (every node says cluster_state:ok)
+// when the constructor returns. Its node files go to a temporary directory
+// removed on destruction. ports() is empty when redis-server is not installed.
+class RedisCluster {
+ public:
+  RedisCluster(int masters, int replicas);
+  ~RedisCluster();
+  RedisCluster(const RedisCluster&) = delete;
+  RedisCluster& operator=(const RedisCluster&) = delete;
+  std::vector<int> ports() const;
+  std::string seeds() const;  // "127.0.0.1:p,127.0.0.1:q" (the first two nodes)
+  // redis-cli -p port ARGS, its output.
+  std::string cli(int port, const std::string& args) const;
+  void kill(int port);               // SIGKILL
+  std::vector<int> masters() const;  // ports of the live masters
+  // Waits until every live node reports cluster_state:ok and `masters` live
+  // masters serve every slot; false after timeout_ms.
+  bool wait_ok(int masters, int timeout_ms) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<RedisServer>> nodes_;
+};
+#define DEPCACHE_REQUIRE_REDIS_CLUSTER(cluster, masters, replicas) \
+  ::depcache::test::RedisCluster cluster(masters, replicas);       \
+  if (cluster.ports().empty()) DEPCACHE_SKIP("redis-server not installed (scripts/setup.sh installs it)")
 #define DEPCACHE_REQUIRE_REDIS(server)  \
   ::depcache::test::RedisServer server; \
   if (server.port() == 0) DEPCACHE_SKIP("redis-server not installed (scripts/setup.sh installs it)")

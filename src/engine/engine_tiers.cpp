@@ -8,6 +8,7 @@
 #include <iterator>
 #include <optional>
 
+#include "kv/redis_cluster_store.h"
 #include "kv/remote_store.h"
 #include "util/error.h"
 #include "util/mac.h"
@@ -15,7 +16,9 @@
 namespace depcache {
 
 RedisOptions redis_options(const TierOptions& o) {
-  RedisOptions r = parse_redis_address(o.redis);
+  if (!o.redis.empty() && !o.redis_cluster.empty())
+    fail(ErrorKind::InvalidInput, "give either --redis or --redis-cluster, not both");
+  RedisOptions r = o.redis.empty() ? RedisOptions() : parse_redis_address(o.redis);
   r.timeout_ms = o.remote_timeout_ms;
   r.user = o.redis_user;
   if (!o.redis_user.empty() && o.redis_password_file.empty())
@@ -48,7 +51,7 @@ LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::strin
   std::shared_ptr<const MacKey> key;
   if (!o.cache_key_file.empty()) key = std::make_shared<const MacKey>(MacKey::from_file(o.cache_key_file));
   // Options and credentials are checked before anything is attached.
-  const std::optional<RedisOptions> redis = o.redis.empty() ? std::nullopt : std::optional(redis_options(o));
+  const std::optional<RedisOptions> redis = o.remote() ? std::optional(redis_options(o)) : std::nullopt;
   if (!key && (!o.cache_dir.empty() || redis)) {
     const std::string where = !o.cache_dir.empty() && redis ? fmt::format("{} or that Redis", o.cache_dir)
                               : redis                       ? std::string("that Redis")
@@ -71,7 +74,11 @@ LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::strin
       fmt::print(stderr, "{}disk tier: {} spans ({:.1f} MiB) adopted from {}\n", log_prefix, disk_->n_files(),
                  disk_->bytes() / 1048576.0, o.cache_dir);
   }
-  if (redis) index.attach_remote(std::make_shared<RedisStore>(*redis), o.redis_block, key);
+  if (redis && !o.redis_cluster.empty())
+    index.attach_remote(std::make_shared<RedisClusterStore>(parse_redis_addresses(o.redis_cluster), *redis),
+                        o.redis_block, key);
+  else if (redis)
+    index.attach_remote(std::make_shared<RedisStore>(*redis), o.redis_block, key);
 }
 
 LowerTiers::~LowerTiers() = default;

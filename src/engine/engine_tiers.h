@@ -19,17 +19,19 @@ struct TierOptions {
   // Host tier budget (0: none; below 0: not set, a front end's default).
   double host_mib = 0, disk_mib = 4096;
   std::string cache_dir, redis;
+  std::string redis_cluster;  // seeds of a Redis Cluster (host:port,...) instead of one Redis
   int64_t redis_block = 32;
   std::string cache_key_file;  // secret of >= 32 bytes; records are HMAC-SHA256 sealed with it
   std::string redis_password_file, redis_user;
   int remote_timeout_ms = 200;
   bool swap_out_once = false;
   std::string layer_preload = "off";  // auto, off or a number of layers
-  bool any() const { return host_mib > 0 || !cache_dir.empty() || !redis.empty(); }
+  bool remote() const { return !redis.empty() || !redis_cluster.empty(); }
+  bool any() const { return host_mib > 0 || !cache_dir.empty() || remote(); }
 };
 // --layer-preload's value as the index takes it; throws InvalidInput.
 RadixIndex::LayerPreload parse_layer_preload(const std::string& s);
-// The Redis options of `o` (address, credentials, deadline); throws
+// The Redis options of `o` (address unless a cluster, credentials, deadline); throws
 // InvalidInput naming the file when the password file cannot be read.
 RedisOptions redis_options(const TierOptions& o);
 

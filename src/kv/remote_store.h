@@ -14,10 +14,14 @@
 #include <string_view>
 #include <vector>
 
-struct redisContext;  // hiredis
-struct redisReply;
+struct redisReply;  // hiredis
 
 namespace depcache {
+
+struct RedisReplyDeleter {
+  void operator()(redisReply* r) const;
+};
+using RedisReply = std::unique_ptr<redisReply, RedisReplyDeleter>;
 
 class RemoteStore {
  public:
@@ -49,6 +53,8 @@ struct RedisOptions {
   std::string user, password;
 };
 
+class RedisConnection;
+
 // Redis through hiredis; thread-safe (one command at a time). Construction
 // connects: a server that refuses the password, or wants one that was not
 // given, is an InvalidInput error then (a configuration mistake); one that
@@ -66,10 +72,7 @@ class RedisStore final : public RemoteStore {
   void put(uint64_t key, std::span<const uint8_t> record) override;
   void remove(uint64_t key) override;
 
-  bool connected() {
-    std::lock_guard lk(mu_);
-    return ctx_ != nullptr;
-  }
+  bool connected();
   int64_t n_failures() {  // commands lost to errors or timeouts
     std::lock_guard lk(mu_);
     return n_failures_;
@@ -80,23 +83,15 @@ class RedisStore final : public RemoteStore {
   }
 
  private:
-  struct ReplyDeleter {
-    void operator()(void* r) const;
-  };
-  using Reply = std::unique_ptr<::redisReply, ReplyDeleter>;
   bool ready();  // connects if needed and allowed; mu_ held
   void failed(const std::string& what);
   // One command and its reply within the deadline; null (after failed())
   // when the connection broke or the deadline passed.
-  Reply command(std::initializer_list<std::string_view> args, const char* what) {
-    return command(std::span<const std::string_view>(args.begin(), args.size()), what);
-  }
-  Reply command(std::span<const std::string_view> args, const char* what);
-  std::string key_of(uint64_t key) const;
+  RedisReply command(std::vector<std::string_view> args, const char* what);
 
   RedisOptions o_;
   std::mutex mu_;
-  ::redisContext* ctx_ = nullptr;
+  std::unique_ptr<RedisConnection> conn_;
   int64_t n_failures_ = 0;
   std::string last_error_;
   int64_t retry_at_ms_ = 0;
@@ -104,6 +99,9 @@ class RedisStore final : public RemoteStore {
   bool auth_refused_ = false;  // the last connect's AUTH was refused
   bool started_ = false;       // the constructor is done
 };
+
+// The key a span record is filed under: the prefix, then the content key in hex.
+std::string redis_key(const std::string& prefix, uint64_t key);
 
 // "host:port" (host optional) into options; throws InvalidInput when malformed.
 RedisOptions parse_redis_address(const std::string& address);

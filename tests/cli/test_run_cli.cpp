@@ -287,6 +287,43 @@ TEST_F(RunCli, RedisTierSharedBetweenProcesses) {
   EXPECT_NE(r.out.find("warning: cannot connect to Redis"), std::string::npos) << r.out;
 }
 
+// The same through a Redis Cluster of three masters (and a replica each):
+// the second process's blocks come from the cluster, with the logits of
+// recomputation; --redis and --redis-cluster together, or a plain Redis
+// given as a cluster, are refused by name.
+TEST_F(RunCli, RedisClusterTierSharedBetweenProcesses) {
+  DEPCACHE_REQUIRE_REDIS_CLUSTER(cluster, 3, 1);
+  const std::string base = "run --serial -m " + file("model.gguf") + " --requests " + file("requests.jsonl") +
+                           " -s depcache,prefix --scheme depth --kv-type f32 --verify --redis-block 4";
+  const std::string remote = base + " --redis-cluster " + cluster.seeds();
+  auto r = run_cli(remote + " --json " + file("cluster1.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("remote cluster 127.0.0.1:"), std::string::npos) << r.out;
+  int masters_used = 0;
+  for (const int port : cluster.masters()) masters_used += cluster.cli(port, "dbsize") != "0\n";
+  EXPECT_EQ(masters_used, 3);  // the blocks are spread over every master
+  r = run_cli(remote + " --json " + file("cluster2.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(file("cluster2.jsonl"));
+  int remote_rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    remote_rows += j["found_in"]["remote"].get<int64_t>() > 0;
+    EXPECT_LT(j["max_logit_diff_vs_no_reuse"].get<double>(), 1e-4) << line;
+  }
+  EXPECT_GE(remote_rows, 2) << r.out;
+  r = run_cli(remote + " --redis 127.0.0.1:" + std::to_string(cluster.ports()[0]));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--redis excludes --redis-cluster"), std::string::npos) << r.out;
+  DEPCACHE_REQUIRE_REDIS(plain);
+  r = run_cli(base + " --redis-cluster 127.0.0.1:" + std::to_string(plain.port()));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("is not a cluster node"), std::string::npos) << r.out;
+  r = run_cli(base + " --redis-cluster 127.0.0.1:6379,nohost:");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("bad Redis address"), std::string::npos) << r.out;
+}
+
 // A hot tier that holds about one request, with a host tier: the first
 // request's subtrees are demoted to the host tier by the next two and come
 // back from there for the fourth; with prefetching they are loaded while an

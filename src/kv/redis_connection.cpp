@@ -1,0 +1,148 @@
+#include "kv/redis_connection.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <chrono>
+
+namespace depcache {
+namespace {
+
+// Waits until fd is ready for `events` or the deadline passes (false).
+bool wait_fd(int fd, short events, int64_t deadline_ms) {
+  for (;;) {
+    const int64_t left = deadline_ms - steady_now_ms();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+}  // namespace
+
+void RedisReplyDeleter::operator()(redisReply* r) const { freeReplyObject(r); }
+
+int64_t steady_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+RedisConnection::RedisConnection(std::string host, int port, const RedisOptions& o)
+    : host_(std::move(host)), port_(port), user_(o.user), password_(o.password), timeout_ms_(o.timeout_ms) {}
+
+RedisConnection::~RedisConnection() { close(); }
+
+std::string RedisConnection::address() const { return fmt::format("{}:{}", host_, port_); }
+
+void RedisConnection::close() {
+  if (ctx_) redisFree(ctx_);
+  ctx_ = nullptr;
+}
+
+bool RedisConnection::broke(std::string why) {
+  error_ = std::move(why);
+  close();
+  return false;
+}
+
+bool RedisConnection::open(int64_t deadline_ms) {
+  if (ctx_) return true;
+  auth_refused_ = false;
+  const int64_t left = std::max<int64_t>(1, deadline_ms - steady_now_ms());
+  const timeval tv{static_cast<time_t>(left / 1000), static_cast<suseconds_t>((left % 1000) * 1000)};
+  redisContext* c = redisConnectWithTimeout(host_.c_str(), port_, tv);
+  if (!c || c->err) {
+    const std::string why = c ? c->errstr : "out of memory";
+    if (c) redisFree(c);
+    return broke(fmt::format("cannot connect to Redis at {}: {}", address(), why));
+  }
+  // Non-blocking from here: exchange() bounds a whole exchange by poll()ing
+  // against its deadline, which a per-call socket timeout cannot.
+  const int flags = ::fcntl(c->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    redisFree(c);
+    return broke(fmt::format("cannot set up the connection to Redis at {}", address()));
+  }
+  c->flags &= ~REDIS_BLOCK;
+  ctx_ = c;
+  if (!password_.empty()) {
+    const RedisReply r = user_.empty() ? command({"AUTH", password_}, deadline_ms)
+                                       : command({"AUTH", user_, password_}, deadline_ms);
+    if (!r) return false;
+    if (r->type == REDIS_REPLY_ERROR) {
+      auth_refused_ = true;
+      return broke(fmt::format("Redis at {} refused AUTH{}: {}", address(),
+                               user_.empty() ? "" : fmt::format(" as user '{}'", user_),
+                               std::string_view(r->str, r->len)));
+    }
+  }
+  return true;
+}
+
+std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> commands,
+                                                  int64_t deadline_ms) {
+  std::vector<RedisReply> replies;
+  if (!ctx_) {
+    error_ = fmt::format("no connection to Redis at {}", address());
+    return replies;
+  }
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const RedisCommand& c : commands) {
+    argv.clear();
+    lens.clear();
+    for (const std::string_view a : c) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK) {
+      broke(ctx_->errstr);
+      return {};
+    }
+  }
+  for (int done = 0; !done;) {
+    if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
+      broke(ctx_->errstr);
+      return {};
+    }
+    if (!done && !wait_fd(ctx_->fd, POLLOUT, deadline_ms)) {
+      broke(fmt::format("no room to send within {} ms", timeout_ms_));
+      return {};
+    }
+  }
+  replies.reserve(commands.size());
+  while (replies.size() < commands.size()) {
+    void* reply = nullptr;
+    if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) {
+      broke(ctx_->errstr);
+      return {};
+    }
+    if (reply) {
+      replies.emplace_back(static_cast<redisReply*>(reply));
+      continue;
+    }
+    if (!wait_fd(ctx_->fd, POLLIN, deadline_ms)) {
+      broke(fmt::format("no whole reply within {} ms", timeout_ms_));
+      return {};
+    }
+    if (redisBufferRead(ctx_) != REDIS_OK) {
+      broke(ctx_->errstr);
+      return {};
+    }
+  }
+  return replies;
+}
+
+RedisReply RedisConnection::command(const RedisCommand& command, int64_t deadline_ms) {
+  std::vector<RedisReply> r = exchange(std::span(&command, 1), deadline_ms);
+  return r.empty() ? RedisReply() : std::move(r.front());
+}
+
+}  // namespace depcache

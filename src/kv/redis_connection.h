@@ -1,0 +1,64 @@
+#pragma once
+// One connection to one Redis server (a standalone Redis or one node of a
+// cluster), through hiredis, where every exchange has a deadline for the
+// whole of it: sending, and reading every reply. Not thread-safe: the store
+// that owns it serialises its calls.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/remote_store.h"
+
+struct redisContext;  // hiredis
+
+namespace depcache {
+
+using RedisCommand = std::vector<std::string_view>;
+
+int64_t steady_now_ms();
+
+class RedisConnection {
+ public:
+  // From `o`: the credentials (AUTH after every connect when a password is
+  // set) and the deadline messages name (o.timeout_ms).
+  RedisConnection(std::string host, int port, const RedisOptions& o);
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  // Connects and authenticates unless open. False (closed, error() says why,
+  // auth_refused() whether the server refused the credentials) on failure.
+  bool open(int64_t deadline_ms);
+  bool is_open() const { return ctx_ != nullptr; }
+  void close();
+
+  // Sends every command, then reads one reply per command, in order, all
+  // before the deadline (steady clock, steady_now_ms()). Empty on a broken
+  // connection or a missed deadline: the connection is then closed (a
+  // context that saw an error cannot be reused) and error() says why.
+  // Error replies are replies, not failures.
+  std::vector<RedisReply> exchange(std::span<const RedisCommand> commands, int64_t deadline_ms);
+  RedisReply command(const RedisCommand& command, int64_t deadline_ms);
+
+  const std::string& error() const { return error_; }
+  bool auth_refused() const { return auth_refused_; }
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  std::string address() const;
+
+ private:
+  bool broke(std::string why);
+
+  std::string host_;
+  int port_;
+  std::string user_, password_;
+  int timeout_ms_;
+  redisContext* ctx_ = nullptr;
+  std::string error_;
+  bool auth_refused_ = false;
+};
+
+}  // namespace depcache
