@@ -1,18 +1,27 @@
-// `depcache serve`: the engine behind an OpenAI-compatible HTTP API.
+// `depcache serve`: the engine behind an OpenAI-compatible HTTP API; and
+// `depcache route`: the router that sends requests to the serve replica
+// holding their KV, for a proxy in front of several.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <hiredis/hiredis.h>
+#include <httplib.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_loop.h"
 #include "engine_options.h"
+#include "kv/kv_events.h"
+#include "kv/redis_connection.h"
 #include "model/model.h"
 #include "model/vocab.h"
 #include "prompt/chat_template.h"
@@ -20,9 +29,15 @@
 #include "retrieval/knowledge_graph.h"
 #include "retrieval/retriever.h"
 #include "server/http_server.h"
+#include "server/kv_event_publisher.h"
+#include "server/openai.h"
+#include "server/replica_router.h"
 #include "strategy/strategy.h"
+#include "strategy/subgcache.h"
 #include "tier_options.h"
 #include "util/error.h"
+#include "util/file_io.h"
+#include "util/hash.h"
 
 namespace depcache::cli {
 namespace {
@@ -62,6 +77,9 @@ struct ServeArgs {
           write_timeout_ms = so.http.write_timeout.count();
   double stage_latency_ms = 0;
   int64_t batch_window_ms = 50;
+  bool kv_events = false;
+  std::string replica_name;
+  int64_t kv_events_block = 16;
 };
 
 // The server's options from the command line's: timeouts, keys (from a
@@ -122,6 +140,20 @@ void serve(ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   finish_options(a);
+  // The replica's name is known once the port is: set before the server
+  // copies its options, so it is read back from them.
+  a.so.epoch = new_epoch();
+  if (a.so.port == 0 && a.kv_events && a.replica_name.empty())
+    fail(ErrorKind::InvalidInput, "--kv-events with --port 0 needs --replica-name");
+  a.so.replica = a.replica_name.empty() ? fmt::format("{}:{}", a.so.host, a.so.port) : a.replica_name;
+  std::shared_ptr<KvEventLog> kv_log;
+  if (a.kv_events) {
+    if (!a.engine_args.tiers.remote())
+      fail(ErrorKind::InvalidInput,
+           "--kv-events publishes on the remote tier's Redis: give --redis or --redis-cluster");
+    kv_log = std::make_shared<KvEventLog>(a.kv_events_block);
+    a.so.kv_events = kv_log;
+  }
   HttpServer http(a.so);
   const int port = http.listen();
   fmt::print(stderr, "depcache serve: listening on http://{}:{} (loading {})\n", a.so.host, port,
@@ -152,6 +184,7 @@ void serve(ServeArgs& a) {
   EngineLoop loop(
       model, eo,
       [&](Engine& e) {
+        if (kv_log) e.index().set_observer(kv_log);  // before the tiers: what the disk holds is news too
         lower = std::make_unique<EngineTiers>(e, tiers, "depcache serve: ");
         profile_costs_if_needed(e, re, "depcache serve: ");
       },
@@ -163,6 +196,21 @@ void serve(ServeArgs& a) {
           fmt::print(stderr, "depcache serve: warning: the disk tier was not saved: {}\n", err.what());
         }
       });
+  std::unique_ptr<KvEventPublisher> publisher;
+  if (kv_log) {
+    KvEventPublisherOptions po;
+    po.redis = redis_options(tiers);
+    po.nodes = tiers.redis_cluster.empty() ? parse_redis_addresses(tiers.redis)
+                                           : parse_redis_addresses(tiers.redis_cluster);
+    po.channel = po.redis.prefix + "kv-events";
+    po.header = {a.so.replica, a.so.epoch, a.kv_events_block};
+    publisher = std::make_unique<KvEventPublisher>(kv_log, po, [&loop] {
+      const EngineSnapshot s = loop.snapshot();
+      return std::pair<int64_t, int64_t>(static_cast<int64_t>(s.running), static_cast<int64_t>(s.waiting));
+    });
+    fmt::print(stderr, "depcache serve: KV events of replica '{}' (epoch {}) on channel {}\n", a.so.replica,
+               a.so.epoch, po.channel);
+  }
   const std::string name = served.name;
   const std::string chat = served.chat ? served.chat->name() : "none";
   http.ready(std::move(served), loop);
@@ -177,6 +225,266 @@ void serve(ServeArgs& a) {
                                      std::chrono::milliseconds(static_cast<int64_t>(a.drain_s * 1000)));
   fmt::print(stderr, "depcache serve: stopped{}\n",
              in_time ? "" : " (requests still running were cancelled)");
+}
+
+// route's command line: the served model's options (a router plans requests
+// as the replicas do), the replicas, where their events come from, and the
+// proxy configuration to write.
+struct RouteArgs {
+  ServeArgs s;
+  std::vector<std::string> replicas;
+  RouterOptions router;
+  std::string haproxy_config;
+  int haproxy_port = 8000;
+  std::string haproxy_balance = "overlap";
+};
+
+// The key a proxy hashes for consistent hashing: the request's first
+// document, else its entity set, else its question or prompt text.
+std::string route_key_of(const RagRequest* ctx, const PromptRequest& pr) {
+  std::string basis;
+  if (ctx && !ctx->documents.empty()) {
+    basis =
+        "d:" + (ctx->documents.front().id.empty() ? ctx->documents.front().text : ctx->documents.front().id);
+  } else if (ctx && !ctx->entities.empty()) {
+    std::vector<std::string> names;
+    for (const RequestEntity& e : ctx->entities) names.push_back(e.name);
+    std::sort(names.begin(), names.end());
+    basis = fmt::format("e:{}", fmt::join(names, "\x1f"));
+  } else if (ctx) {
+    basis = "q:" + ctx->question;
+  } else if (pr.chat) {
+    for (const ChatMessage& m : pr.messages) basis += m.content + "\x1f";
+  } else {
+    basis = std::string(pr.prompt);
+  }
+  return fmt::format("{:016x}", hash_string(basis));
+}
+
+// The HAProxy hook of the configuration route writes: before a POST goes to
+// a replica, its body is shown to the router; the replica it names is the
+// one `use-server` picks (unless down), and the route key it gives is the
+// header the backend's consistent hashing reads. No answer in time: the
+// request is balanced without them.
+std::string haproxy_lua() {
+  return R"lua(-- Written by depcache route: asks the router where a request should go.
+core.register_action("depcache_route", { "http-req" }, function(txn)
+  local body = txn.sf:req_body()
+  if body == nil or body == "" then return end
+  local client = core.httpclient()
+  local res = client:post{ url = os.getenv("DEPCACHE_ROUTER") .. "/route", body = body,
+                           headers = { ["content-type"] = { "application/json" } }, timeout = 1000 }
+  if res == nil or res.status ~= 200 or res.body == nil then return end
+  local key = string.match(res.body, '"route_key"%s*:%s*"(%x+)"')
+  if key then txn.http:req_set_header("X-Depcache-Route", key) end
+  local replica = string.match(res.body, '"replica"%s*:%s*"([%w_%.%-]+)"')
+  if replica then txn:set_var("txn.depcache_replica", replica) end
+end, 0)
+)lua";
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  if (const auto failure = write_file_atomic(path, text))
+    fail(ErrorKind::InvalidInput, "{}", failure->message);
+}
+
+// The HAProxy configuration for the replicas behind this router: `balance`
+// overlap (this router's pick, consistent hashing with bounded load when it
+// has none), consistent (hashing the router's route key only) or roundrobin.
+std::string haproxy_config(const RouteArgs& a, int router_port, const std::string& lua_path) {
+  std::string servers, rules;
+  for (const std::string& spec : a.replicas) {
+    const ReplicaAddress r = parse_replica(spec);
+    const std::string hostport = r.url.substr(7);
+    servers += fmt::format("  server {} {} check inter 500ms fall 2 rise 1\n", r.name, hostport);
+    if (a.haproxy_balance == "overlap")
+      rules += fmt::format("  use-server {} if {{ var(txn.depcache_replica) -m str {} }}\n", r.name, r.name);
+  }
+  const bool ask_router = a.haproxy_balance != "roundrobin";
+  return fmt::format(
+      "# Written by depcache route: HAProxy in front of depcache serve replicas.\n"
+      "global\n"
+      "  setenv DEPCACHE_ROUTER http://{rhost}:{rport}\n"
+      "  lua-load {lua}\n"
+      "  tune.bufsize 1048576\n"
+      "  maxconn 4096\n"
+      "defaults\n"
+      "  mode http\n"
+      "  timeout connect 1s\n"
+      "  timeout client 300s\n"
+      "  timeout server 300s\n"
+      "  retries 3\n"
+      "  option redispatch 1\n"
+      "frontend rag\n"
+      "  bind {host}:{port}\n"
+      "  option http-buffer-request\n"
+      "{ask}"
+      "  default_backend replicas\n"
+      "backend replicas\n"
+      "  balance {balance}\n"
+      "  hash-type consistent\n"
+      "  hash-balance-factor 125\n"
+      "  retry-on conn-failure empty-response response-timeout\n"
+      "{rules}{servers}",
+      fmt::arg("lua", lua_path), fmt::arg("rhost", a.s.so.host), fmt::arg("rport", router_port),
+      fmt::arg("host", a.s.so.host), fmt::arg("port", a.haproxy_port),
+      fmt::arg("ask", ask_router ? "  http-request lua.depcache_route if METH_POST\n" : ""),
+      fmt::arg("balance", a.haproxy_balance == "roundrobin" ? "roundrobin" : "hdr(X-Depcache-Route)"),
+      fmt::arg("rules", rules), fmt::arg("servers", servers));
+}
+
+// Reads the replicas' KV events off the Redis channel until `stop`; on a
+// broken connection every replica is read afresh from its summary.
+void subscribe_events(const RouteArgs& a, ReplicaRouter& router, const std::atomic<bool>& stop) {
+  // The replicas' tier options name their Redis: the same flags here.
+  const TierOptions& t = a.s.engine_args.tiers;
+  RedisOptions ro = redis_options(t);
+  ro.timeout_ms = 1000;
+  const std::vector<RedisAddress> nodes = parse_redis_addresses(t.redis.empty() ? t.redis_cluster : t.redis);
+  const std::string channel = ro.prefix + "kv-events";
+  int64_t refused = 0;
+  for (size_t attempt = 0; !stop; ++attempt) {
+    const RedisAddress& n = nodes[attempt % nodes.size()];
+    RedisConnection c(n.host, n.port, ro);
+    const RedisReply ok = c.open(steady_now_ms() + 1000)
+                              ? c.command({"SUBSCRIBE", channel}, steady_now_ms() + 1000)
+                              : RedisReply();
+    if (!ok || ok->type != REDIS_REPLY_ARRAY) {
+      fmt::print(stderr, "depcache route: warning: cannot subscribe to {} at {}:{} ({}); retrying\n", channel,
+                 n.host, n.port, ok ? "refused" : c.error());
+      for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    for (const ReplicaAddress& r : router.replicas()) router.mark_unsynced(r.name);  // what we missed
+    while (!stop) {
+      bool timed_out = false;
+      const RedisReply m = c.receive(steady_now_ms() + 200, &timed_out);
+      if (timed_out) continue;
+      if (!m) break;
+      if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 || m->element[2]->type != REDIS_REPLY_STRING)
+        continue;
+      std::string why;
+      if (!router.apply_events(std::string_view(m->element[2]->str, m->element[2]->len), &why) &&
+          refused++ % 100 == 0)
+        fmt::print(stderr, "depcache route: warning: KV event batch refused: {} ({} so far)\n", why, refused);
+    }
+  }
+}
+
+// Reads the summary of every replica that needs it, every 200 ms, until `stop`.
+void sync_replicas(ReplicaRouter& router, const std::atomic<bool>& stop) {
+  while (!stop) {
+    for (const ReplicaAddress& r : router.needing_sync()) {
+      httplib::Client client(r.url);
+      client.set_connection_timeout(std::chrono::milliseconds(500));
+      client.set_read_timeout(std::chrono::seconds(2));
+      const auto res = client.Get("/v1/cache/summary");
+      std::string why;
+      if (!res || res->status != 200) continue;  // down or not publishing: not routed to until it answers
+      if (!router.apply_summary(r.name, res->body, &why))
+        fmt::print(stderr, "depcache route: warning: summary of replica '{}' refused: {}\n", r.name, why);
+    }
+    for (int i = 0; i < 2 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void route(RouteArgs& a) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  if (!a.s.engine_args.tiers.remote())
+    fail(ErrorKind::InvalidInput,
+         "give the Redis the replicas publish their KV events on: --redis or --redis-cluster");
+  std::vector<ReplicaAddress> replicas;
+  for (const std::string& r : a.replicas) replicas.push_back(parse_replica(r));
+  ReplicaRouter router(replicas, a.router);
+
+  std::shared_ptr<const Model> model = Model::load(a.s.model_path, {a.s.pool_rows});
+  auto tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(model->file()));
+  ServedModel served;
+  served.tokenizer = tok;
+  served.chat = served_chat_format(a.s.chat_template, tok->vocab().chat_template);
+  served.prompt = model->config().prompt;
+  const Sources sources = load_sources(a.s, *tok, served);
+  const ResolvedEngine re = resolve_engine(a.s.engine_args, a.s.so.strategy, model->config(), 16, true);
+  EngineOptions eo = re.engine;
+  eo.pool_rows = 16;  // plans only: no request runs here
+  eo.tokenizer = tok;
+  Engine engine(model, eo);
+  std::mutex engine_mu;  // the engine is not thread-safe
+  const PromptSources ps{tok.get(),    served.chat,   served.corpus,
+                         served.graph, served.prompt, a.s.so.special_in_text};
+
+  httplib::Server http;
+  http.set_payload_max_length(a.s.so.http.max_body_bytes);
+  http.Post("/route", [&](const httplib::Request& req, httplib::Response& res) {
+    try {
+      const nlohmann::json probe = nlohmann::json::parse(req.body, nullptr, false);
+      if (!probe.is_object()) throw ApiError(400, "the body is not a JSON object");
+      CompletionRequest cr = probe.contains("messages") ? parse_chat_request(req.body, 0)
+                                                        : parse_completion_request(req.body, 0);
+      cr.cache_scope = cache_scope_of("", cr.cache_salt);
+      const PromptRequest pr = prompt_request(cr);
+      std::optional<RagRequest> ctx;
+      if (cr.rag) ctx = request_context(pr, ps);
+      std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : a.s.so.strategy;
+      strategy = std::string(engine_strategy(strategy));
+      std::vector<Lookup> lookups;
+      {
+        std::lock_guard lk(engine_mu);
+        lookups = engine.lookups_of(strategy, request_prompt(pr, ps, ctx ? &*ctx : nullptr));
+      }
+      const ReplicaRouter::Decision d = router.route(lookups);
+      nlohmann::json held = nlohmann::json::object();
+      for (size_t i = 0; i < replicas.size(); ++i) held[replicas[i].name] = d.matched[i];
+      res.set_content(nlohmann::json{{"replica", d.replica},
+                                     {"route_key", route_key_of(ctx ? &*ctx : nullptr, pr)},
+                                     {"tokens", d.total},
+                                     {"held_tokens", held}}
+                          .dump(),
+                      "application/json");
+    } catch (const ApiError& e) {
+      res.status = e.status;
+      res.set_content(error_body(e).dump(), "application/json");
+    } catch (const std::exception& e) {
+      res.status = 400;
+      res.set_content(error_body(ApiError(400, e.what())).dump(), "application/json");
+    }
+  });
+  http.Get("/replicas", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(router.state_json(), "application/json");
+  });
+  http.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  const int port = a.s.so.port == 0 ? http.bind_to_any_port(a.s.so.host)
+                                    : (http.bind_to_port(a.s.so.host, a.s.so.port) ? a.s.so.port : -1);
+  if (port < 0) fail(ErrorKind::InvalidInput, "cannot listen on {}:{}", a.s.so.host, a.s.so.port);
+  if (!a.haproxy_config.empty()) {
+    const std::filesystem::path lua = std::filesystem::absolute(a.haproxy_config).replace_extension(".lua");
+    write_text(lua, haproxy_lua());
+    write_text(a.haproxy_config, haproxy_config(a, port, lua.string()));
+    fmt::print(stderr, "depcache route: HAProxy configuration {} (balance {}, port {}) and its hook {}\n",
+               a.haproxy_config, a.haproxy_balance, a.haproxy_port, lua.string());
+  }
+  std::atomic<bool> stop{false};
+  std::thread events([&] { subscribe_events(a, router, stop); });
+  std::thread sync([&] { sync_replicas(router, stop); });
+  std::thread listener([&] { http.listen_after_bind(); });
+  fmt::print(stderr, "depcache route: listening on http://{}:{} for {} replicas\n", a.s.so.host, port,
+             replicas.size());
+  std::fflush(stderr);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  stop = true;
+  http.stop();
+  listener.join();
+  events.join();
+  sync.join();
+  fmt::print(stderr, "depcache route: stopped\n");
 }
 
 // What a client may send and how long it may take (every limit answers with its HTTP code).
@@ -308,7 +616,70 @@ void add_serve_command(CLI::App& app) {
          "On SIGTERM/SIGINT: how long requests in flight may take to finish before they are cancelled")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_flag("--kv-events", a.kv_events,
+                "Publish what the cache stores and evicts (content keys of spans: prefix chains, chunks, KG "
+                "subtrees) on the remote tier's Redis, channel <prefix>kv-events, and answer GET "
+                "/v1/cache/summary: what a cache-aware router (depcache route) reads");
+  cmd->add_option("--replica-name", a.replica_name,
+                  "This replica's name in its KV events (default: host:port)");
+  cmd->add_option("--kv-events-block", a.kv_events_block, "Tokens per block of the KV events' content keys")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   cmd->callback([] { serve(a); });
+}
+
+void add_route_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "route", "Route requests to serve replicas by the KV they hold: the decision service a proxy asks");
+  static RouteArgs a;
+  a.s.so.port = 8090;
+  cmd->add_option("-m,--model", a.s.model_path,
+                  "GGUF model file (the replicas'): requests are planned as they plan them")
+      ->required();
+  cmd->add_option("--host", a.s.so.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", a.s.so.port, "Port to listen on (0: any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--replica", a.replicas,
+                  "A replica as NAME=http://host:port (its serve --replica-name); repeat")
+      ->required()
+      ->check([](const std::string& s) {
+        try {
+          parse_replica(s);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      });
+  cmd->add_option("--kv-events-block", a.router.block_tokens, "The replicas' --kv-events-block")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd->add_option("--load-tokens", a.router.load_tokens,
+                  "Tokens of work each request in a replica's queue counts for against the tokens a request "
+                  "would compute there (0: the mean prompt routed so far)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option(
+      "--haproxy-config", a.haproxy_config,
+      "Write an HAProxy configuration for these replicas here (and its Lua hook beside it, .lua)");
+  cmd->add_option("--haproxy-port", a.haproxy_port, "The port HAProxy listens on, in that configuration")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  cmd->add_option(
+         "--haproxy-balance", a.haproxy_balance,
+         "overlap: this router picks the replica (consistent hashing with bounded load when it knows "
+         "none); consistent: hashing the router's route key (first document or entity set) with "
+         "bounded load; roundrobin")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"overlap", "consistent", "roundrobin"}));
+  cmd->add_option("--chat-template", a.s.chat_template, "As the replicas' serve --chat-template")
+      ->check(CLI::IsMember(chat_family_names()));
+  add_retrieval_options(cmd, a.s);
+  add_engine_options(*cmd, a.s.engine_args);
+  cmd->add_option("-c,--ctx-size", a.s.pool_rows, "As the replicas' serve --ctx-size")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{16}, int64_t{1} << 24));
+  cmd->callback([] { route(a); });
 }
 
 }  // namespace depcache::cli

@@ -22,6 +22,7 @@ void add_workload_commands(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_route_command(CLI::App& app);
 void add_loadgen_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_vocab_commands(CLI::App& app);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   depcache::cli::add_run_command(app);
   depcache::cli::add_simulate_command(app);
   depcache::cli::add_serve_command(app);
+  depcache::cli::add_route_command(app);
   depcache::cli::add_loadgen_command(app);
   depcache::cli::add_train_command(app);
   depcache::cli::add_vocab_commands(app);

@@ -21,6 +21,7 @@ PACKAGES=(
   libssl-dev                    # libcrypto's HMAC-SHA256: span records in the shared tiers are keyed
   libxxhash-dev                 # XXH3: model fingerprints, content keys, record and file checksums
   redis-server                  # a real Redis for the remote tier's tests (started on a loopback port)
+  haproxy                       # the proxy in front of serve replicas (depcache route writes its config and Lua hook)
   linux-perf                    # bench/experiments/profile.sh: where the time of a run goes
   libcpp-httplib-dev            # HTTP/1.1 server of `depcache serve` (threads, chunked streaming)
   libopenblas-dev               # matrix products of the trainer (forward and backward)

@@ -113,6 +113,12 @@ RequestId Engine::submit(std::string_view strategy_name, PromptParts parts, cons
   return enqueue(std::move(plan), sampling, std::move(on_token));
 }
 
+std::vector<Lookup> Engine::lookups_of(std::string_view strategy_name, PromptParts parts) {
+  RequestPlan plan = strategy(strategy_name, CacheUse::Shared).plan(parts);
+  scope_plan(plan, parts.cache_scope);
+  return plan.lookups();
+}
+
 RequestId Engine::submit_plan(RequestPlan plan, const SamplingParams& sampling,
                               std::function<void(const TokenEvent&)> on_token) {
   return enqueue(std::move(plan), sampling, std::move(on_token));

@@ -160,6 +160,9 @@ class Engine {
   // strategy: one of strategy_names(). on_token is called from step().
   RequestId submit(std::string_view strategy, PromptParts parts, const SamplingParams& sampling,
                    std::function<void(const TokenEvent&)> on_token = {}, CacheUse cache = CacheUse::Shared);
+  // What a request would look up (namespaces and token sequences), planned
+  // as submit() plans it, without queuing it: a router's view of a request.
+  std::vector<Lookup> lookups_of(std::string_view strategy, PromptParts parts);
   // A plan made outside the engine's strategies (FusionRAG's offline fusion
   // of a chunk after its neighbours), run as any other request, in the
   // scope it was confined to (scope_plan).

@@ -33,6 +33,16 @@ void RadixIndex::attach_remote(std::shared_ptr<RemoteStore> store, int64_t block
   remote_ = std::make_shared<RemoteBlocks>(std::move(store), block_tokens, std::move(key));
 }
 
+void RadixIndex::set_observer(std::shared_ptr<IndexObserver> observer) {
+  auto lk = lock();
+  observer_ = std::move(observer);
+  // What the index already holds (adopted from disk, say) is news to it.
+  if (observer_)
+    for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id)
+      if (nodes_[id].live && nodes_[id].parent >= 0 && !nodes_[id].detached)
+        observer_->stored(nodes_[id].ns, path_tokens(id), nodes_[id].start);
+}
+
 void RadixIndex::detach_remote() {
   std::shared_ptr<RemoteBlocks> remote;
   {
@@ -119,6 +129,7 @@ void RadixIndex::attach_disk(DiskSpanStore& store) {
           tiers_.add(node.slot);
           policy_->on_insert(id, 1.0, f.key);
           policy_->on_tier_change(id, Tier::Disk);
+          if (observer_) observer_->stored(f.ns, all, f.prefix);
           touch(id);
           touch(parent);
           adopted = true;
@@ -609,7 +620,9 @@ RadixIndex::NodeId RadixIndex::split(NodeId node, int64_t at) {
   n.start += at;
   n.parent = head;
   h.children.emplace(n.tokens.front(), node);
-  policy_->on_split(head, node, span_content_key(h.ns, path_tokens(head)));
+  const std::vector<int32_t> head_path = path_tokens(head);
+  policy_->on_split(head, node, span_content_key(h.ns, head_path));
+  if (observer_) observer_->split(h.ns, head_path);
   lookahead_nodes_.push_back(head);  // it may have inherited a lookahead weight
   touch(node);                       // fewer tokens
   touch(head);                       // a child in its tier: not a candidate
@@ -691,6 +704,7 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
       tiers_.add(l.slot);
       nodes_[at].children.emplace(tokens[pos], leaf);
       policy_->on_insert(leaf, cost_per_token, span_content_key(ns, tokens));
+      if (observer_) observer_->stored(ns, tokens, pos);
       touch(leaf);
       touch(at);  // no longer a leaf of its tier
       *new_from = pos;
@@ -744,6 +758,7 @@ void RadixIndex::unpin_locked(const Match& m, bool evict) {
 }
 
 void RadixIndex::remove_leaf(NodeId id) {
+  if (observer_) observer_->removed(nodes_[id].ns, path_tokens(id), nodes_[id].start);
   untouch(id);
   in_flight_.erase(id);
   policy_->on_remove(id);

@@ -76,6 +76,18 @@
 
 namespace depcache {
 
+// Told what enters the index and what leaves it (whatever tier it is in),
+// under the index's lock: keep it quick. path: the tokens from the
+// namespace's root to the span's end; from: where the span starts.
+class IndexObserver {
+ public:
+  virtual ~IndexObserver() = default;
+  virtual void stored(uint64_t ns, std::span<const int32_t> path, int64_t from) = 0;
+  virtual void removed(uint64_t ns, std::span<const int32_t> path, int64_t from) = 0;
+  // A span was cut in two: one now ends at path's end (nothing was added).
+  virtual void split(uint64_t ns, std::span<const int32_t> path) = 0;
+};
+
 // A recursive mutex that knows how deep its owner holds it, so the index can
 // tell its own lock (released around remote reads) from a caller's.
 class IndexMutex {
@@ -195,6 +207,8 @@ class RadixIndex {
                      std::shared_ptr<const MacKey> key = nullptr);
   void attach_remote(std::shared_ptr<RemoteStore> store, int64_t block_tokens = 32,
                      std::shared_ptr<const MacKey> key = nullptr);
+  // Reports what enters and leaves the index from now on (null: nobody).
+  void set_observer(std::shared_ptr<IndexObserver> observer);
   // Publishes what is queued for the remote tier, then lets go of the store
   // (before it is destroyed).
   void detach_remote();
@@ -439,6 +453,7 @@ class RadixIndex {
   SpanTiers tiers_;
   // Shared with a fetch running without the lock, which a detach must not pull away.
   std::shared_ptr<RemoteBlocks> remote_;
+  std::shared_ptr<IndexObserver> observer_;
   std::optional<SpanShape> shape_;
   int64_t disk_layer_rejects_ = 0;   // layered loads that found a layer's tag wrong
   int64_t disk_write_failures_ = 0;  // spans the disk store refused at once (writes behind: its count)

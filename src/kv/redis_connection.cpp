@@ -140,6 +140,30 @@ std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> 
   return replies;
 }
 
+RedisReply RedisConnection::receive(int64_t deadline_ms, bool* timed_out) {
+  *timed_out = false;
+  if (!ctx_) {
+    error_ = fmt::format("no connection to Redis at {}", address());
+    return {};
+  }
+  for (;;) {
+    void* reply = nullptr;
+    if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) {
+      broke(ctx_->errstr);
+      return {};
+    }
+    if (reply) return RedisReply(static_cast<redisReply*>(reply));
+    if (!wait_fd(ctx_->fd, POLLIN, deadline_ms)) {
+      *timed_out = true;
+      return {};
+    }
+    if (redisBufferRead(ctx_) != REDIS_OK) {
+      broke(ctx_->errstr);
+      return {};
+    }
+  }
+}
+
 RedisReply RedisConnection::command(const RedisCommand& command, int64_t deadline_ms) {
   std::vector<RedisReply> r = exchange(std::span(&command, 1), deadline_ms);
   return r.empty() ? RedisReply() : std::move(r.front());

@@ -42,6 +42,10 @@ class RedisConnection {
   // Error replies are replies, not failures.
   std::vector<RedisReply> exchange(std::span<const RedisCommand> commands, int64_t deadline_ms);
   RedisReply command(const RedisCommand& command, int64_t deadline_ms);
+  // The next reply the server pushes (a subscription's messages) by the
+  // deadline; null when none came (*timed_out set, the connection still
+  // open) or the connection broke (closed, error() says why).
+  RedisReply receive(int64_t deadline_ms, bool* timed_out);
 
   const std::string& error() const { return error_; }
   bool auth_refused() const { return auth_refused_; }

@@ -168,11 +168,7 @@ const ApiKey* HttpServer::authorized(const httplib::Request& req) const {
 
 uint64_t HttpServer::cache_scope(const httplib::Request& req, const std::string& cache_salt) const {
   const ApiKey* key = options_.api_keys.empty() ? nullptr : authorized(req);
-  const std::string ns = key ? key->cache_namespace : std::string();
-  if (ns.empty() && cache_salt.empty()) return 0;  // the shared scope
-  // Length-prefixed, so no namespace and salt pair reads as another.
-  const std::string both = fmt::format("{}:{}{}:{}", ns.size(), ns, cache_salt.size(), cache_salt);
-  return std::max<uint64_t>(hash_string(both, 0x74656e616e74ULL), 1);
+  return cache_scope_of(key ? key->cache_namespace : std::string(), cache_salt);
 }
 
 HttpServer::~HttpServer() { stop_listening(); }
@@ -365,6 +361,26 @@ void HttpServer::routes() {
     const EngineSnapshot engine =
         ready_.load(std::memory_order_acquire) ? loop_->snapshot() : EngineSnapshot{};
     res.set_content(metrics_.render(engine) + render_http_metrics(*http_), "text/plain; version=0.0.4");
+  });
+
+  // What a router needs to know this replica's cache from scratch (and the
+  // number of the last event batch it holds: later batches apply on top).
+  http_->Get("/v1/cache/summary", [this](const httplib::Request&, httplib::Response& res) {
+    if (!options_.kv_events)
+      return send_error(res, ApiError(404, "this server publishes no KV events (serve --kv-events)"));
+    const KvEventLog::Summary s = options_.kv_events->summary();
+    json blocks = json::array();
+    for (const uint64_t k : s.keys) blocks.push_back(fmt::format("{:016x}", k));
+    const EngineSnapshot engine =
+        ready_.load(std::memory_order_acquire) ? loop_->snapshot() : EngineSnapshot{};
+    send_json(res, 200,
+              {{"replica", options_.replica},
+               {"epoch", options_.epoch},
+               {"seq", s.seq},
+               {"block_size", options_.kv_events->block_tokens()},
+               {"running", engine.running},
+               {"waiting", engine.waiting},
+               {"block_hashes", std::move(blocks)}});
   });
 
   http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "engine/engine_loop.h"
+#include "kv/kv_events.h"
 #include "model/prompt_template.h"
 #include "model/tokenizer.h"
 #include "prompt/chat_template.h"
@@ -58,6 +59,10 @@ struct ServerOptions {
   bool special_in_text = false;  // PromptSources::special_in_text
   SpeculationOptions search;     // how corpus searches run (stages, speculative pipelining)
   QueryBatchOptions subgcache;   // requests with strategy "subgcache": batching and clustering
+  // With a KV event log (serve --kv-events): GET /v1/cache/summary answers
+  // with what the index holds as content keys, for routers.
+  std::shared_ptr<KvEventLog> kv_events;
+  std::string replica, epoch;  // this replica's name, and its process's epoch
 };
 
 // The model being served and what requests may draw their prompts from.

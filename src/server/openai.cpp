@@ -10,6 +10,7 @@
 #include "strategy/strategy.h"
 #include "strategy/subgcache.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace depcache {
 namespace {
@@ -388,6 +389,13 @@ json usage_json(const Usage& u) {
 }
 
 const char* finish_reason_name(FinishReason r) { return r == FinishReason::Length ? "length" : "stop"; }
+
+uint64_t cache_scope_of(const std::string& ns, const std::string& cache_salt) {
+  if (ns.empty() && cache_salt.empty()) return 0;  // the shared scope
+  // Length-prefixed, so no namespace and salt pair reads as another.
+  const std::string both = fmt::format("{}:{}{}:{}", ns.size(), ns, cache_salt.size(), cache_salt);
+  return std::max<uint64_t>(hash_string(both, 0x74656e616e74ULL), 1);
+}
 
 PromptRequest prompt_request(const CompletionRequest& r) {
   PromptRequest p;

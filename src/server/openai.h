@@ -83,6 +83,9 @@ CompletionRequest parse_completion_request(std::string_view body, uint64_t rando
 CompletionRequest parse_chat_request(std::string_view body, uint64_t random_seed);
 // What the request says about its prompt (views into `r`).
 PromptRequest prompt_request(const CompletionRequest& r);
+// The cache scope of an API key's namespace and a request's cache_salt (0:
+// the shared scope, both empty).
+uint64_t cache_scope_of(const std::string& key_namespace, const std::string& cache_salt);
 // What needs the served vocabulary: logit_bias ids (400 naming the id).
 void check_vocab(const CompletionRequest& r, int32_t n_vocab);
 

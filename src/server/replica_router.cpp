@@ -1,0 +1,285 @@
+#include "server/replica_router.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "kv/kv_events.h"
+#include "util/error.h"
+
+namespace depcache {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+bool valid_name(std::string_view s) {
+  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '.' || c == '-';
+  });
+}
+
+// A key as the events write it: 16 lowercase hex digits.
+std::optional<uint64_t> parse_key(const json& j) {
+  if (!j.is_string()) return std::nullopt;
+  const std::string& s = j.get_ref<const std::string&>();
+  uint64_t k = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), k, 16);
+  if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return k;
+}
+
+std::optional<int64_t> count_of(const json& j, const char* field) {
+  const auto it = j.find(field);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  const int64_t v = it->get<int64_t>();
+  if (v < 0) return std::nullopt;
+  return v;
+}
+
+// At most this many keys in one message or summary (a replica's whole index
+// of 8 GiB at 16-token blocks is far below it).
+constexpr size_t kMaxKeys = size_t{1} << 24;
+
+}  // namespace
+
+ReplicaAddress parse_replica(const std::string& s) {
+  const size_t eq = s.find('=');
+  if (eq == std::string::npos)
+    fail(ErrorKind::InvalidInput, "a replica is NAME=http://host:port, not '{}'", s);
+  ReplicaAddress r{s.substr(0, eq), s.substr(eq + 1)};
+  if (!valid_name(r.name))
+    fail(ErrorKind::InvalidInput, "replica name '{}' must be 1-64 of A-Z a-z 0-9 _ . -", r.name);
+  if (r.url.rfind("http://", 0) != 0 || r.url.size() <= 7)
+    fail(ErrorKind::InvalidInput, "replica '{}' needs an http:// address, not '{}'", r.name, r.url);
+  while (r.url.back() == '/') r.url.pop_back();
+  return r;
+}
+
+ReplicaRouter::ReplicaRouter(std::vector<ReplicaAddress> replicas, RouterOptions o)
+    : addresses_(std::move(replicas)), o_(o), replicas_(addresses_.size()) {
+  if (addresses_.empty()) fail(ErrorKind::InvalidInput, "a router needs at least one replica");
+  for (size_t i = 0; i < addresses_.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (addresses_[i].name == addresses_[j].name)
+        fail(ErrorKind::InvalidInput, "replica '{}' is named twice", addresses_[i].name);
+}
+
+int ReplicaRouter::find(std::string_view name) const {
+  for (size_t i = 0; i < addresses_.size(); ++i)
+    if (addresses_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+bool ReplicaRouter::apply_events(std::string_view message, std::string* why) {
+  const auto refuse = [&](std::string w) {
+    *why = std::move(w);
+    return false;
+  };
+  const json j = json::parse(message, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return refuse("not a JSON object");
+  const auto name = j.find("replica");
+  const auto epoch = j.find("epoch");
+  const auto events = j.find("events");
+  const auto seq = count_of(j, "seq");
+  if (name == j.end() || !name->is_string() || epoch == j.end() || !epoch->is_string() || !seq ||
+      events == j.end() || !events->is_array())
+    return refuse("a batch needs replica, epoch, seq and events");
+  const int r = find(name->get_ref<const std::string&>());
+  if (r < 0) return refuse(fmt::format("no replica '{}' is configured here", name->dump()));
+  if (count_of(j, "block_size") != o_.block_tokens)
+    return refuse(fmt::format("replica '{}' keys blocks of another size than --kv-events-block {}",
+                              addresses_[r].name, o_.block_tokens));
+  // Checked whole before anything is applied.
+  struct Change {
+    bool stored;
+    std::vector<uint64_t> keys;
+  };
+  std::vector<Change> changes;
+  size_t n_keys = 0;
+  for (const json& e : *events) {
+    if (!e.is_object()) return refuse("an event is not an object");
+    const auto type = e.find("type");
+    const auto hashes = e.find("block_hashes");
+    if (type == e.end() || !type->is_string() || hashes == e.end() || !hashes->is_array())
+      return refuse("an event needs type and block_hashes");
+    const std::string& t = type->get_ref<const std::string&>();
+    if (t != "BlockStored" && t != "BlockRemoved")
+      return refuse(fmt::format("unknown event type {}", type->dump()));
+    n_keys += hashes->size();
+    if (n_keys > kMaxKeys) return refuse("too many keys in one batch");
+    Change c{t == "BlockStored", {}};
+    for (const json& h : *hashes) {
+      const auto k = parse_key(h);
+      if (!k) return refuse("a block hash is not 16 hex digits");
+      c.keys.push_back(*k);
+    }
+    changes.push_back(std::move(c));
+  }
+  std::lock_guard lk(mu_);
+  Replica& rep = replicas_[r];
+  rep.seen = Clock::now();
+  rep.running = count_of(j, "running").value_or(0);
+  rep.waiting = count_of(j, "waiting").value_or(0);
+  rep.routed = 0;
+  const std::string& ep = epoch->get_ref<const std::string&>();
+  if (!rep.synced || ep != rep.epoch || *seq != rep.seq + 1) {
+    // A batch we cannot place after what we hold (a restart, a lost batch):
+    // its keys wait for the summary, which includes them.
+    if (rep.synced && *seq <= rep.seq && ep == rep.epoch) return true;  // old news
+    rep.synced = false;
+    return true;
+  }
+  rep.seq = *seq;
+  for (const Change& c : changes)
+    for (const uint64_t k : c.keys) {
+      if (c.stored)
+        rep.keys.insert(k);
+      else
+        rep.keys.erase(k);
+    }
+  return true;
+}
+
+bool ReplicaRouter::apply_summary(const std::string& name, std::string_view body, std::string* why) {
+  const auto refuse = [&](std::string w) {
+    *why = std::move(w);
+    return false;
+  };
+  const int r = find(name);
+  if (r < 0) return refuse(fmt::format("no replica '{}' is configured here", name));
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return refuse("the summary is not a JSON object");
+  const auto epoch = j.find("epoch");
+  const auto hashes = j.find("block_hashes");
+  const auto seq = count_of(j, "seq");
+  const auto who = j.find("replica");
+  if (epoch == j.end() || !epoch->is_string() || hashes == j.end() || !hashes->is_array() || !seq ||
+      who == j.end() || !who->is_string())
+    return refuse("a summary needs replica, epoch, seq and block_hashes");
+  if (who->get_ref<const std::string&>() != name)
+    return refuse(fmt::format("the server at {} calls itself {}, not '{}' (its --replica-name)",
+                              addresses_[r].url, who->dump(), name));
+  if (count_of(j, "block_size") != o_.block_tokens)
+    return refuse(fmt::format("replica '{}' keys blocks of another size than --kv-events-block {}", name,
+                              o_.block_tokens));
+  if (hashes->size() > kMaxKeys) return refuse("too many keys in the summary");
+  std::unordered_set<uint64_t> keys;
+  keys.reserve(hashes->size());
+  for (const json& h : *hashes) {
+    const auto k = parse_key(h);
+    if (!k) return refuse("a block hash is not 16 hex digits");
+    keys.insert(*k);
+  }
+  std::lock_guard lk(mu_);
+  Replica& rep = replicas_[r];
+  rep.keys = std::move(keys);
+  rep.epoch = epoch->get<std::string>();
+  rep.seq = *seq;
+  rep.synced = true;
+  rep.seen = rep.synced_at = Clock::now();
+  rep.running = count_of(j, "running").value_or(0);
+  rep.waiting = count_of(j, "waiting").value_or(0);
+  rep.routed = 0;
+  return true;
+}
+
+void ReplicaRouter::mark_unsynced(const std::string& name) {
+  std::lock_guard lk(mu_);
+  if (const int r = find(name); r >= 0) replicas_[r].synced = false;
+}
+
+std::vector<ReplicaAddress> ReplicaRouter::needing_sync() const {
+  std::lock_guard lk(mu_);
+  std::vector<ReplicaAddress> out;
+  for (size_t i = 0; i < replicas_.size(); ++i)
+    if (!replicas_[i].synced || Clock::now() - replicas_[i].seen > o_.stale_after ||
+        Clock::now() - replicas_[i].synced_at > o_.resync_every)
+      out.push_back(addresses_[i]);
+  return out;
+}
+
+std::vector<ReplicaRouter::Chain> ReplicaRouter::chains_of(const std::vector<Lookup>& lookups) const {
+  std::vector<Chain> out;
+  for (const Lookup& l : lookups)
+    out.push_back({chain_keys(l.ns, l.tokens, 0, o_.block_tokens), static_cast<int64_t>(l.tokens.size())});
+  return out;
+}
+
+int64_t ReplicaRouter::held_tokens(const std::unordered_set<uint64_t>& keys,
+                                   const std::vector<Chain>& chains) const {
+  int64_t held = 0;
+  for (const Chain& c : chains) {
+    int64_t got = 0;
+    for (size_t i = 0; i < c.keys.size(); ++i) {
+      if (!keys.count(c.keys[i])) break;
+      got = i + 1 < c.keys.size() ? static_cast<int64_t>(i + 1) * o_.block_tokens : c.tokens;
+    }
+    held += got;
+  }
+  return held;
+}
+
+ReplicaRouter::Decision ReplicaRouter::route(const std::vector<Lookup>& lookups) {
+  Decision d;
+  const std::vector<Chain> chains = chains_of(lookups);
+  for (const Chain& c : chains) d.total += c.tokens;
+  std::lock_guard lk(mu_);
+  ++n_routed_;
+  routed_tokens_ += static_cast<double>(d.total);
+  const double per_request =
+      o_.load_tokens > 0 ? o_.load_tokens : routed_tokens_ / static_cast<double>(n_routed_);
+  double best = std::numeric_limits<double>::infinity();
+  int chosen = -1;
+  const auto now = Clock::now();
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    const Replica& r = replicas_[i];
+    const bool usable = r.synced && now - r.seen <= o_.stale_after;
+    d.matched.push_back(usable ? held_tokens(r.keys, chains) : 0);
+    if (!usable) continue;
+    const double load = static_cast<double>(r.running + r.waiting + r.routed);
+    const double cost = static_cast<double>(d.total - d.matched.back()) + per_request * load;
+    if (cost < best) {
+      best = cost;
+      chosen = static_cast<int>(i);
+    }
+  }
+  if (chosen >= 0) {
+    d.replica = addresses_[chosen].name;
+    Replica& r = replicas_[chosen];
+    ++r.routed;
+    // What it is about to compute counts as held there now, not once its
+    // events arrive: the next request with the same context follows it
+    // (its events then confirm the keys, or remove what it evicts).
+    for (const Chain& c : chains) r.keys.insert(c.keys.begin(), c.keys.end());
+  }
+  return d;
+}
+
+std::string ReplicaRouter::state_json() const {
+  std::lock_guard lk(mu_);
+  json out = json::array();
+  const auto now = Clock::now();
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    const Replica& r = replicas_[i];
+    out.push_back(
+        {{"name", addresses_[i].name},
+         {"url", addresses_[i].url},
+         {"synced", r.synced},
+         {"epoch", r.epoch},
+         {"seq", r.seq},
+         {"blocks", r.keys.size()},
+         {"running", r.running},
+         {"waiting", r.waiting},
+         {"routed_since_report", r.routed},
+         {"seen_ms_ago", r.seen == Clock::time_point{}
+                             ? -1
+                             : std::chrono::duration_cast<std::chrono::milliseconds>(now - r.seen).count()}});
+  }
+  return out.dump();
+}
+
+}  // namespace depcache

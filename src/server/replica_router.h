@@ -1,0 +1,98 @@
+#pragma once
+// What a cache-aware router knows of the replicas behind it, and how it
+// picks one for a request (depcache route; docs/replicas.md). Each replica's
+// content keys are kept from its KV events (kv/kv_events.h) and its summary;
+// a request's lookups — the namespaces and token sequences its strategy will
+// look up: prefix chains, chunks wherever they sit, KG subtrees — are keyed
+// the same way, so the router counts the tokens each replica would find.
+// It picks the replica where the request's estimated work, the tokens left to
+// compute plus its queue, is least. Events come from a channel anyone with
+// access to the Redis can write to: every message is checked, and one that
+// does not parse, names no configured replica or breaks the numbering is
+// refused (the replica is then read afresh from its summary).
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "exec/plan.h"
+
+namespace depcache {
+
+struct ReplicaAddress {
+  std::string name;  // as its events and the proxy name it: [A-Za-z0-9_.-]+
+  std::string url;   // http://host:port
+};
+// "NAME=http://host:port"; throws InvalidInput naming what is wrong.
+ReplicaAddress parse_replica(const std::string& s);
+
+struct RouterOptions {
+  int64_t block_tokens = 16;  // the replicas' --kv-events-block
+  // Work a queued or running request counts for, in tokens, per request of
+  // the replica's load (its running and waiting requests plus what this
+  // router sent it since its last report); 0: the mean prompt routed so far.
+  double load_tokens = 0;
+  std::chrono::milliseconds stale_after{3000};  // no events for this long: not routed to
+  // Summaries are read again this often, so keys counted as held at
+  // routing that the replica never stored (a request that failed) go.
+  std::chrono::milliseconds resync_every{30000};
+};
+
+class ReplicaRouter {
+ public:
+  ReplicaRouter(std::vector<ReplicaAddress> replicas, RouterOptions o);
+
+  // One event batch as published (hostile until checked). False, with *why,
+  // when refused; a gap in a replica's numbering or a new epoch marks it for
+  // a summary read.
+  bool apply_events(std::string_view message, std::string* why);
+  // A replica's GET /v1/cache/summary; false with *why when refused.
+  bool apply_summary(const std::string& name, std::string_view body, std::string* why);
+  void mark_unsynced(const std::string& name);
+  // Replicas whose key set must be read from their summary.
+  std::vector<ReplicaAddress> needing_sync() const;
+
+  struct Decision {
+    std::string replica;           // empty: no replica known well enough (the proxy's own balancing decides)
+    std::vector<int64_t> matched;  // tokens each replica holds of the request, in replica order
+    int64_t total = 0;             // tokens the lookups cover
+  };
+  // The replica whose estimated work for the request is least; the
+  // request's keys count as held there from now on.
+  Decision route(const std::vector<Lookup>& lookups);
+
+  const std::vector<ReplicaAddress>& replicas() const { return addresses_; }
+  std::string state_json() const;  // for GET /replicas
+
+ private:
+  struct Replica {
+    std::string epoch;
+    int64_t seq = 0;
+    bool synced = false;
+    std::unordered_set<uint64_t> keys;
+    int64_t running = 0, waiting = 0, routed = 0;  // routed: since its last report
+    std::chrono::steady_clock::time_point seen{}, synced_at{};
+  };
+  int find(std::string_view name) const;
+  struct Chain {
+    std::vector<uint64_t> keys;  // chain_keys of a lookup
+    int64_t tokens = 0;
+  };
+  std::vector<Chain> chains_of(const std::vector<Lookup>& lookups) const;
+  // Tokens a key set holds: per lookup, its longest stretch from the start
+  // whose block keys (and end key, if whole) are all there.
+  int64_t held_tokens(const std::unordered_set<uint64_t>& keys, const std::vector<Chain>& chains) const;
+
+  std::vector<ReplicaAddress> addresses_;
+  RouterOptions o_;
+  mutable std::mutex mu_;
+  std::vector<Replica> replicas_;
+  double routed_tokens_ = 0;
+  int64_t n_routed_ = 0;
+};
+
+}  // namespace depcache
