@@ -325,6 +325,7 @@ std::string haproxy_config(const RouteArgs& a, int router_port, const std::strin
       "  hash-type consistent\n"
       "  hash-balance-factor 125\n"
       "  retry-on conn-failure empty-response response-timeout\n"
+      "  http-response set-header X-Depcache-Replica %s\n"
       "{rules}{servers}",
       fmt::arg("lua", lua_path), fmt::arg("rhost", a.s.so.host), fmt::arg("rport", router_port),
       fmt::arg("host", a.s.so.host), fmt::arg("port", a.haproxy_port),
@@ -437,11 +438,12 @@ void route(RouteArgs& a) {
         std::lock_guard lk(engine_mu);
         lookups = engine.lookups_of(strategy, request_prompt(pr, ps, ctx ? &*ctx : nullptr));
       }
-      const ReplicaRouter::Decision d = router.route(lookups);
+      const std::string key = route_key_of(ctx ? &*ctx : nullptr, pr);
+      const ReplicaRouter::Decision d = router.route(lookups, key);
       nlohmann::json held = nlohmann::json::object();
       for (size_t i = 0; i < replicas.size(); ++i) held[replicas[i].name] = d.matched[i];
       res.set_content(nlohmann::json{{"replica", d.replica},
-                                     {"route_key", route_key_of(ctx ? &*ctx : nullptr, pr)},
+                                     {"route_key", key},
                                      {"tokens", d.total},
                                      {"held_tokens", held}}
                           .dump(),
@@ -470,13 +472,14 @@ void route(RouteArgs& a) {
     fmt::print(stderr, "depcache route: HAProxy configuration {} (balance {}, port {}) and its hook {}\n",
                a.haproxy_config, a.haproxy_balance, a.haproxy_port, lua.string());
   }
+  // The ready line first: it names the router's own address.
+  fmt::print(stderr, "depcache route: ready on http://{}:{} for {} replicas\n", a.s.so.host, port,
+             replicas.size());
+  std::fflush(stderr);
   std::atomic<bool> stop{false};
   std::thread events([&] { subscribe_events(a, router, stop); });
   std::thread sync([&] { sync_replicas(router, stop); });
   std::thread listener([&] { http.listen_after_bind(); });
-  fmt::print(stderr, "depcache route: listening on http://{}:{} for {} replicas\n", a.s.so.host, port,
-             replicas.size());
-  std::fflush(stderr);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   stop = true;

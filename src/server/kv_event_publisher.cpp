@@ -70,6 +70,7 @@ bool KvEventPublisher::send(const std::string& message) {
 
 void KvEventPublisher::run() {
   auto last = std::chrono::steady_clock::now();
+  std::pair<int64_t, int64_t> last_load{-1, -1};
   for (bool stopping = false; !stopping;) {
     {
       std::unique_lock lk(mu_);
@@ -77,10 +78,14 @@ void KvEventPublisher::run() {
       stopping = stop_;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (!log_->has_pending() && now - last < o_.heartbeat && !stopping) continue;
+    // News: events, a change of load (a router counts what it sent here
+    // until the next report), or a heartbeat due.
+    const std::pair<int64_t, int64_t> load = load_();
+    if (!log_->has_pending() && load == last_load && now - last < o_.heartbeat && !stopping) continue;
     last = now;
+    last_load = load;
     KvEventHeader h = o_.header;
-    std::tie(h.running, h.waiting) = load_();
+    std::tie(h.running, h.waiting) = load;
     const bool ok = send(kv_events_json(h, log_->take()));
     std::lock_guard lk(mu_);
     ++(ok ? published_ : lost_);

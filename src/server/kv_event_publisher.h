@@ -1,8 +1,8 @@
 #pragma once
 // Publishes a replica's KV events (kv/kv_events.h) on a Redis channel, as
 // JSON batches (docs/replicas.md): what its index stored and removed since
-// the last batch, with its load, every `interval` while there is news and
-// every `heartbeat` regardless (so a router sees it alive and how busy it
+// the last batch, with its load, every `interval` while there is news (events,
+// or a change of load) and every `heartbeat` regardless (so a router sees it alive and how busy it
 // is). On a Redis Cluster any node takes the PUBLISH and every node's
 // subscribers get it. A Redis that is down loses batches, never requests:
 // a router sees the gap in the numbers and reads the replica's summary.

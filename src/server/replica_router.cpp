@@ -9,6 +9,7 @@
 
 #include "kv/kv_events.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace depcache {
 namespace {
@@ -223,7 +224,7 @@ int64_t ReplicaRouter::held_tokens(const std::unordered_set<uint64_t>& keys,
   return held;
 }
 
-ReplicaRouter::Decision ReplicaRouter::route(const std::vector<Lookup>& lookups) {
+ReplicaRouter::Decision ReplicaRouter::route(const std::vector<Lookup>& lookups, std::string_view tie_key) {
   Decision d;
   const std::vector<Chain> chains = chains_of(lookups);
   for (const Chain& c : chains) d.total += c.tokens;
@@ -232,18 +233,30 @@ ReplicaRouter::Decision ReplicaRouter::route(const std::vector<Lookup>& lookups)
   routed_tokens_ += static_cast<double>(d.total);
   const double per_request =
       o_.load_tokens > 0 ? o_.load_tokens : routed_tokens_ / static_cast<double>(n_routed_);
-  double best = std::numeric_limits<double>::infinity();
-  int chosen = -1;
   const auto now = Clock::now();
+  const uint64_t tie_seed = hash_string(tie_key);
+  std::vector<double> load(replicas_.size(), -1);  // -1: not usable
+  int64_t best_held = 0;
   for (size_t i = 0; i < replicas_.size(); ++i) {
     const Replica& r = replicas_[i];
     const bool usable = r.synced && now - r.seen <= o_.stale_after;
     d.matched.push_back(usable ? held_tokens(r.keys, chains) : 0);
-    if (!usable) continue;
-    const double load = static_cast<double>(r.running + r.waiting + r.routed);
-    const double cost = static_cast<double>(d.total - d.matched.back()) + per_request * load;
-    if (cost < best) {
+    if (usable) load[i] = static_cast<double>(r.running + r.waiting + r.routed);
+    best_held = std::max(best_held, d.matched.back());
+  }
+  const bool has_home = static_cast<double>(best_held) >= o_.min_overlap * static_cast<double>(d.total) && best_held > 0;
+  double best = std::numeric_limits<double>::infinity();
+  uint64_t best_rank = 0;
+  int chosen = -1;
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    if (load[i] < 0) continue;
+    // With a home: the tokens left to compute plus the queue's work;
+    // without: the queue alone.
+    const double cost = (has_home ? static_cast<double>(d.total - d.matched[i]) : 0.0) + per_request * load[i];
+    const uint64_t rank = hash_string(addresses_[i].name, tie_seed);
+    if (cost < best - 1e-9 || (cost < best + 1e-9 && rank > best_rank)) {
       best = cost;
+      best_rank = rank;
       chosen = static_cast<int>(i);
     }
   }

@@ -36,6 +36,11 @@ struct RouterOptions {
   // the replica's load (its running and waiting requests plus what this
   // router sent it since its last report); 0: the mean prompt routed so far.
   double load_tokens = 0;
+  // A request whose best replica holds less than this share of its tokens
+  // has no home yet: it goes to the least loaded replica (among equals, by
+  // rendezvous hashing of its route key), so new contexts spread instead of
+  // all following the replica that holds the common template.
+  double min_overlap = 0.5;
   std::chrono::milliseconds stale_after{3000};  // no events for this long: not routed to
   // Summaries are read again this often, so keys counted as held at
   // routing that the replica never stored (a request that failed) go.
@@ -61,9 +66,11 @@ class ReplicaRouter {
     std::vector<int64_t> matched;  // tokens each replica holds of the request, in replica order
     int64_t total = 0;             // tokens the lookups cover
   };
-  // The replica whose estimated work for the request is least; the
-  // request's keys count as held there from now on.
-  Decision route(const std::vector<Lookup>& lookups);
+  // The replica whose estimated work for the request is least (among equals,
+  // the one `tie_key` ranks first by rendezvous hashing, so new contexts
+  // spread and a context's ties always fall the same way); the request's
+  // keys count as held there from now on.
+  Decision route(const std::vector<Lookup>& lookups, std::string_view tie_key = {});
 
   const std::vector<ReplicaAddress>& replicas() const { return addresses_; }
   std::string state_json() const;  // for GET /replicas

@@ -162,8 +162,9 @@ const std::filesystem::path& serve_model_file() {
   return path;
 }
 
-ServeProcess::ServeProcess(const std::vector<std::string>& args) : err_(temp_path("serve-log")) {
-  std::vector<std::string> all = {DEPCACHE_BINARY, "serve", "--host", "127.0.0.1", "--port", "0"};
+ServeProcess::ServeProcess(const std::vector<std::string>& args, const std::string& command)
+    : err_(temp_path("serve-log")) {
+  std::vector<std::string> all = {DEPCACHE_BINARY, command, "--host", "127.0.0.1", "--port", "0"};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : all) argv.push_back(a.data());

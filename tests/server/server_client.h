@@ -70,7 +70,8 @@ const std::filesystem::path& serve_model_file();
 // 0 if it never did; log() tells why). The destructor kills what still runs.
 class ServeProcess {
  public:
-  explicit ServeProcess(const std::vector<std::string>& args);
+  // command: "serve", or "route" (which says "ready" too).
+  explicit ServeProcess(const std::vector<std::string>& args, const std::string& command = "serve");
   ~ServeProcess();
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;

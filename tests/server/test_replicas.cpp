@@ -1,0 +1,193 @@
+// Several `depcache serve` replicas behind a real HAProxy (Debian's), routed
+// by `depcache route` through the Lua hook it writes, KV events over a real
+// Redis: a request goes where its context was computed (documents in any
+// order, as chunk reuse keeps them), new contexts spread over the replicas,
+// and a replica killed under load costs no request and changes no answer.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server_client.h"
+#include "test_support.h"
+
+extern char** environ;
+
+namespace depcache::test {
+namespace {
+
+using json = nlohmann::json;
+
+// HAProxy on a configuration, in the foreground, killed on destruction.
+class Haproxy {
+ public:
+  explicit Haproxy(const std::filesystem::path& config) : log_(temp_path("haproxy-log")) {
+    std::vector<std::string> all = {"/usr/sbin/haproxy", "-f", config.string(), "-db"};
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~Haproxy() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::filesystem::remove(log_);
+  }
+  std::string log() const {
+    std::ifstream in(log_);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+
+ private:
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+};
+
+struct Answer {
+  int status = 0;
+  std::string replica, text;
+};
+
+// A completion through `port`, greedy; which replica answered (HAProxy's
+// X-Depcache-Replica) and its text.
+Answer complete(int port, const json& body) {
+  const auto headers = temp_path("headers");
+  const Reply r = curl(port, "/v1/completions", post(body) + " -D " + headers.string());
+  Answer a{r.status, "", r.body};
+  std::ifstream in(headers);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("x-depcache-replica: ", 0) == 0 || line.rfind("X-Depcache-Replica: ", 0) == 0)
+      a.replica = line.substr(20, line.find_last_not_of("\r\n") - 19);
+  std::filesystem::remove(headers);
+  if (r.status == 200) a.text = json::parse(r.body)["choices"][0]["text"].get<std::string>();
+  return a;
+}
+
+// Context c: three documents; `turn` picks their order and the question.
+json request(int c, int turn) {
+  json docs = json::array();
+  for (int d = 0; d < 3; ++d)
+    docs.push_back({{"id", fmt::format("c{}d{}", c, d)},
+                    {"text", fmt::format("document {} of topic {}: the {} river runs past {} hills and {} "
+                                         "old mills where {} millers grind wheat",
+                                         d, c, c * 7 + d, d + 2, c + 3, d * 5 + c)}});
+  if (turn % 2 == 1) std::swap(docs[0], docs[2]);  // reordered: chunks reused wherever they sit
+  return {{"prompt", fmt::format("question {} about topic {}?", turn, c)},
+          {"max_tokens", 4},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"rag", {{"documents", docs}}}};
+}
+
+TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica) {
+  REQUIRE_CURL();
+  DEPCACHE_REQUIRE_REDIS(redis);
+  if (!std::filesystem::exists("/usr/sbin/haproxy"))
+    DEPCACHE_SKIP("haproxy not installed (scripts/setup.sh installs it)");
+  const std::string model = serve_model_file().string();
+  const std::string redis_at = "127.0.0.1:" + std::to_string(redis.port());
+  std::vector<std::unique_ptr<ServeProcess>> replicas;
+  std::vector<std::string> route_args = {"-m", model, "--redis", redis_at, "--strategy", "fullreuse"};
+  for (const char* name : {"r1", "r2"}) {
+    replicas.push_back(std::make_unique<ServeProcess>(std::vector<std::string>{
+        "-m", model, "--kv-events", "--redis", redis_at, "--replica-name", name, "--strategy", "fullreuse"}));
+    ASSERT_GT(replicas.back()->port(), 0) << replicas.back()->log();
+    route_args.push_back("--replica");
+    route_args.push_back(fmt::format("{}=http://127.0.0.1:{}", name, replicas.back()->port()));
+  }
+  const auto config = temp_path("haproxy").replace_extension(".cfg");
+  const int proxy_port = free_port();
+  route_args.insert(route_args.end(),
+                    {"--haproxy-config", config.string(), "--haproxy-port", std::to_string(proxy_port)});
+  ServeProcess router(route_args, "route");
+  ASSERT_GT(router.port(), 0) << router.log();
+  Haproxy proxy(config);
+  for (int i = 0; i < 200 && curl(proxy_port, "/health").status != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  ASSERT_EQ(curl(proxy_port, "/health").status, 200) << proxy.log();
+  // The router has both replicas' summaries.
+  for (int i = 0; i < 100; ++i) {
+    const json state = json::parse(curl(router.port(), "/replicas").body);
+    if (state[0]["synced"] == true && state[1]["synced"] == true) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+
+  // Until the router has heard from both replicas that they are idle: each
+  // request is then routed on what is held alone (the unit tests weigh it
+  // against load).
+  const auto idle = [&] {
+    for (int i = 0; i < 100; ++i) {
+      const json state = json::parse(curl(router.port(), "/replicas").body);
+      bool quiet = true;
+      for (const json& r : state)
+        quiet = quiet && r["routed_since_report"] == 0 && r["running"] == 0 && r["waiting"] == 0;
+      if (quiet) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+  // Eight contexts, three turns each, documents reordered between turns.
+  std::map<int, std::set<std::string>> served_by;
+  std::map<std::pair<int, int>, std::string> reference;
+  for (int c = 0; c < 8; ++c)
+    for (int turn = 0; turn < 3; ++turn) {
+      const Answer a = complete(proxy_port, request(c, turn));
+      ASSERT_EQ(a.status, 200) << a.text << proxy.log();
+      ASSERT_FALSE(a.replica.empty());
+      served_by[c].insert(a.replica);
+      reference[{c, turn}] = a.text;
+      idle();
+    }
+  std::set<std::string> first;
+  for (const auto& [c, replicas_of] : served_by) {
+    EXPECT_EQ(replicas_of.size(), 1u) << "context " << c << " went to " << replicas_of.size() << " replicas";
+    first.insert(*replicas_of.begin());
+  }
+  EXPECT_EQ(first.size(), 2u);  // new contexts spread over both
+  // The router saw the reuse: a repeat's documents are held where it goes.
+  const json decision = json::parse(curl(router.port(), "/route", post(request(0, 1))).body);
+  EXPECT_GT(decision["held_tokens"][*served_by[0].begin()].get<int64_t>(), decision["tokens"].get<int64_t>() / 2)
+      << decision.dump();
+
+  // r1 killed while two clients keep asking: every request answered (by r2
+  // once r1 is gone: HAProxy retries a connection refused or reset), every
+  // answer the one the same request got before.
+  std::atomic<int> failures{0}, wrong{0}, done{0};
+  const auto client = [&](int offset) {
+    for (int i = 0; i < 12; ++i) {
+      const int c = (i + offset) % 8, turn = i % 3;
+      const Answer a = complete(proxy_port, request(c, turn));
+      failures += a.status != 200;
+      wrong += a.status == 200 && a.text != reference[{c, turn}];
+      ++done;
+    }
+  };
+  std::thread t1(client, 0), t2(client, 4);
+  while (done < 6) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  replicas[0]->signal(SIGKILL);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(failures, 0) << proxy.log();
+  EXPECT_EQ(wrong, 0);
+  std::filesystem::remove(config);
+  std::filesystem::remove(std::filesystem::path(config).replace_extension(".lua"));
+}
+
+}  // namespace
+}  // namespace depcache::test
