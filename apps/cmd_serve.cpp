@@ -78,6 +78,7 @@ struct ServeArgs {
   double stage_latency_ms = 0;
   int64_t batch_window_ms = 50;
   bool kv_events = false;
+  std::string kv_events_redis;  // where to publish, when not the remote tier's Redis
   std::string replica_name;
   int64_t kv_events_block = 16;
 };
@@ -148,9 +149,10 @@ void serve(ServeArgs& a) {
   a.so.replica = a.replica_name.empty() ? fmt::format("{}:{}", a.so.host, a.so.port) : a.replica_name;
   std::shared_ptr<KvEventLog> kv_log;
   if (a.kv_events) {
-    if (!a.engine_args.tiers.remote())
+    if (!a.engine_args.tiers.remote() && a.kv_events_redis.empty())
       fail(ErrorKind::InvalidInput,
-           "--kv-events publishes on the remote tier's Redis: give --redis or --redis-cluster");
+           "--kv-events publishes on the remote tier's Redis (--redis or --redis-cluster) or on "
+           "--kv-events-redis: give one");
     kv_log = std::make_shared<KvEventLog>(a.kv_events_block);
     a.so.kv_events = kv_log;
   }
@@ -200,8 +202,9 @@ void serve(ServeArgs& a) {
   if (kv_log) {
     KvEventPublisherOptions po;
     po.redis = redis_options(tiers);
-    po.nodes = tiers.redis_cluster.empty() ? parse_redis_addresses(tiers.redis)
-                                           : parse_redis_addresses(tiers.redis_cluster);
+    po.nodes = parse_redis_addresses(!a.kv_events_redis.empty()    ? a.kv_events_redis
+                                     : tiers.redis_cluster.empty() ? tiers.redis
+                                                                   : tiers.redis_cluster);
     po.channel = po.redis.prefix + "kv-events";
     po.header = {a.so.replica, a.so.epoch, a.kv_events_block};
     publisher = std::make_unique<KvEventPublisher>(kv_log, po, [&loop] {
@@ -442,12 +445,11 @@ void route(RouteArgs& a) {
       const ReplicaRouter::Decision d = router.route(lookups, key);
       nlohmann::json held = nlohmann::json::object();
       for (size_t i = 0; i < replicas.size(); ++i) held[replicas[i].name] = d.matched[i];
-      res.set_content(nlohmann::json{{"replica", d.replica},
-                                     {"route_key", key},
-                                     {"tokens", d.total},
-                                     {"held_tokens", held}}
-                          .dump(),
-                      "application/json");
+      res.set_content(
+          nlohmann::json{
+              {"replica", d.replica}, {"route_key", key}, {"tokens", d.total}, {"held_tokens", held}}
+              .dump(),
+          "application/json");
     } catch (const ApiError& e) {
       res.status = e.status;
       res.set_content(error_body(e).dump(), "application/json");
@@ -623,6 +625,18 @@ void add_serve_command(CLI::App& app) {
                 "Publish what the cache stores and evicts (content keys of spans: prefix chains, chunks, KG "
                 "subtrees) on the remote tier's Redis, channel <prefix>kv-events, and answer GET "
                 "/v1/cache/summary: what a cache-aware router (depcache route) reads");
+  cmd->add_option(
+         "--kv-events-redis", a.kv_events_redis,
+         "Publish the KV events on this Redis (host:port, or nodes of a cluster host:port,...) instead "
+         "of the remote tier's (a replica that shares no KV still tells a router what it holds)")
+      ->check([](const std::string& s) {
+        try {
+          parse_redis_addresses(s);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      });
   cmd->add_option("--replica-name", a.replica_name,
                   "This replica's name in its KV events (default: host:port)");
   cmd->add_option("--kv-events-block", a.kv_events_block, "Tokens per block of the KV events' content keys")

@@ -244,7 +244,8 @@ ReplicaRouter::Decision ReplicaRouter::route(const std::vector<Lookup>& lookups,
     if (usable) load[i] = static_cast<double>(r.running + r.waiting + r.routed);
     best_held = std::max(best_held, d.matched.back());
   }
-  const bool has_home = static_cast<double>(best_held) >= o_.min_overlap * static_cast<double>(d.total) && best_held > 0;
+  const bool has_home =
+      static_cast<double>(best_held) >= o_.min_overlap * static_cast<double>(d.total) && best_held > 0;
   double best = std::numeric_limits<double>::infinity();
   uint64_t best_rank = 0;
   int chosen = -1;
@@ -252,7 +253,8 @@ ReplicaRouter::Decision ReplicaRouter::route(const std::vector<Lookup>& lookups,
     if (load[i] < 0) continue;
     // With a home: the tokens left to compute plus the queue's work;
     // without: the queue alone.
-    const double cost = (has_home ? static_cast<double>(d.total - d.matched[i]) : 0.0) + per_request * load[i];
+    const double cost =
+        (has_home ? static_cast<double>(d.total - d.matched[i]) : 0.0) + per_request * load[i];
     const uint64_t rank = hash_string(addresses_[i].name, tie_seed);
     if (cost < best - 1e-9 || (cost < best + 1e-9 && rank > best_rank)) {
       best = cost;

@@ -3,8 +3,8 @@
 // Redis: a request goes where its context was computed (documents in any
 // order, as chunk reuse keeps them), new contexts spread over the replicas,
 // and a replica killed under load costs no request and changes no answer.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -162,7 +162,8 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
   EXPECT_EQ(first.size(), 2u);  // new contexts spread over both
   // The router saw the reuse: a repeat's documents are held where it goes.
   const json decision = json::parse(curl(router.port(), "/route", post(request(0, 1))).body);
-  EXPECT_GT(decision["held_tokens"][*served_by[0].begin()].get<int64_t>(), decision["tokens"].get<int64_t>() / 2)
+  EXPECT_GT(decision["held_tokens"][*served_by[0].begin()].get<int64_t>(),
+            decision["tokens"].get<int64_t>() / 2)
       << decision.dump();
 
   // r1 killed while two clients keep asking: every request answered (by r2
