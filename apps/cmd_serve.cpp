@@ -129,16 +129,21 @@ Sources load_sources(const ServeArgs& a, const Tokenizer& tok, ServedModel& serv
   return out;
 }
 
-// Listens, loads the model and its sources, serves until SIGTERM or SIGINT,
-// then drains.
-void serve(ServeArgs& a) {
-  // SIGTERM and SIGINT are taken by sigwait below, on this thread only:
-  // every thread started from here on inherits the mask.
+// SIGTERM and SIGINT, blocked on this thread and every thread it starts from
+// now on, for the caller's sigwait.
+sigset_t block_stop_signals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+// Listens, loads the model and its sources, serves until SIGTERM or SIGINT,
+// then drains.
+void serve(ServeArgs& a) {
+  const sigset_t stop_signals = block_stop_signals();
 
   finish_options(a);
   // The replica's name is known once the port is: set before the server
@@ -393,11 +398,7 @@ void sync_replicas(ReplicaRouter& router, const std::atomic<bool>& stop) {
 }
 
 void route(RouteArgs& a) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = block_stop_signals();
 
   if (!a.s.engine_args.tiers.remote())
     fail(ErrorKind::InvalidInput,
