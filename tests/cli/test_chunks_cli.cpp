@@ -58,7 +58,7 @@ TEST(ChunksCli, FusesIntoTheDiskTierThatFusionRagReadsFrom) {
   EXPECT_GT(std::stoll(m[2]), 0) << r.out;
   r = run_cli(fmt::format("chunks fuse -m {} --requests {}", model, requests));
   EXPECT_EQ(r.code, 3) << r.out;
-  EXPECT_NE(r.out.find("--cache-dir or --redis"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("give --cache-dir, --redis or --redis-cluster"), std::string::npos) << r.out;
   std::filesystem::remove_all(dir);
 }
 
