@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -23,6 +24,19 @@ class App;
 }
 
 namespace depcache::cli {
+
+// An option check that runs the value's parser: its error is the message.
+template <typename Parse>
+std::function<std::string(const std::string&)> parses_with(Parse parse) {
+  return [parse](const std::string& s) {
+    try {
+      parse(s);
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+}
 
 // The options of the chunk strategies (recompute ratio; Cache-Craft's
 // alpha, variants per chunk and focus window), for run and serve.

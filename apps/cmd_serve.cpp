@@ -299,10 +299,10 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 // The HAProxy configuration for the replicas behind this router: `balance`
 // overlap (this router's pick, consistent hashing with bounded load when it
 // has none), consistent (hashing the router's route key only) or roundrobin.
-std::string haproxy_config(const RouteArgs& a, int router_port, const std::string& lua_path) {
+std::string haproxy_config(const RouteArgs& a, const std::vector<ReplicaAddress>& replicas, int router_port,
+                           const std::string& lua_path) {
   std::string servers, rules;
-  for (const std::string& spec : a.replicas) {
-    const ReplicaAddress r = parse_replica(spec);
+  for (const ReplicaAddress& r : replicas) {
     const std::string hostport = r.url.substr(7);
     servers += fmt::format("  server {} {} check inter 500ms fall 2 rise 1\n", r.name, hostport);
     if (a.haproxy_balance == "overlap")
@@ -471,7 +471,7 @@ void route(RouteArgs& a) {
   if (!a.haproxy_config.empty()) {
     const std::filesystem::path lua = std::filesystem::absolute(a.haproxy_config).replace_extension(".lua");
     write_text(lua, haproxy_lua());
-    write_text(a.haproxy_config, haproxy_config(a, port, lua.string()));
+    write_text(a.haproxy_config, haproxy_config(a, replicas, port, lua.string()));
     fmt::print(stderr, "depcache route: HAProxy configuration {} (balance {}, port {}) and its hook {}\n",
                a.haproxy_config, a.haproxy_balance, a.haproxy_port, lua.string());
   }
@@ -630,14 +630,7 @@ void add_serve_command(CLI::App& app) {
          "--kv-events-redis", a.kv_events_redis,
          "Publish the KV events on this Redis (host:port, or nodes of a cluster host:port,...) instead "
          "of the remote tier's (a replica that shares no KV still tells a router what it holds)")
-      ->check([](const std::string& s) {
-        try {
-          parse_redis_addresses(s);
-          return std::string();
-        } catch (const std::exception& e) {
-          return std::string(e.what());
-        }
-      });
+      ->check(parses_with(parse_redis_addresses));
   cmd->add_option("--replica-name", a.replica_name,
                   "This replica's name in its KV events (default: host:port)");
   cmd->add_option("--kv-events-block", a.kv_events_block, "Tokens per block of the KV events' content keys")
@@ -661,14 +654,7 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--replica", a.replicas,
                   "A replica as NAME=http://host:port (its serve --replica-name); repeat")
       ->required()
-      ->check([](const std::string& s) {
-        try {
-          parse_replica(s);
-          return std::string();
-        } catch (const std::exception& e) {
-          return std::string(e.what());
-        }
-      });
+      ->check(parses_with(parse_replica));
   cmd->add_option("--kv-events-block", a.router.block_tokens, "The replicas' --kv-events-block")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));

@@ -8,27 +8,12 @@
 #include <iterator>
 #include <optional>
 
+#include "cli_common.h"
 #include "kv/redis_cluster_store.h"
 #include "util/error.h"
 #include "util/mac.h"
 
 namespace depcache::cli {
-namespace {
-
-// An option check that runs the value's parser: its error is the message.
-template <typename Parse>
-std::function<std::string(const std::string&)> parses_with(Parse parse) {
-  return [parse](const std::string& s) {
-    try {
-      parse(s);
-      return std::string();
-    } catch (const std::exception& e) {
-      return std::string(e.what());
-    }
-  };
-}
-
-}  // namespace
 
 void add_tier_options(CLI::App& cmd, TierOptions& o) {
   cmd.add_option("--host-mib", o.host_mib,
