@@ -7,10 +7,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -166,6 +169,8 @@ class ConnectionStream : public httplib::Stream {
     body_bytes_ = 0;
     violation_ = HttpViolation::None;
     wrote_ = false;
+    head_.clear();
+    head_seen_ = false;
   }
   HttpViolation violation() const { return violation_; }
   // The connection ends after the response being made (its request's body
@@ -237,11 +242,38 @@ class ConnectionStream : public httplib::Stream {
     return static_cast<ssize_t>(n);
   }
 
+  // A response whose length is known leaves in one send with its head (the
+  // library writes the head, then the body): a server killed between the two
+  // would leave a proxy holding a head it has passed on, unable to retry the
+  // request elsewhere; killed before the send, the proxy sees no answer and
+  // retries. A streamed (chunked) head goes at once so that the client
+  // learns the stream has begun.
   ssize_t write(const char* ptr, size_t size) override {
-    if (!is_writable()) return -1;
-    const ssize_t n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
-    if (n > 0) wrote_ = true;
-    return n;
+    if (!head_seen_) {
+      head_seen_ = true;
+      const std::string_view head(ptr, size);
+      if (head.starts_with("HTTP/") && !chunked(head)) {
+        head_.assign(ptr, size);
+        return static_cast<ssize_t>(size);
+      }
+    }
+    if (!head_.empty()) {
+      head_.append(ptr, size);
+      return flush_head() ? static_cast<ssize_t>(size) : -1;
+    }
+    return send_some(ptr, size);
+  }
+
+  // Sends a head held back for a body that never came (no body, HEAD).
+  bool flush_head() {
+    std::string out;
+    out.swap(head_);
+    for (size_t sent = 0; sent < out.size();) {
+      const ssize_t n = send_some(out.data() + sent, out.size() - sent);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
   }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override { address(::getpeername, ip, port); }
@@ -253,6 +285,19 @@ class ConnectionStream : public httplib::Stream {
   static constexpr int64_t kSliceMs = 100;
 
   bool stopping() const { return listening_.load() == INVALID_SOCKET; }
+
+  ssize_t send_some(const char* ptr, size_t size) {
+    if (!is_writable()) return -1;
+    const ssize_t n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    if (n > 0) wrote_ = true;
+    return n;
+  }
+
+  static bool chunked(std::string_view head) {
+    std::string lower(head);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return lower.find("\r\ntransfer-encoding: chunked") != std::string::npos;
+  }
 
   ssize_t violate(HttpViolation v) {
     violation_ = v;
@@ -319,6 +364,8 @@ class ConnectionStream : public httplib::Stream {
   HttpViolation violation_ = HttpViolation::None;
   bool wrote_ = false;
   bool close_after_ = false;
+  std::string head_;  // a response head held back for its body
+  bool head_seen_ = false;
 };
 
 thread_local ConnectionStream* t_stream = nullptr;
@@ -498,6 +545,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     bool closed = false;
     try {
       ok = process_request(stream, last, closed, nullptr);
+      ok = stream.flush_head() && ok;
     } catch (...) {
       // The handlers answer their own errors; this is a fault in writing one.
       rejections_.failed.fetch_add(1, std::memory_order_relaxed);

@@ -505,15 +505,19 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   const std::string id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
   const int64_t created = std::time(nullptr);
   const ApiKind kind = cr.kind;
-  const bool streaming = cr.stream, include_usage = cr.include_usage;
+  const bool include_usage = cr.include_usage;
   const Tokenizer* logprobs = cr.sampling.logprobs >= 0 ? model_.tokenizer.get() : nullptr;
-  if (!streaming) {
-    // Until the first token the status is open: a request that ends before
-    // it (a failure, usually) is answered with its own status. A client that
-    // goes away meanwhile (while its request waits in the queue, say) cancels
-    // it: nothing has been written yet that would tell.
-    std::optional<TokenEvent> first;
-    while (!(first = stream->next(std::chrono::milliseconds(200))) && !stream->done()) {
+  if (!cr.stream) {
+    // A non-streamed answer leaves whole, with its status, when it is done:
+    // a server that dies meanwhile has sent nothing, so a proxy in front can
+    // retry the request on another replica, and a failure at any point gets
+    // its own status. Meanwhile the connection is watched: a client that goes
+    // away (while its request waits in the queue, say) cancels it.
+    auto watched = Clock::now();
+    while (!stream->done()) {
+      if (stream->next(std::chrono::milliseconds(200))) clock->tick(metrics_);
+      if (stream->done() || Clock::now() - watched < std::chrono::milliseconds(200)) continue;
+      watched = Clock::now();
       if (!GuardedHttpServer::client_gone()) continue;
       loop_->cancel(stream);
       while (stream->next(std::chrono::seconds(30))) {
@@ -522,59 +526,46 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
       GuardedHttpServer::close_after_response();
       return send_error(res, ApiError(499, "the client closed the connection", "invalid_request_error"));
     }
-    if (first) {
-      clock->tick(metrics_);
-    } else {
-      const RequestResult r = stream->result();
-      finished(id, strategy, r, arrived);
-      if (r.state != RequestState::Finished) throw engine_error(r);
-      return send_json(res, 200,
-                       final_json(kind, false, id, created, model_.name, r, true, *clock, logprobs));
-    }
+    while (stream->next(std::chrono::milliseconds(0))) clock->tick(metrics_);
+    const RequestResult r = stream->result();
+    finished(id, strategy, r, arrived);
+    if (r.state != RequestState::Finished) throw engine_error(r);
+    return send_json(res, 200, final_json(kind, false, id, created, model_.name, r, true, *clock, logprobs));
   }
   res.set_header("Cache-Control", "no-cache");
   // A chat stream opens with the assistant's role, as OpenAI's does.
   auto pending = std::make_shared<std::string>(
-      streaming && kind == ApiKind::Chat
-          ? event(completion_json(kind, true, id, created, model_.name, "", {}, {}))
-          : "");
+      kind == ApiKind::Chat ? event(completion_json(kind, true, id, created, model_.name, "", {}, {})) : "");
   // Something is written at least every second, so a client that went away
   // is noticed (the write fails) and its request cancelled, even while it
-  // waits for its first token or for a whole (non-streamed) answer: an SSE
-  // comment when streaming, else a space before the JSON.
+  // waits for its first token: an SSE comment.
   res.set_chunked_content_provider(
-      streaming ? "text/event-stream" : "application/json",
-      [this, stream, id, strategy, created, kind, streaming, include_usage, logprobs, clock, pending,
-       writing](size_t, httplib::DataSink& sink) {
+      "text/event-stream",
+      [this, stream, id, strategy, created, kind, include_usage, logprobs, clock, pending, writing](
+          size_t, httplib::DataSink& sink) {
         std::string out = std::exchange(*pending, {});
         const auto until = Clock::now() + std::chrono::seconds(1);
         while (out.empty() && !stream->done() && Clock::now() < until) {
           const std::optional<TokenEvent> e = stream->next(std::chrono::milliseconds(100));
           if (!e) continue;
           clock->tick(metrics_);
-          if (streaming && (!e->text.empty() || (logprobs && !e->logprobs.empty())))
+          if (!e->text.empty() || (logprobs && !e->logprobs.empty()))
             out = event(
                 completion_json(kind, true, id, created, model_.name, e->text, {}, {},
                                 logprobs ? logprobs_json(kind, *logprobs, e->logprobs) : json(nullptr)));
         }
         if (!stream->done()) {
-          if (out.empty()) out = streaming ? ": waiting\n\n" : " ";
+          if (out.empty()) out = ": waiting\n\n";
           return sink.write(out.data(), out.size());  // false: the client is gone
         }
         const RequestResult r = stream->result();
         finished(id, strategy, r, clock->arrived);
         clock->reported = true;
-        if (!streaming) {
-          // The status is sent; a failure this late is told in the body.
-          out = json_text(r.state == RequestState::Finished
-                              ? final_json(kind, false, id, created, model_.name, r, true, *clock, logprobs)
-                              : error_body(engine_error(r)));
-        } else {
-          out += event(r.state == RequestState::Finished ? final_json(kind, true, id, created, model_.name, r,
-                                                                      include_usage, *clock, logprobs)
-                                                         : error_body(engine_error(r)));
-          out += "data: [DONE]\n\n";
-        }
+        // The status is sent; a failure this late is told in the stream.
+        out += event(r.state == RequestState::Finished ? final_json(kind, true, id, created, model_.name, r,
+                                                                    include_usage, *clock, logprobs)
+                                                       : error_body(engine_error(r)));
+        out += "data: [DONE]\n\n";
         if (!sink.write(out.data(), out.size())) return false;
         sink.done();
         return true;
