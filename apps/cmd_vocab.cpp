@@ -52,6 +52,9 @@ void add_vocab_commands(CLI::App& app) {
   learn->add_option("--max-piece-chars", o.max_piece_chars, "No token longer than this many characters")
       ->capture_default_str()
       ->check(CLI::Range(2, 256));
+  learn->add_flag("--split-scripts", o.split_scripts,
+                  "No token joins letters to digits or to punctuation (each punctuation mark alone), as "
+                  "SentencePiece splits by script and number: for text such as CSV rows");
   static PromptTemplateOptions prompt;
   add_prompt_template_options(learn, prompt);
   learn->add_option("-o,--output", out, "The vocabulary (GGUF with tokenizer.* keys only)")->required();

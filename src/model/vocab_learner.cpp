@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <unordered_map>
 
@@ -29,9 +30,12 @@ bool is_sentence_punctuation(char c) { return std::string_view(".,;:!?").find(c)
 // the same tokens whether a sentence ends after it or not, and a model that
 // reads "is Tirsa." can answer " Tirsa" by copying. Characters as the
 // tokenizer splits them (a malformed byte stands alone).
-void split_words(const std::string& s, std::map<std::string, int64_t>& words) {
+void split_words(const std::string& s, bool split_scripts, std::map<std::string, int64_t>& words) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::string word;
+  // With split_scripts: the class of the word's last character (0 none or a
+  // space mark, 1 digit, 2 anything else).
+  int last_class = 0;
   const auto flush = [&] {
     size_t head = word.size();
     while (head > 0 && is_sentence_punctuation(word[head - 1])) --head;
@@ -42,18 +46,30 @@ void split_words(const std::string& s, std::map<std::string, int64_t>& words) {
       ++words[word];
     }
     word.clear();
+    last_class = 0;
   };
   for (size_t i = 0; i < s.size();) {
     const size_t len = std::max<size_t>(1, utf8_char_len(p + i, s.size() - i));
     const std::string_view c(s.data() + i, len);
+    i += len;
     if (c == kSpaceMark) flush();
     if (c == "\n") {
       flush();
       ++words["\n"];
-    } else {
-      word.append(c);
+      continue;
     }
-    i += len;
+    if (split_scripts && c != kSpaceMark) {
+      const unsigned char b = static_cast<unsigned char>(c[0]);
+      if (len == 1 && std::ispunct(b)) {
+        flush();
+        ++words[std::string(c)];
+        continue;
+      }
+      const int cls = len == 1 && std::isdigit(b) ? 1 : 2;
+      if (last_class != 0 && cls != last_class) flush();
+      last_class = cls;
+    }
+    word.append(c);
   }
   flush();
 }
@@ -80,7 +96,7 @@ Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLear
   VocabLearnReport rep;
   std::map<std::string, int64_t> word_counts;  // ordered: the result does not depend on hashing
   for (const std::string& f : fragments) {
-    split_words(spm_normalized(f, /*prefix=*/true), word_counts);
+    split_words(spm_normalized(f, /*prefix=*/true), o.split_scripts, word_counts);
     ++rep.n_fragments;
   }
 

@@ -17,6 +17,10 @@ struct VocabLearnOptions {
   int32_t size = 1024;           // tokens in all; fewer if the text runs out of pairs
   int64_t min_pair_count = 2;    // a pair seen fewer times is not merged
   int32_t max_piece_chars = 24;  // no token longer than this (in characters)
+  // No piece joins letters to digits, and every ASCII punctuation mark stands
+  // alone (SentencePiece's split by script and by number): in "15,author,8"
+  // the ids and the words are tokens of their own.
+  bool split_scripts = false;
 };
 
 struct VocabLearnReport {
@@ -29,7 +33,8 @@ struct VocabLearnReport {
 // Each fragment is learned from as the tokenizer encodes it on its own: a
 // space prefixed, spaces as U+2581, merges inside a word (a piece starts at a
 // space mark; a newline stands alone, and so does the sentence punctuation
-// ". , ; : ! ?" ending a word). InvalidInput if `size` leaves no room
+// ". , ; : ! ?" ending a word; with split_scripts, at every punctuation mark
+// and between digits and the rest). InvalidInput if `size` leaves no room
 // beyond the fixed tokens.
 Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLearnOptions& options,
                       VocabLearnReport* report = nullptr);

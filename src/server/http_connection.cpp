@@ -250,9 +250,12 @@ class ConnectionStream : public httplib::Stream {
   // learns the stream has begun.
   ssize_t write(const char* ptr, size_t size) override {
     if (!head_seen_) {
-      head_seen_ = true;
       const std::string_view head(ptr, size);
-      if (head.starts_with("HTTP/") && !chunked(head)) {
+      // An interim answer ("100 Continue") goes at once: the client waits
+      // for it before sending its body; the final head follows.
+      const bool interim = head.starts_with("HTTP/1.1 1");
+      head_seen_ = !interim;
+      if (!interim && head.starts_with("HTTP/") && !chunked(head)) {
         head_.assign(ptr, size);
         return static_cast<ssize_t>(size);
       }

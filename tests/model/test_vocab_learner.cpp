@@ -69,6 +69,36 @@ TEST(VocabLearner, FrequentWordsBecomeSingleTokens) {
   }
 }
 
+// CSV rows as SubGCache's prompts hold them: ids, names and relation words
+// joined by commas.
+TEST(VocabLearner, SplitScriptsKeepsIdsWordsAndPunctuationApart) {
+  const std::vector<std::string> names = {"Bolam", "Kirat", "Tishaun", "Mezor", "Daikal", "Shivon"};
+  std::mt19937_64 rng(3);
+  std::vector<std::string> rows;
+  for (int i = 0; i < 600; ++i) {
+    rows.push_back(fmt::format("{},{}\n", rng() % 40, names[rng() % names.size()]));
+    rows.push_back(fmt::format("{},friend,{}\n", rng() % 40, rng() % 40));
+  }
+  VocabLearnOptions o;
+  o.size = 2000;
+  const Tokenizer joined(learn_bpe_vocab(rows, o));
+  // Without the split, pieces run across the commas.
+  EXPECT_NE(pieces(joined, "15,friend,8").size(), 5u);
+  o.split_scripts = true;
+  const Vocab v = learn_bpe_vocab(rows, o);
+  const Tokenizer tok(v);
+  // (A fragment's first word keeps the space mark it starts with.)
+  EXPECT_EQ(pieces(tok, "15,friend,8"), (std::vector<std::string>{" 15", ",", "friend", ",", "8"}));
+  EXPECT_EQ(pieces(tok, "27,Tishaun"), (std::vector<std::string>{" 27", ",", "Tishaun"}));
+  for (int32_t id = 259; id < v.n_tokens(); ++id) {
+    std::string t = v.tokens[static_cast<size_t>(id)];
+    if (t.starts_with("\xE2\x96\x81")) t = t.substr(3);
+    const bool digit = t.find_first_of("0123456789") != std::string::npos;
+    EXPECT_TRUE(!digit || t.find_first_not_of("0123456789") == std::string::npos) << t;
+    EXPECT_TRUE(t.size() == 1 || t.find(',') == std::string::npos) << t;
+  }
+}
+
 TEST(VocabLearner, AnyTextRoundTripsThroughTheEngineTokenizer) {
   VocabLearnOptions o;
   o.size = 1000;

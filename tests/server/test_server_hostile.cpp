@@ -291,6 +291,28 @@ TEST(ServerHostile, NoBodyIsReadAsTheNextRequest) {
   EXPECT_EQ(curl(server.port(), "/v1/models", "-H 'Authorization: Bearer sk-0123456789abcdef'").status, 200);
 }
 
+// A client that asks before sending its body (curl does for large bodies)
+// hears "100 Continue" at once, then the answer, whole.
+TEST(ServerHostile, ExpectContinueIsAnsweredBeforeTheBody) {
+  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2"});
+  REQUIRE_SERVER(server);
+  const std::string body = json{{"prompt", "hi"}, {"max_tokens", 2}}.dump();
+  RawConn c(server.port());
+  ASSERT_TRUE(c.send(fmt::format(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+      "Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+      body.size())));
+  std::string raw;
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (raw.find("\r\n\r\n") == std::string::npos && Clock::now() < until)
+    raw += c.read_all(std::chrono::milliseconds(100));
+  ASSERT_TRUE(raw.starts_with("HTTP/1.1 100 Continue\r\n\r\n")) << "no 100 Continue before the body: " << raw;
+  ASSERT_TRUE(c.send(body));
+  const Reply r = parse_reply(c.read_all(std::chrono::seconds(10)));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(json::parse(r.body, nullptr, false).contains("choices")) << r.body;
+}
+
 TEST(ServerHostile, SlowSendersAreCutOffAndHealthStillAnswers) {
   ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--request-timeout", "3000"});
   REQUIRE_SERVER(server);
