@@ -8,7 +8,7 @@
 #                                         inputs in a temporary folder, checked-in seeds untouched
 #
 # NAME is a target without "_fuzz" (gguf, tokenizer, pretokenizer, chat_template, jinja, openai,
-# span_record, requests, kg, cluster_slots); default all. FUZZ_BUILD=0 skips the build, FUZZ_BUILD=only
+# span_record, requests, kg, cluster_slots, kv_events); default all. FUZZ_BUILD=0 skips the build, FUZZ_BUILD=only
 # builds and stops. Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
 # build-fuzz/findings/<name>/; reproduce one with `build-fuzz/fuzz/<name>_fuzz FILE`. Ends
 # with executions and findings per target, and fails if any target found something.
@@ -22,7 +22,7 @@ if [ "${1:-}" = --ci ]; then
 fi
 SECONDS_PER_TARGET=${1:-$([ "$CI" = 1 ] && echo 20 || echo 120)}
 [ $# -gt 0 ] && shift
-ALL=(gguf tokenizer pretokenizer chat_template jinja openai span_record requests kg cluster_slots)
+ALL=(gguf tokenizer pretokenizer chat_template jinja openai span_record requests kg cluster_slots kv_events)
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 

@@ -88,6 +88,19 @@ Answer complete(int port, const json& body) {
   return a;
 }
 
+// The router's view of its replicas (GET /replicas); a reply that is not
+// JSON (the router gone, or a request cut) fails the test with the router's
+// log instead of throwing out of it.
+json replicas_state(const ServeProcess& router) {
+  const Reply r = curl(router.port(), "/replicas");
+  json state = json::parse(r.body, nullptr, false);
+  if (state.is_discarded() || !state.is_array()) {
+    ADD_FAILURE() << "GET /replicas answered " << r.status << " '" << r.body << "'\n" << router.log();
+    return json::array();
+  }
+  return state;
+}
+
 // Context c: three documents; `turn` picks their order and the question.
 json request(int c, int turn) {
   json docs = json::array();
@@ -135,7 +148,8 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
   ASSERT_EQ(curl(proxy_port, "/health").status, 200) << proxy.log();
   // The router has both replicas' summaries.
   for (int i = 0; i < 100; ++i) {
-    const json state = json::parse(curl(router.port(), "/replicas").body);
+    const json state = replicas_state(router);
+    if (state.size() != 2) break;
     if (state[0]["synced"] == true && state[1]["synced"] == true) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -145,7 +159,8 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
   // against load).
   const auto idle = [&] {
     for (int i = 0; i < 100; ++i) {
-      const json state = json::parse(curl(router.port(), "/replicas").body);
+      const json state = replicas_state(router);
+      if (state.empty()) return;
       bool quiet = true;
       for (const json& r : state)
         quiet = quiet && r["routed_since_report"] == 0 && r["running"] == 0 && r["waiting"] == 0;
@@ -172,7 +187,11 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
   }
   EXPECT_EQ(first.size(), 2u);  // new contexts spread over both
   // The router saw the reuse: a repeat's documents are held where it goes.
-  const json decision = json::parse(curl(router.port(), "/route", post(request(0, 1))).body);
+  const Reply routed = curl(router.port(), "/route", post(request(0, 1)));
+  const json decision = json::parse(routed.body, nullptr, false);
+  ASSERT_TRUE(decision.is_object() && decision.contains("held_tokens"))
+      << "POST /route answered " << routed.status << " '" << routed.body << "'\n"
+      << router.log();
   EXPECT_GT(decision["held_tokens"][*served_by[0].begin()].get<int64_t>(),
             decision["tokens"].get<int64_t>() / 2)
       << decision.dump();
