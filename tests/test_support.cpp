@@ -104,15 +104,26 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-RedisServer::RedisServer(std::vector<std::string> extra_args) : extra_args_(std::move(extra_args)) {
+RedisServer::RedisServer(std::vector<std::string> extra_args) {
   if (!std::filesystem::exists("/usr/bin/redis-server")) return;
-  port_ = free_port();
-  start();
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    port_ = free_port();
+    extra_args_ = extra_args;
+    for (std::string& a : extra_args_)
+      if (a == kFreePort) a = std::to_string(free_port());
+    if (launch()) return;
+  }
+  throw std::runtime_error("redis-server exited at start on five pairs of free ports");
 }
 
 RedisServer::~RedisServer() { stop(); }
 
 void RedisServer::start() {
+  if (!launch())
+    throw std::runtime_error("redis-server did not start again on port " + std::to_string(port_));
+}
+
+bool RedisServer::launch() {
   const std::string port = std::to_string(port_);
   pid_ = fork();
   if (pid_ == 0) {
@@ -138,7 +149,12 @@ void RedisServer::start() {
     addr.sin_port = htons(static_cast<uint16_t>(port_));
     const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
     ::close(fd);
-    if (up) return;
+    if (up) return true;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {  // it gave up (a port in use, usually)
+      pid_ = -1;
+      return false;
+    }
     usleep(10000);
   }
   throw std::runtime_error("redis-server did not start on port " + port);
@@ -159,11 +175,10 @@ RedisCluster::RedisCluster(int masters, int replicas) {
   std::string create = "redis-cli --cluster create";
   for (int i = 0; i < masters * (1 + replicas); ++i) {
     // The cluster bus gets a port of its own (not port + 10000, which may be taken).
-    const std::string bus = std::to_string(free_port());
     const std::string conf = (dir_ / ("nodes-" + std::to_string(i) + ".conf")).string();
     nodes_.push_back(std::make_unique<RedisServer>(std::vector<std::string>{
         "--cluster-enabled", "yes", "--cluster-config-file", conf, "--cluster-node-timeout", "1000",
-        "--cluster-port", bus, "--dir", dir_.string(),
+        "--cluster-port", RedisServer::kFreePort, "--dir", dir_.string(),
         // What a cache wants (docs/tiers.md): the other masters keep serving
         // while one master's slots have no master.
         "--cluster-require-full-coverage", "no"}));

@@ -74,7 +74,7 @@ TEST(RedisClusterSlots, AgreeWithTheServersKeyslot) {
   // A bus port of its own: port + 10000 may be taken, and the node would
   // exit after taking its first connection.
   RedisServer node({"--cluster-enabled", "yes", "--cluster-config-file", conf.string(), "--cluster-port",
-                    std::to_string(test::free_port())});
+                    RedisServer::kFreePort});
   if (node.port() == 0) DEPCACHE_SKIP("redis-server not installed (scripts/setup.sh installs it)");
   RedisOptions o;
   RedisConnection conn("127.0.0.1", node.port(), o);
