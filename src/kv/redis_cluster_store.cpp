@@ -284,6 +284,14 @@ std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
     std::vector<int> order;  // nodes in first-use order
     for (const Pending& p : pending)
       if (std::find(order.begin(), order.end(), p.node) == order.end()) order.push_back(p.node);
+    // Every master's pipeline is sent before any is read, so the masters
+    // work on theirs at once and a fetch waits for the slowest, not the sum.
+    struct Sent {
+      int node;
+      std::vector<const Pending*> mine;
+      size_t n_commands;
+    };
+    std::vector<Sent> sent;
     for (const int id : order) {
       Node& n = *nodes_[id];
       std::vector<const Pending*> mine;
@@ -298,7 +306,18 @@ std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
         stats_.unserved += static_cast<int64_t>(mine.size());
         continue;
       }
-      std::vector<RedisReply> replies = n.conn->exchange(cmds, deadline);
+      if (!n.conn->send(cmds, deadline)) {
+        node_failed(n, fmt::format("Redis Cluster {} at {}:{} failed: {}", what, n.address.host,
+                                   n.address.port, n.conn->error()));
+        stats_.unserved += static_cast<int64_t>(mine.size());
+        continue;
+      }
+      sent.push_back({id, std::move(mine), cmds.size()});
+    }
+    for (Sent& batch : sent) {
+      Node& n = *nodes_[batch.node];
+      const std::vector<const Pending*>& mine = batch.mine;
+      std::vector<RedisReply> replies = n.conn->replies(batch.n_commands, deadline);
       if (replies.empty()) {
         node_failed(n, fmt::format("Redis Cluster {} at {}:{} failed: {}", what, n.address.host,
                                    n.address.port, n.conn->error()));

@@ -86,12 +86,10 @@ bool RedisConnection::open(int64_t deadline_ms) {
   return true;
 }
 
-std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> commands,
-                                                  int64_t deadline_ms) {
-  std::vector<RedisReply> replies;
+bool RedisConnection::send(std::span<const RedisCommand> commands, int64_t deadline_ms) {
   if (!ctx_) {
     error_ = fmt::format("no connection to Redis at {}", address());
-    return replies;
+    return false;
   }
   std::vector<const char*> argv;
   std::vector<size_t> lens;
@@ -102,30 +100,32 @@ std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> 
       argv.push_back(a.data());
       lens.push_back(a.size());
     }
-    if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK) {
-      broke(ctx_->errstr);
-      return {};
-    }
+    if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK)
+      return broke(ctx_->errstr);
   }
   for (int done = 0; !done;) {
-    if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
-      broke(ctx_->errstr);
-      return {};
-    }
-    if (!done && !wait_fd(ctx_->fd, POLLOUT, deadline_ms)) {
-      broke(fmt::format("no room to send within {} ms", timeout_ms_));
-      return {};
-    }
+    if (redisBufferWrite(ctx_, &done) != REDIS_OK) return broke(ctx_->errstr);
+    if (!done && !wait_fd(ctx_->fd, POLLOUT, deadline_ms))
+      return broke(fmt::format("no room to send within {} ms", timeout_ms_));
   }
-  replies.reserve(commands.size());
-  while (replies.size() < commands.size()) {
+  return true;
+}
+
+std::vector<RedisReply> RedisConnection::replies(size_t n, int64_t deadline_ms) {
+  std::vector<RedisReply> out;
+  if (!ctx_) {
+    error_ = fmt::format("no connection to Redis at {}", address());
+    return out;
+  }
+  out.reserve(n);
+  while (out.size() < n) {
     void* reply = nullptr;
     if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) {
       broke(ctx_->errstr);
       return {};
     }
     if (reply) {
-      replies.emplace_back(static_cast<redisReply*>(reply));
+      out.emplace_back(static_cast<redisReply*>(reply));
       continue;
     }
     if (!wait_fd(ctx_->fd, POLLIN, deadline_ms)) {
@@ -137,7 +137,13 @@ std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> 
       return {};
     }
   }
-  return replies;
+  return out;
+}
+
+std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> commands,
+                                                  int64_t deadline_ms) {
+  if (!send(commands, deadline_ms)) return {};
+  return replies(commands.size(), deadline_ms);
 }
 
 RedisReply RedisConnection::receive(int64_t deadline_ms, bool* timed_out) {

@@ -41,6 +41,12 @@ class RedisConnection {
   // context that saw an error cannot be reused) and error() says why.
   // Error replies are replies, not failures.
   std::vector<RedisReply> exchange(std::span<const RedisCommand> commands, int64_t deadline_ms);
+  // exchange() in its two halves, so that several servers work on their
+  // commands at once: send() writes every command (false: the connection
+  // broke and is closed), replies() then reads `n` replies (empty as
+  // exchange()'s).
+  bool send(std::span<const RedisCommand> commands, int64_t deadline_ms);
+  std::vector<RedisReply> replies(size_t n, int64_t deadline_ms);
   RedisReply command(const RedisCommand& command, int64_t deadline_ms);
   // The next reply the server pushes (a subscription's messages) by the
   // deadline; null when none came (*timed_out set, the connection still
