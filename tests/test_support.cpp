@@ -104,6 +104,31 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+// The process id the Redis server on connected socket `fd` reports (INFO
+// server's process_id); -2 when it answers with an error (a password is
+// required), -1 when it does not answer as Redis.
+int redis_pid_at(int fd) {
+  const timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string ask = "INFO server\r\n";
+  if (::send(fd, ask.data(), ask.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(ask.size())) return -1;
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    const size_t at = got.find("process_id:");
+    if (at != std::string::npos && got.find("\r\n", at) != std::string::npos)
+      return std::atoi(got.c_str() + at + 11);
+    if (got.starts_with("-") && got.find("\r\n") != std::string::npos) return -2;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0 || got.size() > 65536) return -1;
+    got.append(buf, static_cast<size_t>(n));
+  }
+}
+
+}  // namespace
+
 RedisServer::RedisServer(std::vector<std::string> extra_args) {
   if (!std::filesystem::exists("/usr/bin/redis-server")) return;
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -148,11 +173,19 @@ bool RedisServer::launch() {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port_));
     const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    // The server that answers must be ours: another test's redis-server may
+    // have taken the port between free_port() and our bind (ours then exits).
+    const int pid = up ? redis_pid_at(fd) : -1;
     ::close(fd);
-    if (up) return true;
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {  // it gave up (a port in use, usually)
       pid_ = -1;
+      return false;
+    }
+    // (One that wants a password cannot say which it is: ours while our child runs.)
+    if (pid == pid_ || pid == -2) return true;
+    if (up) {  // another server's port: ours is about to give up
+      stop();
       return false;
     }
     usleep(10000);
