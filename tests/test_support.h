@@ -99,8 +99,8 @@ class RedisServer {
  public:
   // extra_args: more redis-server options ("--cluster-enabled", "yes", ...);
   // an argument equal to kFreePort becomes a free port of its own. A server
-  // that exits at start (a port another process took meanwhile) is started
-  // again on new ports.
+  // that exits at start, or whose port another server answers (a port
+  // another process took meanwhile), is started again on new ports.
   static constexpr const char* kFreePort = "{free port}";
   explicit RedisServer(std::vector<std::string> extra_args = {});
   ~RedisServer();
@@ -112,7 +112,7 @@ class RedisServer {
   bool running() const { return pid_ > 0; }
 
  private:
-  bool launch();  // false: it exited before accepting connections
+  bool launch();  // false: it exited at start, or its port answered as another server
   int port_ = 0;
   int pid_ = -1;
   std::vector<std::string> extra_args_;

@@ -292,6 +292,11 @@ std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
       size_t n_commands;
     };
     std::vector<Sent> sent;
+    const auto failed = [&](Node& n, size_t n_keys) {
+      node_failed(n, fmt::format("Redis Cluster {} at {}:{} failed: {}", what, n.address.host, n.address.port,
+                                 n.conn->error()));
+      stats_.unserved += static_cast<int64_t>(n_keys);
+    };
     for (const int id : order) {
       Node& n = *nodes_[id];
       std::vector<const Pending*> mine;
@@ -307,9 +312,7 @@ std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
         continue;
       }
       if (!n.conn->send(cmds, deadline)) {
-        node_failed(n, fmt::format("Redis Cluster {} at {}:{} failed: {}", what, n.address.host,
-                                   n.address.port, n.conn->error()));
-        stats_.unserved += static_cast<int64_t>(mine.size());
+        failed(n, mine.size());
         continue;
       }
       sent.push_back({id, std::move(mine), cmds.size()});
@@ -319,9 +322,7 @@ std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
       const std::vector<const Pending*>& mine = batch.mine;
       std::vector<RedisReply> replies = n.conn->replies(batch.n_commands, deadline);
       if (replies.empty()) {
-        node_failed(n, fmt::format("Redis Cluster {} at {}:{} failed: {}", what, n.address.host,
-                                   n.address.port, n.conn->error()));
-        stats_.unserved += static_cast<int64_t>(mine.size());
+        failed(n, mine.size());
         continue;
       }
       size_t r = 0;

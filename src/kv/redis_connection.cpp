@@ -113,29 +113,13 @@ bool RedisConnection::send(std::span<const RedisCommand> commands, int64_t deadl
 
 std::vector<RedisReply> RedisConnection::replies(size_t n, int64_t deadline_ms) {
   std::vector<RedisReply> out;
-  if (!ctx_) {
-    error_ = fmt::format("no connection to Redis at {}", address());
-    return out;
-  }
   out.reserve(n);
   while (out.size() < n) {
-    void* reply = nullptr;
-    if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) {
-      broke(ctx_->errstr);
-      return {};
-    }
-    if (reply) {
-      out.emplace_back(static_cast<redisReply*>(reply));
-      continue;
-    }
-    if (!wait_fd(ctx_->fd, POLLIN, deadline_ms)) {
-      broke(fmt::format("no whole reply within {} ms", timeout_ms_));
-      return {};
-    }
-    if (redisBufferRead(ctx_) != REDIS_OK) {
-      broke(ctx_->errstr);
-      return {};
-    }
+    bool timed_out = false;
+    RedisReply r = receive(deadline_ms, &timed_out);
+    if (timed_out) broke(fmt::format("no whole reply within {} ms", timeout_ms_));
+    if (!r) return {};
+    out.push_back(std::move(r));
   }
   return out;
 }
