@@ -1,7 +1,9 @@
 // Replies to CLUSTER SLOTS, as a hostile or broken node could send them: the
-// bytes are read off the wire by hiredis's own reader, and every reply is
-// either refused with a reason or becomes a slot map whose ranges are in
-// bounds, do not overlap and name a real port.
+// bytes are read off the wire by hiredis's own reader, guarded as every
+// connection's is (an array's announced count is bounded before hiredis
+// allocates for it), and every reply is either refused with a reason or
+// becomes a slot map whose ranges are in bounds, do not overlap and name a
+// real port.
 #include <hiredis/hiredis.h>
 
 #include <cstdint>
@@ -10,15 +12,22 @@
 
 #include "fuzz_support.h"
 #include "kv/redis_cluster_store.h"
+#include "kv/redis_connection.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace depcache;
   redisReader* reader = redisReaderCreate();
+  int64_t refused = 0;
+  limit_resp_arrays(reader, &refused);
   redisReaderFeed(reader, reinterpret_cast<const char*>(data), size);
   const RedisAddress asked{"10.1.2.3", 7000};
   for (int n = 0; n < 8; ++n) {
     void* out = nullptr;
-    if (redisReaderGetReply(reader, &out) != REDIS_OK || !out) break;
+    if (redisReaderGetReply(reader, &out) != REDIS_OK || !out) {
+      if (refused != 0 && refused >= 0 && refused <= kMaxRespArrayElements)
+        fuzz::violated("an array refused within the bound");
+      break;
+    }
     const RedisReply reply(static_cast<redisReply*>(out));
     std::string why;
     const auto ranges = parse_cluster_slots(*reply, asked, &why);

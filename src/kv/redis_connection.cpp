@@ -24,7 +24,41 @@ bool wait_fd(int fd, short events, int64_t deadline_ms) {
   }
 }
 
+// hiredis's own reply builders, which the guard forwards to; captured from
+// a fresh reader because hiredis does not export them.
+const redisReplyObjectFunctions& hiredis_builders() {
+  static const redisReplyObjectFunctions fns = [] {
+    redisReader* r = redisReaderCreate();
+    const redisReplyObjectFunctions f = *r->fn;
+    redisReaderFree(r);
+    return f;
+  }();
+  return fns;
+}
+
+void* create_limited_array(const redisReadTask* task, int elements) {
+  // hiredis itself refuses counts below -1 (the null array) and past INT_MAX.
+  if (elements < 0 || elements > kMaxRespArrayElements) {
+    if (task->privdata) *static_cast<int64_t*>(task->privdata) = elements;
+    return nullptr;  // the reader stops with an error
+  }
+  return hiredis_builders().createArray(task, elements);
+}
+
+redisReplyObjectFunctions limited_builders() {
+  redisReplyObjectFunctions f = hiredis_builders();
+  f.createArray = create_limited_array;
+  return f;
+}
+
 }  // namespace
+
+void limit_resp_arrays(redisReader* reader, int64_t* refused) {
+  static redisReplyObjectFunctions fns = limited_builders();
+  reader->fn = &fns;
+  reader->privdata = refused;
+  *refused = 0;
+}
 
 void RedisReplyDeleter::operator()(redisReply* r) const { freeReplyObject(r); }
 
@@ -71,6 +105,7 @@ bool RedisConnection::open(int64_t deadline_ms) {
     return broke(fmt::format("cannot set up the connection to Redis at {}", address()));
   }
   c->flags &= ~REDIS_BLOCK;
+  limit_resp_arrays(c->reader, &refused_array_);
   ctx_ = c;
   if (!password_.empty()) {
     const RedisReply r = user_.empty() ? command({"AUTH", password_}, deadline_ms)
@@ -139,7 +174,11 @@ RedisReply RedisConnection::receive(int64_t deadline_ms, bool* timed_out) {
   for (;;) {
     void* reply = nullptr;
     if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) {
-      broke(ctx_->errstr);
+      if (refused_array_ != 0)
+        broke(fmt::format("Redis at {} announced an array of {} elements (a reply's arrays may have 0 to {})",
+                          address(), refused_array_, kMaxRespArrayElements));
+      else
+        broke(ctx_->errstr);
       return {};
     }
     if (reply) return RedisReply(static_cast<redisReply*>(reply));

@@ -13,12 +13,26 @@
 #include "kv/remote_store.h"
 
 struct redisContext;  // hiredis
+struct redisReader;
 
 namespace depcache {
 
 using RedisCommand = std::vector<std::string_view>;
 
 int64_t steady_now_ms();
+
+// The most elements one array of a reply may announce. hiredis allocates an
+// array's element slots when it reads the count, before any element has
+// arrived, so a hostile server's `*2000000000` would cost 16 GB at once. Our
+// largest legitimate array is one value per key of a fetch, or one range per
+// slot of a cluster map: far below.
+inline constexpr int64_t kMaxRespArrayElements = int64_t{1} << 20;
+
+// Makes `reader` refuse an array longer than kMaxRespArrayElements: reading
+// stops with a reader error, and `*refused` (which must outlive the reader;
+// 0 until then) is set to the count the array announced. Every reader of replies from a
+// server goes through this.
+void limit_resp_arrays(redisReader* reader, int64_t* refused);
 
 class RedisConnection {
  public:
@@ -67,6 +81,7 @@ class RedisConnection {
   std::string user_, password_;
   int timeout_ms_;
   redisContext* ctx_ = nullptr;
+  int64_t refused_array_ = 0;  // set by the reader's guard (limit_resp_arrays)
   std::string error_;
   bool auth_refused_ = false;
 };

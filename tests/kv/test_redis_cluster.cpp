@@ -3,6 +3,7 @@
 // spread over every master, redirects while a slot migrates, a master killed
 // while requests keep coming, and what a hostile or misconfigured server
 // gets. The slot map parser is also a fuzz target (fuzz/cluster_slots_fuzz.cpp).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
@@ -44,6 +45,8 @@ std::vector<uint8_t> record_of(uint64_t key, size_t size) {
 // A RESP reply as hiredis reads it off the wire.
 RedisReply reply_of(const std::string& resp) {
   redisReader* r = redisReaderCreate();
+  int64_t refused = 0;
+  limit_resp_arrays(r, &refused);
   redisReaderFeed(r, resp.data(), resp.size());
   void* out = nullptr;
   const int status = redisReaderGetReply(r, &out);
@@ -120,6 +123,33 @@ TEST(RedisClusterSlots, HostileMapsAreRefusedByName) {
     EXPECT_FALSE(parse_cluster_slots(*reply_of(resp), asked, &why)) << resp;
     EXPECT_NE(why.find(expected), std::string::npos) << why;
   }
+}
+
+// hiredis allocates an array's slots when it reads the count: every reader
+// of ours refuses a count past the bound before that, and says what it saw.
+TEST(RespReader, AnArrayCountPastTheBoundIsRefusedBeforeAnyAllocation) {
+  const std::pair<std::string, int64_t> cases[] = {
+      {"*2000000000\r\n", 2000000000},
+      {fmt::format("*{}\r\n", kMaxRespArrayElements + 1), kMaxRespArrayElements + 1},
+      {"*1\r\n*1\r\n*1500000000\r\n", 1500000000},  // nested
+      {"*-7\r\n", 0},                               // hiredis itself refuses counts below -1 and past INT_MAX
+      {"*4294967297\r\n", 0},
+  };
+  for (const auto& [resp, announced] : cases) {
+    redisReader* r = redisReaderCreate();
+    int64_t refused = 0;
+    limit_resp_arrays(r, &refused);
+    redisReaderFeed(r, resp.data(), resp.size());
+    void* out = nullptr;
+    EXPECT_EQ(redisReaderGetReply(r, &out), REDIS_ERR) << resp;
+    EXPECT_EQ(out, nullptr);
+    EXPECT_EQ(refused, announced) << resp;
+    redisReaderFree(r);
+  }
+  // At the bound, and the null array, are replies.
+  EXPECT_EQ(reply_of("*-1\r\n")->type, REDIS_REPLY_NIL);
+  EXPECT_EQ(reply_of("*0\r\n")->elements, 0u);
+  EXPECT_EQ(reply_of("*2\r\n:1\r\n*1\r\n:2\r\n")->element[1]->element[0]->integer, 2);
 }
 
 // 300 keys go to the masters their slots name, every master gets some, and

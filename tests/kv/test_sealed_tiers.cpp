@@ -329,11 +329,12 @@ TEST(RemoteAuth, RightPasswordWorksWrongOrMissingIsAStartupError) {
   EXPECT_EQ(store.n_failures(), 0);
 }
 
-// A server that answers every command with a bulk string one byte every
-// 20 ms: no single read waits long, the whole reply takes seconds.
-class TricklingServer {
+// A server that answers a connection's first read with `reply`, one byte
+// every `per_byte` (or at once).
+class CannedServer {
  public:
-  TricklingServer() {
+  explicit CannedServer(std::string reply, std::chrono::milliseconds per_byte = {})
+      : reply_(std::move(reply)), per_byte_(per_byte) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -341,11 +342,11 @@ class TricklingServer {
     socklen_t len = sizeof addr;
     if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 8) != 0 ||
         ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-      fail(ErrorKind::Internal, "trickling server: cannot listen");
+      fail(ErrorKind::Internal, "canned server: cannot listen");
     port_ = ntohs(addr.sin_port);
     thread_ = std::thread([this] { serve(); });
   }
-  ~TricklingServer() {
+  ~CannedServer() {
     stop_ = true;
     ::shutdown(fd_, SHUT_RDWR);
     ::close(fd_);
@@ -360,22 +361,28 @@ class TricklingServer {
       if (c < 0) return;
       char buf[4096];
       if (::recv(c, buf, sizeof buf, 0) > 0) {
-        const std::string reply = "$100\r\n" + std::string(100, 'x') + "\r\n";
-        for (char ch : reply) {
-          if (stop_ || ::send(c, &ch, 1, MSG_NOSIGNAL) != 1) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (per_byte_.count() == 0) {
+          ::send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL);
+        } else {
+          for (char ch : reply_) {
+            if (stop_ || ::send(c, &ch, 1, MSG_NOSIGNAL) != 1) break;
+            std::this_thread::sleep_for(per_byte_);
+          }
         }
       }
       ::close(c);
     }
   }
+  std::string reply_;
+  std::chrono::milliseconds per_byte_;
   int fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 
 TEST(RemoteDeadline, ATrickledReplyEndsAtTheDeadline) {
-  TricklingServer server;
+  // No single read waits long; the whole reply would take 2 s.
+  CannedServer server("$100\r\n" + std::string(100, 'x') + "\r\n", std::chrono::milliseconds(20));
   RedisOptions o;
   o.port = server.port();
   o.timeout_ms = 150;
@@ -388,6 +395,21 @@ TEST(RemoteDeadline, ATrickledReplyEndsAtTheDeadline) {
   EXPECT_LT(took, std::chrono::milliseconds(1000));
   EXPECT_GE(store.n_failures(), 2);
   EXPECT_NE(store.last_error().find("no whole reply within 150 ms"), std::string::npos) << store.last_error();
+}
+
+// A server that announces a two-billion-element array (hiredis would
+// allocate 16 GB for its slots at once) is a failed call naming the count,
+// and the tier a miss.
+TEST(RemoteHostile, AHugeArrayCountIsRefusedByName) {
+  CannedServer server("*2000000000\r\n");
+  RedisOptions o;
+  o.port = server.port();
+  o.retry_after_ms = 0;
+  RedisStore store(o);
+  EXPECT_FALSE(store.get(42).has_value());
+  EXPECT_GE(store.n_failures(), 1);
+  EXPECT_NE(store.last_error().find("announced an array of 2000000000 elements"), std::string::npos)
+      << store.last_error();
 }
 
 // While one request waits on a paused Redis, another that finds all it
