@@ -100,6 +100,9 @@ RagRequest request_from_json(const json& j, const std::string& where) {
       if (!(*ents)[i].is_object()) fail(ErrorKind::InvalidInput, "{}: must be an object", at);
       RequestEntity e{get_string((*ents)[i], "name", at, true), get_string((*ents)[i], "label", at, false),
                       get_strings((*ents)[i], "paths", at)};
+      // The name keys the entity's cached context: an empty one would be
+      // every unnamed entity's.
+      if (e.name.empty()) fail(ErrorKind::InvalidInput, "{}: \"name\" is empty", at);
       if (e.label.empty()) e.label = e.name;
       for (const std::string& p : e.paths)
         if (p.empty()) fail(ErrorKind::InvalidInput, "{}: empty path", at);

@@ -621,6 +621,8 @@ TEST(RequestFile, RoundTripAndErrors) {
                "documents[0]: missing \"id\"");
   expect_error("{\"question\": \"q\", \"entities\": [{\"name\": \"e\", \"paths\": [1]}]}\n",
                "array of strings");
+  expect_error("{\"question\": \"q\", \"entities\": [{\"name\": \"\", \"label\": \"Tea\"}]}\n",
+               "entities[0]: \"name\" is empty");
   expect_error("{\"question\": \"q\", \"arrival_s\": -1}\n", "arrival_s");
   expect_error("{\"question\": \"q\", \"arrival_s\": 1e999}\n", ".jsonl:1");  // out of range number
   expect_error("\n\n", "no requests");
