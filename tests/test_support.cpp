@@ -207,11 +207,17 @@ RedisCluster::RedisCluster(int masters, int replicas) {
   std::filesystem::create_directories(dir_);
   std::string create = "redis-cli --cluster create";
   for (int i = 0; i < masters * (1 + replicas); ++i) {
+    // A folder per node: a replica writes its master's snapshot to dump.rdb
+    // in its folder and then loads that file, so replicas sharing one folder
+    // could load each other's masters' keys (seen: 257 keys on the replicas
+    // where 240 were written).
+    const std::filesystem::path node_dir = dir_ / ("node-" + std::to_string(i));
+    std::filesystem::create_directories(node_dir);
+    const std::string conf = (node_dir / "nodes.conf").string();
     // The cluster bus gets a port of its own (not port + 10000, which may be taken).
-    const std::string conf = (dir_ / ("nodes-" + std::to_string(i) + ".conf")).string();
     nodes_.push_back(std::make_unique<RedisServer>(std::vector<std::string>{
         "--cluster-enabled", "yes", "--cluster-config-file", conf, "--cluster-node-timeout", "1000",
-        "--cluster-port", RedisServer::kFreePort, "--dir", dir_.string(),
+        "--cluster-port", RedisServer::kFreePort, "--dir", node_dir.string(),
         // What a cache wants (docs/tiers.md): the other masters keep serving
         // while one master's slots have no master.
         "--cluster-require-full-coverage", "no"}));
