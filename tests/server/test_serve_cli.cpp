@@ -334,7 +334,7 @@ TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
           i % 2 == 0 ? test::read_stream(replies[i].body).second["usage"] : replies[i].j()["usage"];
       EXPECT_EQ(usage["completion_tokens"], max_tokens) << "client " << i << " got its whole answer";
     }
-    EXPECT_EQ(server.wait_exit(std::chrono::seconds(60)), 0);
+    EXPECT_EQ(server.wait_exit(std::chrono::seconds(60)), 0) << server.log();
     const std::string log = server.log();
     const size_t draining = log.find(sig == SIGTERM ? "SIGTERM, draining" : "SIGINT, draining");
     ASSERT_NE(draining, std::string::npos) << log;
