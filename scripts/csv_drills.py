@@ -26,6 +26,7 @@ import argparse
 import json
 import random
 import sys
+from collections import Counter
 
 
 def parse_csv_context(text):
@@ -57,9 +58,7 @@ def drills(request, rng, n_nodes, n_edges, form="rows"):
     for node in rng.sample(sorted(names), min(n_nodes, len(names))):
         out.append((f"{node}," if form == "rows" else f"What is node {node}?", names[node]))
     # Only edges whose (source, relation) is unique in the context have one answer.
-    count = {}
-    for src, rel, _ in edges:
-        count[(src, rel)] = count.get((src, rel), 0) + 1
+    count = Counter((src, rel) for src, rel, _ in edges)
     unique = [e for e in edges if count[(e[0], e[1])] == 1 and e[0] in names]
     for src, rel, dst in rng.sample(unique, min(n_edges, len(unique))):
         question = f"{src},{rel}," if form == "rows" else f"Which node is the {rel} of {names[src]}?"

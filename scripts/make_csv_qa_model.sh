@@ -20,7 +20,8 @@
 # exists and training resumes from its checkpoint: an interrupted run
 # continues when run again.
 # Not yet a model that answers: after the first stage the drills are
-# learned but the question is 20% exact on held-out worlds (docs/training.md).
+# answered where training asks them (after the question), but the question
+# is 20% exact on held-out worlds (docs/training.md).
 #   nice bash scripts/make_csv_qa_model.sh     (first stage ~30 min on 2 Zen 3
 #                                               cores; the second is longer)
 # Environment: OUT (work folder, default build/qa-csv-model), WORLDS (3000),

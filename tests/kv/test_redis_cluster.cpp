@@ -42,17 +42,28 @@ std::vector<uint8_t> record_of(uint64_t key, size_t size) {
   return v;
 }
 
-// A RESP reply as hiredis reads it off the wire.
-RedisReply reply_of(const std::string& resp) {
+// `resp` read by hiredis's reader, guarded as every connection's is
+// (*refused: the count of an array the guard refused, else 0).
+struct ReadResp {
+  int status;        // redisReaderGetReply's
+  RedisReply reply;  // what it gave, null when none
+};
+ReadResp read_resp(const std::string& resp, int64_t* refused) {
   redisReader* r = redisReaderCreate();
-  int64_t refused = 0;
-  limit_resp_arrays(r, &refused);
+  limit_resp_arrays(r, refused);
   redisReaderFeed(r, resp.data(), resp.size());
   void* out = nullptr;
   const int status = redisReaderGetReply(r, &out);
   redisReaderFree(r);
-  if (status != REDIS_OK || !out) throw std::runtime_error("not a whole RESP reply");
-  return RedisReply(static_cast<redisReply*>(out));
+  return {status, RedisReply(static_cast<redisReply*>(out))};
+}
+
+// A RESP reply as hiredis reads it off the wire.
+RedisReply reply_of(const std::string& resp) {
+  int64_t refused = 0;
+  ReadResp r = read_resp(resp, &refused);
+  if (r.status != REDIS_OK || !r.reply) throw std::runtime_error("not a whole RESP reply");
+  return std::move(r.reply);
 }
 
 std::string trim(std::string s) {
@@ -136,15 +147,11 @@ TEST(RespReader, AnArrayCountPastTheBoundIsRefusedBeforeAnyAllocation) {
       {"*4294967297\r\n", 0},
   };
   for (const auto& [resp, announced] : cases) {
-    redisReader* r = redisReaderCreate();
     int64_t refused = 0;
-    limit_resp_arrays(r, &refused);
-    redisReaderFeed(r, resp.data(), resp.size());
-    void* out = nullptr;
-    EXPECT_EQ(redisReaderGetReply(r, &out), REDIS_ERR) << resp;
-    EXPECT_EQ(out, nullptr);
+    const ReadResp r = read_resp(resp, &refused);
+    EXPECT_EQ(r.status, REDIS_ERR) << resp;
+    EXPECT_EQ(r.reply, nullptr);
     EXPECT_EQ(refused, announced) << resp;
-    redisReaderFree(r);
   }
   // At the bound, and the null array, are replies.
   EXPECT_EQ(reply_of("*-1\r\n")->type, REDIS_REPLY_NIL);
