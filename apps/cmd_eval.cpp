@@ -101,6 +101,8 @@ KnowledgeGraph world(uint64_t seed) {
 
 struct AskOptions {
   int question_hops = 1;
+  int context_hops = 2;  // of each entity's relation paths
+  QuestionForm form = QuestionForm::Cloze;
   bool documents = false;
   size_t requests = 50;   // each_once: QA items asked, once each
   size_t entities = 3;    // per request
@@ -113,14 +115,14 @@ std::vector<RagRequest> ask(const KnowledgeGraph& kg, const AskOptions& a) {
   q.n_items = a.each_once ? a.requests : 300;
   q.paths_per_entity = 9;
   q.min_paths = 1;
-  q.hops = 2;
+  q.hops = a.context_hops;
   q.question_hops = a.question_hops;
   q.seed = a.seed;
   GraphWorkloadOptions w;
   w.n_requests = a.requests;
   w.entities_per_request = a.entities;
   w.documents = a.documents;
-  w.question_form = QuestionForm::Cloze;
+  w.question_form = a.form;
   w.each_once = a.each_once;
   w.access.pattern = AccessPattern::Zipf;
   w.seed = a.seed;
@@ -170,15 +172,17 @@ std::vector<RagRequest> with_arrivals(std::vector<RagRequest> reqs, double rate,
 
 // ---- Runs -------------------------------------------------------------------
 
-// One strategy over `reqs` on `model`, as `run` replays it (graph as paths);
-// warmup: served first, one at a time, unmeasured.
+// One strategy over `reqs` on `model`, as `run` replays it, the graph as
+// relation paths or as CSV (`graph_format`); warmup: served first, one at a
+// time, unmeasured.
 StrategyRun serve(const std::string& strategy, const std::vector<RagRequest>& reqs,
                   const std::shared_ptr<const Model>& model, const EngineArgs& args, int max_tokens,
                   bool serial, const std::vector<FullAnswer>* full = nullptr,
-                  SubgcacheOptions* clusters = nullptr, const std::vector<RagRequest>& warmup = {}) {
+                  SubgcacheOptions* clusters = nullptr, const std::vector<RagRequest>& warmup = {},
+                  const std::string& graph_format = "paths") {
   const Tokenizer tok(Vocab::from_gguf(model->file()));
   StreamOptions so;
-  so.graph_format = "paths";
+  so.graph_format = graph_format;
   so.subgcache = clusters != nullptr;
   if (clusters) so.subgcache_options = *clusters;
   const Stream s = prepare_stream(reqs, warmup, so, tok, model->config().prompt, max_tokens);
@@ -892,65 +896,97 @@ void ragcache_speculation(EvalContext& c) {
 void subgcache(EvalContext& c) {
   EvalReport& r = c.report;
   r.section("SubGCache: clusters of queries, one prefill per cluster");
-  const auto model = load_shipped(c, "depcache-qa.gguf");
   const KnowledgeGraph kg = world(9002);
   const size_t n = c.n(32, 100);
-  AskOptions a;
-  a.each_once = false;
-  a.requests = n;
-  a.seed = 29;
-  const std::vector<RagRequest> reqs = ask(kg, a);
-  stage(fmt::format("subgcache: {} queries", n));
-  const StrategyRun per_query_run = serve("full", reqs, model, c.args(), 12, false);
-  const Summary per_query = summarize(per_query_run);
+  std::vector<size_t> clusters =
+      c.o.quick ? std::vector<size_t>{1, 4, 8, 16} : std::vector<size_t>{1, 2, 4, 8, 16, 32, 64};
+  clusters.push_back(n);
   auto pairs = [](const StrategyRun& run) {
     double p = 0;
     for (const RequestRow& row : run.rows) p += static_cast<double>(row.report.attention_pairs);
     return p / static_cast<double>(std::max<size_t>(run.rows.size(), 1));
   };
-  std::vector<std::vector<std::string>> rows = {
-      {"per-query prompts (full)", "-", r.num(per_query.mean), r.num(per_query.computed, 0),
-       r.num(pairs(per_query_run) / 1e3), r.num(per_query.exact) + "%"}};
-  std::string dat;
-  double best_gain = 0, best_tokens = 0, em_lo = 100, em_hi = 0;
-  std::vector<size_t> clusters =
-      c.o.quick ? std::vector<size_t>{1, 4, 8, 16} : std::vector<size_t>{1, 2, 4, 8, 16, 32, 64};
-  clusters.push_back(n);
-  for (size_t k : clusters) {
-    SubgcacheOptions so;
-    so.clusters = k;
-    so.batch = n;
-    const StrategyRun run = serve("subgcache", reqs, model, c.args(), 12, false, nullptr, &so);
-    const Summary s = summarize(run);
-    rows.push_back({fmt::format("subgcache, {} of {} queries per cluster",
-                                k == n ? "1" : "~" + std::to_string((n + k - 1) / k), n),
-                    std::to_string(k), r.num(s.mean), r.num(s.computed, 0), r.num(pairs(run) / 1e3),
-                    r.num(s.exact) + "%"});
-    dat += fmt::format("{} {} {}\n", k, s.mean, s.exact);
-    best_gain = std::max(best_gain, per_query.mean / s.mean);
-    best_tokens = std::max(best_tokens, per_query.computed / std::max(s.computed, 1.0));
-    em_lo = std::min(em_lo, s.exact - per_query.exact);
-    em_hi = std::max(em_hi, s.exact - per_query.exact);
-  }
+  // Per-query prompts, then SubGCache at each cluster count over one batch
+  // of `reqs`, the graph in `format`: the table's rows, a plot's data, and
+  // the best TTFT and token gains and the range of exact-match changes.
+  struct Sweep {
+    std::vector<std::vector<std::string>> rows;
+    std::string dat;
+    double best_gain = 0, best_tokens = 0, em_lo = 100, em_hi = -100;
+  };
+  auto sweep = [&](const std::vector<RagRequest>& reqs, const std::shared_ptr<const Model>& model,
+                   const std::string& format) {
+    Sweep w;
+    stage(fmt::format("subgcache: {} queries, graph as {}", reqs.size(), format));
+    const StrategyRun per_query_run =
+        serve("full", reqs, model, c.args(), 12, false, nullptr, nullptr, {}, format);
+    const Summary per_query = summarize(per_query_run);
+    w.rows.push_back({"per-query prompts (full)", "-", r.num(per_query.mean), r.num(per_query.computed, 0),
+                      r.num(pairs(per_query_run) / 1e3), r.num(per_query.exact) + "%"});
+    for (size_t k : clusters) {
+      SubgcacheOptions so;
+      so.clusters = k;
+      so.batch = reqs.size();
+      const StrategyRun run = serve("subgcache", reqs, model, c.args(), 12, false, nullptr, &so, {}, format);
+      const Summary s = summarize(run);
+      w.rows.push_back(
+          {fmt::format("subgcache, {} of {} queries per cluster",
+                       k == reqs.size() ? "1" : "~" + std::to_string((reqs.size() + k - 1) / k), reqs.size()),
+           std::to_string(k), r.num(s.mean), r.num(s.computed, 0), r.num(pairs(run) / 1e3),
+           r.num(s.exact) + "%"});
+      w.dat += fmt::format("{} {} {}\n", k, s.mean, s.exact);
+      w.best_gain = std::max(w.best_gain, per_query.mean / s.mean);
+      w.best_tokens = std::max(w.best_tokens, per_query.computed / std::max(s.computed, 1.0));
+      w.em_lo = std::min(w.em_lo, s.exact - per_query.exact);
+      w.em_hi = std::max(w.em_hi, s.exact - per_query.exact);
+    }
+    return w;
+  };
+  const std::vector<std::string> header = {
+      "serving",    "clusters", "TTFT mean ms", "tokens computed per query", "attention pairs (k)",
+      "exact match"};
+  const std::string plot_script =
+      std::string(kLinePlot) +
+      "set logscale x; set xlabel 'clusters'; set ylabel 'mean TTFT (ms)'; set y2label 'exact match "
+      "(%)'; set y2tics; plot $DATA using 1:2 with linespoints title 'TTFT', '' using 1:3 axes x1y2 with "
+      "linespoints title 'exact match'";
+
+  // SubGCache's own form: each query's subgraph, and a cluster's
+  // representative, as G-Retriever's CSV, read by the QA model trained on it.
+  const auto csv_model = load_shipped(c, "depcache-qa-csv.gguf");
+  AskOptions ca;
+  ca.each_once = false;
+  ca.requests = n;
+  ca.seed = 29;
+  ca.entities = 1;
+  ca.context_hops = 1;
+  ca.form = QuestionForm::Words;
+  const Sweep csv = sweep(ask(kg, ca), csv_model, "csv");
   r.text(fmt::format(
-      "One batch of {} Zipf queries over a held-out world (3 entities of 9 relation paths each per query, "
-      "1-hop cloze questions), all arriving at once, 12 greedy tokens; the shipped causal QA model "
-      "`depcache-qa.gguf`. It was trained on relation paths, so each cluster's representative is shown as "
-      "the "
-      "union of its members' relation paths (`--graph-format paths`; SubGCache's CSV form reaches a fact "
-      "through three id lookups, which 500 steps of fine-tuning this 2-layer model on CSV did not teach it: "
-      "0% exact, docs/training.md). TTFT: mean from arrival; attention pairs: (query, key) pairs per layer "
-      "and request, in thousands.",
+      "One batch of {} Zipf queries over a held-out world, all arriving at once, 12 greedy tokens. First "
+      "SubGCache's own form: each query's subgraph (the asked entity with its direct facts; the question in "
+      "words, \"What is the r of A?\") and each cluster's representative (the union "
+      "of its members' subgraphs) as G-Retriever's CSV, read by `depcache-qa-csv.gguf`, the QA model trained "
+      "on CSV contexts of 1 to 4 entities (docs/training.md). TTFT: mean from arrival; attention pairs: "
+      "(query, key) pairs per layer and request, in thousands.",
       n));
-  r.table({"serving", "clusters", "TTFT mean ms", "tokens computed per query", "attention pairs (k)",
-           "exact match"},
-          rows);
-  r.plot("subgcache", dat,
-         std::string(kLinePlot) +
-             "set logscale x; set xlabel 'clusters'; set ylabel 'mean TTFT (ms)'; set y2label 'exact match "
-             "(%)'; "
-             "set y2tics; plot $DATA using 1:2 with linespoints title 'TTFT', '' using 1:3 axes x1y2 with "
-             "linespoints title 'exact match'");
+  r.table(header, csv.rows);
+  r.plot("subgcache-csv", csv.dat, plot_script);
+
+  // The same comparison over relation paths, with the shipped causal model.
+  const auto model = load_shipped(c, "depcache-qa.gguf");
+  AskOptions a;
+  a.each_once = false;
+  a.requests = n;
+  a.seed = 29;
+  const std::vector<RagRequest> reqs = ask(kg, a);
+  const Sweep paths = sweep(reqs, model, "paths");
+  r.text(
+      "Then the graph as relation paths (`--graph-format paths`), the form the shipped causal QA model "
+      "`depcache-qa.gguf` reads: 3 entities of 9 relation paths each per query, 1-hop cloze questions; a "
+      "cluster's representative is the union of its members' relation paths.");
+  r.table(header, paths.rows);
+  r.plot("subgcache", paths.dat, plot_script);
   // Why the answers fall with fewer clusters: how the model answers when a
   // query alone carries as many entities as a merged cluster does.
   std::vector<std::vector<std::string>> width;
@@ -961,18 +997,22 @@ void subgcache(EvalContext& c) {
     width.push_back({std::to_string(e), r.num(s.prompt, 0), r.num(s.exact) + "%"});
   }
   r.text(
-      "The same model under full attention, each query with more context entities of its own (it was "
-      "trained on 1 to 3):");
+      "The relation-path model under full attention, each query with more context entities of its own (it "
+      "was trained on 1 to 3):");
   r.table({"entities per query", "prompt tokens", "exact match"}, width);
-  r.versus({{"TTFT reduction", "up to 6.68x (Table 2; Llama-2-7B, Scene Graph)",
-             fmt::format("up to {:.2f}x (mean); tokens computed up to {:.2f}x fewer", best_gain, best_tokens),
-             "a cluster's union is longer than any member's own context, and with a 64-wide model attention "
-             "over it, not the matmuls, is most of a query's cost (attention pairs above); the queries of a "
-             "cluster also wait for its prefill"},
-            {"accuracy change", "-1.00 to +9.00 points (Table 2)",
-             fmt::format("{:+.1f} to {:+.1f} points", em_lo, em_hi),
-             "merged clusters hold more entities than the model ever saw in one context (table above); the "
-             "paper's 3-7B models read long subgraphs"}});
+  r.versus(
+      {{"TTFT reduction", "up to 6.68x (Table 2; Llama-2-7B, Scene Graph)",
+        fmt::format("CSV: up to {:.2f}x (mean), tokens computed up to {:.2f}x fewer; paths: up to {:.2f}x, "
+                    "{:.2f}x fewer",
+                    csv.best_gain, csv.best_tokens, paths.best_gain, paths.best_tokens),
+        "a cluster's union is longer than any member's own context, and with a 64-wide model attention "
+        "over it, not the matmuls, is most of a query's cost (attention pairs above); the queries of a "
+        "cluster also wait for its prefill"},
+       {"accuracy change", "-1.00 to +9.00 points (Table 2)",
+        fmt::format("CSV: {:+.1f} to {:+.1f} points; paths: {:+.1f} to {:+.1f} points", csv.em_lo, csv.em_hi,
+                    paths.em_lo, paths.em_hi),
+        "merged clusters hold more entities than the models ever saw in one context (1 to 4 in CSV, 1 to "
+        "3 as paths; table above); the paper's 3-7B models read long subgraphs"}});
 }
 
 // ---- Chunk reuse: CacheBlend, FusionRAG, Cache-Craft -------------------------
@@ -1233,7 +1273,8 @@ void run_eval(const EvalOptions& o, const std::string& command) {
            fmt::join(eval_sections(), ", "));
   if (!gnuplot_available())
     fail(ErrorKind::NotFound, "eval draws its plots with gnuplot: install it (scripts/setup.sh does)");
-  for (const char* m : {"depcache-qa.gguf", "depcache-qa-alone.gguf", "depcache-qa-sequential.gguf"})
+  for (const char* m :
+       {"depcache-qa.gguf", "depcache-qa-alone.gguf", "depcache-qa-sequential.gguf", "depcache-qa-csv.gguf"})
     if (!fs::exists(fs::path(o.models_dir) / m))
       fail(ErrorKind::NotFound, "{}: the shipped QA model is missing (--models names their directory)",
            (fs::path(o.models_dir) / m).string());

@@ -55,6 +55,9 @@ void add_vocab_commands(CLI::App& app) {
   learn->add_flag("--split-scripts", o.split_scripts,
                   "No token joins letters to digits or to punctuation (each punctuation mark alone), as "
                   "SentencePiece splits by script and number: for text such as CSV rows");
+  learn->add_flag("--split-spaces", o.split_spaces,
+                  "The space mark is a token of its own: a word is one token whether a space, a comma or a "
+                  "line's start comes before it (a name in a CSV row and in a question alike)");
   static PromptTemplateOptions prompt;
   add_prompt_template_options(learn, prompt);
   learn->add_option("-o,--output", out, "The vocabulary (GGUF with tokenizer.* keys only)")->required();

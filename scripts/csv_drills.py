@@ -10,6 +10,10 @@ drills that each take one link:
 
   node row  "3,"      (words: "What is node 3?")            -> its name
   edge row  "0,r,"    (words: "Which node is the r of A?")  -> the target id
+  node id   "node_id of A:"                                 -> A's id
+and, with --chains, drills of two links, the halves of the question's chain:
+  "node_id of the r of A:"   (A's id, then the edge)        -> the target id
+  "What is the r of node 0?" (the edge, then the node row)  -> the target's name
   the request's own question                                -> as it was
 
 The rows form continues the context's own rows, so the key of each lookup
@@ -18,9 +22,12 @@ the question and the answer): the form a small model learns a lookup in.
 
 Consecutive requests share their context, so `train --pack-shared-context`
 reads the context once and every answer after it trains on it. The
-request's own question comes first, so no drill's answer is in sight of it.
+request's own question comes first, so no drill's answer is in sight of it;
+with --repeat it is asked again after the drills, where the links it chains
+have just been used.
 
 usage: csv_drills.py IN.jsonl OUT.jsonl [--form rows|words] [--seed N] [--nodes K] [--edges K]
+                     [--ids K] [--chains K] [--repeat]
 """
 import argparse
 import json
@@ -49,7 +56,7 @@ def parse_csv_context(text):
     return names, edges
 
 
-def drills(request, rng, n_nodes, n_edges, form="rows"):
+def drills(request, rng, n_nodes, n_edges, n_ids=0, form="rows", n_chains=0):
     parsed = parse_csv_context(request["text"])
     if parsed is None:
         raise ValueError(f"request {request.get('id')}: its context is not in CSV form")
@@ -63,6 +70,18 @@ def drills(request, rng, n_nodes, n_edges, form="rows"):
     for src, rel, dst in rng.sample(unique, min(n_edges, len(unique))):
         question = f"{src},{rel}," if form == "rows" else f"Which node is the {rel} of {names[src]}?"
         out.append((question, str(dst)))
+    # A name -> id drill only where the name is on one node row.
+    named = Counter(names.values())
+    single = [node for node in sorted(names) if named[names[node]] == 1]
+    for node in rng.sample(single, min(n_ids, len(single))):
+        out.append((f"node_id of {names[node]}:", str(node)))
+    # Not the request's own edge: its answer, given just before, would be copied.
+    asked = request["question"]
+    chains = [e for e in unique if asked != f"What is the {e[1]} of {names[e[0]]}?"]
+    for src, rel, dst in rng.sample(chains, min(n_chains, len(chains))):
+        if named[names[src]] == 1:
+            out.append((f"node_id of the {rel} of {names[src]}:", str(dst)))
+        out.append((f"What is the {rel} of node {src}?", names[dst]))
     return out
 
 
@@ -74,6 +93,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--nodes", type=int, default=4, help="node-row drills per request")
     ap.add_argument("--edges", type=int, default=3, help="edge-row drills per request")
+    ap.add_argument("--ids", type=int, default=0, help="name -> node id drills per request")
+    ap.add_argument("--chains", type=int, default=0, help="edges asked as the two two-link drills each")
+    ap.add_argument("--repeat", action="store_true", help="ask the request's question again after the drills")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     n = 0
@@ -82,9 +104,12 @@ def main():
             if not line.strip():
                 continue
             request = json.loads(line)
-            items = drills(request, rng, a.nodes, a.edges, a.form)
+            items = drills(request, rng, a.nodes, a.edges, a.ids, a.form, a.chains)
             rng.shuffle(items)
-            items.insert(0, (request["question"], request["answers"][0]))
+            own = (request["question"], request["answers"][0])
+            items.insert(0, own)
+            if a.repeat:
+                items.append(own)
             for question, answer in items:
                 drill = dict(request)
                 drill["id"] = f"{request['id']}.{n}"

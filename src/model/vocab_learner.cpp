@@ -30,7 +30,7 @@ bool is_sentence_punctuation(char c) { return std::string_view(".,;:!?").find(c)
 // the same tokens whether a sentence ends after it or not, and a model that
 // reads "is Tirsa." can answer " Tirsa" by copying. Characters as the
 // tokenizer splits them (a malformed byte stands alone).
-void split_words(const std::string& s, bool split_scripts, std::map<std::string, int64_t>& words) {
+void split_words(const std::string& s, const VocabLearnOptions& o, std::map<std::string, int64_t>& words) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::string word;
   // With split_scripts: the class of the word's last character (0 none or a
@@ -52,13 +52,19 @@ void split_words(const std::string& s, bool split_scripts, std::map<std::string,
     const size_t len = std::max<size_t>(1, utf8_char_len(p + i, s.size() - i));
     const std::string_view c(s.data() + i, len);
     i += len;
-    if (c == kSpaceMark) flush();
+    if (c == kSpaceMark) {
+      flush();
+      if (o.split_spaces) {
+        ++words[std::string(c)];
+        continue;
+      }
+    }
     if (c == "\n") {
       flush();
       ++words["\n"];
       continue;
     }
-    if (split_scripts && c != kSpaceMark) {
+    if (o.split_scripts && c != kSpaceMark) {
       const unsigned char b = static_cast<unsigned char>(c[0]);
       if (len == 1 && std::ispunct(b)) {
         flush();
@@ -96,7 +102,7 @@ Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLear
   VocabLearnReport rep;
   std::map<std::string, int64_t> word_counts;  // ordered: the result does not depend on hashing
   for (const std::string& f : fragments) {
-    split_words(spm_normalized(f, /*prefix=*/true), o.split_scripts, word_counts);
+    split_words(spm_normalized(f, /*prefix=*/true), o, word_counts);
     ++rep.n_fragments;
   }
 

@@ -21,6 +21,11 @@ struct VocabLearnOptions {
   // alone (SentencePiece's split by script and by number): in "15,author,8"
   // the ids and the words are tokens of their own.
   bool split_scripts = false;
+  // The space mark is a token of its own, joined to nothing: a word is the
+  // same token after a space as after a comma or a line's start (a name in a
+  // CSV row, in a question and in the answer), so a model can match and copy
+  // it as it is.
+  bool split_spaces = false;
 };
 
 struct VocabLearnReport {
@@ -34,8 +39,8 @@ struct VocabLearnReport {
 // space prefixed, spaces as U+2581, merges inside a word (a piece starts at a
 // space mark; a newline stands alone, and so does the sentence punctuation
 // ". , ; : ! ?" ending a word; with split_scripts, at every punctuation mark
-// and between digits and the rest). InvalidInput if `size` leaves no room
-// beyond the fixed tokens.
+// and between digits and the rest; with split_spaces, after every space mark). InvalidInput if `size` leaves
+// no room beyond the fixed tokens.
 Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLearnOptions& options,
                       VocabLearnReport* report = nullptr);
 

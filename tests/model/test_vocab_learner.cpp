@@ -99,6 +99,35 @@ TEST(VocabLearner, SplitScriptsKeepsIdsWordsAndPunctuationApart) {
   }
 }
 
+// With the space mark on its own, a name is the same token in a CSV row, in a
+// question and as an answer (space-prefixed): a model can match it and copy it.
+TEST(VocabLearner, SplitSpacesMakesAWordOneTokenWhereverItStands) {
+  const std::vector<std::string> names = {"Bolam", "Kirat", "Tishaun", "Mezor", "Daikal", "Shivon"};
+  std::mt19937_64 rng(5);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 600; ++i) {
+    texts.push_back(fmt::format("{},{}\n", rng() % 40, names[rng() % names.size()]));
+    texts.push_back(fmt::format("What is the friend of {}?", names[rng() % names.size()]));
+  }
+  VocabLearnOptions o;
+  o.size = 2000;
+  o.split_scripts = true;
+  const Tokenizer joined(learn_bpe_vocab(texts, o));
+  // Without it the question's name is another token than the row's.
+  EXPECT_NE(pieces(joined, "What is the friend of Kirat?").back(), " Kirat");
+  o.split_spaces = true;
+  const Vocab v = learn_bpe_vocab(texts, o);
+  const Tokenizer tok(v);
+  EXPECT_EQ(pieces(tok, "27,Tishaun"), (std::vector<std::string>{" ", "27", ",", "Tishaun"}));
+  EXPECT_EQ(pieces(tok, "What is the friend of Tishaun?"),
+            (std::vector<std::string>{" ", "What", " ", "is", " ", "the", " ", "friend", " ", "of", " ",
+                                      "Tishaun", "?"}));
+  for (int32_t id = 259; id < v.n_tokens(); ++id) {
+    const std::string& t = v.tokens[static_cast<size_t>(id)];
+    EXPECT_TRUE(t == "\xE2\x96\x81" || t.find("\xE2\x96\x81") == std::string::npos) << t;
+  }
+}
+
 TEST(VocabLearner, AnyTextRoundTripsThroughTheEngineTokenizer) {
   VocabLearnOptions o;
   o.size = 1000;

@@ -1,0 +1,1 @@
+set terminal pngcairo size 1400,600; set output 'docs/eval/subgcache-csv.png'; set key outside right; set grid; set logscale x; set xlabel 'clusters'; set ylabel 'mean TTFT (ms)'; set y2label 'exact match (%)'; set y2tics; plot 'docs/eval/subgcache-csv.dat' using 1:2 with linespoints title 'TTFT', '' using 1:3 axes x1y2 with linespoints title 'exact match'
