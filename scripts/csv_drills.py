@@ -95,6 +95,8 @@ def main():
     ap.add_argument("--edges", type=int, default=3, help="edge-row drills per request")
     ap.add_argument("--ids", type=int, default=0, help="name -> node id drills per request")
     ap.add_argument("--chains", type=int, default=0, help="edges asked as the two two-link drills each")
+    ap.add_argument("--anywhere", action="store_true",
+                    help="the request's question at a random place among the drills, not first")
     ap.add_argument("--repeat", action="store_true", help="ask the request's question again after the drills")
     a = ap.parse_args()
     rng = random.Random(a.seed)
@@ -107,7 +109,7 @@ def main():
             items = drills(request, rng, a.nodes, a.edges, a.ids, a.form, a.chains)
             rng.shuffle(items)
             own = (request["question"], request["answers"][0])
-            items.insert(0, own)
+            items.insert(rng.randrange(len(items) + 1) if a.anywhere else 0, own)
             if a.repeat:
                 items.append(own)
             for question, answer in items:
