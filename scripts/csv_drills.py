@@ -22,12 +22,12 @@ the question and the answer): the form a small model learns a lookup in.
 
 Consecutive requests share their context, so `train --pack-shared-context`
 reads the context once and every answer after it trains on it. The
-request's own question comes first, so no drill's answer is in sight of it;
-with --repeat it is asked again after the drills, where the links it chains
-have just been used.
+request's own question comes first, so no drill's answer is in sight of it
+(with --anywhere it stands at a random place among them); with --repeat it is
+asked again after the drills.
 
 usage: csv_drills.py IN.jsonl OUT.jsonl [--form rows|words] [--seed N] [--nodes K] [--edges K]
-                     [--ids K] [--chains K] [--repeat]
+                     [--ids K] [--chains K] [--anywhere] [--repeat]
 """
 import argparse
 import json

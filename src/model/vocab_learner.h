@@ -39,8 +39,8 @@ struct VocabLearnReport {
 // space prefixed, spaces as U+2581, merges inside a word (a piece starts at a
 // space mark; a newline stands alone, and so does the sentence punctuation
 // ". , ; : ! ?" ending a word; with split_scripts, at every punctuation mark
-// and between digits and the rest; with split_spaces, after every space mark). InvalidInput if `size` leaves
-// no room beyond the fixed tokens.
+// and between digits and the rest; with split_spaces, the space mark alone).
+// InvalidInput if `size` leaves no room beyond the fixed tokens.
 Vocab learn_bpe_vocab(const std::vector<std::string>& fragments, const VocabLearnOptions& options,
                       VocabLearnReport* report = nullptr);
 
