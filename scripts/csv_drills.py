@@ -75,9 +75,10 @@ def drills(request, rng, n_nodes, n_edges, n_ids=0, form="rows", n_chains=0):
     single = [node for node in sorted(names) if named[names[node]] == 1]
     for node in rng.sample(single, min(n_ids, len(single))):
         out.append((f"node_id of {names[node]}:", str(node)))
-    # Not the request's own edge: its answer, given just before, would be copied.
-    asked = request["question"]
-    chains = [e for e in unique if asked != f"What is the {e[1]} of {names[e[0]]}?"]
+    # Not an edge to the request's own answer: given just before, it would be
+    # copied rather than looked up.
+    answers = set(request["answers"])
+    chains = [e for e in unique if e[2] in names and names[e[2]] not in answers]
     for src, rel, dst in rng.sample(chains, min(n_chains, len(chains))):
         if named[names[src]] == 1:
             out.append((f"node_id of the {rel} of {names[src]}:", str(dst)))

@@ -3,36 +3,42 @@
 # G-Retriever's CSV (node rows "id,name", then edge rows "src,relation,dst"),
 # the form SubGCache prompts its model with: models/depcache-qa-csv.gguf.
 # A fact in CSV is reached through lookups in a chain (the question's name
-# gives its id, the id and relation give an edge, the edge's target id gives
-# the answer's name): four layers hold that chain only with nothing to spare,
-# so the model has six. What gets a small model off the loss plateau here
-# (docs/training.md): a prompt template with nothing around the question
-# (the key of a lookup must sit right before its answer), the loss on the
-# answers alone, and drills (scripts/csv_drills.py) that each take one link
-# of the chain ("3," -> row 3's name; "0,ally," -> the target id; "node_id
-# of A:" -> A's id), packed after the request's own question over the same
-# context. Its vocabulary keeps ids, names, relation words and commas apart
-# (`vocab learn --split-scripts`) and the space mark alone (`--split-spaces`):
-# a name is then one and the same token in its row ("3,Name"), in the
-# question ("of Name?") and in the answer (" Name"), where a vocabulary of
-# space-prefixed words makes two tokens of it that the model must learn to
-# pair, name by name. Two stages, on synthetic worlds (made-up names from a
-# shared pool, so the model must read its context): contexts of one entity
-# and its direct facts (4 node rows, 3 edge rows), single links first, then
-# with two-link drills ("node_id of the r of A:" -> the target id; "What is
-# the r of node 0?" -> the target's name); then contexts of 1 to 4
-# entities with their direct facts, as SubGCache's per-query subgraphs and
-# their clusters' unions hold them. Questions are 1-hop, in words ("What is
-# the r of A?"). Every stage is skipped when its output exists and training
-# resumes from its checkpoint: an interrupted run continues when run again.
-# Not yet a model that answers well: the links are learned where training
-# asks them, the question's chain is not (33.5% on held-out one-entity
-# contexts, a random neighbour's level; docs/training.md).
-#   nice bash scripts/make_csv_qa_model.sh     (~50 min on 2 Zen 3 cores)
+# gives its id, the id and relation give an edge row, the edge's target id
+# gives the answer's name); the model has six layers of 64. Its vocabulary
+# keeps ids, names, relation words and commas apart (`vocab learn
+# --split-scripts`) and the space mark alone (`--split-spaces`), so a name is
+# one and the same token in its row, in the question and in the answer. The
+# prompt template puts nothing around the question, and the loss is on the
+# answers alone. On synthetic worlds (made-up names from a shared pool, so
+# the model must read its context), eight stages (docs/training.md says what
+# each was for and what it measured):
+#   1-3  drills of one link and of two (scripts/csv_drills.py), packed after
+#        the request's question over one entity's direct facts, then over
+#        1 to 4 entities: the links are learned where the drills ask them,
+#        the question's chain is not (about 33%, a random neighbour);
+#   4    the question alone, over 600,000 one-entity contexts: the answer
+#        comes from the context's names, still a random neighbour's;
+#   5    what broke the plateau: contexts with the asked edge as their only
+#        edge row (scripts/csv_variants.py), so the target id -> name link
+#        is learned alone (100% within 500 steps), with two and three edge
+#        rows beside them;
+#   6    the same with the question's shorter forms ("r?", "r of A?"): the
+#        relation picks its row (one-entity held-out 95% greedy);
+#   7-8  contexts of 1 to 4 entities, as SubGCache's per-query subgraphs and
+#        their clusters' unions hold them, with half their edge rows, the
+#        "r of A?" form and edge-row drills beside the whole question; then
+#        also contexts where every source has one edge row of the asked
+#        relation, so that only the asked name's id picks the row. Several
+#        entities are read less well than one (docs/training.md).
+# Questions are 1-hop, in words ("What is the r of A?"). Every stage is
+# skipped when its output exists and training resumes from its checkpoint:
+# an interrupted run continues when run again.
+#   nice bash scripts/make_csv_qa_model.sh     (~2.5 h on 2 Zen 3 cores)
 # Environment: OUT (work folder, default build/qa-csv-model), WORLDS (3000),
-# STEPS_ONE (first stage, 4000), STEPS_CHAINS (its two-link drills, 3000),
-# STEPS (second stage, 3000), LAYERS (6),
-# EMBD (64), FF (176), VOCAB (6144 at most), THREADS (2), BIN.
+# STEPS_ONE (stage 1, 4000), STEPS_CHAINS (2, 3000), STEPS_DRILLS_MANY (3,
+# 1400), STEPS_QUESTION (4, 18000), STEPS_THIN (5, 5000), STEPS_FORMS (6,
+# 3500), STEPS_MANY (7, 3500), STEPS (8, 8000), LAYERS (6), EMBD (64), FF
+# (176), VOCAB (6144 at most), THREADS (2), BIN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/depcache}
@@ -40,7 +46,12 @@ OUT=${OUT:-build/qa-csv-model}
 WORLDS=${WORLDS:-3000}
 STEPS_ONE=${STEPS_ONE:-4000}
 STEPS_CHAINS=${STEPS_CHAINS:-3000}
-STEPS=${STEPS:-3000}
+STEPS_DRILLS_MANY=${STEPS_DRILLS_MANY:-1400}
+STEPS_QUESTION=${STEPS_QUESTION:-18000}
+STEPS_THIN=${STEPS_THIN:-5000}
+STEPS_FORMS=${STEPS_FORMS:-3500}
+STEPS_MANY=${STEPS_MANY:-3500}
+STEPS=${STEPS:-8000}
 LAYERS=${LAYERS:-6}
 EMBD=${EMBD:-64}
 FF=${FF:-176}
@@ -73,6 +84,19 @@ world_requests() {
   rm "$D/part/$1".[1234]
   mv "$D/part/$1.many.part" "$D/part/$1.many"
 }
+# Training world $1, each of its 200 entities asked once: one-entity
+# contexts into qpart/one/$1.jsonl; contexts of 1 + ($1 mod 4) entities into
+# qpart/many/$1.jsonl.
+world_questions() {
+  [ -f "$D/qpart/many/$1.jsonl" ] && return
+  local e=$((1 + $1 % 4)) pattern=(--pattern dataset --qa-items 200 --paths-per-entity 9 --min-paths 1 --hops 1
+    --question-hops 1 --context csv --question-form words)
+  "$BIN" workload generate --kg "$D/world$1.dkg" "${pattern[@]}" --entities-per-request 1 --seed "$((7000 + $1))" \
+    --out "$D/qpart/one/$1.jsonl" >/dev/null
+  "$BIN" workload generate --kg "$D/world$1.dkg" "${pattern[@]}" --entities-per-request "$e" \
+    --seed "$((8000 + $1))" --out "$D/qpart/many/$1.part" >/dev/null
+  mv "$D/qpart/many/$1.part" "$D/qpart/many/$1.jsonl"
+}
 if [ ! -f "$D/many.jsonl" ]; then
   log "training worlds 1..$WORLDS"
   export -f world ask world_requests
@@ -96,7 +120,25 @@ for set in one many; do
   rm -f "$D/tmp.jsonl"
   mv "$f.part" "$f"
 done
-log "data: $(wc -l <"$D/one.jsonl") + $(wc -l <"$D/many.jsonl") training requests"
+if [ ! -f "$D/question-many.jsonl" ]; then
+  log "question sets over worlds 1..$WORLDS"
+  mkdir -p "$D/qpart/one" "$D/qpart/many"
+  export -f world_questions
+  export BIN D
+  seq 1 "$WORLDS" | xargs -P "$THREADS" -I{} bash -c 'set -euo pipefail; world_questions {}'
+  cat "$D"/qpart/one/*.jsonl | shuf --random-source=<(yes) >"$D/question-one.jsonl"
+  cat "$D"/qpart/many/*.jsonl | shuf --random-source=<(yes 3) >"$D/question-many.jsonl.part"
+  mv "$D/question-many.jsonl.part" "$D/question-many.jsonl"
+fi
+variants() {  # $1 input, $2 output, $3 variants, $4 seed
+  [ -f "$D/$2" ] || python3 scripts/csv_variants.py "$D/$1" "$D/$2" --variants "$3" --seed "$4"
+}
+variants question-one.jsonl thin.jsonl 1,2,all 11
+variants question-one.jsonl forms.jsonl 1+short,2+short,all+short,1+mid,2+mid,all+mid,1,2,all 12
+variants question-many.jsonl many-mix.jsonl half,all+mid,all+edge,all 13
+variants question-many.jsonl many-src.jsonl src,half,src+mid,all+edge,all 16
+log "data: $(wc -l <"$D/one.jsonl") + $(wc -l <"$D/many.jsonl") requests with drills, \
+$(wc -l <"$D/question-one.jsonl") + $(wc -l <"$D/question-many.jsonl") with questions alone"
 
 [ -f "$OUT/vocab.gguf" ] || "$BIN" vocab learn --requests "$D/many.jsonl" "$D/one.jsonl" --size "$VOCAB" \
   --split-scripts --split-spaces -o "$OUT/vocab.gguf"
@@ -118,11 +160,21 @@ train() {  # $1 output, $2 init, $3 steps, $4 requests, $5 held-out requests, th
   log "training $out ($steps steps)"
   "$BIN" train --init "$init" --requests "$requests" --eval "$eval" --eval-limit 200 -o "$OUT/$out" \
     --steps "$steps" --batch 32 -t "$THREADS" --log "$OUT/$out.log.jsonl" --log-every 20 --eval-every 250 \
-    --checkpoint-every 200 --resume --answer-loss-only --pack-shared-context --attention causal --lr 1e-3 "$@"
+    --checkpoint-every 200 --resume --answer-loss-only --attention causal --lr 1e-3 "$@"
 }
-train one.gguf "$OUT/init.gguf" "$STEPS_ONE" "$D/one-drills.jsonl" "$D/heldout-one.jsonl" --warmup 100 --seed 5
-train chains.gguf "$OUT/one.gguf" "$STEPS_CHAINS" "$D/one-chains.jsonl" "$D/heldout-one.jsonl" --warmup 100 --seed 6
-train csv.gguf "$OUT/chains.gguf" "$STEPS" "$D/many-chains.jsonl" "$D/heldout-many.jsonl" --warmup 50 --seed 3
+P=--pack-shared-context
+train one.gguf "$OUT/init.gguf" "$STEPS_ONE" "$D/one-drills.jsonl" "$D/heldout-one.jsonl" $P --warmup 100 --seed 5
+train chains.gguf "$OUT/one.gguf" "$STEPS_CHAINS" "$D/one-chains.jsonl" "$D/heldout-one.jsonl" $P --warmup 100 \
+  --seed 6
+train drills-many.gguf "$OUT/chains.gguf" "$STEPS_DRILLS_MANY" "$D/many-chains.jsonl" "$D/heldout-many.jsonl" $P \
+  --warmup 50 --seed 3
+# One request a sequence from here.
+train question.gguf "$OUT/drills-many.gguf" "$STEPS_QUESTION" "$D/question-one.jsonl" "$D/heldout-one.jsonl" \
+  --warmup 100 --seed 7
+train thin.gguf "$OUT/question.gguf" "$STEPS_THIN" "$D/thin.jsonl" "$D/heldout-one.jsonl" --warmup 100 --seed 12
+train forms.gguf "$OUT/thin.gguf" "$STEPS_FORMS" "$D/forms.jsonl" "$D/heldout-one.jsonl" --warmup 100 --seed 14
+train many.gguf "$OUT/forms.gguf" "$STEPS_MANY" "$D/many-mix.jsonl" "$D/heldout-many.jsonl" --warmup 100 --seed 15
+train csv.gguf "$OUT/many.gguf" "$STEPS" "$D/many-src.jsonl" "$D/heldout-many.jsonl" --warmup 100 --seed 17
 
 # Exact match on the held-out worlds, full attention, 12 greedy tokens.
 for set in one many; do
