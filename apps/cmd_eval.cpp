@@ -1011,8 +1011,9 @@ void subgcache(EvalContext& c) {
        {"accuracy change", "-1.00 to +9.00 points (Table 2)",
         fmt::format("CSV: {:+.1f} to {:+.1f} points; paths: {:+.1f} to {:+.1f} points", csv.em_lo, csv.em_hi,
                     paths.em_lo, paths.em_hi),
-        "merged clusters hold more entities than the models ever saw in one context (1 to 4 in CSV, 1 to "
-        "3 as paths; table above); the paper's 3-7B models read long subgraphs"}});
+        "a merged cluster holds several entities: the CSV model reads them far less well than one "
+        "(docs/training.md) and never saw more than 4 in one context, the paths model more than 3 (table "
+        "above); the paper's 3-7B models read long subgraphs"}});
 }
 
 // ---- Chunk reuse: CacheBlend, FusionRAG, Cache-Craft -------------------------
