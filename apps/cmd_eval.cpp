@@ -248,12 +248,17 @@ Summary summarize(const StrategyRun& run) {
   return s;
 }
 
-std::shared_ptr<const Model> load_shipped(const EvalContext& c, const std::string& name) {
-  const fs::path p = fs::path(c.o.models_dir) / name;
+// A shipped QA model's file in `models_dir`; NotFound, naming it, if missing.
+fs::path shipped_model_path(const std::string& models_dir, const std::string& name) {
+  const fs::path p = fs::path(models_dir) / name;
   if (!fs::exists(p))
     fail(ErrorKind::NotFound, "{}: the shipped QA model is missing (--models names their directory)",
          p.string());
-  return Model::load(p);
+  return p;
+}
+
+std::shared_ptr<const Model> load_shipped(const EvalContext& c, const std::string& name) {
+  return Model::load(shipped_model_path(c.o.models_dir, name));
 }
 
 // What every line plot of the report starts with.
@@ -1276,9 +1281,7 @@ void run_eval(const EvalOptions& o, const std::string& command) {
     fail(ErrorKind::NotFound, "eval draws its plots with gnuplot: install it (scripts/setup.sh does)");
   for (const char* m :
        {"depcache-qa.gguf", "depcache-qa-alone.gguf", "depcache-qa-sequential.gguf", "depcache-qa-csv.gguf"})
-    if (!fs::exists(fs::path(o.models_dir) / m))
-      fail(ErrorKind::NotFound, "{}: the shipped QA model is missing (--models names their directory)",
-           (fs::path(o.models_dir) / m).string());
+    shipped_model_path(o.models_dir, m);
   fs::create_directories(o.out);
   fs::create_directories(o.work_dir);
   // The checkout this run starts from (edits made while it runs do not change what runs).

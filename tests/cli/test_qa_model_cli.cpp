@@ -256,21 +256,20 @@ TEST(QaModel, CsvVariantsRewriteRequestsAsDocumented) {
             0);
   const std::string script =
       (std::filesystem::path(DEPCACHE_MODELS_DIR).parent_path() / "scripts/csv_variants.py").string();
+  const auto read_jsonl = [](const std::string& path) {
+    std::vector<nlohmann::json> rows;
+    std::ifstream f(path);
+    for (std::string line; std::getline(f, line);) rows.push_back(nlohmann::json::parse(line));
+    return rows;
+  };
   const auto variants = [&](const std::string& spec) {
     const std::string out = (dir / "out.jsonl").string();
     const auto r = test::run_shell("/usr/bin/python3 " + script + " " + in + " " + out + " --variants " +
                                    spec + " 2>&1");
     EXPECT_EQ(r.code, 0) << r.out;
-    std::vector<nlohmann::json> rows;
-    std::ifstream f(out);
-    for (std::string line; std::getline(f, line);) rows.push_back(nlohmann::json::parse(line));
-    return rows;
+    return read_jsonl(out);
   };
-  std::vector<nlohmann::json> original;
-  {
-    std::ifstream f(in);
-    for (std::string line; std::getline(f, line);) original.push_back(nlohmann::json::parse(line));
-  }
+  const std::vector<nlohmann::json> original = read_jsonl(in);
   ASSERT_EQ(original.size(), 40u);
   // Node rows before the blank line, edge rows after the edge header.
   struct Csv {
