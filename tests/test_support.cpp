@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -339,6 +340,14 @@ void print_skip_reason(const std::string& reason) {
   std::printf("[skip-reason] %s.%s: %s\n", info ? info->test_suite_name() : "?", info ? info->name() : "?",
               reason.c_str());
   std::fflush(stdout);
+}
+
+KvAssembly prompt_assembly(const ModelConfig& config, const KvSpan& rows) {
+  KvAssembly kv(config, std::max<int64_t>(rows.n_tokens(), 1), rows.type());
+  // At the positions the rows were encoded at: placed as they are, unrotated.
+  kv.place(rows, 0, rows.n_tokens(), 0, rows.positions());
+  kv.set_n_past(rows.n_tokens());
+  return kv;
 }
 
 std::string cpu_skip_reason(const std::string& reason) { return "(cpu) " + reason; }

@@ -10,6 +10,8 @@
 
 #include "compute/dot.h"
 #include "compute/dtype.h"
+#include "exec/kv_assembly.h"
+#include "kv/kv_span.h"
 #include "strategy/strategy.h"
 
 namespace depcache {
@@ -179,11 +181,9 @@ double max_abs_diff(const float* a, const float* b, int64_t n, const std::string
 // references whose scale depends on the model.
 double max_rel_diff(std::span<const float> got, std::span<const double> ref, const std::string& label);
 
-// A strategy's plan for `parts` applied on its own assembly (apply_plan):
-// how the planner and executor tests run a request outside the engine.
-inline PrefillReport prefill(const Strategy& strategy, RadixIndex& index, const PromptParts& parts,
-                             KvAssembly& kv, Forward& fwd) {
-  return apply_plan(strategy.plan(parts), index, kv, fwd);
-}
+// A request's prompt K/V (RequestResult::prompt_kv) as an assembly of its
+// own: row r holds prompt row r at the position the request gave it, so
+// what reads an assembly (kv_deviation, KvAssembly::read) reads the request's.
+KvAssembly prompt_assembly(const ModelConfig& config, const KvSpan& rows);
 
 }  // namespace depcache::test

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "compute/dot.h"
@@ -183,6 +184,7 @@ void Engine::retire(RequestId id, RequestState state, const std::string& error, 
 void Engine::emit(Sequence& s, int32_t token, std::span<const float> logits) {
   RequestResult& r = results_[s.id];
   r.tokens.push_back(token);
+  if (s.sampling.token_logits) r.token_logits.insert(r.token_logits.end(), logits.begin(), logits.end());
   const int index = static_cast<int>(r.tokens.size()) - 1;
   if (index == 0) r.first_token = Clock::now();
   const bool eog = s.sampling.stop_at_eog && std::find(options_.eog_ids.begin(), options_.eog_ids.end(),
@@ -586,7 +588,14 @@ bool Engine::step() {
       requeue_after_bad_load(s, e);
       continue;
     }
-    if (!s.resumed) r.report = std::move(report);  // the first prefill is the request's
+    if (!s.resumed) {  // the first prefill is the request's
+      r.report = std::move(report);
+      if (s.sampling.prompt_kv) {
+        std::vector<int64_t> rows(s.plan.tokens.size());
+        std::iota(rows.begin(), rows.end(), s.rows.row0());
+        r.prompt_kv = pool_.kv().extract(rows);
+      }
+    }
     if (piece.all_logits) r.prompt_logits = std::move(s.prompt_logits);
     s.execution.reset();
     r.finite = r.finite && all_finite(logits);

@@ -29,6 +29,7 @@
 #include "engine/span_fetcher.h"
 #include "engine/text_output.h"
 #include "exec/forward.h"
+#include "kv/kv_span.h"
 #include "kv/radix_index.h"
 #include "prompt/prompt_parts.h"
 #include "strategy/admission.h"
@@ -57,6 +58,12 @@ struct SamplingParams {
   // The logits of every prompt token the prefill computes, not only the
   // last (RequestResult::prompt_logits): what an oracle comparison reads.
   bool prompt_logits = false;
+  // The K/V of every prompt row once the prefill is done
+  // (RequestResult::prompt_kv), and the logits every generated token was
+  // sampled from (RequestResult::token_logits): what a comparison of two
+  // ways of computing a request (reuse against none) reads.
+  bool prompt_kv = false;
+  bool token_logits = false;
 };
 
 struct EngineOptions {
@@ -144,6 +151,13 @@ struct RequestResult {
   // With SamplingParams::prompt_logits: (computed prompt tokens, n_vocab),
   // in prompt order; every prompt token when nothing was reused.
   std::vector<float> prompt_logits;
+  // With SamplingParams::prompt_kv: the prompt's rows as its first prefill
+  // left them (placed and computed alike), in prompt order, with their
+  // positions.
+  KvSpan prompt_kv;
+  // With SamplingParams::token_logits: (generated tokens, n_vocab), the
+  // model's logits before bias, penalties and temperature.
+  std::vector<float> token_logits;
   FinishReason finish_reason = FinishReason::None;
   bool finite = true;   // every logits row it produced was finite
   int preemptions = 0;  // times its rows were taken back and it was prefilled again

@@ -112,7 +112,7 @@ struct PassState {
 // assembly's tokens and RoPE positions by row, the cacheable runs to match
 // (and to insert once computed; none without reuse), and the visibility of
 // whichever rows end up computed. Planning reads nothing and changes
-// nothing; apply_plan does both.
+// nothing; the engine's PlanExecution does both.
 struct RequestPlan {
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;

@@ -369,39 +369,4 @@ PrefillReport PlanExecution::finish(KvAssembly& kv, int64_t row0, std::vector<fl
   return std::move(report_);
 }
 
-namespace {
-
-PrefillReport apply_plan_once(const RequestPlan& plan, RadixIndex& index, KvAssembly& kv, Forward& fwd) {
-  kv.clear();
-  PlanExecution ex(plan, index, kv, 0);
-  const int n_layer = fwd.model().config().n_layer;
-  for (;;) {
-    const auto t0 = Clock::now();
-    PrefillResult result = fwd.prefill(ex.prefill(), kv);
-    const PassResult done{result.attention_mass, result.attention_pairs / n_layer,
-                          ms_since(t0) / static_cast<double>(ex.prefill().tokens.size())};
-    if (!ex.final_pass()) {
-      ex.next_pass(kv, 0, done);
-      continue;
-    }
-    kv.set_n_past(static_cast<int64_t>(plan.tokens.size()));
-    return ex.finish(kv, 0, std::move(result.logits), done);
-  }
-}
-
-}  // namespace
-
-PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvAssembly& kv, Forward& fwd) {
-  for (int stale = 0;;) {
-    try {
-      return apply_plan_once(plan, index, kv, fwd);
-    } catch (const LayerLoadError& e) {
-      // The execution (and its pins) is gone: without the bad node the
-      // request computes those tokens. Each retry drops one node, unless
-      // something else dropped it first (then a few more tries).
-      if (!index.drop_bad_load(e.node(), e.disk_key()) && ++stale > 3) throw;
-    }
-  }
-}
-
 }  // namespace depcache

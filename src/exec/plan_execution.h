@@ -1,6 +1,6 @@
 #pragma once
 // The executor: the one place a plan takes effect (PlanExecution, inside the
-// engine's batches) and a whole plan on its own assembly (apply_plan).
+// engine's batches).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -145,9 +145,5 @@ class PlanExecution {
   std::vector<LayeredLoad> loads_;  // every load of the matches, in match order
   int layers_placed_ = 0;
 };
-
-// A whole plan on its own assembly: clears `kv`, runs PlanExecution with one
-// forward pass, and leaves kv.n_past() at the prompt's end (ready to decode).
-PrefillReport apply_plan(const RequestPlan& plan, RadixIndex& index, KvAssembly& kv, Forward& fwd);
 
 }  // namespace depcache

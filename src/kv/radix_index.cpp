@@ -392,10 +392,10 @@ bool RadixIndex::promote_match(Match& m, const std::vector<Tier>& found, int64_t
       }
       break;
     }
-    if (same)
-      retier(id, [&](SpanSlot& s) {
-        return tiers_.adopt(s, r.reader.key(), std::move(r.reader.span()), &stats_.promoted_bytes);
-      });
+    if (same && retier(id, [&](SpanSlot& s) {
+          return tiers_.adopt(s, r.reader.key(), std::move(r.reader.span()), &stats_.promoted_bytes);
+        }))
+      ++stats_.unlocked_disk_reads;
   }
   return true;
 }
@@ -553,7 +553,8 @@ int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, i
   const std::shared_ptr<RemoteBlocks> remote = remote_;
   const std::optional<SpanShape> shape = shape_;
   RemoteBlocks::Fetched got;
-  if (mu_.depth() == 1) {
+  const bool unlock = mu_.depth() == 1;
+  if (unlock) {
     // Only this call holds the lock: release it for the reads (the match so
     // far is pinned), take it back to adopt what came.
     *unlocked = true;
@@ -596,6 +597,7 @@ int64_t RadixIndex::fetch_remote(uint64_t ns, std::span<const int32_t> tokens, i
     pin(path);
     held.push_back(std::move(path));
     length = block.b1;
+    stats_.unlocked_remote_blocks += unlock;
   }
   for (const Match& m : held) unpin_locked(m, false);
   return length;
@@ -660,12 +662,32 @@ int64_t RadixIndex::insert_impl(uint64_t ns, std::span<const int32_t> tokens, co
 
 int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, const SpanMaker* make_span,
                                 size_t virtual_bytes_per_token, double cost_per_token, int64_t* new_from) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  *new_from = n;
+  // The span of the new tokens [tail_from, n), made and sized before the
+  // tree changes: a refused insert leaves it as it was (a split made first
+  // would leave a match its caller holds naming the split's tail).
+  KvSpan span;
+  size_t bytes_per_token = virtual_bytes_per_token;
+  int64_t tail_from = -1;  // where `span` starts (-1: not made)
+  const auto make_tail = [&](int64_t from) {
+    tail_from = from;
+    const int64_t added = n - from;
+    if (make_span) {
+      span = (*make_span)(from, n);
+      if (span.n_tokens() != added)
+        fail(ErrorKind::Internal, "radix insert: span of {} tokens for {} new ones", span.n_tokens(), added);
+      bytes_per_token = span.bytes() / static_cast<size_t>(added);
+    }
+    if (bytes_per_token * static_cast<size_t>(added) <= tiers_.budget(Tier::Hot)) return true;
+    ++stats_.oversized[kHot];  // could never fit
+    return false;
+  };
+  if (const int64_t found = peek_locked(ns, tokens).length; found < n && !make_tail(found)) return 0;
   ++clock_;
   NodeId at = root(ns);
   nodes_[at].last_used = clock_;
   int64_t pos = 0;
-  const auto n = static_cast<int64_t>(tokens.size());
-  *new_from = n;
   while (pos < n) {
     auto c = nodes_[at].children.find(tokens[pos]);
     // A new leaf hangs below hot nodes only; a walked node whose disk file
@@ -676,20 +698,9 @@ int64_t RadixIndex::insert_path(uint64_t ns, std::span<const int32_t> tokens, co
       c = nodes_[at].children.end();
     }
     if (c == nodes_[at].children.end()) {
+      // Starting earlier than found: a bad file was dropped on the way.
+      if (tail_from != pos && !make_tail(pos)) break;
       const int64_t added = n - pos;
-      KvSpan span;
-      size_t bytes_per_token = virtual_bytes_per_token;
-      if (make_span) {
-        span = (*make_span)(pos, n);
-        if (span.n_tokens() != added)
-          fail(ErrorKind::Internal, "radix insert: span of {} tokens for {} new ones", span.n_tokens(),
-               added);
-        bytes_per_token = span.bytes() / static_cast<size_t>(added);
-      }
-      if (bytes_per_token * static_cast<size_t>(added) > tiers_.budget(Tier::Hot)) {  // could never fit
-        ++stats_.oversized[kHot];
-        break;
-      }
       const NodeId leaf = new_node();
       Node& l = nodes_[leaf];
       l.tokens.assign(tokens.begin() + pos, tokens.end());

@@ -184,6 +184,11 @@ class RadixIndex {
     // Spans alone larger than a tier's budget: in the hot tier never cached,
     // in the disk tier dropped instead of written.
     int64_t oversized[kTiers] = {};
+    // Read with the lock released and adopted under it again (not what the
+    // tree's changes meanwhile left unusable): disk spans and remote blocks
+    // whose I/O held up no other request.
+    int64_t unlocked_disk_reads = 0;
+    int64_t unlocked_remote_blocks = 0;
   };
 
   // byte_budget: the hot tier's. policy: null for LRU.

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -373,6 +374,36 @@ class ConnectionStream : public httplib::Stream {
 
 thread_local ConnectionStream* t_stream = nullptr;
 
+// Requests read from memory, answers written into memory: the library's
+// request processing run once without a socket (build_library_statics).
+class MemoryStream : public httplib::Stream {
+ public:
+  explicit MemoryStream(std::string in) : in_(std::move(in)) {}
+  bool is_readable() const override { return pos_ < in_.size(); }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, in_.size() - pos_);
+    std::memcpy(ptr, in_.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    out_.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 0;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { get_remote_ip_and_port(ip, port); }
+  socket_t socket() const override { return INVALID_SOCKET; }
+  bool answered() const { return out_.starts_with("HTTP/1.1 "); }
+
+ private:
+  std::string in_, out_;
+  size_t pos_ = 0;
+};
+
 // Closes a connection the server is done with while the client may still
 // be sending: closing with unread bytes would reset the connection and the
 // client could lose the response, so stop sending, then read and discard
@@ -464,6 +495,60 @@ GuardedHttpServer::GuardedHttpServer(const HttpLimits& limits) : limits_(limits)
   // The sockets' own send timeout (the library sets it on each connection):
   // a send into a full buffer blocks no longer than this.
   set_write_timeout(std::chrono::milliseconds(limits_.write_timeout));
+  build_library_statics();
+}
+
+void GuardedHttpServer::build_library_statics() {
+  // No handler is set yet: each is answered (404) by the library alone, into
+  // memory, and counted nowhere.
+  static constexpr std::string_view kBoundary = "depcache-boundary";
+  const std::string body = fmt::format(
+      "--{0}\r\nContent-Disposition: form-data; name=\"a\"; filename=\"a.txt\"\r\n"
+      "Content-Type: text/plain\r\n\r\na\r\n--{0}--\r\n",
+      kBoundary);
+  const std::string requests[] = {
+      "GET / HTTP/1.1\r\nHost: localhost\r\nRange: bytes=0-1, 2-3\r\n\r\n",
+      fmt::format("POST / HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary={}\r\n"
+                  "Content-Length: {}\r\n\r\n{}",
+                  kBoundary, body.size(), body),
+  };
+  for (const std::string& request : requests) {
+    MemoryStream stream(request);
+    bool closed = false;
+    process_request(stream, true, closed, nullptr);
+    if (!stream.answered())
+      throw std::logic_error("the HTTP library did not answer a request read from memory");
+  }
+}
+
+bool ChunkWriter::write(std::string_view data) {
+  if (data.empty()) return true;
+  std::string chunk = fmt::format("{:x}\r\n", data.size());
+  chunk.reserve(chunk.size() + data.size() + 2);
+  chunk.append(data);
+  chunk.append("\r\n");
+  return sink_.write(chunk.data(), chunk.size());
+}
+
+bool ChunkWriter::finish() {
+  static constexpr std::string_view kLast = "0\r\n\r\n";
+  if (!sink_.write(kLast.data(), kLast.size())) return false;
+  sink_.done();
+  return true;
+}
+
+void set_chunked_body(httplib::Response& res, const std::string& content_type,
+                      std::function<bool(ChunkWriter&)> produce, std::function<void(bool)> released) {
+  // The library passes a body without a length through unframed; the
+  // header tells the client how it is framed.
+  res.set_header("Transfer-Encoding", "chunked");
+  res.set_content_provider(
+      content_type,
+      [produce = std::move(produce)](size_t, httplib::DataSink& sink) {
+        ChunkWriter writer(sink);
+        return produce(writer);
+      },
+      std::move(released));
 }
 
 std::string render_http_metrics(const GuardedHttpServer& server) {

@@ -19,7 +19,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 
 namespace depcache {
 
@@ -64,11 +66,45 @@ class GuardedHttpServer : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override;
   // A connection beyond the limit: 503 and close, without reading its request.
   void reject_busy(socket_t sock);
+  // Runs the library's request parsing once, in memory, on requests that
+  // reach each of its function-local statics on the server's paths (the
+  // method names, the Range and multipart regexes), so that they are built
+  // before any worker thread runs: their first use is otherwise published
+  // by guards ThreadSanitizer cannot see in the uninstrumented library.
+  void build_library_statics();
 
   HttpLimits limits_;
   HttpRejections rejections_;
   std::atomic<int64_t> open_{0};
 };
+
+// The body of a streamed response, written as HTTP/1.1 chunks by this layer
+// rather than by the library: each write is one chunk (size line, data,
+// CRLF) handed to the connection in one piece, finish() the last chunk.
+// (Debian's cpp-httplib 0.11 writes its final chunk from a function-local
+// static string; its first use is published by a guard that
+// ThreadSanitizer cannot see in the uninstrumented library, so two streams
+// ending at once were reported as a race: docs/serving.md, "The HTTP
+// library".)
+class ChunkWriter {
+ public:
+  explicit ChunkWriter(httplib::DataSink& sink) : sink_(sink) {}
+  // One chunk; nothing for empty data (a chunk of size 0 ends the body).
+  // False: the client is gone.
+  bool write(std::string_view data);
+  // The last chunk; the body is complete.
+  bool finish();
+
+ private:
+  httplib::DataSink& sink_;
+};
+
+// Sets `res` to stream a body of `content_type` in chunks: `produce` is
+// called until it has called finish() (true) or fails (false: the client is
+// gone, or the stream was abandoned); `released(success)` runs once the
+// response is over, as the library's resource releaser.
+void set_chunked_body(httplib::Response& res, const std::string& content_type,
+                      std::function<bool(ChunkWriter&)> produce, std::function<void(bool)> released);
 
 // The connection layer's counters in the Prometheus text format:
 // depcache_http_rejected_total{reason} and depcache_http_open_connections.

@@ -539,10 +539,10 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   // Something is written at least every second, so a client that went away
   // is noticed (the write fails) and its request cancelled, even while it
   // waits for its first token: an SSE comment.
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, stream, id, strategy, created, kind, include_usage, logprobs, clock, pending, writing](
-          size_t, httplib::DataSink& sink) {
+  set_chunked_body(
+      res, "text/event-stream",
+      [this, stream, id, strategy, created, kind, include_usage, logprobs, clock, pending,
+       writing](ChunkWriter& sink) {
         std::string out = std::exchange(*pending, {});
         const auto until = Clock::now() + std::chrono::seconds(1);
         while (out.empty() && !stream->done() && Clock::now() < until) {
@@ -556,7 +556,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         }
         if (!stream->done()) {
           if (out.empty()) out = ": waiting\n\n";
-          return sink.write(out.data(), out.size());  // false: the client is gone
+          return sink.write(out);  // false: the client is gone
         }
         const RequestResult r = stream->result();
         finished(id, strategy, r, clock->arrived);
@@ -566,9 +566,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
                                                                     include_usage, *clock, logprobs)
                                                        : error_body(engine_error(r)));
         out += "data: [DONE]\n\n";
-        if (!sink.write(out.data(), out.size())) return false;
-        sink.done();
-        return true;
+        return sink.write(out) && sink.finish();
       },
       [this, stream, id, strategy, arrived, clock](bool success) {
         if (success || clock->reported) return;

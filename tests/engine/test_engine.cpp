@@ -151,10 +151,37 @@ TEST(Engine, EverySchedulerGivesTheSameAnswers) {
   EXPECT_THROW(Engine(model, bad), Error);
 }
 
-// The batched engine against the plain single-request path (plan applied on
-// its own assembly, then decoding with Forward::eval), which shares no
-// batching code.
-TEST(Engine, EqualsTheSingleRequestPath) {
+// The reference the batched engine is compared with: a request's plan
+// carried out on an assembly of its own, pass by pass, by PlanExecution and
+// Forward alone (no pieces, no shared pool, no other sequence, nothing
+// cached), then `n` tokens decoded greedily with Forward::eval.
+std::vector<int32_t> unbatched_greedy(const RequestPlan& plan, Forward& fwd, int n) {
+  RadixIndex none(0);
+  KvAssembly kv(fwd.model().config(), 1024, DType::F32);
+  PlanExecution ex(plan, none, kv, 0);
+  std::vector<float> logits;
+  for (;;) {
+    PrefillResult pass = fwd.prefill(ex.prefill(), kv);
+    const PassResult done{pass.attention_mass, ex.prefill().visibility.n_pairs(), 0};
+    if (!ex.final_pass()) {
+      ex.next_pass(kv, 0, done);
+      continue;
+    }
+    kv.set_n_past(static_cast<int64_t>(plan.tokens.size()));
+    logits = ex.finish(kv, 0, std::move(pass.logits), done).logits;
+    break;
+  }
+  std::vector<int32_t> tokens = {argmax(logits)};
+  for (int t = 1; t < n; ++t) {
+    const std::vector<int32_t> one = {tokens.back()};
+    fwd.eval(one, kv, Logits::Last, logits);
+    tokens.push_back(argmax(logits));
+  }
+  return tokens;
+}
+
+// The batched engine against that reference, which shares no batching code.
+TEST(Engine, EqualsTheUnbatchedReference) {
   const auto model = test::random_model("tiny-qwen2", DType::F32);
   const Tokenizer tok(Vocab::builtin_bytes());
   Engine e(model, engine_options());
@@ -165,19 +192,10 @@ TEST(Engine, EqualsTheSingleRequestPath) {
   ThreadPool pool(2);
   Forward fwd(model, pool);
   for (size_t i = 0; i < js.size(); ++i) {
-    RadixIndex none(0);
-    KvAssembly kv(model->config(), 1024, DType::F32);
     StrategyOptions so{PositionScheme::Depth, false};
-    const PrefillReport rep = test::prefill(*make_strategy(js[i].strategy, *model, DType::F32, so), none,
-                                            make_prompt_parts(tok, js[i].request), kv, fwd);
-    std::vector<int32_t> tokens = {argmax(rep.logits)};
-    std::vector<float> logits;
-    for (int t = 1; t < 5; ++t) {
-      const std::vector<int32_t> one = {tokens.back()};
-      fwd.eval(one, kv, Logits::Last, logits);
-      tokens.push_back(argmax(logits));
-    }
-    EXPECT_EQ(e.result(ids[i]).tokens, tokens) << js[i].strategy << " #" << i;
+    const RequestPlan plan =
+        make_strategy(js[i].strategy, *model, DType::F32, so)->plan(make_prompt_parts(tok, js[i].request));
+    EXPECT_EQ(e.result(ids[i]).tokens, unbatched_greedy(plan, fwd, 5)) << js[i].strategy << " #" << i;
   }
 }
 
@@ -845,24 +863,22 @@ TEST_F(LayerLoadEngine, ABadLayerMidPassRunsTheRequestAgainWithoutIt) {
   EXPECT_EQ(together.disk_nodes, 0u) << "no bad span is left in the index";
 }
 
-// The single-request path (apply_plan, what `chunks fuse` and the
-// benchmarks use) runs a request again the same way.
-TEST_F(LayerLoadEngine, TheSingleRequestPathRunsAgainWithoutABadLayer) {
-  ThreadPool pool(2);
-  Forward fwd(model_, pool);
+// A request alone on an engine runs again the same way.
+TEST_F(LayerLoadEngine, ALoneRequestRunsAgainWithoutABadLayer) {
   std::vector<PrefillReport> reports;
   std::vector<size_t> disk_nodes;
   for (const auto& [label, preload] : std::vector<std::pair<std::string, RadixIndex::LayerPreload>>{
            {"single, off", {Mode::Off, 0}}, {"single, depth 1", {Mode::Fixed, 1}}}) {
     const auto cache = cache_copy(label, true);
     DiskSpanStore disk(cache, 64 << 20);
-    RadixIndex index(64 << 20);
+    EngineOptions o = engine_options(DType::F16);
+    o.cache_bytes = 64 << 20;
+    Engine e(model_, o);
+    RadixIndex& index = e.index();
     index.attach_disk(disk);
     index.set_layer_preload(preload);
-    KvAssembly kv(model_->config(), 2048, DType::F16);
-    const auto strategy = make_strategy("depcache", *model_, DType::F16, {PositionScheme::Depth, true});
     ASSERT_EQ(parts_[0].first, "depcache");
-    reports.push_back(test::prefill(*strategy, index, parts_[0].second, kv, fwd));
+    reports.push_back(e.wait(e.submit("depcache", parts_[0].second, greedy(1))).report);
     EXPECT_GT(index.stats().dropped_bad, 0) << label;
     disk_nodes.push_back(index.n_nodes(Tier::Disk));  // other requests' spans, never read
     EXPECT_EQ(index.n_pinned(), 0u) << label;

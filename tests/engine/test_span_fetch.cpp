@@ -3,13 +3,15 @@
 // stops answering holds up only the request that reads it: every step stays
 // short and requests that look nothing up are served meanwhile; that request
 // then runs with what Redis gave. Reuse from spans fetched ahead is reported
-// by the tier they came from, adds up, and gives the answers computing
-// gives.
+// by the tier they came from, each token once, and gives the answers
+// computing gives: the counts by tier are checked against what the scenario
+// left in each tier (and the index's own hit counts), not against their sum.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
-#include <numeric>
+#include <set>
+#include <utility>
 
 #include "engine/engine.h"
 #include "engine_fixtures.h"
@@ -29,7 +31,8 @@ using test::engine_options;
 using test::graph_request;
 using test::greedy;
 
-constexpr int kDisk = static_cast<int>(Tier::Disk), kRemote = static_cast<int>(Tier::Remote);
+constexpr int kHot = static_cast<int>(Tier::Hot), kDisk = static_cast<int>(Tier::Disk),
+              kRemote = static_cast<int>(Tier::Remote);
 
 RedisOptions redis_options(int port) {
   RedisOptions o;
@@ -54,8 +57,29 @@ std::vector<Asked> requests(const Tokenizer& tok) {
           {"depcache", make_prompt_parts(tok, graph_request({kDog, kOwl, kCat}, "Which eat mice?"))}};
 }
 
-int64_t tier_sum(const PrefillReport& r) {
-  return std::accumulate(std::begin(r.reused_from), std::end(r.reused_from), int64_t{0});
+// Tokens placed from the index, as the computed ones leave them (one-pass
+// plans): independent of the count by tier.
+int64_t placed(const PrefillReport& r) { return r.prompt_tokens - r.computed_tokens; }
+
+// The positions (namespace and token prefix) that the requests' lookups
+// place, each counted once. With everything the requests look up cached in
+// one lower tier and nothing in memory, each position is found there by the
+// first request that uses it and is hot for any later one (or a later run of
+// the same request), so this is exactly what the requests report from that
+// tier. The prompt's last token is always computed: a lookup of the whole
+// prompt (prefix) places all but it.
+int64_t positions_placed(Engine& e, const std::vector<Asked>& asked) {
+  std::set<std::pair<uint64_t, std::vector<int32_t>>> positions;
+  for (const Asked& a : asked) {
+    const std::vector<int32_t> prompt = a.parts.flat();
+    for (const Lookup& l : e.lookups_of(a.strategy, a.parts)) {
+      const size_t n = l.tokens == prompt ? l.tokens.size() - 1 : l.tokens.size();
+      for (size_t t = 1; t <= n; ++t)
+        positions.emplace(
+            l.ns, std::vector<int32_t>(l.tokens.begin(), l.tokens.begin() + static_cast<std::ptrdiff_t>(t)));
+    }
+  }
+  return static_cast<int64_t>(positions.size());
 }
 
 TEST(SpanFetch, ASlowRedisStallsNeitherTheEngineNorRequestsThatDoNotReadIt) {
@@ -109,8 +133,15 @@ TEST(SpanFetch, ASlowRedisStallsNeitherTheEngineNorRequestsThatDoNotReadIt) {
   ASSERT_EQ(got.state, RequestState::Finished) << got.error;
   EXPECT_GT(got.first_token - paused, milliseconds(1000)) << "it ran before Redis answered";
   EXPECT_EQ(got.tokens, want.tokens);
-  EXPECT_GT(got.report.reused_from[kRemote], 0);
-  EXPECT_EQ(tier_sum(got.report), got.report.reused_tokens);
+  // Nothing was in memory and the publisher computed this very prompt: every
+  // token but the last (always computed) came from Redis, and the lookup
+  // the index counted matched the whole prompt there.
+  const auto prompt = static_cast<int64_t>(asked.parts.flat().size());
+  EXPECT_EQ(placed(got.report), prompt - 1);
+  for (int t = 0; t < RadixIndex::kTiers; ++t) {
+    EXPECT_EQ(got.report.reused_from[t], t == kRemote ? prompt - 1 : 0) << "tier " << t;
+    EXPECT_EQ(e.index().stats().hit_tokens[t], t == kRemote ? prompt : 0) << "tier " << t;
+  }
   EXPECT_EQ(e.index().n_pinned(), 0u);
 }
 
@@ -158,15 +189,29 @@ TEST(SpanFetch, ReuseFetchedAheadIsReportedByTheTierItCameFrom) {
     std::vector<RequestId> ids;
     for (const Asked& a : asked) ids.push_back(e.submit(a.strategy, a.parts, greedy(4)));
     e.run_until_idle();
-    int64_t found = 0;
+    // The first replica computed and left everything the requests look up,
+    // in the one tier this replica has besides memory.
+    const int lower = from_disk ? kDisk : kRemote;
+    const int64_t in_lower = positions_placed(e, asked);
+    ASSERT_GT(in_lower, 0) << label;
+    int64_t found = 0, hot = 0, all = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
       const RequestResult& r = e.result(ids[i]);
       ASSERT_EQ(r.state, RequestState::Finished) << label << ": " << r.error;
       EXPECT_EQ(r.tokens, want[i].tokens) << label << " #" << i;
-      EXPECT_EQ(tier_sum(r.report), r.report.reused_tokens) << label << " #" << i;
-      found += r.report.reused_from[from_disk ? kDisk : kRemote];
+      for (int t = 0; t < RadixIndex::kTiers; ++t) {
+        if (t != kHot && t != lower) {
+          EXPECT_EQ(r.report.reused_from[t], 0) << label << " #" << i << ": tier " << t << " is not attached";
+        }
+      }
+      EXPECT_EQ(r.report.reused_from[kHot] + r.report.reused_from[lower], placed(r.report))
+          << label << " #" << i;
+      found += r.report.reused_from[lower];
+      hot += r.report.reused_from[kHot];
+      all += placed(r.report);
     }
-    EXPECT_GT(found, 0) << label << ": nothing was reported as found there";
+    EXPECT_EQ(found, in_lower) << label << ": each token left there is reported from there once";
+    EXPECT_EQ(hot, all - in_lower) << label << ": the rest was hot when found";
     EXPECT_GT(e.prefetched_tokens(), 0) << label;
     EXPECT_EQ(e.index().n_pinned(), 0u) << label;
     e.index().check_invariants();

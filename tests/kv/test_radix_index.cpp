@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <unordered_map>
 
 #include "kv/radix_index.h"
 #include "util/error.h"
@@ -123,6 +125,73 @@ TEST(RadixIndex, SpanLargerThanTheBudgetIsNotStored) {
   EXPECT_EQ(index.stats().oversized[static_cast<int>(Tier::Hot)], 1) << "the skip is counted, not silent";
   index.insert(1, Tokens{1, 2}, offsets_maker());
   EXPECT_EQ(index.stats().oversized[static_cast<int>(Tier::Hot)], 1);
+}
+
+// A remote tier in memory, shared by the indexes of a test as by processes.
+class MemoryRemote final : public RemoteStore {
+ public:
+  std::optional<std::vector<uint8_t>> get(uint64_t key) override {
+    const std::lock_guard lk(mu_);
+    const auto it = records_.find(key);
+    if (it == records_.end()) return std::nullopt;
+    return it->second;
+  }
+  void put(uint64_t key, std::span<const uint8_t> record) override {
+    const std::lock_guard lk(mu_);
+    records_[key].assign(record.begin(), record.end());
+  }
+  void remove(uint64_t key) override {
+    const std::lock_guard lk(mu_);
+    records_.erase(key);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::vector<uint8_t>> records_;
+};
+
+// A match under the caller's lock reads the remote tier in place and keeps
+// its pieces as found (nothing can have moved). A remote block that is too
+// large for the hot tier is refused, and must be refused before the insert
+// that adopts it touches the tree: splitting the matched node first would
+// leave the match naming the split's tail, another sequence's K.
+TEST(RadixIndex, ARefusedOversizedInsertLeavesTheTreeAsItWas) {
+  const size_t token_bytes = offsets_maker()(0, 1).bytes();
+  Tokens x(16), y(64);
+  for (int64_t i = 0; i < 64; ++i) y[i] = static_cast<int32_t>(i < 8 ? i : 100 + i);
+  for (int64_t i = 0; i < 16; ++i)
+    x[i] = static_cast<int32_t>(i < 8 ? i : 200 + i);  // y's first 8, then its own
+  MemoryRemote remote;
+  RadixIndex publisher(1 << 20);
+  publisher.attach_remote(remote, 64);
+  publisher.insert(1, y, offsets_maker());  // one block: y[0, 64)
+  publisher.flush_remote();
+
+  RadixIndex index(32 * token_bytes);  // x fits; y's 56 own tokens never do
+  index.attach_remote(remote, 64);
+  EXPECT_EQ(index.insert(1, x, offsets_maker()), 16);
+  {
+    const auto lk = index.lock();
+    const RadixIndex::Match m = index.match(1, y);
+    EXPECT_EQ(m.length, 8);
+    int64_t at = 0;
+    for (const RadixIndex::Piece& p : m.pieces) {
+      ASSERT_GE(index.span(p.node).n_tokens(), p.offset + p.length) << "a piece beyond its node's span";
+      for (int64_t i = 0; i < p.length; ++i, ++at)
+        ASSERT_EQ(offset_at(index, p, i), static_cast<float>(at)) << "K of another sequence's rows";
+    }
+    EXPECT_EQ(at, m.length);
+  }
+  EXPECT_EQ(index.stats().oversized[static_cast<int>(Tier::Hot)], 1);
+  EXPECT_EQ(index.n_nodes(), 2u) << "root and x's node: no split left behind";
+  // The same refusal through a direct insert.
+  EXPECT_EQ(index.insert(1, y, offsets_maker()), 0);
+  EXPECT_EQ(index.stats().oversized[static_cast<int>(Tier::Hot)], 2);
+  EXPECT_EQ(index.n_nodes(), 2u);
+  const RadixIndex::Match whole_x = index.match(1, x);
+  ASSERT_EQ(whole_x.pieces.size(), 1u);
+  EXPECT_EQ(whole_x.length, 16);
+  index.check_invariants();
 }
 
 // Random inserts, matches and pins over a small alphabet (lots of sharing

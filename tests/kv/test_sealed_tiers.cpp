@@ -12,10 +12,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "kv/radix_index.h"
@@ -64,11 +66,16 @@ void expect_true_kv(const RadixIndex& index, const RadixIndex::Match& m, const T
   int64_t at = 0;
   for (const RadixIndex::Piece& p : m.pieces) {
     const KvSpan& got = index.span(p.node);
+    ASSERT_GE(got.n_tokens(), p.offset + p.length) << "a piece beyond its node's span at token " << at;
     const KvSpan want = span_of(seq, at, at + p.length);
-    for (int il = 0; il < kLayers; ++il)
+    for (int il = 0; il < kLayers; ++il) {
       ASSERT_EQ(std::memcmp(got.k(il) + p.offset * got.row_bytes(), want.k(il), want.row_bytes() * p.length),
                 0)
           << "K of layer " << il << " at token " << at;
+      ASSERT_EQ(std::memcmp(got.v(il) + p.offset * got.row_bytes(), want.v(il), want.row_bytes() * p.length),
+                0)
+          << "V of layer " << il << " at token " << at;
+    }
     at += p.length;
   }
   EXPECT_EQ(at, m.length);
@@ -465,52 +472,99 @@ TEST(RemoteDeadline, AFetchOfManyBlocksIsOneCommand) {
   expect_true_kv(two.b, m, s);
 }
 
-// The engine's pattern under a shared Redis: one thread matches, checks and
-// inserts under the index's lock (as a request does), another prefetches
-// (reading Redis with the lock released and adopting what it read) while a
-// third index publishes. Every span served is the true K/V, and the index
-// stays consistent.
-TEST(RemoteDeadline, PrefetchReadingWithoutTheLockKeepsTheIndexConsistent) {
+// A remote store whose first get_many after arm() reads, then holds its
+// caller until release(): the read a match makes with the index's lock
+// released, kept open while the test changes the tree.
+class LatchedStore final : public RemoteStore {
+ public:
+  explicit LatchedStore(RemoteStore& inner) : inner_(inner) {}
+  std::optional<std::vector<uint8_t>> get(uint64_t key) override { return inner_.get(key); }
+  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) override {
+    auto got = inner_.get_many(keys);
+    std::unique_lock lk(mu_);
+    if (armed_) {
+      armed_ = false;
+      held_ = true;
+      cv_.notify_all();
+      cv_.wait(lk, [&] { return released_; });
+    }
+    return got;
+  }
+  void put(uint64_t key, std::span<const uint8_t> record) override { inner_.put(key, record); }
+  void remove(uint64_t key) override { inner_.remove(key); }
+
+  void arm() {
+    const std::lock_guard lk(mu_);
+    armed_ = true;
+  }
+  bool wait_held(std::chrono::seconds timeout) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return held_; });
+  }
+  void release() {
+    const std::lock_guard lk(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  RemoteStore& inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false, held_ = false, released_ = false;
+};
+
+// A match holding the index's lock alone reads the remote blocks with it
+// released. While that read is held open, another request inserts a
+// sibling that diverges inside the matched prefix, splitting its node. The
+// blocks are then adopted against the tree as it is now: they are counted
+// as read without the lock, the match names the split's head, and every
+// row it serves is the true K and V.
+TEST(RemoteDeadline, BlocksReadWithoutTheLockAreAdoptedIntoTheTreeAsItIsThen) {
   DEPCACHE_REQUIRE_REDIS(redis);
   const auto key = key_of('k');
-  std::vector<Tokens> seqs;
-  for (int id = 0; id < 12; ++id) {
-    Tokens t = sequence(id % 4, 40);  // four families sharing their first tokens
-    for (int64_t i = 8 + id % 3 * 8; i < 40; ++i) t[i] += 1000 * id;
-    seqs.push_back(t);
-  }
-  RedisStore store_p(KeyedIndexes::options(redis.port())), store(KeyedIndexes::options(redis.port()));
-  RadixIndex publisher(1 << 20), index(span_of(seqs[0], 0, 1).bytes() * 90);
+  const Tokens a = sequence(1, 40);
+  Tokens sibling = sequence(2, 24);
+  std::copy_n(a.begin(), 8, sibling.begin());  // a's first 8 tokens, then its own
+  RedisStore store_p(KeyedIndexes::options(redis.port())), redis_store(KeyedIndexes::options(redis.port()));
+  LatchedStore store(redis_store);
+  RadixIndex publisher(1 << 20), index(1 << 20);
   publisher.expect_span_shape(kShape);
   index.expect_span_shape(kShape);
   publisher.attach_remote(store_p, 8, key);
-  index.attach_host(span_of(seqs[0], 0, 1).bytes() * 40);
   index.attach_remote(store, 8, key);
-  for (size_t i = 0; i < seqs.size(); i += 2) publisher.insert(1, seqs[i], maker(seqs[i]));
+  publisher.insert(1, a, maker(a));
   publisher.flush_remote();
-  std::atomic<bool> stop{false};
-  int64_t prefetched = 0;
-  std::atomic<int> prefetches{0};
-  std::thread prefetcher([&] {
-    for (int i = 0; !stop; ++i, ++prefetches) prefetched += index.prefetch(1, seqs[(i * 7) % seqs.size()]);
+  index.insert(1, Tokens(a.begin(), a.begin() + 16), maker(a));  // one node; blocks 2-4 are remote only
+  index.flush_remote();
+  ASSERT_EQ(index.stats().unlocked_remote_blocks, 0);
+
+  store.arm();
+  RadixIndex::Match m;
+  std::thread reader([&] { m = index.match(1, a); });
+  const bool held = store.wait_held(std::chrono::seconds(30));
+  // The sibling's insert needs the lock: it finishes only if the read let go of it.
+  auto split = std::async(std::launch::async, [&] {
+    if (held) index.insert(1, sibling, maker(sibling));
   });
-  // On a loaded machine the thread may start late: the rounds begin once it
-  // has run (bounded), so they race with it.
-  for (int i = 0; i < 10000 && prefetches == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  for (int round = 0; round < 200; ++round) {
-    const Tokens& s = seqs[(round * 5) % seqs.size()];
-    const auto lk = index.lock();
-    const RadixIndex::Match m = index.match(1, s);
-    expect_true_kv(index, m, s);
-    index.insert(1, s, maker(s));
-    if (::testing::Test::HasFailure()) break;
-  }
-  stop = true;
-  prefetcher.join();
+  const bool inserted_during_read = split.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  store.release();
+  split.get();
+  reader.join();
+  ASSERT_TRUE(held) << "the match never read the remote store";
+  ASSERT_TRUE(inserted_during_read) << "the remote read held the index's lock";
+
+  EXPECT_EQ(index.stats().unlocked_remote_blocks, 3) << "blocks [16, 24), [24, 32), [32, 40)";
+  EXPECT_EQ(m.length, 40);
+  EXPECT_EQ(m.tokens_from[static_cast<int>(Tier::Hot)], 16);
+  EXPECT_EQ(m.tokens_from[static_cast<int>(Tier::Remote)], 24);
+  ASSERT_FALSE(m.pieces.empty());
+  EXPECT_EQ(m.pieces[0].length, 8) << "the match names the node as split during the read";
+  expect_true_kv(index, m, a);  // nothing was inserted since: its pieces still hold
+  const RadixIndex::Match s = index.match(1, sibling);
+  EXPECT_EQ(s.length, 24);
+  expect_true_kv(index, s, sibling);
   index.check_invariants();
-  EXPECT_GT(prefetched, 0);
-  EXPECT_GT(index.stats().hit_tokens[static_cast<int>(Tier::Remote)], 0);
 }
 
 }  // namespace

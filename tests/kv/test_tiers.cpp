@@ -6,18 +6,29 @@
 // agreement.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -500,38 +511,155 @@ TEST_F(Tiers, APrefetchedSpanIsReportedInTheTierItCameFrom) {
   index.check_invariants();
 }
 
-// Prefetches read disk files with the index's lock released while another
-// thread matches, checks and inserts under it (as the engine does), with a
-// hot tier small enough that spans keep moving to disk and back: every span
-// served is the true K/V, the tiers stay consistent, and the prefetcher
-// read files.
-TEST_F(Tiers, PrefetchesReadingDiskWithoutTheLockKeepTheIndexConsistent) {
-  const size_t tb = token_bytes();
-  DiskSpanStore disk(dir_, 1 << 22);
-  RadixIndex index(90 * tb);
-  index.attach_disk(disk);
-  std::vector<Tokens> seqs;
-  for (int id = 0; id < 12; ++id) seqs.push_back(sequence(id, 40, 8 + id % 3 * 8));
-  for (const Tokens& s : seqs) index.insert(1, s, maker(s));
-  std::atomic<bool> stop{false};
-  int64_t prefetched = 0;
-  std::thread prefetcher([&] {
-    for (int i = 0; !stop; ++i) prefetched += index.prefetch(1, seqs[(i * 7) % seqs.size()]);
-  });
-  for (int round = 0; round < 300; ++round) {
-    const Tokens& s = seqs[(round * 5) % seqs.size()];
-    const auto lk = index.lock();
-    const RadixIndex::Match m = index.match(1, s);
-    expect_served_correctly(index, m, s);
-    index.insert(1, s, maker(s));
-    if (::testing::Test::HasFailure()) break;
+// Holds the disk reads of one thread. install(), called on that thread,
+// puts a seccomp filter on it that hands each of its pread64 calls to
+// supervise(): a file's head (read under the index's lock) goes through at
+// once, the first read of a layer (made with the lock released) waits there
+// until `during` has run. The store's own code reads, unchanged.
+class LayerReadLatch {
+ public:
+  ~LayerReadLatch() {
+    if (listener_ >= 0) ::close(listener_);
   }
-  stop = true;
-  prefetcher.join();
-  index.check_invariants();
-  EXPECT_GT(prefetched, 0);
-  EXPECT_GT(index.stats().hit_tokens[static_cast<int>(Tier::Disk)], 0);
-  EXPECT_EQ(index.stats().dropped_bad, 0);
+  // False where the kernel or a sandbox does not allow it.
+  bool install() {
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return false;
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_pread64, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    const long fd = ::syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+    listener_ = static_cast<int>(fd);
+    return fd >= 0;
+  }
+  void set_listener_ready() {
+    const std::lock_guard lk(mu_);
+    ready_ = true;
+    cv_.notify_all();
+  }
+  bool wait_listener() {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, std::chrono::seconds(30), [&] { return ready_; });
+  }
+  bool installed() const { return listener_ >= 0; }
+  // Answers the held thread's reads until `done`; runs `during` (once) while
+  // the first layer read waits. Returns whether it ran.
+  bool supervise(const std::atomic<bool>& done, const std::function<void()>& during) {
+    bool ran = false;
+    while (!done) {
+      pollfd p{listener_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0 || !(p.revents & POLLIN)) continue;
+      seccomp_notif req{};
+      if (::ioctl(listener_, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) continue;
+      if (!ran && req.data.args[3] > kSpanRecordHeader) {  // past the head: a layer
+        during();
+        ran = true;
+      }
+      seccomp_notif_resp resp{};
+      resp.id = req.id;
+      resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;  // the read itself, as asked
+      ::ioctl(listener_, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+    }
+    return ran;
+  }
+
+ private:
+  int listener_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool ready_ = false;
+};
+
+// A prefetch or a match holding the index's lock alone reads the layers of
+// the spans it found on disk with the lock released. While that read is
+// held open, another request inserts a sibling that diverges on the path:
+// inside the hot node above the spans (both spans are still on disk and
+// are adopted), or inside the first span (the sibling's insert brings that
+// one in itself: only the second is adopted). Each adoption is counted as a
+// read without the lock, the next match finds the spans where the read left
+// them, and every row served is the true K and V.
+TEST_F(Tiers, SpansReadWithoutTheLockAreAdoptedIntoTheTreeAsItIsThen) {
+  const size_t tb = token_bytes();
+  // a: [0, 8) hot, [8, 24) and [24, 40) on disk (b and c fix the cuts).
+  const Tokens a = sequence(1, 40);
+  const auto branch = [&](int id, int64_t shared, int64_t n) {
+    Tokens t = sequence(id, n);
+    std::copy_n(a.begin(), shared, t.begin());
+    return t;
+  };
+  const Tokens b = branch(2, 24, 32), c = branch(3, 8, 16);
+  struct Case {
+    int64_t sibling_shares;         // of a's tokens, then its own
+    bool prefetch;                  // else a match
+    int64_t adopted;                // spans the read brought in
+    int64_t hot_found, disk_found;  // what the next counted match of a reports
+  };
+  // A prefetch marks what it brought in as found on disk; a match reports it then.
+  for (const Case& k : {Case{4, true, 2, 8, 32}, Case{16, false, 1, 40, 0}}) {
+    SCOPED_TRACE(k.prefetch ? "prefetch, sibling inside the hot node"
+                            : "match, sibling inside the first span");
+    std::filesystem::remove_all(dir_);
+    persist_all(dir_, {a, b, c}, 7, 200 * tb);
+    DiskSpanStore disk(dir_, 1 << 22);
+    RadixIndex index(200 * tb);
+    index.attach_disk(disk);
+    ASSERT_EQ(index.match(7, Tokens(a.begin(), a.begin() + 8)).length, 8);  // [0, 8) to the hot tier
+    ASSERT_EQ(index.n_nodes(Tier::Disk), 4u);
+    const int64_t unlocked_before = index.stats().unlocked_disk_reads;
+    const Tokens sibling = branch(4, k.sibling_shares, k.sibling_shares + 12);
+
+    LayerReadLatch latch;
+    std::atomic<bool> done{false};
+    RadixIndex::Match m;
+    std::thread reader([&] {
+      const bool installed = latch.install();
+      latch.set_listener_ready();
+      if (installed) {
+        if (k.prefetch)
+          index.prefetch(7, a);
+        else
+          m = index.match(7, a);
+      }
+      done = true;
+    });
+    ASSERT_TRUE(latch.wait_listener());
+    if (!latch.installed()) {
+      reader.join();
+      GTEST_SKIP() << "seccomp user notification is not available here";
+    }
+    bool inserted_during_read = false;
+    std::future<void> split;
+    const bool held = latch.supervise(done, [&] {
+      // The sibling's insert needs the lock: it finishes only if the read let go of it.
+      split = std::async(std::launch::async, [&] { index.insert(7, sibling, maker(sibling)); });
+      inserted_during_read = split.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    });
+    reader.join();
+    if (split.valid()) split.get();
+    ASSERT_TRUE(held) << "no layer was read";
+    ASSERT_TRUE(inserted_during_read) << "the layers were read under the index's lock";
+
+    EXPECT_EQ(index.stats().unlocked_disk_reads - unlocked_before, k.adopted);
+    if (!k.prefetch) {
+      EXPECT_EQ(m.length, 40);
+      expect_served_correctly(index, m, a);  // nothing was inserted since: its pieces still hold
+    }
+    const auto lk = index.lock();
+    const RadixIndex::Match again = index.match(7, a);
+    EXPECT_EQ(again.length, 40);
+    EXPECT_EQ(again.tokens_from[static_cast<int>(Tier::Hot)], k.hot_found);
+    EXPECT_EQ(again.tokens_from[static_cast<int>(Tier::Disk)], k.disk_found);
+    EXPECT_EQ(again.pieces.size(), 4u) << "a's three nodes, one of them split";
+    expect_served_correctly(index, again, a);
+    const RadixIndex::Match s = index.match(7, sibling);
+    EXPECT_EQ(s.length, static_cast<int64_t>(sibling.size()));
+    expect_served_correctly(index, s, sibling);
+    index.check_invariants();
+    EXPECT_EQ(index.stats().dropped_bad, 0);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,7 +90,10 @@ TEST(ModelStrict, RopeFreqsChangeTheComputationAndMatchTheReference) {
   std::fill(scaled.rope_freq_factors.begin() + 4, scaled.rope_freq_factors.end(), 8.0f);
   const auto a = Model::load(write_tiny("plain", plain));
   const auto b = Model::load(write_tiny("scaled", scaled));
-  ASSERT_EQ(b->config().rope_divisors.size(), 8u);
+  // The reference rotates by the divisors the loader parsed: they must be
+  // the file's own numbers for the match below to mean anything.
+  EXPECT_TRUE(a->config().rope_divisors.empty());
+  EXPECT_EQ(b->config().rope_divisors, (std::vector<float>{1, 1, 1, 1, 8, 8, 8, 8}));
   EXPECT_NE(a->fingerprint(), b->fingerprint());
   const auto toks = some_tokens(24, a->config().n_vocab);
   const std::vector<float> la = logits_of(a, toks), lb = logits_of(b, toks);
@@ -112,19 +116,67 @@ TEST(ModelStrict, LinearRopeScalingMatchesTheReference) {
   EXPECT_LT(test::max_rel_diff(lb, test::reference_logits(*b, toks), "linear"), 1e-4);
 }
 
-// Llama 3's divisors: 1 for the fast pairs, the factor for the slow ones, a
-// smooth rise between (Llama-3.1/3.2's rope parameters).
-TEST(ModelStrict, Llama3RopeFactorsRiseFromOneToTheFactor) {
+// Llama 3's frequencies as Meta's reference and Transformers compute them
+// (in float64 here): pairs of wavelength under original / high_freq_factor
+// keep theirs, those over original / low_freq_factor are divided by the
+// factor, and between the two the frequency blends from one to the other.
+// The divisor of pair i is its trained frequency over the scaled one.
+std::vector<double> published_llama3_divisors(int n_rot, double base, double factor, double low_freq_factor,
+                                              double high_freq_factor, double original_context) {
+  const double pi = 3.14159265358979323846;
+  std::vector<double> divisors;
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const double freq = 1 / std::pow(base, 2.0 * i / n_rot), wavelen = 2 * pi / freq;
+    double scaled = freq;
+    if (wavelen > original_context / low_freq_factor) {
+      scaled = freq / factor;
+    } else if (wavelen >= original_context / high_freq_factor) {
+      const double smooth =
+          (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      scaled = (1 - smooth) * freq / factor + smooth * freq;
+    }
+    divisors.push_back(freq / scaled);
+  }
+  return divisors;
+}
+
+// Llama-3.1/3.2's parameters: each divisor is the published formula's, from
+// 1 for the fast pairs to the factor for the slow ones with some between;
+// a model written with them reads those divisors back from rope_freqs.
+TEST(ModelStrict, Llama3RopeFactorsFollowThePublishedFormula) {
   const std::vector<float> f = llama3_rope_factors(64, 500000.0f, 32.0f, 1.0f, 4.0f, 8192);
-  ASSERT_EQ(f.size(), 32u);
-  EXPECT_EQ(f.front(), 1.0f);
-  EXPECT_EQ(f.back(), 32.0f);
-  EXPECT_TRUE(std::is_sorted(f.begin(), f.end()));
-  EXPECT_TRUE(std::any_of(f.begin(), f.end(), [](float x) { return x > 1.0f && x < 32.0f; }));
+  const std::vector<double> want = published_llama3_divisors(64, 500000, 32, 1, 4, 8192);
+  ASSERT_EQ(f.size(), want.size());
+  int between = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    EXPECT_NEAR(f[i], want[i], 1e-5 * want[i]) << "pair " << i;
+    between += want[i] > 1 && want[i] < 32;
+  }
+  EXPECT_EQ(want.front(), 1.0);
+  EXPECT_EQ(want.back(), 32.0);
+  EXPECT_GT(between, 0) << "the parameters leave no pair on the blend";
   const auto preset = model_preset("llama3.2-1b");
   ASSERT_TRUE(preset->llama3_rope.has_value());
   EXPECT_EQ(preset->llama3_rope->factor, 32.0f);
   EXPECT_EQ(preset->llama3_rope->original_context, 8192);
+  // On the tiny shape (8 pairs, base 10000, wavelengths 6.3 to 19869) an
+  // original context of 7000 leaves two pairs on the blend (wavelengths
+  // 1750 to 7000); the loader's divisors are the formula's.
+  ModelShape s = *model_preset("tiny");
+  s.llama3_rope = ModelShape::Llama3Rope{8.0f, 1.0f, 4.0f, 7000};
+  const auto path = write_tiny("llama3-rope", s);
+  const auto m = Model::load(path);
+  const std::vector<double> tiny = published_llama3_divisors(16, 10000, 8, 1, 4, 7000);
+  ASSERT_EQ(m->config().rope_divisors.size(), tiny.size());
+  int kept = 0, divided = 0;
+  for (size_t i = 0; i < tiny.size(); ++i) {
+    EXPECT_NEAR(m->config().rope_divisors[i], tiny[i], 1e-5 * tiny[i]) << "pair " << i;
+    kept += tiny[i] == 1, divided += tiny[i] == 8;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_EQ(kept + divided + 2, static_cast<int>(tiny.size())) << "two pairs on the blend";
+  std::filesystem::remove(path);
 }
 
 // Phi-3's LongRoPE: the short factors divide the frequencies up to the

@@ -45,8 +45,6 @@ Reply curl(int port, const std::string& path, const std::string& args) {
   return r;
 }
 
-void warm_up_http_library(int port) { curl(port, "/health"); }
-
 std::string post(const json& body) {
   // curl reads the file after this returns: removed at exit.
   static struct Files {
@@ -186,7 +184,6 @@ ServeProcess::ServeProcess(const std::vector<std::string>& args, const std::stri
     const size_t at = text.find("127.0.0.1:");
     if (at != std::string::npos) port_ = std::stoi(text.substr(at + 10));
   }
-  if (port_ > 0) warm_up_http_library(port_);
 }
 
 ServeProcess::~ServeProcess() {

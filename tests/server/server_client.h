@@ -52,14 +52,6 @@ std::pair<std::string, nlohmann::json> read_stream(const std::string& body);
 // written; -1 when absent.
 double sample(const std::string& metrics, const std::string& series);
 
-// One request answered before any concurrent ones. cpp-httplib (Debian's
-// build, not instrumented) builds a function-local static set of method names
-// in the first request it parses; ThreadSanitizer cannot see the guard that
-// publishes it to the other worker threads and reports a race on it when the
-// first requests come at once. After one request, the thread pool's mutex
-// orders everything that follows.
-void warm_up_http_library(int port);
-
 // A random-weight model file (4 layers of 256, context 32768), made once per
 // process: decode slow enough that a long request is still running when a
 // client goes away or a signal comes.

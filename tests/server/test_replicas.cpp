@@ -1,14 +1,16 @@
 // Several `depcache serve` replicas behind a real HAProxy (Debian's), routed
 // by `depcache route` through the Lua hook it writes, KV events over a real
-// Redis: a request goes where its context was computed (documents in any
-// order, as chunk reuse keeps them), new contexts spread over the replicas,
-// and a replica killed under load costs no request and changes no answer.
+// Redis: the router learns from the events what each replica holds, a
+// request goes where its context was computed (documents in any order, as
+// chunk reuse keeps them), new contexts spread over the replicas, and a
+// replica killed under load costs no request and changes no answer.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -140,19 +142,106 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
   const int proxy_port = free_port();
   route_args.insert(route_args.end(),
                     {"--haproxy-config", config.string(), "--haproxy-port", std::to_string(proxy_port)});
+  // The router reads every summary afresh 30 s after its last read, which
+  // is after this.
+  const auto router_started = std::chrono::steady_clock::now();
   ServeProcess router(route_args, "route");
   ASSERT_GT(router.port(), 0) << router.log();
   Haproxy proxy(config);
   for (int i = 0; i < 200 && curl(proxy_port, "/health").status != 200; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   ASSERT_EQ(curl(proxy_port, "/health").status, 200) << proxy.log();
-  // The router has both replicas' summaries.
-  for (int i = 0; i < 100; ++i) {
-    const json state = replicas_state(router);
-    if (state.size() != 2) break;
-    if (state[0]["synced"] == true && state[1]["synced"] == true) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The router has both replicas' summaries, and keeps them for a second
+  // (subscribing to the events marks every replica for another read).
+  using std::chrono::milliseconds;
+  using std::chrono::steady_clock;
+  steady_clock::time_point synced_since{};
+  json state = json::array();
+  for (const auto give_up = steady_clock::now() + std::chrono::seconds(20); steady_clock::now() < give_up;) {
+    state = replicas_state(router);
+    const bool both = state.size() == 2 && state[0]["synced"] == true && state[1]["synced"] == true;
+    if (!both)
+      synced_since = {};
+    else if (synced_since == steady_clock::time_point{})
+      synced_since = steady_clock::now();
+    else if (steady_clock::now() - synced_since >= std::chrono::seconds(1))
+      break;
+    std::this_thread::sleep_for(milliseconds(20));
   }
+  ASSERT_TRUE(synced_since != steady_clock::time_point{} &&
+              steady_clock::now() - synced_since >= std::chrono::seconds(1))
+      << "the router never synced both replicas: " << state.dump() << "\n"
+      << router.log();
+
+  // What the router learns from KV events alone. Each replica answers a new
+  // context sent to it directly, past the router, so the router's
+  // bookkeeping of what it routed knows nothing of it. The router read the
+  // summaries above and reads one again only when a replica's numbering
+  // breaks (it is then unsynced), when no batch came for 3 s (heartbeats
+  // come every second), or 30 s after the last read: so while both stay
+  // synced and heard from, within 30 s of the sync, what it knows of those
+  // contexts came from events. It must then hold the keys each replica says
+  // it holds (GET /v1/cache/summary, read here, not by the router).
+  const auto events_start = steady_clock::now();
+  const int direct_context[2] = {100, 101};
+  for (size_t i = 0; i < 2; ++i) {
+    const Answer a = complete(replicas[i]->port(), request(direct_context[i], 0));
+    ASSERT_EQ(a.status, 200) << a.text << replicas[i]->log();
+  }
+  const auto own_keys = [&](size_t i) {
+    const json summary = json::parse(curl(replicas[i]->port(), "/v1/cache/summary").body, nullptr, false);
+    return summary.is_object() && summary.contains("block_hashes") ? summary["block_hashes"].size()
+                                                                   : size_t{0};
+  };
+  bool caught_up = false;
+  // Watched for longer than a replica may go unheard (3 s): a replica
+  // whose batches do not come shows it.
+  while (steady_clock::now() - events_start < std::chrono::seconds(15) &&
+         (!caught_up || steady_clock::now() - events_start < milliseconds(3500))) {
+    state = replicas_state(router);
+    ASSERT_EQ(state.size(), 2u);
+    bool all_there = true;
+    for (size_t i = 0; i < 2; ++i) {
+      ASSERT_EQ(state[i]["name"], i == 0 ? "r1" : "r2");
+      ASSERT_EQ(state[i]["synced"], true) << "the router read a summary again: " << state.dump();
+      const int64_t seen = state[i]["seen_ms_ago"];
+      ASSERT_TRUE(seen >= 0 && seen < 2500) << "no KV event batch from " << state[i]["name"] << " for "
+                                            << seen << " ms: " << state.dump() << "\n"
+                                            << replicas[i]->log();
+      const size_t held = own_keys(i);
+      all_there = all_there && held > 0 && state[i]["blocks"].get<size_t>() == held;
+    }
+    caught_up = caught_up || all_there;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_TRUE(caught_up) << "the router never held what the replicas hold: " << state.dump() << " (r1 holds "
+                         << own_keys(0) << ", r2 " << own_keys(1) << ")\n"
+                         << router.log();
+  // The router's view names the contexts where they were computed. Each
+  // POST /route counts its request's keys as held where it sends it: so one
+  // question per context, and none before these.
+  const auto route = [&](const json& body) {
+    const Reply routed = curl(router.port(), "/route", post(body));
+    const json decision = json::parse(routed.body, nullptr, false);
+    EXPECT_TRUE(decision.is_object() && decision.contains("held_tokens"))
+        << "POST /route answered " << routed.status << " '" << routed.body << "'\n"
+        << router.log();
+    return decision.is_object() && decision.contains("held_tokens") ? decision : json();
+  };
+  const json same = route(request(direct_context[0], 0));  // the request r1 answered
+  ASSERT_FALSE(same.is_null());
+  EXPECT_EQ(same["replica"], "r1") << same.dump();
+  EXPECT_EQ(same["held_tokens"]["r1"], same["tokens"]) << same.dump();
+  EXPECT_LT(same["held_tokens"]["r2"].get<int64_t>(), same["tokens"].get<int64_t>()) << same.dump();
+  const json reordered = route(request(direct_context[1], 1));  // r2's documents, reordered
+  ASSERT_FALSE(reordered.is_null());
+  EXPECT_EQ(reordered["replica"], "r2") << reordered.dump();
+  EXPECT_GT(reordered["held_tokens"]["r2"].get<int64_t>(), reordered["tokens"].get<int64_t>() / 2)
+      << reordered.dump();
+  EXPECT_GT(reordered["held_tokens"]["r2"].get<int64_t>(), reordered["held_tokens"]["r1"].get<int64_t>())
+      << reordered.dump();
+  ASSERT_LT(steady_clock::now() - router_started, std::chrono::seconds(25))
+      << "too slow to tell events from the router's 30 s summary reads";
 
   // Until the router has heard from both replicas that they are idle: each
   // request is then routed on what is held alone (the unit tests weigh it
@@ -186,15 +275,6 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
     first.insert(*replicas_of.begin());
   }
   EXPECT_EQ(first.size(), 2u);  // new contexts spread over both
-  // The router saw the reuse: a repeat's documents are held where it goes.
-  const Reply routed = curl(router.port(), "/route", post(request(0, 1)));
-  const json decision = json::parse(routed.body, nullptr, false);
-  ASSERT_TRUE(decision.is_object() && decision.contains("held_tokens"))
-      << "POST /route answered " << routed.status << " '" << routed.body << "'\n"
-      << router.log();
-  EXPECT_GT(decision["held_tokens"][*served_by[0].begin()].get<int64_t>(),
-            decision["tokens"].get<int64_t>() / 2)
-      << decision.dump();
 
   // r1 killed while two clients keep asking: every request answered (by r2
   // once r1 is gone: HAProxy retries a connection refused or reset), every

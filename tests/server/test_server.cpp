@@ -55,7 +55,6 @@ struct Served {
     loop = std::make_unique<EngineLoop>(model, eo);
     http = std::make_unique<HttpServer>(so);
     port = http->listen();
-    test::warm_up_http_library(port);
     if (make_ready) ready();
   }
   // What requests may draw on (set before ready()).

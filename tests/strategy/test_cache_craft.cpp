@@ -13,7 +13,6 @@
 
 #include "chunk_documents.h"
 #include "eval/fidelity.h"
-#include "exec/forward.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -22,7 +21,6 @@
 #include "strategy_rig.h"
 #include "test_support.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
@@ -33,17 +31,19 @@ using test::kHoot;
 using test::kPurr;
 using test::kSwim;
 
+StrategyOptions craft_options(double alpha, int window) {
+  StrategyOptions o;
+  o.cachecraft_alpha = alpha;
+  o.focus_window = window;
+  return o;
+}
+
 // The shared rig on a qwen2 model, running Cache-Craft with one alpha and
-// focus window.
+// focus window (the engine's).
 struct Rig : test::StrategyRig {
-  std::unique_ptr<Strategy> craft;
-  explicit Rig(double alpha = 1.0, int window = 0) : StrategyRig("tiny-qwen2") {
-    StrategyOptions o;
-    o.cachecraft_alpha = alpha;
-    o.focus_window = window;
-    craft = make_strategy("cachecraft", *model, DType::F32, o);
-  }
-  PrefillReport run(const RagRequest& r) { return StrategyRig::run(*craft, r); }
+  explicit Rig(double alpha = 1.0, int window = 0)
+      : StrategyRig("tiny-qwen2", DType::F32, craft_options(alpha, window)) {}
+  PrefillReport run(const RagRequest& r) { return StrategyRig::run("cachecraft", r, options); }
   int64_t chunk_tokens(const RagRequest& r) const {
     int64_t n = 0;
     for (const auto& item : make_prompt_parts(tok, r).items)
@@ -184,8 +184,6 @@ TEST(CacheCraft, FixingRestoresQualityOnATrainedModelAndFocusCutsWork) {
   DEPCACHE_REQUIRE_SHARED(path, "models/stories260K-f32.v1.gguf");
   const auto model = Model::load(path);
   const Tokenizer tok(Vocab::from_gguf(model->file()));
-  ThreadPool pool(2);
-  Forward fwd(model, pool);
   const std::vector<RequestDocument>& docs = test::kStories;
   const std::vector<std::vector<int>> seen = {{0, 1, 2}, {3, 4, 0}, {1, 3, 2, 4}};
   const std::vector<std::vector<int>> asked = {{2, 0, 3}, {4, 3, 1}, {1, 4, 0}, {3, 2, 4}, {2, 1, 0, 4}};
@@ -197,8 +195,7 @@ TEST(CacheCraft, FixingRestoresQualityOnATrainedModelAndFocusCutsWork) {
   struct Arm {
     std::string name;
     int window;
-    RadixIndex index{64 << 20};
-    std::unique_ptr<Strategy> strategy;
+    std::unique_ptr<test::StrategyRig> rig;  // its engine's index, its strategy's variants
     double kl = 0;
     int64_t computed = 0;
     std::vector<LayerDeviation> deviation;  // summed over the asked requests
@@ -209,24 +206,29 @@ TEST(CacheCraft, FixingRestoresQualityOnATrainedModelAndFocusCutsWork) {
     auto arm = std::make_unique<Arm>();
     arm->name = name;
     arm->window = window;
-    StrategyOptions o;
-    o.focus_window = window;
-    arm->strategy = make_strategy(name, *model, DType::F32, o);
+    arm->rig = std::make_unique<test::StrategyRig>(model, Vocab::from_gguf(model->file()), DType::F32,
+                                                   craft_options(1.0, window), 512);
     arms.push_back(std::move(arm));
   }
-  KvAssembly want_kv(model->config(), 512, DType::F32), got_kv(model->config(), 512, DType::F32);
-  RadixIndex none(0);
-  const auto prefill = [&](Strategy& s, RadixIndex& index, const RagRequest& r, KvAssembly& kv) {
-    return test::prefill(s, index, make_prompt_parts(tok, r), kv, fwd);
+  SamplingParams with_kv = test::greedy(1);
+  with_kv.prompt_kv = true;
+  const auto prefill = [&](test::StrategyRig& rig, const std::string& strategy, const RagRequest& r) {
+    return rig.answer(strategy, make_prompt_parts(tok, r), rig.options, with_kv);
   };
-  const auto full = make_strategy("full", *model, DType::F32);
   for (auto& arm : arms)
-    for (const auto& order : seen) prefill(*arm->strategy, arm->index, request(order), got_kv);
+    for (const auto& order : seen) prefill(*arm->rig, arm->name, request(order));
   for (const auto& order : asked) {
     const RagRequest r = request(order);
-    const PrefillReport want = prefill(*full, none, r, want_kv);
+    // Full attention, nothing reused (on the first arm's engine, beside its index).
+    StrategyOptions alone = arms[0]->rig->options;
+    alone.reuse = false;
+    const RequestResult want_result = arms[0]->rig->answer("full", make_prompt_parts(tok, r), alone, with_kv);
+    const PrefillReport& want = want_result.report;
+    const KvAssembly want_kv = test::prompt_assembly(model->config(), want_result.prompt_kv);
     for (auto& arm : arms) {
-      const PrefillReport got = prefill(*arm->strategy, arm->index, r, got_kv);
+      const RequestResult got_result = prefill(*arm->rig, arm->name, r);
+      const PrefillReport& got = got_result.report;
+      const KvAssembly got_kv = test::prompt_assembly(model->config(), got_result.prompt_kv);
       // The prompt's rows but the last (the question's last token is never cached).
       const std::vector<LayerDeviation> dev = kv_deviation(want_kv, got_kv, got.prompt_tokens - 1);
       arm->deviation.resize(dev.size());

@@ -11,7 +11,6 @@
 
 #include "chunk_documents.h"
 #include "eval/fidelity.h"
-#include "exec/forward.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
@@ -20,7 +19,6 @@
 #include "strategy_rig.h"
 #include "test_support.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
@@ -178,11 +176,9 @@ TEST(ChunkReuse, WhatIsStoredIsTheChunkAlone) {
 TEST(ChunkReuse, WithoutRealignmentChunksKeepThePositionsTheyWereComputedAt) {
   Rig rig("tiny-qwen2");
   const auto run = [&](const RagRequest& r, bool realign) {
-    KvAssembly kv(rig.model->config(), 2048, rig.kv_type);
     StrategyOptions o;
     o.realign = realign;
-    return test::prefill(*make_strategy("fullreuse", *rig.model, rig.kv_type, o), rig.index,
-                         make_prompt_parts(rig.tok, r), kv, rig.fwd);
+    return rig.StrategyRig::run("fullreuse", r, o);
   };
   const RagRequest one = doc_request({kBark}, "Who barks?");
   EXPECT_LT(test::max_abs_diff(run(one, false).logits, run(one, true).logits, "one chunk"), 1e-5);
@@ -198,19 +194,14 @@ TEST(ChunkReuse, WithoutRealignmentChunksKeepThePositionsTheyWereComputedAt) {
 TEST(ChunkReuse, RecomputingRestoresWhatFullReuseLosesOnATrainedModel) {
   DEPCACHE_REQUIRE_SHARED(path, "models/stories260K-f32.v1.gguf");
   const auto model = Model::load(path);
-  const Tokenizer tok(Vocab::from_gguf(model->file()));
-  ThreadPool pool(2);
-  Forward fwd(model, pool);
+  test::StrategyRig rig(model, Vocab::from_gguf(model->file()), DType::F32, {}, 512);
   const std::vector<RequestDocument>& docs = test::kStories;
   const std::vector<std::vector<int>> orders = {{0, 1, 2}, {2, 0, 3}, {4, 3, 1},
                                                 {1, 4, 0}, {3, 2, 4}, {2, 1, 0}};
-  RadixIndex index(64 << 20);
   const auto prefill = [&](const std::string& strategy, const RagRequest& r, double ratio) {
-    KvAssembly kv(model->config(), 512, DType::F32);
     StrategyOptions o;
     o.recompute_ratio = ratio;
-    return test::prefill(*make_strategy(strategy, *model, DType::F32, o), index, make_prompt_parts(tok, r),
-                         kv, fwd);
+    return rig.run(strategy, r, o);
   };
   // Every document cached alone, right after the system prompt.
   for (const RequestDocument& d : docs) prefill("fullreuse", doc_request({d}, "Who?"), 0);
@@ -249,9 +240,11 @@ TEST(ChunkReuse, AFusedChunkAfterItsNeighbourIsFullPrefill) {
     Rig rig(preset);
     PromptParts fuse = make_prompt_parts(rig.tok, doc_request({kPurr, kBark}, "x"));
     fuse.task.clear();
-    KvAssembly kv(rig.model->config(), 2048, rig.kv_type);
+    // As `chunks fuse` runs it: the plan submitted to the engine.
     const PrefillReport fused =
-        apply_plan(fusion_plan(fuse, rig.model->fingerprint(), rig.kv_type), rig.index, kv, rig.fwd);
+        rig.finish(rig.engine.submit_plan(fusion_plan(fuse, rig.engine.cache_fingerprint(), rig.kv_type),
+                                          test::greedy(1)))
+            .report;
     EXPECT_EQ(fused.reused_tokens, 0);
     const RagRequest r = doc_request({kPurr, kBark}, "Who barks?");
     const PrefillReport got = rig.run("fusionrag", r, 0.0);

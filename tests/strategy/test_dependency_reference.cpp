@@ -14,6 +14,8 @@
 #include <cmath>
 #include <memory>
 
+#include "engine/engine.h"
+#include "engine_fixtures.h"
 #include "exec/forward.h"
 #include "exec/visibility.h"
 #include "graph_requests.h"
@@ -161,7 +163,17 @@ std::string case_name(const Case& c) {
 
 class DependencyReference : public ::testing::TestWithParam<Case> {
  protected:
-  void SetUp() override { model_ = test::random_model(GetParam().preset, DType::F32); }
+  void SetUp() override {
+    const Case& c = GetParam();
+    model_ = test::random_model(c.preset, DType::F32);
+    StrategyOptions so{c.scheme, true};
+    so.tree_context = c.tree_context;
+    EngineOptions o = test::engine_options(c.kv_type);
+    o.pool_rows = 1024;
+    o.cache_bytes = 64 << 20;
+    o.strategy = so;
+    engine_ = std::make_unique<Engine>(model_, o);
+  }
   // f16 K/V carry a relative rounding of 2^-11 per element, amplified through
   // the layers of a random model with wide weights (as in the plain forward
   // test); f32 leaves only float32 accumulation.
@@ -175,8 +187,9 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
     std::vector<int32_t> tree;         // per row: the context item it belongs to, -1 for none
   };
 
-  // One request through the depcache strategy on the shared index, compared
-  // with the reference on the expected layout.
+  // One request through the engine's depcache strategy on its index (or
+  // beside it, without reuse), compared with the reference on the expected
+  // layout.
   Outcome run(const RagRequest& request, bool reuse = true) {
     const Case& c = GetParam();
     const PromptParts parts = make_prompt_parts(tok_, request);
@@ -187,11 +200,15 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
     const auto ref = test::reference_forward(*model_, want.tokens, positions,
                                              [&want](int64_t q, int64_t k) { return want.sees(q, k); });
 
-    KvAssembly kv(model_->config(), 1024, c.kv_type);
     Outcome o;
-    StrategyOptions so{c.scheme, reuse};
-    so.tree_context = c.tree_context;
-    o.report = test::prefill(*make_strategy("depcache", *model_, c.kv_type, so), index_, parts, kv, fwd_);
+    SamplingParams one = test::greedy(1);
+    one.prompt_kv = true;
+    const RequestId id =
+        engine_->submit("depcache", parts, one, {}, reuse ? CacheUse::Shared : CacheUse::None);
+    const RequestResult result = engine_->wait(id);
+    engine_->forget(id);
+    o.report = result.report;
+    const KvAssembly kv = test::prompt_assembly(model_->config(), result.prompt_kv);
     const auto n = static_cast<int64_t>(want.tokens.size());
     EXPECT_EQ(o.report.prompt_tokens, n);
     EXPECT_EQ(kv.n_past(), n);
@@ -236,7 +253,7 @@ class DependencyReference : public ::testing::TestWithParam<Case> {
   Tokenizer tok_{Vocab::builtin_bytes()};
   ThreadPool pool_{2};
   Forward fwd_{test::random_model(GetParam().preset, DType::F32), pool_};
-  RadixIndex index_{64 << 20};
+  std::unique_ptr<Engine> engine_;  // its index is shared by the requests of a test
 };
 
 // The executor alone: the whole DepPrompt computed in one sparse prefill

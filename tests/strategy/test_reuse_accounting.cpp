@@ -9,7 +9,8 @@
 #include <filesystem>
 #include <numeric>
 
-#include "exec/forward.h"
+#include "engine/engine.h"
+#include "engine_fixtures.h"
 #include "graph_requests.h"
 #include "kv/disk_store.h"
 #include "kv/remote_store.h"
@@ -18,7 +19,6 @@
 #include "model/vocab.h"
 #include "strategy/strategy.h"
 #include "test_support.h"
-#include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
@@ -57,26 +57,31 @@ void expect_adds_up(const PrefillReport& r, const std::string& label, bool one_p
     EXPECT_GE(r.reused_tokens + r.computed_tokens, r.prompt_tokens) << label;
 }
 
+// Requests run one at a time on engines whose index a test sets up (its
+// tiers attached to Engine::index()).
 struct Rig {
   std::shared_ptr<const Model> model = test::random_model("tiny", DType::F32, false, 4);
   Tokenizer tok{Vocab::builtin_bytes()};
-  ThreadPool pool{2};
-  Forward fwd{model, pool};
-  PrefillReport run(RadixIndex& index, const RagRequest& r, const std::string& strategy = "depcache") {
-    KvAssembly kv(model->config(), 2048, DType::F32);
-    const PrefillReport report =
-        test::prefill(*make_strategy(strategy, *model, DType::F32, {PositionScheme::Sequential, true}), index,
-                      make_prompt_parts(tok, r), kv, fwd);
-    EXPECT_EQ(index.n_pinned(), 0u);
-    index.check_invariants();
+  std::unique_ptr<Engine> engine() const {
+    EngineOptions o = test::engine_options(DType::F32);
+    o.cache_bytes = 64 << 20;
+    o.strategy = {PositionScheme::Sequential, true};
+    return std::make_unique<Engine>(model, o);
+  }
+  PrefillReport run(Engine& e, const RagRequest& r, const std::string& strategy = "depcache") {
+    const RequestId id = e.submit(strategy, make_prompt_parts(tok, r), test::greedy(1));
+    const PrefillReport report = e.wait(id).report;
+    e.forget(id);
+    EXPECT_EQ(e.index().n_pinned(), 0u);
+    e.index().check_invariants();
     return report;
   }
   // Every request of the list, each checked; the reports' tier sums.
-  PrefillReport run_all(RadixIndex& index, const std::string& label) {
+  PrefillReport run_all(Engine& e, const std::string& label) {
     PrefillReport total;
     const std::vector<RagRequest> requests = shared_prefix_requests();
     for (size_t i = 0; i < requests.size(); ++i) {
-      const PrefillReport r = run(index, requests[i]);
+      const PrefillReport r = run(e, requests[i]);
       expect_adds_up(r, label + " #" + std::to_string(i));
       total.reused_tokens += r.reused_tokens;
       for (int t = 0; t < RadixIndex::kTiers; ++t) total.reused_from[t] += r.reused_from[t];
@@ -87,29 +92,29 @@ struct Rig {
 
 TEST(ReuseAccounting, SharedPathPrefixesAreChargedOnceFromTheHotTier) {
   Rig rig;
-  RadixIndex index(64 << 20);
+  const auto engine = rig.engine();
   const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
-  const PrefillReport cold = rig.run(index, r);
+  const PrefillReport cold = rig.run(*engine, r);
   expect_adds_up(cold, "cold");
   EXPECT_EQ(cold.reused_tokens, 0);
   // Again: the trees are found, dog's shared path prefix in three runs,
   // placed (and charged) once.
-  const PrefillReport again = rig.run(index, r);
+  const PrefillReport again = rig.run(*engine, r);
   expect_adds_up(again, "again");
   EXPECT_GT(again.reused_tokens, 0);
   EXPECT_EQ(again.reused_from[kHot], again.reused_tokens);
-  const PrefillReport all = rig.run_all(index, "hot");
+  const PrefillReport all = rig.run_all(*engine, "hot");
   EXPECT_GT(all.reused_from[kHot], 0);
   EXPECT_EQ(all.reused_from[kHot], all.reused_tokens);
 }
 
 TEST(ReuseAccounting, EveryStrategyAddsUp) {
   Rig rig;
-  RadixIndex index(64 << 20);
+  const auto engine = rig.engine();
   for (const std::string& name : strategy_names()) {
     const bool one_pass = name == "full" || name == "prefix" || name == "ragcache" || name == "depcache";
     for (const RagRequest& r : shared_prefix_requests())
-      for (int round = 0; round < 2; ++round) expect_adds_up(rig.run(index, r, name), name, one_pass);
+      for (int round = 0; round < 2; ++round) expect_adds_up(rig.run(*engine, r, name), name, one_pass);
   }
 }
 
@@ -118,12 +123,13 @@ TEST(ReuseAccounting, EveryStrategyAddsUp) {
 TEST(ReuseAccounting, HostTier) {
   Rig rig;
   for (const size_t keep_percent : {size_t{0}, size_t{50}}) {
-    RadixIndex index(64 << 20);
+    const auto engine = rig.engine();
+    RadixIndex& index = engine->index();
     index.attach_host(64 << 20);
-    rig.run_all(index, "seed");
+    rig.run_all(*engine, "seed");
     index.evict_to(index.bytes() * keep_percent / 100);
     ASSERT_GT(index.n_nodes(Tier::Host), 0u);
-    const PrefillReport all = rig.run_all(index, "host " + std::to_string(keep_percent) + "%");
+    const PrefillReport all = rig.run_all(*engine, "host " + std::to_string(keep_percent) + "%");
     EXPECT_GT(all.reused_from[kHost], 0);
     if (keep_percent > 0) {
       EXPECT_GT(all.reused_from[kHot], 0);
@@ -140,10 +146,10 @@ TEST(ReuseAccounting, DiskTierAfterARestart) {
   const auto dir = test::temp_path("reuse-accounting-disk");
   {
     DiskSpanStore disk(dir, 64 << 20);
-    RadixIndex index(64 << 20);
-    index.attach_disk(disk);
-    rig.run_all(index, "seed");
-    index.persist();
+    const auto engine = rig.engine();
+    engine->index().attach_disk(disk);
+    rig.run_all(*engine, "seed");
+    engine->index().persist();
   }
   using Mode = RadixIndex::LayerPreload::Mode;
   for (const auto& [label, preload] : std::vector<std::pair<std::string, RadixIndex::LayerPreload>>{
@@ -152,11 +158,12 @@ TEST(ReuseAccounting, DiskTierAfterARestart) {
     std::filesystem::remove_all(copy);
     std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
     DiskSpanStore disk(copy, 64 << 20);
-    RadixIndex index(64 << 20);
+    const auto engine = rig.engine();
+    RadixIndex& index = engine->index();
     index.attach_disk(disk);
     index.set_layer_preload(preload);
     ASSERT_GT(index.n_nodes(Tier::Disk), 0u) << label;
-    const PrefillReport all = rig.run_all(index, label);
+    const PrefillReport all = rig.run_all(*engine, label);
     EXPECT_GT(all.reused_from[kDisk], 0) << label;
     EXPECT_GT(all.reused_from[kHot], 0) << label << ": later requests find what earlier ones loaded";
     EXPECT_EQ(tier_sum(all), all.reused_tokens) << label;
@@ -173,12 +180,12 @@ TEST(ReuseAccounting, RemoteTier) {
   RedisOptions o;
   o.port = redis.port();
   RedisStore store_a(o), store_b(o);
-  RadixIndex a(64 << 20), b(64 << 20);
-  a.attach_remote(store_a, 8);
-  b.attach_remote(store_b, 8);
-  rig.run_all(a, "publisher");
-  ASSERT_GT(a.stats().remote_published, 0);
-  const PrefillReport all = rig.run_all(b, "remote");
+  const auto a = rig.engine(), b = rig.engine();
+  a->index().attach_remote(store_a, 8);
+  b->index().attach_remote(store_b, 8);
+  rig.run_all(*a, "publisher");
+  ASSERT_GT(a->index().stats().remote_published, 0);
+  const PrefillReport all = rig.run_all(*b, "remote");
   EXPECT_GT(all.reused_from[kRemote], 0);
   EXPECT_EQ(tier_sum(all), all.reused_tokens);
 }

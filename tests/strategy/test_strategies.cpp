@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 
-#include "exec/forward.h"
 #include "graph_requests.h"
 #include "model/model.h"
 #include "model/model_writer.h"
@@ -18,7 +17,6 @@
 #include "strategy_rig.h"
 #include "test_support.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace depcache {
 namespace {
@@ -90,8 +88,8 @@ TEST(Strategies, DependencyAttentionOnAChainEqualsCausalAttention) {
 TEST(Strategies, DepCacheReuseEqualsNoReuseUnderTheDepthScheme) {
   for (const char* preset : {"tiny", "tiny-qwen2"})
     for (DType kv_type : {DType::F32, DType::F16}) {
-      Rig rig(preset, kv_type);
       const StrategyOptions reuse{PositionScheme::Depth, true}, none{PositionScheme::Depth, false};
+      Rig rig(preset, kv_type, reuse);
       rig.run("depcache", graph_request({kDog, kCat}, "Which animals?"), reuse);
       // Reordered, one subtree changed (partial match), one new.
       const RagRequest b = graph_request({kOwl, kCat, kDog2}, "Which animals eat mice?");
@@ -109,8 +107,8 @@ TEST(Strategies, DepCacheReuseEqualsNoReuseUnderTheDepthScheme) {
 }
 
 TEST(Strategies, DepCacheReuseEqualsNoReuseForIdenticalSubtreesUnderTheSequentialScheme) {
-  Rig rig("tiny-qwen2");
   const StrategyOptions reuse{PositionScheme::Sequential, true}, none{PositionScheme::Sequential, false};
+  Rig rig("tiny-qwen2", DType::F32, reuse);
   const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
   rig.run("depcache", r, reuse);
   RagRequest again = r;
@@ -134,8 +132,8 @@ TEST(Strategies, DepCacheReuseEqualsNoReuseForIdenticalSubtreesUnderTheSequentia
 // or the same places) nothing changes; where they move, the answer does.
 TEST(Strategies, WithoutRealignmentMovedSubtreesKeepTheirOldPositions) {
   for (PositionScheme scheme : {PositionScheme::Depth, PositionScheme::Sequential}) {
-    Rig rig("tiny-qwen2");
     const StrategyOptions realign{scheme, true}, keep{scheme, true, false};
+    Rig rig("tiny-qwen2", DType::F32, realign);
     rig.run("depcache", graph_request({kDog, kCat}, "Which animals?"), realign);
     const RagRequest moved = graph_request({kOwl, kCat, kDog}, "Which?");
     rig.run("depcache", moved, realign);  // caches owl where it is; dog and cat stay cached where they were
@@ -154,30 +152,35 @@ TEST(Strategies, WithoutRealignmentMovedSubtreesKeepTheirOldPositions) {
 // Greedy decoding from a sparse assembly (reuse) and from the same assembly
 // computed in full picks the same tokens with the same logits.
 TEST(Strategies, DecodeAfterSparsePrefillEqualsDecodeAfterFullPrefill) {
-  Rig rig("tiny");
   const StrategyOptions reuse{PositionScheme::Depth, true}, none{PositionScheme::Depth, false};
+  Rig rig("tiny", DType::F32, reuse);
   rig.run("depcache", graph_request({kDog, kCat}, "Which animals?"), reuse);
   const RagRequest b = graph_request({kCat, kDog2}, "Which animals?");
-  std::vector<std::vector<float>> steps[2];
+  const int n_vocab = rig.model->config().n_vocab;
+  SamplingParams six = test::greedy(6);
+  six.token_logits = true;
+  RequestResult decoded[2];
   for (int pass = 0; pass < 2; ++pass) {
-    KvAssembly kv(rig.model->config(), 2048, DType::F32);
-    auto strategy = make_strategy("depcache", *rig.model, DType::F32, pass == 0 ? reuse : none);
-    PrefillReport rep = test::prefill(*strategy, rig.index, make_prompt_parts(rig.tok, b), kv, rig.fwd);
+    decoded[pass] = rig.answer("depcache", make_prompt_parts(rig.tok, b), pass == 0 ? reuse : none, six);
     if (pass == 0) {
-      EXPECT_GT(rep.reused_tokens, 0);
+      EXPECT_GT(decoded[pass].report.reused_tokens, 0);
     }
-    std::vector<float> logits = rep.logits;
-    for (int i = 0; i < 6; ++i) {
-      const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      steps[pass].push_back(logits);
-      const std::vector<int32_t> one = {next};
-      rig.fwd.eval(one, kv, Logits::Last, logits);
-    }
-    EXPECT_EQ(kv.n_past(), rep.prompt_tokens + 6);
+    // Six tokens, each picked from its own logits: the prefill's, then five
+    // decode steps over the assembly the prefill left.
+    ASSERT_EQ(decoded[pass].tokens.size(), 6u);
+    ASSERT_EQ(decoded[pass].token_logits.size(), size_t{6} * n_vocab);
+    EXPECT_EQ(
+        std::vector<float>(decoded[pass].token_logits.begin(), decoded[pass].token_logits.begin() + n_vocab),
+        decoded[pass].report.logits);
   }
-  for (int i = 0; i < 6; ++i)
-    EXPECT_LT(test::max_abs_diff(steps[0][i], steps[1][i], "steps[0][i] vs steps[1][i]"), 1e-4)
-        << "step " << i;
+  for (int i = 0; i < 6; ++i) {
+    const auto step = [&](int pass) {
+      return std::span<const float>(decoded[pass].token_logits)
+          .subspan(static_cast<size_t>(i) * n_vocab, n_vocab);
+    };
+    EXPECT_LT(test::max_abs_diff(step(0), step(1), "steps[0][i] vs steps[1][i]"), 1e-4) << "step " << i;
+  }
+  EXPECT_EQ(decoded[0].tokens, decoded[1].tokens);
 }
 
 // Documents are one-path trees (reused wherever they sit); a plain-text
@@ -219,9 +222,9 @@ TEST(Strategies, KeysSeparateSystemPromptsAndKvTypes) {
   PromptTemplate other;
   other.system = "Use the paths.\n";
   EXPECT_EQ(rig.run("depcache", r, {}, other).reused_tokens, 1);  // BOS, as a prefix; no subtree
-  KvAssembly kv16(rig.model->config(), 2048, DType::F16);
-  const PrefillReport f16 = test::prefill(*make_strategy("depcache", *rig.model, DType::F16), rig.index,
-                                          make_prompt_parts(rig.tok, r), kv16, rig.fwd);
+  // The same request keyed for f16 K/V finds none of the f32 K/V.
+  const PrefillReport f16 =
+      rig.run(*make_strategy("depcache", rig.engine.cache_fingerprint(), DType::F16), r);
   EXPECT_EQ(f16.reused_tokens, 0);
 }
 
@@ -337,20 +340,34 @@ TEST(Strategies, TheModelsPromptTemplateShapesItsPrompts) {
 }
 
 // A prefill that fails after the cached spans were matched and pinned (here:
-// a token the model does not have, found by the forward pass) leaves no pin
-// behind: the request's lease releases them, and the index can evict again.
+// its forward pass, which finds the plan's rows and visibility disagreeing)
+// leaves no pin behind: the request's lease releases them as it fails, and
+// the index can evict again.
 TEST(Strategies, AFailedPrefillLeavesNoPin) {
   for (const char* name : {"prefix", "ragcache", "depcache"}) {
-    Rig rig("tiny");
+    const StrategyOptions o{PositionScheme::Depth, true};
+    Rig rig("tiny", DType::F32, o);
     const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
-    rig.run(name, r);  // cached now
-    PromptParts bad = make_prompt_parts(rig.tok, r);
-    bad.task.push_back(rig.model->config().n_vocab + 3);
-    KvAssembly kv(rig.model->config(), 2048, DType::F32);
-    const auto strategy = make_strategy(name, *rig.model, DType::F32, {PositionScheme::Depth, true});
-    EXPECT_THROW(test::prefill(*strategy, rig.index, bad, kv, rig.fwd), Error) << name;
+    rig.run(name, r, o);  // cached now
+    const PromptParts parts = make_prompt_parts(rig.tok, r);
+    RequestPlan bad = make_strategy(name, rig.engine.cache_fingerprint(), DType::F32, o)->plan(parts);
+    ASSERT_FALSE(bad.runs.empty()) << name;
+    // Each computed token's K/V is written to one row and attended at the next.
+    bad.visibility = [planned = bad.visibility](std::span<const int64_t> computed) {
+      std::vector<QueryGroup> groups = planned(computed).groups();
+      for (QueryGroup& g : groups) ++g.self_row;
+      return Visibility(std::move(groups));
+    };
+    const RequestId id = rig.engine.submit_plan(std::move(bad), test::greedy(1));
+    try {
+      rig.engine.wait(id);
+      ADD_FAILURE() << name << ": the broken plan was computed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("visibility group"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(rig.engine.result(id).state, RequestState::Failed) << name;
     EXPECT_EQ(rig.index.n_pinned(), 0u) << name;
-    EXPECT_GT(rig.run(name, r).reused_tokens, 0) << name << ": the cache still serves";
+    EXPECT_GT(rig.run(name, r, o).reused_tokens, 0) << name << ": the cache still serves";
     rig.index.evict_to(0);
     EXPECT_EQ(rig.index.bytes(), 0u) << name << ": everything is evictable again";
   }
@@ -378,10 +395,10 @@ TEST(Strategies, PlanningHasNoSideEffects) {
 TEST(Strategies, ErrorsAreClear) {
   Rig rig("tiny");
   EXPECT_THROW(make_strategy("nope", *rig.model, DType::F32), Error);
-  KvAssembly small(rig.model->config(), 16, DType::F32);
-  auto full = make_strategy("full", *rig.model, DType::F32);
+  // A pool of 16 rows: the prompt cannot fit.
+  Rig small(rig.model, Vocab::builtin_bytes(), DType::F32, {}, 16);
   try {
-    test::prefill(*full, rig.index, make_prompt_parts(rig.tok, graph_request({kDog}, "q")), small, rig.fwd);
+    small.run("full", graph_request({kDog}, "q"));
     ADD_FAILURE() << "an oversized prompt was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::LimitExceeded);
