@@ -84,5 +84,5 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNIT
 cmake --build build-tsan --target depcache test_util test_kv test_engine test_server test_cli
 echo "== $(since_start) TSan: threaded tests"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1 \
-  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|EngineLoop|KvPool|LayerLoad|LayerLoadEngine|RunCli|Server|ServerHostile|ServeCli|Speculation|MetricsSum|RemoteDeadline|RemoteSealed|SpanFetch|DiskStore|RedisClusterStore|KvEvents|Replicas)\.'
+  run_ctest build-tsan "TSan" -R '^(ThreadPool|Tiers|RemoteTier|Engine|EngineLoop|KvPool|LayerLoad|LayerLoadEngine|RunCli|Server|ServerHostile|ServeCli|Speculation|MetricsSum|RemoteDeadline|RemoteSealed|SpanFetch|DiskStore|RedisClusterStore|KvEvents|Replicas|HttpStress)\.'
 echo "== $(since_start) all stages passed"

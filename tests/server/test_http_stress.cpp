@@ -306,7 +306,7 @@ TEST(HttpStress, EveryClientGetsOnlyItsOwnBytesAndSigtermDrainsTheLoad) {
     for (std::thread& t : threads) t.join();
   }
   for (int c = 0; c < clients; ++c)
-    for (const std::string& e : errors[c]) ADD_FAILURE() << e;
+    for (const std::string& e : errors[c]) ADD_FAILURE() << e << "\nthe server's log:\n" << server.log();
 
   // Wave 2's prompts are longer answers, still running when the signal comes.
   const int drain_clients = test::kSanitized ? 4 : 8;
@@ -323,7 +323,7 @@ TEST(HttpStress, EveryClientGetsOnlyItsOwnBytesAndSigtermDrainsTheLoad) {
     for (int r = 0; r < per_client; ++r) {
       const Answer& a = answers[c][r];
       SCOPED_TRACE(fmt::format("client {} request {}", c, r));
-      ASSERT_TRUE(a.error.empty()) << a.error;
+      ASSERT_TRUE(a.error.empty()) << a.error << "\nthe server's log:\n" << server.log();
       EXPECT_TRUE(ids.insert(a.id).second) << "id " << a.id << " answered twice";
       EXPECT_EQ(a.completion_tokens, max_tokens);
       const std::string want = alone(prompt_of(1, c, r), max_tokens, seed_of(1, c, r));
@@ -367,7 +367,7 @@ TEST(HttpStress, EveryClientGetsOnlyItsOwnBytesAndSigtermDrainsTheLoad) {
   for (std::thread& t : threads) t.join();
   for (int c = 0; c < drain_clients; ++c) {
     SCOPED_TRACE(fmt::format("draining client {}", c));
-    ASSERT_TRUE(drained[c].error.empty()) << drained[c].error;
+    ASSERT_TRUE(drained[c].error.empty()) << drained[c].error << "\nthe server's log:\n" << server.log();
     EXPECT_EQ(drained[c].completion_tokens, drain_tokens);
     EXPECT_TRUE(drained[c].text.starts_with(drain_want[c])) << drained[c].text << "\ndoes not begin with\n"
                                                             << drain_want[c];
