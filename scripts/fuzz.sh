@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/) with clang into build-fuzz/ and runs
-# them, each from its checked-in seeds in fuzz/corpus/<name>/.
+# Builds the libFuzzer targets (fuzz/) in the clang sanitizer build,
+# build-asan/ (scripts/asan_build.sh), and runs them, each from its checked-in
+# seeds in fuzz/corpus/<name>/.
 #
 #   scripts/fuzz.sh [SECONDS] [NAME...]   run each target SECONDS (default 120); inputs that
-#                                         add coverage are kept in build-fuzz/corpus/<name>/
+#                                         add coverage are kept in build-asan/fuzz/corpus/<name>/
 #   scripts/fuzz.sh --ci [SECONDS]        the test command's stage: SECONDS each (default 20), new
 #                                         inputs in a temporary folder, checked-in seeds untouched
 #
 # NAME is a target without "_fuzz" (gguf, tokenizer, pretokenizer, chat_template, jinja, openai,
 # span_record, requests, kg, cluster_slots, kv_events); default all. FUZZ_BUILD=0 skips the build, FUZZ_BUILD=only
 # builds and stops. Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
-# build-fuzz/findings/<name>/; reproduce one with `build-fuzz/fuzz/<name>_fuzz FILE`. Ends
+# build-asan/fuzz/findings/<name>/; reproduce one with `build-asan/fuzz/<name>_fuzz FILE`. Ends
 # with executions and findings per target, and fails if any target found something.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,13 +28,7 @@ NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 
 if [ "${FUZZ_BUILD:-1}" != 0 ]; then
-  # Lean: the library as a unity build (batches of sources compiled as one
-  # unit, the JSON and fmt headers parsed once per batch) at -O1 with line
-  # tables, and only the fuzz targets; no CLI, tests or benchmarks.
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" -DCMAKE_UNITY_BUILD=ON \
-    -DDEPCACHE_FUZZ=ON -DDEPCACHE_TESTS=OFF -DDEPCACHE_BENCH=OFF >/dev/null
-  cmake --build build-fuzz --target fuzz_targets
+  bash scripts/asan_build.sh fuzz_targets
 fi
 [ "${FUZZ_BUILD:-1}" != only ] || exit 0
 
@@ -58,11 +53,12 @@ if [ "$CI" = 1 ]; then
   SCRATCH=$(mktemp -d)
   trap 'rm -rf "$SCRATCH"' EXIT
 fi
-mkdir -p build-fuzz/logs
+OUT=build-asan/fuzz
+mkdir -p $OUT/logs
 failed=0
 summary=()
 for name in "${NAMES[@]}"; do
-  exe=build-fuzz/fuzz/${name}_fuzz
+  exe=$OUT/${name}_fuzz
   seeds=fuzz/corpus/$name
   if [ ! -x "$exe" ] || [ ! -d "$seeds" ]; then
     echo "no fuzz target or seed corpus named '$name' (targets: ${ALL[*]})" >&2
@@ -74,12 +70,12 @@ for name in "${NAMES[@]}"; do
     [ "${DEPCACHE_STRICT:-0}" = 0 ] || failed=1
     continue
   fi
-  if [ "$CI" = 1 ]; then work=$SCRATCH/$name; else work=build-fuzz/corpus/$name; fi
-  findings=build-fuzz/findings/$name
+  if [ "$CI" = 1 ]; then work=$SCRATCH/$name; else work=$OUT/corpus/$name; fi
+  findings=$OUT/findings/$name
   mkdir -p "$work" "$findings"
   dict=()
   [ -f "fuzz/dict/$name.dict" ] && dict=(-dict="fuzz/dict/$name.dict")
-  log=build-fuzz/logs/$name.log
+  log=$OUT/logs/$name.log
   before=$(find "$findings" -type f | wc -l)
   echo "== ${name}_fuzz for ${SECONDS_PER_TARGET}s (log: $log)"
   status=0

@@ -54,19 +54,17 @@ run_ctest() {
 echo "== $(since_start) Release build (setup and build done): tests"
 run_ctest build "Release"
 
-# The libFuzzer targets (fuzz/), built with clang into build-fuzz/ (a unity
-# build of the library and the targets only), each run FUZZ_SECONDS from its
-# checked-in seeds; any crash, leak, hang or broken property fails the stage.
-echo "== $(since_start) Fuzz targets: build, then ${FUZZ_SECONDS:-10}s each"
-bash scripts/fuzz.sh --ci "${FUZZ_SECONDS:-10}"
+# One clang build, build-asan/, with AddressSanitizer, UndefinedBehaviorSanitizer
+# and libFuzzer's coverage serves both the tests and the fuzz targets
+# (scripts/asan_build.sh): the library is compiled once for both.
+echo "== $(since_start) Sanitizer build (clang: ASan + UBSan + fuzzing coverage)"
+bash scripts/asan_build.sh
 
-echo "== $(since_start) Sanitizer build (ASan + UBSan)"
-# The sanitizer builds are unity builds (CMake batches of 8 sources in one
-# unit): the headers every file includes (fmt, JSON, CLI11, GoogleTest) are
-# compiled once per batch instead of once per file, about 40% less time.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON -DDEPCACHE_SANITIZE=ON \
-  -DDEPCACHE_BENCH=OFF
-cmake --build build-asan
+# Each fuzz target runs FUZZ_SECONDS from its checked-in seeds; any crash,
+# leak, hang or broken property fails the stage.
+echo "== $(since_start) Fuzz targets: ${FUZZ_SECONDS:-10}s each"
+FUZZ_BUILD=0 bash scripts/fuzz.sh --ci "${FUZZ_SECONDS:-10}"
+
 echo "== $(since_start) ASan + UBSan: tests"
 # allocator_may_return_null: an allocation too large for memory throws
 # std::bad_alloc, as it does without ASan (the KV assembly turns it into a

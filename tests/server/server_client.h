@@ -22,9 +22,10 @@ bool have_curl();
   REQUIRE_CURL();              \
   ASSERT_GT((server).port(), 0) << "the server did not come up:\n" << (server).log()
 
-// True in a sanitizer build, where load tests send fewer requests.
+// True in a sanitizer build (either compiler; tests/CMakeLists.txt defines
+// it), where load tests send fewer requests.
 constexpr bool kSanitized =
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifdef DEPCACHE_SANITIZED
     true;
 #else
     false;
