@@ -55,10 +55,23 @@ void check_tokens(const Target& t, const std::string& prompt) {
   if (t.tok.decode(ids, true) != prompt) violated("decode(encode(prompt)) differs from the prompt");
 }
 
+const std::vector<Target>& loaded_targets() {
+  static const std::vector<Target> targets = load_targets();
+  return targets;
+}
+
 }  // namespace
 
+// The real vocabularies load here, before the first input: libFuzzer's
+// per-input timeout would otherwise count their loading (seconds under
+// ASan) against the first input.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  loaded_targets();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::vector<Target> targets = load_targets();
+  const std::vector<Target>& targets = loaded_targets();
   depcache::fuzz::Bytes in(data, size);
   const uint8_t flags = in.u8();
   std::vector<depcache::ChatMessage> messages;

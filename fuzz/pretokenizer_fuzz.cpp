@@ -58,10 +58,23 @@ void check(const depcache::Tokenizer& tok, std::string_view text) {
   }
 }
 
+const std::vector<depcache::Tokenizer>& loaded_tokenizers() {
+  static const std::vector<depcache::Tokenizer> tokenizers = load_tokenizers();
+  return tokenizers;
+}
+
 }  // namespace
 
+// The real vocabularies load here, before the first input: libFuzzer's
+// per-input timeout would otherwise count their loading (seconds under
+// ASan) against the first input.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  loaded_tokenizers();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::vector<depcache::Tokenizer> tokenizers = load_tokenizers();
+  const std::vector<depcache::Tokenizer>& tokenizers = loaded_tokenizers();
   if (size == 0) return 0;
   const depcache::Tokenizer& tok = tokenizers[data[0] % tokenizers.size()];
   const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
