@@ -229,6 +229,21 @@ std::shared_ptr<void> HttpServer::Writing::hold() {
   });
 }
 
+std::shared_ptr<void> HttpServer::Admissions::admit(const EngineLoop& loop, size_t limit) {
+  {
+    std::lock_guard lk(mu_);
+    if (limit > 0 && loop.snapshot().waiting + reserved_ >= limit)
+      throw ApiError(429,
+                     fmt::format("the server is at capacity ({} requests waiting); retry shortly", limit),
+                     "server_error", {}, "queue_full");
+    ++reserved_;
+  }
+  return std::shared_ptr<void>(nullptr, [this](void*) {
+    std::lock_guard lk(mu_);
+    --reserved_;
+  });
+}
+
 bool HttpServer::Writing::wait_until(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lk(mu_);
   return none_.wait_until(lk, deadline, [&] { return n_ == 0; });
@@ -437,11 +452,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
         fmt::format("the model '{}' is not served here (this server serves '{}')", cr.model, model_.name),
         "invalid_request_error", "model", "model_not_found");
   check_vocab(cr, model_.tokenizer->n_vocab());
-  if (options_.max_queue > 0 && loop_->snapshot().waiting >= options_.max_queue)
-    throw ApiError(
-        429,
-        fmt::format("the server is at capacity ({} requests waiting); retry shortly", options_.max_queue),
-        "server_error", {}, "queue_full");
+  std::shared_ptr<void> admitted = admissions_.admit(*loop_, options_.max_queue);
   const PromptSources sources{model_.tokenizer.get(), model_.chat,   model_.corpus,
                               model_.graph,           model_.prompt, options_.special_in_text};
   const PromptRequest prompt = prompt_request(cr);
@@ -502,6 +513,7 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   } else {
     stream = loop_->submit(strategy, fits(request_prompt(prompt, sources)), cr.sampling);
   }
+  admitted.reset();  // submitted: the loop counts it now
   const std::string id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
   const int64_t created = std::time(nullptr);
   const ApiKind kind = cr.kind;

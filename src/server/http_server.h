@@ -125,8 +125,26 @@ class HttpServer {
     int64_t n_ = 0;
   };
 
+  // The queue limit, checked and reserved in one step. A request is
+  // admitted before it is tokenized and submitted; until then the loop does
+  // not count it, so a burst whose requests were all checked before any was
+  // submitted would pass a check of the loop's count alone. Admitted but not
+  // yet submitted requests count as waiting.
+  class Admissions {
+   public:
+    // Reserves a place, or throws the 429 when `waiting` plus the places
+    // reserved reach `limit` (0: no limit). The place is released when the
+    // returned holder is destroyed (after the submission, or on an error).
+    std::shared_ptr<void> admit(const EngineLoop& loop, size_t limit);
+
+   private:
+    std::mutex mu_;
+    size_t reserved_ = 0;
+  };
+
   ServerOptions options_;
   Writing writing_;
+  Admissions admissions_;
   std::unique_ptr<GuardedHttpServer> http_;
   std::thread listener_;
   std::atomic<bool> listener_done_{false};  // listen_after_bind returned

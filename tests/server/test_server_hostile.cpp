@@ -435,6 +435,10 @@ TEST(ServerHostile, TheQueueLimitIsReachedWithTheDefaults) {
     }
   }
   EXPECT_GT(refused, 0) << "no 429 with " << n << " long requests at once";
+  // The limit holds for a burst too: every request was checked and
+  // submitted by now, and no more than the default limit (64) wait, however
+  // many were checked before the first was submitted.
+  EXPECT_LE(test::sample(server.metrics(), "depcache_requests_waiting"), 64);
   clients.clear();
   // The clients went away: their requests are cancelled, also those still
   // waiting for their first token (nothing written to them yet).
