@@ -422,12 +422,13 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   }
   List items;
   Str s;
-  for (int64_t i = b; st > 0 ? i < e : i > e; i += st) {
+  for (int64_t i = b; st > 0 ? i < e : i > e;) {
     const auto k = static_cast<size_t>(i);
     if (obj.is_list())
       items.push_back(obj.as_list()[k]);
     else
       s.append(obj.as_str().sub(off[k], off[k + 1]));
+    if (__builtin_add_overflow(i, st, &i)) break;  // past 64 bits is past the end
   }
   return obj.is_list() ? Value::list(std::move(items)) : Value::str(std::move(s));
 }

@@ -72,9 +72,14 @@ Value select(const Value& seq, Args& a, bool keep, bool by_attr, std::string_vie
 }
 
 Str indent(const Str& s, const Value& width, bool first, bool blank) {
-  const std::string ind = width.is_string()
-                              ? width.as_str().s
-                              : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
+  std::string ind;
+  if (width.is_string()) {
+    ind = width.as_str().s;
+  } else {
+    const auto n = static_cast<size_t>(std::max<int64_t>(0, width.as_int()));
+    check_string_size(n);
+    ind.assign(n, ' ');
+  }
   std::vector<std::string> lines;
   const std::string text = s.s + "\n";
   size_t b = 0;
@@ -88,13 +93,12 @@ Str indent(const Str& s, const Value& width, bool first, bool blank) {
   }
   std::string out;
   check_string_size(text.size() + ind.size() * lines.size());
-  if (blank) {
-    for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" + ind : "") + lines[i];
-  } else {
-    out = lines.empty() ? "" : lines[0];
-    for (size_t i = 1; i < lines.size(); ++i) out += "\n" + (lines[i].empty() ? "" : ind) + lines[i];
+  if (first) out = ind;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i) out += '\n';
+    if (i && (blank || !lines[i].empty())) out += ind;
+    out += lines[i];
   }
-  if (first) out = ind + out;
   return Str::derived(std::move(out), !s.marks.empty());
 }
 
@@ -286,10 +290,14 @@ Value apply_filter(std::string_view name, const Value& v, Args& a) {
     const bool is_int = name == "int";
     a.check(2, {"default", "base"});
     const Value def = a.get(0, "default", is_int ? Value::integer(0) : Value::number(0.0));
-    if (v.is_number())
-      return is_int ? Value::integer(static_cast<int64_t>(v.as_float())) : Value::number(v.as_float());
+    // Jinja2 falls back to the default where Python's int() raises ValueError
+    // (NaN); an infinity raises OverflowError, which it lets through.
+    const auto to_int = [&](double f) { return std::isnan(f) ? def : Value::integer(int_from_float(f)); };
+    if (v.is_int() || v.is_bool()) return is_int ? Value::integer(v.as_int()) : Value::number(v.as_float());
+    if (v.is_number()) return is_int ? to_int(v.as_float()) : Value::number(v.as_float());
     if (!v.is_string()) return def;
     const std::string s = v.as_str().s;
+    double parsed = 0;
     try {
       size_t used = 0;
       if (is_int) {
@@ -298,13 +306,15 @@ Value apply_filter(std::string_view name, const Value& v, Args& a) {
         if (used == s.size()) return Value::integer(i);
       }
       const double f = std::stod(s, &used);
-      if (used == s.size()) return is_int ? Value::integer(static_cast<int64_t>(f)) : Value::number(f);
+      if (used != s.size()) return def;
+      parsed = f;
     } catch (const std::exception&) {
+      return def;
     }
-    return def;
+    return is_int ? to_int(parsed) : Value::number(parsed);
   }
   if (name == "abs") {
-    if (v.is_int()) return Value::integer(std::llabs(v.as_int()));
+    if (v.is_int()) return Value::integer(v.as_int() < 0 ? int_sub(0, v.as_int()) : v.as_int());
     if (v.is_number()) return Value::number(std::fabs(v.as_float()));
     filter_error(name, "needs a number, not a " + v.type_name());
   }
@@ -326,7 +336,7 @@ Value apply_filter(std::string_view name, const Value& v, Args& a) {
       const Value x = attr.is_none() ? item : attribute_of(item, attr);
       if (!x.is_number() || !total.is_number()) filter_error(name, "needs numbers");
       total = total.is_float() || x.is_float() ? Value::number(total.as_float() + x.as_float())
-                                               : Value::integer(total.as_int() + x.as_int());
+                                               : Value::integer(int_add(total.as_int(), x.as_int()));
     }
     return total;
   }
@@ -384,7 +394,7 @@ bool apply_test(std::string_view name, const Value& v, Args& a) {
     const Value& d = arg();
     if (!v.is_int() || !d.is_int() || d.as_int() == 0)
       fail(ErrorKind::InvalidInput, "test 'divisibleby' needs nonzero integers");
-    return v.as_int() % d.as_int() == 0;
+    return d.as_int() == -1 || v.as_int() % d.as_int() == 0;  // INT64_MIN % -1 is undefined in C++
   }
   if (name == "sameas") {
     const Value& o = arg();
@@ -477,7 +487,7 @@ std::string percent_format(std::string_view f, const Value& args) {
       out += v.repr();
     } else if (spec == 'd' || spec == 'i') {
       if (!v.is_number()) fail(ErrorKind::InvalidInput, "'%d' format: a number is required");
-      out += std::to_string(static_cast<int64_t>(v.as_float()));
+      out += std::to_string(v.is_float() ? int_from_float(v.as_float()) : v.as_int());
     } else {
       fail(ErrorKind::InvalidInput, "'%' format: '%{}' is not supported", spec);
     }

@@ -120,11 +120,12 @@ class Renderer {
       const int64_t step = a.pos.size() > 2 ? a.pos[2].as_int() : 1;
       if (step == 0) fail(ErrorKind::InvalidInput, "range() step must not be zero");
       List out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         step_();
         if (out.size() >= kMaxItems)
           fail(ErrorKind::LimitExceeded, "range() of more than {} numbers", kMaxItems);
         out.push_back(Value::integer(i));
+        if (__builtin_add_overflow(i, step, &i)) break;  // past 64 bits is past stop
       }
       return Value::list(std::move(out));
     }
@@ -392,8 +393,9 @@ class Renderer {
       const Value& count = &seq == &x ? y : x;
       if (!count.is_int() && !count.is_bool())
         fail(ErrorKind::InvalidInput, "can't multiply a sequence by a {}", count.type_name());
-      const int64_t n = std::max<int64_t>(0, count.as_int());
       const size_t unit = seq.is_string() ? seq.as_str().s.size() : seq.as_list().size();
+      // An empty sequence repeated stays empty, however large the count.
+      const int64_t n = unit ? std::max<int64_t>(0, count.as_int()) : 0;
       const size_t most = seq.is_string() ? limits_.max_output : kMaxItems;
       if (unit && static_cast<uint64_t>(n) > most / unit)
         fail(ErrorKind::LimitExceeded, "a repetition exceeds {} {}", most,
@@ -420,11 +422,13 @@ class Renderer {
     }
     if (ints) {
       const int64_t a = x.as_int(), b = y.as_int();
-      if (op == "+") return Value::integer(a + b);
-      if (op == "-") return Value::integer(a - b);
-      if (op == "*") return Value::integer(a * b);
+      if (op == "+") return Value::integer(int_add(a, b));
+      if (op == "-") return Value::integer(int_sub(a, b));
+      if (op == "*") return Value::integer(int_mul(a, b));
       if (op == "//" || op == "%") {
         if (b == 0) fail(ErrorKind::InvalidInput, "integer division or modulo by zero");
+        // C++ leaves INT64_MIN / -1 undefined; Python's quotient is the negation.
+        if (b == -1) return Value::integer(op == "//" ? int_sub(0, a) : 0);
         int64_t q = a / b, r = a % b;
         if (r != 0 && ((r < 0) != (b < 0))) {
           --q;
@@ -432,11 +436,7 @@ class Renderer {
         }
         return Value::integer(op == "//" ? q : r);
       }
-      if (op == "**" && b >= 0) {
-        int64_t p = 1;
-        for (int64_t i = 0; i < b && i < 64; ++i) p *= a;
-        return Value::integer(p);
-      }
+      if (op == "**" && b >= 0) return Value::integer(int_pow(a, b));
     }
     const double a = x.as_float(), b = y.as_float();
     if (op == "+") return Value::number(a + b);
@@ -530,7 +530,7 @@ class Renderer {
         if (!v.is_number())
           fail(ErrorKind::InvalidInput, "bad operand type for unary {}: '{}'", e.name, v.type_name());
         if (e.name == "+") return v.is_float() ? v : Value::integer(v.as_int());
-        return v.is_float() ? Value::number(-v.as_float()) : Value::integer(-v.as_int());
+        return v.is_float() ? Value::number(-v.as_float()) : Value::integer(int_sub(0, v.as_int()));
       }
       case Expr::Kind::And: {
         Value x = eval(*e.items[0], frame);

@@ -25,6 +25,48 @@ void check_string_size(size_t n) {
   if (n > kMaxStringBytes) fail(ErrorKind::LimitExceeded, "a string would exceed {} bytes", kMaxStringBytes);
 }
 
+namespace {
+[[noreturn]] void int_overflow(std::string_view what) {
+  fail(ErrorKind::LimitExceeded, "{}: integers past 64 bits are not supported", what);
+}
+}  // namespace
+
+int64_t int_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) int_overflow("+");
+  return r;
+}
+
+int64_t int_sub(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_sub_overflow(a, b, &r)) int_overflow("-");
+  return r;
+}
+
+int64_t int_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) int_overflow("*");
+  return r;
+}
+
+int64_t int_pow(int64_t base, int64_t exp) {
+  if (base == 0) return exp == 0 ? 1 : 0;
+  if (base == 1) return 1;
+  if (base == -1) return exp % 2 ? -1 : 1;
+  // |base| >= 2 overflows within 63 steps, so the loop is short.
+  int64_t r = 1;
+  for (int64_t i = 0; i < exp; ++i)
+    if (__builtin_mul_overflow(r, base, &r)) int_overflow("**");
+  return r;
+}
+
+int64_t int_from_float(double x) {
+  if (std::isnan(x)) fail(ErrorKind::InvalidInput, "cannot convert float NaN to integer");
+  // Both bounds are exact doubles (2^63), and no double lies strictly between -2^63 - 1 and -2^63.
+  if (!(x < 9223372036854775808.0 && x >= -9223372036854775808.0)) int_overflow("int()");
+  return static_cast<int64_t>(x);
+}
+
 void Str::append(const Str& other) {
   check_string_size(s.size() + other.s.size());
   const size_t base = s.size();

@@ -25,6 +25,16 @@ inline constexpr size_t kMaxStringBytes = size_t{256} << 20;
 // Throws LimitExceeded when a string under construction passes kMaxStringBytes.
 void check_string_size(size_t n);
 
+// Python's integers are unbounded and ours are 64-bit: a result that does
+// not fit is refused (LimitExceeded), never wrapped.
+int64_t int_add(int64_t a, int64_t b);
+int64_t int_sub(int64_t a, int64_t b);
+int64_t int_mul(int64_t a, int64_t b);
+int64_t int_pow(int64_t base, int64_t exp);  // exp >= 0
+// Python's int(x) of a float: truncated toward zero; NaN, an infinity or a
+// value past 64 bits is refused.
+int64_t int_from_float(double x);
+
 struct Str {
   std::string s;
   Marks marks;

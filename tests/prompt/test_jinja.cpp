@@ -248,7 +248,16 @@ TEST(Jinja, ConstructsRenderAsJinja2Does) {
       "list }}",
       "{{ strftime_now('%Y-%m-%d %B %d') }} {{ date_string }} {{ bos_token }}{{ eos_token }} {{ "
       "add_generation_prompt }}",
+      // 64-bit edges where Python's result still fits (found by fuzzing: these wrapped or were undefined)
+      "{{ (-1) ** 65 }} {{ 1 ** 100 }} {{ 0 ** 0 }} {{ 2 ** 62 }} {{ (-9223372036854775807 - 1) % -1 }} "
+      "{{ -9223372036854775807 // -1 }} {{ -(-9223372036854775807) }} {{ '%d' % 9007199254740993 }} "
+      "{{ 'abcdef'[1::9223372036854775807] }} "
+      "{{ range(9223372036854775800, 9223372036854775807, 5) | list }} "
+      "[{{ '' * 9223372036854775807 }}] {{ (-9223372036854775807 - 1) is divisibleby -1 }} "
+      "{{ -9223372036854775807 | abs }} {{ (1e999 - 1e999) | int }} {{ '9223372036854775807' | int }}",
       // refusals: jinja2 and the interpreter both fail
+      "{{ 1e999 | int }}",
+      "{{ '%d' % (1e999 - 1e999) }}",
       "{{ raise_exception('no system messages') }}",
       "{{ messages[9].content }}",
       "{{ 'a' + 1 }}",
@@ -362,6 +371,19 @@ TEST(Jinja, BadAndHostileTemplatesAreRefusedByName) {
   EXPECT_EQ(render_error("{{ 1e999 }} {{ -1e999 }}").second, "");  // inf, as Python reads it
   EXPECT_NE(render_error("{{ '{99999999999999999999}'.format(1) }}").second.find("format: no argument"),
             std::string::npos);
+  // Python's integers are unbounded: where its result passes 64 bits, ours
+  // is refused by name (fuzzing found 5 ** 40 wrapping, undefined in C++).
+  for (const char* big : {"{{ 7450580596923828125 * 5 }}", "{{ 5 ** 40 }}", "{{ 9223372036854775807 + 1 }}",
+                          "{{ -9223372036854775807 - 2 }}", "{{ (-9223372036854775807 - 1) // -1 }}",
+                          "{{ -(-9223372036854775807 - 1) }}", "{{ (-9223372036854775807 - 1) | abs }}",
+                          "{{ [9223372036854775807, 1] | sum }}", "{{ 1e300 | int }}", "{{ '1e300' | int }}",
+                          "{{ '%d' % 1e300 }}"}) {
+    const auto [k, e] = render_error(big);
+    EXPECT_EQ(k, ErrorKind::LimitExceeded) << big << ": " << e;
+    EXPECT_NE(e.find("integers past 64 bits are not supported"), std::string::npos) << big << ": " << e;
+  }
+  const auto [k8, e8] = render_error("{{ 'x' | indent(9223372036854775807) }}");
+  EXPECT_EQ(k8, ErrorKind::LimitExceeded) << e8;
   const auto [k6, e6] = render_error("\n\n{{ messages[0].content }}");
   EXPECT_EQ(k6, ErrorKind::InvalidInput);
   EXPECT_EQ(e6, "chat template line 3: 'list' has no item 0") << e6;
