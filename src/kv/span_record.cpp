@@ -16,6 +16,13 @@ constexpr uint32_t kSchemeChecksum = 1, kSchemeHmac = 2;
 // Domain separation: a layer's tag can never stand for a head's.
 constexpr uint8_t kHeadDomain[1] = {'H'}, kLayerDomain[1] = {'L'};
 
+// memcpy and memcmp where a side may be an empty vector's data(), which can
+// be null: passing null is undefined even for 0 bytes.
+void copy_bytes(void* to, const void* from, size_t n) {
+  if (n > 0) std::memcpy(to, from, n);
+}
+bool same_bytes(const void* a, const void* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+
 template <typename T>
 void put_at(std::vector<uint8_t>& buf, size_t at, T v) {
   std::memcpy(buf.data() + at, &v, sizeof v);
@@ -101,9 +108,9 @@ std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<con
   put_at<uint64_t>(buf, 56, static_cast<uint64_t>(prefix));
   put_at<uint64_t>(buf, 64, ns);
   size_t at = kSpanRecordHeader;
-  std::memcpy(buf.data() + at, tokens.data(), 4 * tokens.size());
+  copy_bytes(buf.data() + at, tokens.data(), 4 * tokens.size());
   at += 4 * tokens.size();
-  std::memcpy(buf.data() + at, span.positions().data(), 4 * span.positions().size());
+  copy_bytes(buf.data() + at, span.positions().data(), 4 * span.positions().size());
   at += 4 * span.positions().size();
   for (int il = 0; il < span.n_layer(); ++il, at += kSpanRecordTag) {
     const MacTag t = seal_of(mac, kLayerDomain, layer_of(span, il));
@@ -112,7 +119,7 @@ std::vector<uint8_t> encode_span_record(uint64_t key, uint64_t ns, std::span<con
   const MacTag head = seal_of(mac, kHeadDomain, {buf.data(), at});
   std::memcpy(buf.data() + at, head.data(), head.size());
   at += kSpanRecordTag;
-  if (!span.data().empty()) std::memcpy(buf.data() + at, span.data().data(), span.data().size());
+  copy_bytes(buf.data() + at, span.data().data(), span.data().size());
   return buf;
 }
 
@@ -150,7 +157,7 @@ std::vector<int32_t> span_record_tokens(std::span<const uint8_t> record_start, i
   std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
   if (record_start.size() < kSpanRecordHeader + 4 * tokens.size())
     fail(ErrorKind::Internal, "span record: {} bytes hold no {} tokens", record_start.size(), n_tokens);
-  std::memcpy(tokens.data(), record_start.data() + kSpanRecordHeader, 4 * tokens.size());
+  copy_bytes(tokens.data(), record_start.data() + kSpanRecordHeader, 4 * tokens.size());
   return tokens;
 }
 
@@ -174,13 +181,13 @@ SpanRecordHead decode_span_record_head(std::span<const uint8_t> head, uint64_t k
   if (h->key != key || h->ns != ns || h->prefix != prefix ||
       h->n_tokens != static_cast<int64_t>(tokens.size()))
     return out;
-  if (std::memcmp(head.data() + kSpanRecordHeader, tokens.data(), tokens.size_bytes()) != 0) return out;
+  if (!same_bytes(head.data() + kSpanRecordHeader, tokens.data(), tokens.size_bytes())) return out;
   const int64_t own = h->n_tokens - h->prefix;
   out.status = RecordStatus::Ok;
   out.mac = seal.key;
   out.span = KvSpan(h->n_layer, h->row_elems, h->type, own);
   size_t at = kSpanRecordHeader + tokens.size_bytes();
-  std::memcpy(out.span.positions().data(), head.data() + at, 4 * static_cast<size_t>(own));
+  copy_bytes(out.span.positions().data(), head.data() + at, 4 * static_cast<size_t>(own));
   at += 4 * static_cast<size_t>(own);
   out.layer_tags.resize(static_cast<size_t>(h->n_layer));
   for (MacTag& t : out.layer_tags) {
@@ -210,8 +217,7 @@ DecodedSpan decode_span_record(std::span<const uint8_t> record, uint64_t key, ui
   out.status = head.status;
   if (head.status != RecordStatus::Ok) return out;
   const size_t from = head.header.head_bytes();
-  if (!head.span.data().empty())
-    std::memcpy(head.span.data().data(), record.data() + from, head.span.data().size());
+  copy_bytes(head.span.data().data(), record.data() + from, head.span.data().size());
   for (int il = 0; il < head.span.n_layer(); ++il)
     if (!span_record_layer_ok(head, il)) {
       out.status = RecordStatus::Mac;
