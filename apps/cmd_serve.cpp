@@ -99,6 +99,10 @@ void finish_options(ServeArgs& a) {
   if (!a.api_key_file.empty()) a.so.api_keys = read_api_key_file(a.api_key_file);
   if (!a.api_key.empty()) a.so.api_keys = {ApiKey{a.api_key, {}}};
   if (env_key && *env_key) a.so.api_keys = {ApiKey{env_key, {}}};
+  if (sources == 1 && a.api_key_file.empty() && a.so.api_keys[0].key.size() < ApiKey::kMinChars)
+    throw CLI::ValidationError(
+        a.api_key.empty() ? "DEPCACHE_API_KEY" : "--api-key",
+        fmt::format("a key shorter than {} characters is too easy to guess", ApiKey::kMinChars));
   a.so.subgcache.window = std::chrono::milliseconds(a.batch_window_ms);
   if (a.so.search.speculate && a.so.search.stages < 2)
     throw CLI::ValidationError("--speculate", "needs --search-stages 2 or more");
@@ -304,7 +308,10 @@ std::string haproxy_config(const RouteArgs& a, const std::vector<ReplicaAddress>
   std::string servers, rules;
   for (const ReplicaAddress& r : replicas) {
     const std::string hostport = r.url.substr(7);
-    servers += fmt::format("  server {} {} check inter 500ms fall 2 rise 1\n", r.name, hostport);
+    // A replica takes this many connections from one address: HAProxy
+    // queues the rest rather than passing on 503s.
+    servers += fmt::format("  server {} {} check inter 500ms fall 2 rise 1 maxconn {}\n", r.name, hostport,
+                           GuardedHttpServer::per_peer_limit(a.s.so.http));
     if (a.haproxy_balance == "overlap")
       rules += fmt::format("  use-server {} if {{ var(txn.depcache_replica) -m str {} }}\n", r.name, r.name);
   }
@@ -319,6 +326,7 @@ std::string haproxy_config(const RouteArgs& a, const std::vector<ReplicaAddress>
       "defaults\n"
       "  mode http\n"
       "  timeout connect 1s\n"
+      "  timeout queue 30s\n"
       "  timeout client 300s\n"
       "  timeout server 300s\n"
       "  retries 3\n"
@@ -399,6 +407,7 @@ void sync_replicas(ReplicaRouter& router, const std::atomic<bool>& stop) {
 
 void route(RouteArgs& a) {
   const sigset_t stop_signals = block_stop_signals();
+  finish_options(a.s);
 
   if (!a.s.engine_args.tiers.remote())
     fail(ErrorKind::InvalidInput,
@@ -423,8 +432,27 @@ void route(RouteArgs& a) {
   const PromptSources ps{tok.get(),    served.chat,   served.corpus,
                          served.graph, served.prompt, a.s.so.special_in_text};
 
-  httplib::Server http;
-  http.set_payload_max_length(a.s.so.http.max_body_bytes);
+  // The connection layer of the replicas, with the same limits.
+  GuardedHttpServer http(a.s.so.http);
+  const auto send_error = [](httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(error_body(e).dump(), "application/json");
+  };
+  http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (const std::optional<ApiError> e = framing_error(req)) {
+      GuardedHttpServer::close_after_response();
+      res.set_header("Connection", "close");
+      send_error(res, *e);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http.set_error_handler([&](const httplib::Request&, httplib::Response& res) {
+    if (const HttpViolation v = GuardedHttpServer::current_violation(); v != HttpViolation::None) {
+      res.set_header("Connection", "close");
+      send_error(res, ApiError(violation_status(v), violation_message(v)));
+    }
+  });
   http.Post("/route", [&](const httplib::Request& req, httplib::Response& res) {
     try {
       const nlohmann::json probe = nlohmann::json::parse(req.body, nullptr, false);
@@ -525,10 +553,14 @@ void add_http_limits(CLI::App* cmd, ServeArgs& a) {
          "immediate 503 with Retry-After")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{900}));
-  cmd->add_option("--max-queue", a.so.max_queue,
-                  "Requests waiting for the engine at most; more are refused with 429 and Retry-After (0: no "
-                  "limit)")
-      ->capture_default_str();
+  cmd->add_option(
+         "--max-connections-per-peer", a.so.http.max_connections_per_peer,
+         "Connections one IP address may hold at once; more get an immediate 503 (0: half of "
+         "--http-threads; as many as --http-threads: no limit). Behind a proxy every client shares its "
+         "address: depcache route's HAProxy configuration caps its connections to each replica at the "
+         "same number")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{0}, size_t{900}));
 }
 
 // Where rag.retrieve searches, staged search with speculation, SubGCache's batching.
@@ -607,6 +639,10 @@ void add_serve_command(CLI::App& app) {
                 "Special-token strings in prompts and messages become control tokens (trusted clients only; "
                 "by default they are plain text)");
   add_http_limits(cmd, a);
+  cmd->add_option("--max-queue", a.so.max_queue,
+                  "Requests waiting for the engine at most; more are refused with 429 and Retry-After (0: no "
+                  "limit)")
+      ->capture_default_str();
   cmd->add_option("--chat-template", a.chat_template,
                   "Chat format of /v1/chat/completions (default: the model's own tokenizer.chat_template, "
                   "run as Jinja2 runs it): " +
@@ -676,6 +712,7 @@ void add_route_command(CLI::App& app) {
          "bounded load; roundrobin")
       ->capture_default_str()
       ->check(CLI::IsMember({"overlap", "consistent", "roundrobin"}));
+  add_http_limits(cmd, a.s);
   cmd->add_option("--chat-template", a.s.chat_template, "As the replicas' serve --chat-template")
       ->check(CLI::IsMember(chat_family_names()));
   add_retrieval_options(cmd, a.s);

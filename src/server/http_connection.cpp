@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <condition_variable>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "server/openai.h"
@@ -25,6 +27,10 @@ namespace depcache {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
 
 // How the connection handed to a thread is to be treated: served, answered
 // 503 at once (every slot busy), or closed unanswered (even the 503s are
@@ -39,7 +45,9 @@ thread_local SlotMode t_mode = SlotMode::Serve;
 // mode tells process_and_close_socket what to do with it.
 class SlotQueue : public httplib::TaskQueue {
  public:
-  explicit SlotQueue(size_t slots) : slots_(std::max<size_t>(slots, 1)) {
+  // `short_at`: set to the time whenever a connection is turned away.
+  SlotQueue(size_t slots, std::atomic<int64_t>& short_at)
+      : slots_(std::max<size_t>(slots, 1)), short_at_(short_at) {
     rejecter_ = std::thread([this] { reject_loop(); });
   }
   ~SlotQueue() override = default;
@@ -69,6 +77,7 @@ class SlotQueue : public httplib::TaskQueue {
       }
       return;
     }
+    short_at_.store(now_ms(), std::memory_order_relaxed);
     if (rejects_.size() < kMaxRejectsQueued) {
       rejects_.push_back(std::move(fn));
       lk.unlock();
@@ -136,6 +145,7 @@ class SlotQueue : public httplib::TaskQueue {
   }
 
   const size_t slots_;
+  std::atomic<int64_t>& short_at_;
   std::mutex mu_;
   std::condition_variable work_, reject_;
   std::deque<std::function<void()>> jobs_, rejects_;
@@ -152,8 +162,9 @@ class SlotQueue : public httplib::TaskQueue {
 // bytes. Every read waits at most until the request's deadline.
 class ConnectionStream : public httplib::Stream {
  public:
-  ConnectionStream(socket_t sock, const HttpLimits& limits, const std::atomic<socket_t>& listening)
-      : sock_(sock), limits_(limits), listening_(listening) {
+  ConnectionStream(socket_t sock, const HttpLimits& limits, const std::atomic<socket_t>& listening,
+                   const std::atomic<int64_t>& slots_short_at_ms)
+      : sock_(sock), limits_(limits), listening_(listening), slots_short_at_ms_(slots_short_at_ms) {
     // The body bound is on the bytes as sent: a chunked body's framing (a
     // size line and CRLF per chunk) is allowed for on top of the limit. The
     // handlers check the decoded size exactly.
@@ -182,13 +193,23 @@ class ConnectionStream : public httplib::Stream {
   bool buffered() const { return pos_ < len_; }
 
   // Waits up to `idle` for the next request's first byte; false when none
-  // came (or the server is stopping, or the client closed).
-  bool wait_next(std::chrono::milliseconds idle) {
+  // came (or the server is stopping, or the client closed). While the
+  // server turns connections away, an idle one gives its slot back: at once
+  // between requests, after `first_grace` before its first (whose bytes may
+  // be on their way). *released says which.
+  bool wait_next(std::chrono::milliseconds idle, bool first, bool* released) {
+    *released = false;
     if (buffered()) return true;
-    const auto until = Clock::now() + idle;
+    const auto start = Clock::now(), until = start + idle;
     while (!stopping()) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      const auto now = Clock::now();
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
       if (left.count() <= 0) return false;
+      if ((!first || now - start >= kFirstGrace) &&
+          now_ms() - slots_short_at_ms_.load(std::memory_order_relaxed) < kShortMemoryMs) {
+        *released = true;
+        return false;
+      }
       const int r = poll_for(POLLIN, std::min<int64_t>(left.count(), kSliceMs));
       if (r < 0) return false;
       if (r > 0) return true;
@@ -285,8 +306,13 @@ class ConnectionStream : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
-  // Waits are cut in slices so that a stopping server is noticed.
+  // Waits are cut in slices so that a stopping server (or one short of
+  // slots) is noticed.
   static constexpr int64_t kSliceMs = 100;
+  // Slots count as short for this long after a connection was turned away.
+  static constexpr int64_t kShortMemoryMs = 1000;
+  // A new connection's first request may be on its way this long.
+  static constexpr std::chrono::milliseconds kFirstGrace{1000};
 
   bool stopping() const { return listening_.load() == INVALID_SOCKET; }
 
@@ -359,6 +385,7 @@ class ConnectionStream : public httplib::Stream {
   socket_t sock_;
   const HttpLimits& limits_;
   const std::atomic<socket_t>& listening_;
+  const std::atomic<int64_t>& slots_short_at_ms_;
   char buf_[16384];
   size_t pos_ = 0, len_ = 0;
   Clock::time_point deadline_{};
@@ -454,6 +481,20 @@ const char* reason_phrase(int status) {
 
 }  // namespace
 
+std::optional<ApiError> framing_error(const httplib::Request& req) {
+  if (req.get_header_value_count("Content-Length") > 1 || req.get_header_value_count("Transfer-Encoding") > 1)
+    return ApiError(400, "a request carries one Content-Length or one Transfer-Encoding header");
+  if (!req.has_header("Transfer-Encoding")) return std::nullopt;
+  if (req.has_header("Content-Length"))
+    return ApiError(400, "a request carries Content-Length or Transfer-Encoding, not both");
+  const std::string te = req.get_header_value("Transfer-Encoding");
+  const bool chunked = std::ranges::equal(
+      te, std::string_view("chunked"), [](unsigned char a, unsigned char b) { return std::tolower(a) == b; });
+  if (!chunked)
+    return ApiError(501, fmt::format("Transfer-Encoding '{}' is not accepted (only chunked)", te));
+  return std::nullopt;
+}
+
 int violation_status(HttpViolation v) {
   switch (v) {
     case HttpViolation::Timeout:
@@ -487,7 +528,7 @@ const char* violation_message(HttpViolation v) {
 
 GuardedHttpServer::GuardedHttpServer(const HttpLimits& limits) : limits_(limits) {
   const size_t slots = limits_.max_connections;
-  new_task_queue = [slots] { return new SlotQueue(slots); };
+  new_task_queue = [this, slots] { return new SlotQueue(slots, slots_short_at_ms_); };
   set_payload_max_length(limits_.max_body_bytes);
   // What the library announces in its Keep-Alive header.
   set_keep_alive_timeout(std::max<time_t>(1, limits_.keep_alive_timeout.count() / 1000));
@@ -554,12 +595,17 @@ void set_chunked_body(httplib::Response& res, const std::string& content_type,
 std::string render_http_metrics(const GuardedHttpServer& server) {
   const HttpRejections& r = server.rejections();
   std::string out =
-      "# HELP depcache_http_rejected_total Connections and requests the HTTP layer refused: busy (every "
-      "connection slot taken: 503), timeout (not received in time: 408), header_too_large (431), "
+      "# HELP depcache_http_rejected_total Connections and requests the HTTP layer refused or closed: busy "
+      "(every "
+      "connection slot taken: 503), peer_limit (as many from that address as it may hold: 503), "
+      "idle_released (idle while slots were short: closed), timeout (not received in time: 408), "
+      "header_too_large (431), "
       "body_too_large (413), failed (a fault while answering)\n"
       "# TYPE depcache_http_rejected_total counter\n";
   const std::pair<const char*, const std::atomic<int64_t>*> rows[] = {
       {"busy", &r.busy},
+      {"peer_limit", &r.peer_limit},
+      {"idle_released", &r.idle_released},
       {"timeout", &r.timeout},
       {"header_too_large", &r.header_too_large},
       {"body_too_large", &r.body_too_large},
@@ -598,6 +644,43 @@ void GuardedHttpServer::reject_busy(socket_t sock) {
                   std::chrono::milliseconds(50));
 }
 
+void GuardedHttpServer::reject_peer(socket_t sock, const std::string& ip) {
+  rejections_.peer_limit.fetch_add(1, std::memory_order_relaxed);
+  write_and_close(sock, 503, reason_phrase(503),
+                  ApiError(503,
+                           fmt::format("{} holds as many connections as one address may ({}); retry shortly "
+                                       "(--max-connections-per-peer)",
+                                       ip, per_peer_limit(limits_)),
+                           "server_error", {}, "server_busy"),
+                  std::chrono::milliseconds(50));
+}
+
+size_t GuardedHttpServer::per_peer_limit(const HttpLimits& l) {
+  return l.max_connections_per_peer > 0 ? l.max_connections_per_peer
+                                        : std::max<size_t>(1, l.max_connections / 2);
+}
+
+bool GuardedHttpServer::hold_peer(const std::string& ip) {
+  std::unique_lock lk(peers_mu_);
+  // A client that closes a connection and opens the next at once (a load
+  // generator at the limit) may arrive before the old one is counted out:
+  // a moment's wait tells that from a peer holding its share.
+  const bool under = peers_cv_.wait_for(lk, std::chrono::milliseconds(20), [&] {
+    const auto it = peers_.find(ip);
+    return it == peers_.end() || it->second < per_peer_limit(limits_);
+  });
+  if (!under) return false;
+  ++peers_[ip];
+  return true;
+}
+
+void GuardedHttpServer::release_peer(const std::string& ip) {
+  std::lock_guard lk(peers_mu_);
+  const auto it = peers_.find(ip);
+  if (it != peers_.end() && --it->second == 0) peers_.erase(it);
+  peers_cv_.notify_all();
+}
+
 bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
   if (t_mode == SlotMode::Drop) {
     rejections_.busy.fetch_add(1, std::memory_order_relaxed);
@@ -608,7 +691,25 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     reject_busy(sock);
     return false;
   }
-  ConnectionStream stream(sock, limits_, svr_sock_);
+  ConnectionStream stream(sock, limits_, svr_sock_, slots_short_at_ms_);
+  std::string ip;
+  int port = 0;
+  stream.get_remote_ip_and_port(ip, port);
+  if (!hold_peer(ip)) {
+    reject_peer(sock, ip);
+    return false;
+  }
+  // Released when the connection's last response is sent, before the
+  // lingering close: a client that reconnects at once is not counted twice.
+  struct PeerHold {
+    GuardedHttpServer& server;
+    const std::string& ip;
+    bool held = true;
+    void release() {
+      if (std::exchange(held, false)) server.release_peer(ip);
+    }
+    ~PeerHold() { release(); }
+  } peer{*this, ip};
   // While the connection is served: counted, and its stream the one the
   // handlers on this thread see.
   struct Serving {
@@ -627,7 +728,11 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     // A connection that sends nothing (a probe, a preconnect) is closed
     // after the idle time, unanswered; a request, once begun, must arrive
     // whole within the request timeout.
-    if (!stream.wait_next(limits_.keep_alive_timeout)) break;
+    bool released = false;
+    if (!stream.wait_next(limits_.keep_alive_timeout, served == 0, &released)) {
+      if (released) rejections_.idle_released.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
     stream.begin_request(Clock::now() + limits_.request_timeout);
     const bool last = served + 1 == limits_.max_requests_per_connection || svr_sock_ == INVALID_SOCKET;
     bool closed = false;
@@ -654,6 +759,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
         // The library gave up before answering (the request line itself
         // was cut off): the client still learns why.
         const int status = violation_status(v);
+        peer.release();
         write_and_close(sock, status, reason_phrase(status), ApiError(status, violation_message(v)),
                         std::chrono::milliseconds(200));
         return false;
@@ -662,6 +768,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     }
     if (!ok || closed || stream.closing()) break;
   }
+  peer.release();
   lingering_close(sock, std::chrono::milliseconds(200));
   return ok;
 }

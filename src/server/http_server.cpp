@@ -141,8 +141,9 @@ std::vector<ApiKey> read_api_key_file(const std::string& path) {
     std::string extra;
     if (words >> extra)
       fail(ErrorKind::InvalidInput, "{}:{}: a line holds a key and at most a namespace name", path, n);
-    if (k.key.size() < 16)
-      fail(ErrorKind::InvalidInput, "{}:{}: a key shorter than 16 characters is too easy to guess", path, n);
+    if (k.key.size() < ApiKey::kMinChars)
+      fail(ErrorKind::InvalidInput, "{}:{}: a key shorter than {} characters is too easy to guess", path, n,
+           ApiKey::kMinChars);
     // A key without a namespace keeps its requests' KV to itself.
     if (k.cache_namespace.empty()) k.cache_namespace = "key:" + k.key;
     keys.push_back(std::move(k));
@@ -291,6 +292,7 @@ void HttpServer::routes() {
       send_error(res, e);
       return httplib::Server::HandlerResponse::Handled;
     };
+    if (const std::optional<ApiError> e = framing_error(req)) return refuse(*e);
     // The library reads a body only for these methods; any other request's
     // body would be read as the next request on the connection.
     if (has_body && req.method != "POST" && req.method != "PUT" && req.method != "PATCH" &&

@@ -38,6 +38,7 @@ namespace depcache {
 // A key a client may present (Authorization: Bearer KEY), and the cache
 // namespace its requests reuse KV within.
 struct ApiKey {
+  static constexpr size_t kMinChars = 16;  // shorter keys are too easy to guess
   std::string key;
   std::string cache_namespace;  // empty: the shared one
 };

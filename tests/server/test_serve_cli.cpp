@@ -146,12 +146,14 @@ TEST(ServeCli, LoadgenExitsNonZeroWhenRequestsFail) {
       "{} loadgen --url http://127.0.0.1:1 --requests {} 2>&1", DEPCACHE_BINARY, requests.string()));
   EXPECT_EQ(none.code, 6) << none.out;
   EXPECT_NE(none.out.find("no server answers at http://127.0.0.1:1"), std::string::npos) << none.out;
-  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--api-key", "k3y"});
+  ServeProcess server(
+      {"-m", test::serve_model_file().string(), "-t", "2", "--api-key", "k3y-0123456789abcdef"});
   REQUIRE_SERVER(server);
   const test::CliRun refused = test::run_shell(loadgen(server.port(), requests, "--concurrency 2"));
   EXPECT_EQ(refused.code, 6) << refused.out;
   EXPECT_NE(refused.out.find("6 x HTTP 401: missing or wrong API key"), std::string::npos) << refused.out;
-  const test::CliRun ok = test::run_shell(loadgen(server.port(), requests, "--concurrency 2 --api-key k3y"));
+  const test::CliRun ok =
+      test::run_shell(loadgen(server.port(), requests, "--concurrency 2 --api-key k3y-0123456789abcdef"));
   EXPECT_EQ(ok.code, 0) << ok.out;
   std::filesystem::remove(requests);
 }

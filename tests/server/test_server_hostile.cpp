@@ -42,8 +42,19 @@ using Clock = std::chrono::steady_clock;
 // A client socket that sends exactly the bytes it is given.
 class RawConn {
  public:
-  explicit RawConn(int port) {
+  // `from`: the loopback address to connect from (127.0.0.0/8 is all ours).
+  explicit RawConn(int port, const char* from = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (from) {
+      sockaddr_in src{};
+      src.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from, &src.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+        ::close(fd_);
+        fd_ = -1;
+        return;
+      }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
@@ -291,6 +302,41 @@ TEST(ServerHostile, NoBodyIsReadAsTheNextRequest) {
     EXPECT_EQ(responses(raw), 1u) << raw;
     expect_error_object(parse_reply(raw), 401, "no key");
   }
+  // Two framings of one body (request smuggling, RFC 9112 6.1): a proxy
+  // that reads Content-Length forwards the chunked body's tail as part of
+  // this request, the server would read it as the next. Refused, closed.
+  {
+    const std::string body = json{{"prompt", "hi"}, {"max_tokens", 1}}.dump();
+    const std::string chunked = fmt::format("{:x}\r\n{}\r\n0\r\n\r\n", body.size(), body);
+    const std::string head =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Authorization: Bearer sk-0123456789abcdef\r\n";
+    struct Case {
+      std::string headers;
+      int status;
+    };
+    const Case cases[] = {
+        {fmt::format("Content-Length: {}\r\nTransfer-Encoding: chunked\r\n", chunked.size() + inner.size()),
+         400},
+        {fmt::format("Transfer-Encoding: chunked\r\nContent-Length: {}\r\n", chunked.size()), 400},
+        {"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", 400},
+        {fmt::format("Content-Length: {0}\r\nContent-Length: {0}\r\n", chunked.size()), 400},
+        {fmt::format("Transfer-Encoding: gzip, chunked\r\nContent-Length: {}\r\n", chunked.size()), 400},
+        {"Transfer-Encoding: gzip, chunked\r\n", 501},
+    };
+    for (const Case& k : cases) {
+      RawConn c(server.port());
+      ASSERT_TRUE(c.send(head + k.headers + "\r\n" + chunked + inner));
+      const std::string raw = c.read_all(std::chrono::seconds(3));
+      EXPECT_EQ(responses(raw), 1u) << k.headers << raw;
+      expect_error_object(parse_reply(raw), k.status, k.headers);
+      EXPECT_NE(raw.find("Connection: close"), std::string::npos) << k.headers << raw;
+    }
+    // Chunked alone is still read.
+    const Reply ok =
+        exchange(server.port(), head + "Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked);
+    EXPECT_EQ(ok.status, 200) << ok.body;
+  }
   // A compressed body is refused before it is inflated.
   {
     const Reply r = exchange(server.port(), request("POST", "/v1/completions", "\x1f\x8b\x08\x00",
@@ -344,10 +390,12 @@ TEST(ServerHostile, SlowSendersAreCutOffAndHealthStillAnswers) {
   ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--request-timeout", "3000"});
   REQUIRE_SERVER(server);
   const Baseline base(server.port());
-  // 200 clients that send a request's first bytes and then a byte now and then.
+  // 200 clients that send a request's first bytes and then a byte now and
+  // then, from four addresses (one address holds half the slots at most).
   std::vector<std::unique_ptr<RawConn>> slow;
+  const char* from[] = {"127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24"};
   for (int i = 0; i < 200; ++i) {
-    slow.push_back(std::make_unique<RawConn>(server.port()));
+    slow.push_back(std::make_unique<RawConn>(server.port(), from[i % 4]));
     ASSERT_TRUE(slow.back()->ok());
     ASSERT_TRUE(slow.back()->send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
   }
@@ -392,9 +440,9 @@ TEST(ServerHostile, ConnectionsBeyondTheSlotsGetAQuick503) {
   ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--http-threads", "4"});
   REQUIRE_SERVER(server);
   std::vector<std::unique_ptr<RawConn>> held;
-  for (int i = 0; i < 4; ++i) {
-    held.push_back(std::make_unique<RawConn>(server.port()));
-    ASSERT_TRUE(held.back()->send("GET /health HTTP/1.1\r\n"));  // and nothing more
+  for (const char* from : {"127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14"}) {
+    held.push_back(std::make_unique<RawConn>(server.port(), from));  // (each address holds half at most)
+    ASSERT_TRUE(held.back()->send("GET /health HTTP/1.1\r\n"));      // and nothing more
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto t0 = Clock::now();
@@ -409,6 +457,67 @@ TEST(ServerHostile, ConnectionsBeyondTheSlotsGetAQuick503) {
   held.clear();  // the slots come free
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(curl(server.port(), "/health").status, 200);
+}
+
+// A counter of the server's /metrics (-1 when absent).
+double metric(int port, const std::string& line_start) {
+  const Reply m = curl(port, "/metrics");
+  const size_t at = m.body.find("\n" + line_start + " ");
+  return at == std::string::npos ? -1 : std::atof(m.body.c_str() + at + line_start.size() + 2);
+}
+
+// One address that opens more connections than it may hold, each sending
+// half a request head, holds only its share of the slots: clients from
+// other addresses are served at once, with the defaults.
+TEST(ServerHostile, OnePeerCannotHoldEverySlot) {
+  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2"});
+  REQUIRE_SERVER(server);
+  const Baseline base(server.port());
+  std::vector<std::unique_ptr<RawConn>> held;
+  for (int i = 0; i < 300; ++i) {
+    held.push_back(std::make_unique<RawConn>(server.port(), "127.0.0.2"));
+    ASSERT_TRUE(held.back()->ok()) << "cannot connect from 127.0.0.2";
+    held.back()->send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");  // and nothing more
+  }
+  // Those over the address's share are answered 503 at once.
+  size_t refused = 0;
+  for (auto& c : held) refused += parse_reply(c->read_all(std::chrono::milliseconds(5))).status == 503;
+  const auto t0 = Clock::now();
+  for (const char* from : {"127.0.0.1", "127.0.0.3", "127.0.0.4"}) {
+    RawConn c(server.port(), from);
+    ASSERT_TRUE(c.send(request("GET", "/health", "")));
+    EXPECT_EQ(parse_reply(c.read_all(std::chrono::seconds(3))).status, 200) << "from " << from;
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
+  base.still_serves(server, "300 unfinished requests from one address");
+  const double peer_limit = metric(server.port(), "depcache_http_rejected_total{reason=\"peer_limit\"}");
+  const double busy = metric(server.port(), "depcache_http_rejected_total{reason=\"busy\"}");
+  // The default share is half the 256 slots; the rest wait for none.
+  EXPECT_EQ(peer_limit + busy, 300 - 128);
+  EXPECT_GT(peer_limit, 0);
+  EXPECT_EQ(refused, 300u - 128) << "the refused hear why at once";
+  held.clear();
+}
+
+// While connections are turned away for want of slots, idle keep-alive
+// connections give theirs back, so a client retrying after its 503 is served.
+TEST(ServerHostile, IdleConnectionsGiveTheirSlotsBackWhenSlotsAreShort) {
+  ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2", "--http-threads", "4",
+                       "--keep-alive-timeout", "60000"});
+  REQUIRE_SERVER(server);
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (const char* from : {"127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14"}) {
+    idle.push_back(std::make_unique<RawConn>(server.port(), from));
+    ASSERT_TRUE(idle.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+    ASSERT_EQ(parse_reply(idle.back()->read_all(std::chrono::milliseconds(300))).status, 200);
+  }
+  // Every slot is held by a connection idle between requests.
+  const Reply first = exchange(server.port(), request("GET", "/health", ""));
+  EXPECT_EQ(first.status, 503) << first.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const Reply retry = exchange(server.port(), request("GET", "/health", ""));
+  EXPECT_EQ(retry.status, 200) << retry.body;
+  EXPECT_GE(metric(server.port(), "depcache_http_rejected_total{reason=\"idle_released\"}"), 1);
 }
 
 TEST(ServerHostile, TheQueueLimitIsReachedWithTheDefaults) {
@@ -685,6 +794,17 @@ TEST(ServerHostile, KeysComeFromAFileOrTheEnvironment) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("shorter than 16"), std::string::npos) << bad.out;
   std::filesystem::remove(keys);
+  // The same floor for a key given on the command line or in the environment.
+  const test::CliRun bad_flag =
+      test::run_shell(fmt::format("timeout 20 {} serve -m {} --port 0 --api-key 0123456789abcde 2>&1",
+                                  DEPCACHE_BINARY, test::serve_model_file().string()));
+  EXPECT_NE(bad_flag.code, 0);
+  EXPECT_NE(bad_flag.out.find("--api-key: a key shorter than 16"), std::string::npos) << bad_flag.out;
+  const test::CliRun bad_env =
+      test::run_shell(fmt::format("DEPCACHE_API_KEY=short timeout 20 {} serve -m {} --port 0 2>&1",
+                                  DEPCACHE_BINARY, test::serve_model_file().string()));
+  EXPECT_NE(bad_env.code, 0);
+  EXPECT_NE(bad_env.out.find("DEPCACHE_API_KEY: a key shorter than 16"), std::string::npos) << bad_env.out;
   ::setenv("DEPCACHE_API_KEY", "sk-from-the-environment", 1);
   ServeProcess server({"-m", test::serve_model_file().string(), "-t", "2"});
   ::unsetenv("DEPCACHE_API_KEY");
