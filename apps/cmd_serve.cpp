@@ -447,12 +447,8 @@ void route(RouteArgs& a) {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  http.set_error_handler([&](const httplib::Request&, httplib::Response& res) {
-    if (const HttpViolation v = GuardedHttpServer::current_violation(); v != HttpViolation::None) {
-      res.set_header("Connection", "close");
-      send_error(res, ApiError(violation_status(v), violation_message(v)));
-    }
-  });
+  http.set_error_handler(
+      [](const httplib::Request&, httplib::Response& res) { GuardedHttpServer::answer_violation(res); });
   http.Post("/route", [&](const httplib::Request& req, httplib::Response& res) {
     try {
       const nlohmann::json probe = nlohmann::json::parse(req.body, nullptr, false);
@@ -480,11 +476,9 @@ void route(RouteArgs& a) {
               .dump(),
           "application/json");
     } catch (const ApiError& e) {
-      res.status = e.status;
-      res.set_content(error_body(e).dump(), "application/json");
+      send_error(res, e);
     } catch (const std::exception& e) {
-      res.status = 400;
-      res.set_content(error_body(ApiError(400, e.what())).dump(), "application/json");
+      send_error(res, ApiError(400, e.what()));
     }
   });
   http.Get("/replicas", [&](const httplib::Request&, httplib::Response& res) {

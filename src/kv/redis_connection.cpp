@@ -62,12 +62,6 @@ void limit_resp_arrays(redisReader* reader, int64_t* refused) {
 
 void RedisReplyDeleter::operator()(redisReply* r) const { freeReplyObject(r); }
 
-int64_t steady_now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 RedisConnection::RedisConnection(std::string host, int port, const RedisOptions& o)
     : host_(std::move(host)), port_(port), user_(o.user), password_(o.password), timeout_ms_(o.timeout_ms) {}
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kv/remote_store.h"
+#include "util/timing.h"
 
 struct redisContext;  // hiredis
 struct redisReader;
@@ -18,8 +19,6 @@ struct redisReader;
 namespace depcache {
 
 using RedisCommand = std::vector<std::string_view>;
-
-int64_t steady_now_ms();
 
 // The most elements one array of a reply may announce. hiredis allocates an
 // array's element slots when it reads the count, before any element has

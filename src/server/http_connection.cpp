@@ -22,15 +22,10 @@
 #include <vector>
 
 #include "server/openai.h"
+#include "util/timing.h"
 
 namespace depcache {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
-}
 
 // How the connection handed to a thread is to be treated: served, answered
 // 503 at once (every slot busy), or closed unanswered (even the 503s are
@@ -77,7 +72,7 @@ class SlotQueue : public httplib::TaskQueue {
       }
       return;
     }
-    short_at_.store(now_ms(), std::memory_order_relaxed);
+    short_at_.store(steady_now_ms(), std::memory_order_relaxed);
     if (rejects_.size() < kMaxRejectsQueued) {
       rejects_.push_back(std::move(fn));
       lk.unlock();
@@ -206,7 +201,7 @@ class ConnectionStream : public httplib::Stream {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
       if (left.count() <= 0) return false;
       if ((!first || now - start >= kFirstGrace) &&
-          now_ms() - slots_short_at_ms_.load(std::memory_order_relaxed) < kShortMemoryMs) {
+          steady_now_ms() - slots_short_at_ms_.load(std::memory_order_relaxed) < kShortMemoryMs) {
         *released = true;
         return false;
       }
@@ -595,12 +590,10 @@ void set_chunked_body(httplib::Response& res, const std::string& content_type,
 std::string render_http_metrics(const GuardedHttpServer& server) {
   const HttpRejections& r = server.rejections();
   std::string out =
-      "# HELP depcache_http_rejected_total Connections and requests the HTTP layer refused or closed: busy "
-      "(every "
-      "connection slot taken: 503), peer_limit (as many from that address as it may hold: 503), "
-      "idle_released (idle while slots were short: closed), timeout (not received in time: 408), "
-      "header_too_large (431), "
-      "body_too_large (413), failed (a fault while answering)\n"
+      "# HELP depcache_http_rejected_total Connections and requests the HTTP layer refused or closed: "
+      "busy (every connection slot taken: 503), peer_limit (as many from that address as it may hold: "
+      "503), idle_released (idle while slots were short: closed), timeout (not received in time: 408), "
+      "header_too_large (431), body_too_large (413), failed (a fault while answering)\n"
       "# TYPE depcache_http_rejected_total counter\n";
   const std::pair<const char*, const std::atomic<int64_t>*> rows[] = {
       {"busy", &r.busy},
@@ -631,6 +624,15 @@ void GuardedHttpServer::close_after_response() {
 
 HttpViolation GuardedHttpServer::current_violation() {
   return t_stream ? t_stream->violation() : HttpViolation::None;
+}
+
+bool GuardedHttpServer::answer_violation(httplib::Response& res) {
+  const HttpViolation v = current_violation();
+  if (v == HttpViolation::None) return false;
+  res.status = violation_status(v);
+  res.set_content(error_body(ApiError(res.status, violation_message(v))).dump(), "application/json");
+  res.set_header("Connection", "close");
+  return true;
 }
 
 void GuardedHttpServer::reject_busy(socket_t sock) {

@@ -66,6 +66,10 @@ class GuardedHttpServer : public httplib::Server {
   // The violation of the request being processed on this thread (None
   // outside a connection): what the error handler turns into its status.
   static HttpViolation current_violation();
+  // Answers that violation, if there is one (true): its status and an
+  // OpenAI error body, the connection closed after it (the library saw a
+  // read fail and would answer a bare 400).
+  static bool answer_violation(httplib::Response& res);
   // The connection being served on this thread closes after the response
   // being made: a request refused before its body was read leaves the body
   // unread on the connection.

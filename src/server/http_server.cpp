@@ -330,12 +330,7 @@ void HttpServer::routes() {
   // HTTP) and those of the connection layer's limits get an OpenAI error
   // body too.
   http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (const HttpViolation v = GuardedHttpServer::current_violation(); v != HttpViolation::None) {
-      // The library saw a read fail (400); the connection layer knows why.
-      // The connection is closed after this response.
-      res.set_header("Connection", "close");
-      return send_error(res, ApiError(violation_status(v), violation_message(v)));
-    }
+    if (GuardedHttpServer::answer_violation(res)) return;
     if (!res.body.empty()) return;
     if (res.status == 413)
       send_error(res, ApiError(413, "the request body is larger than the server accepts (--max-body)"));

@@ -459,13 +459,6 @@ TEST(ServerHostile, ConnectionsBeyondTheSlotsGetAQuick503) {
   EXPECT_EQ(curl(server.port(), "/health").status, 200);
 }
 
-// A counter of the server's /metrics (-1 when absent).
-double metric(int port, const std::string& line_start) {
-  const Reply m = curl(port, "/metrics");
-  const size_t at = m.body.find("\n" + line_start + " ");
-  return at == std::string::npos ? -1 : std::atof(m.body.c_str() + at + line_start.size() + 2);
-}
-
 // One address that opens more connections than it may hold, each sending
 // half a request head, holds only its share of the slots: clients from
 // other addresses are served at once, with the defaults.
@@ -490,8 +483,9 @@ TEST(ServerHostile, OnePeerCannotHoldEverySlot) {
   }
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
   base.still_serves(server, "300 unfinished requests from one address");
-  const double peer_limit = metric(server.port(), "depcache_http_rejected_total{reason=\"peer_limit\"}");
-  const double busy = metric(server.port(), "depcache_http_rejected_total{reason=\"busy\"}");
+  const double peer_limit =
+      test::sample(server.metrics(), "depcache_http_rejected_total{reason=\"peer_limit\"}");
+  const double busy = test::sample(server.metrics(), "depcache_http_rejected_total{reason=\"busy\"}");
   // The default share is half the 256 slots; the rest wait for none.
   EXPECT_EQ(peer_limit + busy, 300 - 128);
   EXPECT_GT(peer_limit, 0);
@@ -517,7 +511,7 @@ TEST(ServerHostile, IdleConnectionsGiveTheirSlotsBackWhenSlotsAreShort) {
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   const Reply retry = exchange(server.port(), request("GET", "/health", ""));
   EXPECT_EQ(retry.status, 200) << retry.body;
-  EXPECT_GE(metric(server.port(), "depcache_http_rejected_total{reason=\"idle_released\"}"), 1);
+  EXPECT_GE(test::sample(server.metrics(), "depcache_http_rejected_total{reason=\"idle_released\"}"), 1);
 }
 
 TEST(ServerHostile, TheQueueLimitIsReachedWithTheDefaults) {
