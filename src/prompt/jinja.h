@@ -4,7 +4,9 @@
 // the sandboxed environment chat templates are written for (trim_blocks,
 // lstrip_blocks, loop controls, tojson as json.dumps, raise_exception,
 // strftime_now). A template is read once; rendering is bounded in steps,
-// nesting and output, since a template comes from a file.
+// nesting, output, the memory its values take and time, since a template
+// comes from a file and runs on every chat request.
+#include <chrono>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -20,6 +22,11 @@ struct RenderLimits {
   size_t max_output = size_t{64} << 20;  // bytes
   size_t max_steps = 10'000'000;         // statements, loop turns and calls
   int max_call_depth = 64;               // macro calls within macro calls
+  // Bytes of every string, list and mapping the render makes, summed over
+  // the render whatever is freed meanwhile: a bound on the memory it can
+  // hold at once (values share their contents, so copies cost nothing).
+  size_t max_value_bytes = size_t{256} << 20;
+  std::chrono::milliseconds max_time{2000};
 };
 
 class Template {

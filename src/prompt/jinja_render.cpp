@@ -71,7 +71,10 @@ struct Cycle : Callable {
 class Renderer {
  public:
   Renderer(const Dict& globals, const std::tm& now, const RenderLimits& limits)
-      : globals_(globals), now_(now), limits_(limits) {}
+      : globals_(globals),
+        now_(now),
+        limits_(limits),
+        deadline_(std::chrono::steady_clock::now() + limits.max_time) {}
   Renderer(const Renderer&) = delete;
   Renderer& operator=(const Renderer&) = delete;
   // A macro kept in the frame it closes over, or a namespace holding itself,
@@ -194,6 +197,10 @@ class Renderer {
   void step_() {
     if (++steps_ > limits_.max_steps)
       fail(ErrorKind::LimitExceeded, "the template ran more than {} steps", limits_.max_steps);
+    // The clock every few steps: one step is bounded by the size of the
+    // values it works on.
+    if (steps_ % 64 == 0 && std::chrono::steady_clock::now() > deadline_)
+      fail(ErrorKind::LimitExceeded, "the template ran longer than {} ms", limits_.max_time.count());
   }
 
   void emit(Str& out, const Str& s) {
@@ -574,6 +581,7 @@ class Renderer {
   const Dict& globals_;
   std::tm now_;
   RenderLimits limits_;
+  std::chrono::steady_clock::time_point deadline_;
   size_t steps_ = 0;
   int call_depth_ = 0;
   int line_ = 1;
@@ -599,6 +607,7 @@ Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
 Str Template::render(const Dict& globals, const std::tm& now, const RenderLimits& limits) const {
+  const ValueBudget budget(limits.max_value_bytes, limits.max_output);
   Renderer r(globals, now, limits);
   try {
     return r.run(impl_->body);

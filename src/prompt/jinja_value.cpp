@@ -26,6 +26,30 @@ void check_string_size(size_t n) {
 }
 
 namespace {
+thread_local ValueBudget* current_budget = nullptr;
+}  // namespace
+
+ValueBudget::ValueBudget(size_t bytes, size_t max_string)
+    : limit_(bytes), max_string_(max_string), outer_(current_budget) {
+  current_budget = this;
+}
+ValueBudget::~ValueBudget() { current_budget = outer_; }
+
+void ValueBudget::charge_string(size_t bytes) {
+  if (const ValueBudget* b = current_budget; b && bytes > b->max_string_)
+    fail(ErrorKind::LimitExceeded, "a string exceeds {} bytes", b->max_string_);
+  charge(bytes);
+}
+
+void ValueBudget::charge(size_t bytes) {
+  ValueBudget* b = current_budget;
+  if (!b) return;
+  b->spent_ += bytes;
+  if (b->spent_ > b->limit_)
+    fail(ErrorKind::LimitExceeded, "the template made more than {} MiB of values", b->limit_ >> 20);
+}
+
+namespace {
 [[noreturn]] void int_overflow(std::string_view what) {
   fail(ErrorKind::LimitExceeded, "{}: integers past 64 bits are not supported", what);
 }
@@ -105,6 +129,7 @@ void Dict::set(Value key, Value v) {
       old = std::move(v);
       return;
     }
+  ValueBudget::charge(2 * sizeof(Value));
   items.emplace_back(std::move(key), std::move(v));
 }
 

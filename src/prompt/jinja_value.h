@@ -25,6 +25,27 @@ inline constexpr size_t kMaxStringBytes = size_t{256} << 20;
 // Throws LimitExceeded when a string under construction passes kMaxStringBytes.
 void check_string_size(size_t n);
 
+// What the render on this thread may still make, in bytes of values (strings,
+// lists, mappings): each new one is charged as it is made, and the one that
+// passes the budget throws LimitExceeded. Outside a render nothing is
+// charged (the values a caller builds to pass in).
+class ValueBudget {
+ public:
+  // This thread's budget until destroyed; no one string may pass
+  // max_string either (checked first: the string is the cause).
+  ValueBudget(size_t bytes, size_t max_string);
+  ~ValueBudget();
+  ValueBudget(const ValueBudget&) = delete;
+  ValueBudget& operator=(const ValueBudget&) = delete;
+  size_t spent() const { return spent_; }
+  static void charge(size_t bytes);
+  static void charge_string(size_t bytes);
+
+ private:
+  size_t limit_, max_string_, spent_ = 0;
+  ValueBudget* outer_;
+};
+
 // Python's integers are unbounded and ours are 64-bit: a result that does
 // not fit is refused (LimitExceeded), never wrapped.
 int64_t int_add(int64_t a, int64_t b);
@@ -102,13 +123,24 @@ class Value {
   static Value number(double f) { return Value(f); }
   static Value string(std::string s) { return str(Str{std::move(s), {}}); }
   static Value marked(std::string s);  // a client's text
-  static Value str(Str s) { return Value(std::make_shared<const Str>(std::move(s))); }
-  static Value list(List l) { return Value(std::make_shared<const List>(std::move(l))); }
+  // New strings, lists and mappings are charged to the render's ValueBudget.
+  static Value str(Str s) {
+    ValueBudget::charge_string(s.s.size());
+    ValueBudget::charge(s.marks.size() * sizeof(Marks::value_type));
+    return Value(std::make_shared<const Str>(std::move(s)));
+  }
+  static Value list(List l) {
+    ValueBudget::charge(l.size() * sizeof(Value));
+    return Value(std::make_shared<const List>(std::move(l)));
+  }
   static Value tuple(List l) {
     l.tuple = true;
     return list(std::move(l));
   }
-  static Value dict(Dict d) { return Value(std::make_shared<Dict>(std::move(d))); }
+  static Value dict(Dict d) {
+    ValueBudget::charge(d.items.size() * 2 * sizeof(Value));
+    return Value(std::make_shared<Dict>(std::move(d)));
+  }
   static Value function(std::shared_ptr<const Callable> f) { return Value(std::move(f)); }
 
   bool is_undefined() const { return std::holds_alternative<Undefined>(d_); }

@@ -362,6 +362,17 @@ TEST(Jinja, BadAndHostileTemplatesAreRefusedByName) {
       "endfor %}");
   EXPECT_EQ(k5, ErrorKind::LimitExceeded) << e5;
   EXPECT_NE(e5.find("a string exceeds 67108864 bytes"), std::string::npos) << e5;  // doubling: 16 << 30 bytes
+  // Each value within its bounds, but together without end: the render's
+  // budget of values made, and of time.
+  const auto [k9, e9] = render_error(
+      "{% set ns = namespace(l=[]) %}{% for i in range(20) %}"
+      "{% set ns.l = ns.l + [('x' * 30000000) ~ i] %}{% endfor %}");
+  EXPECT_EQ(k9, ErrorKind::LimitExceeded) << e9;
+  EXPECT_NE(e9.find("made more than 256 MiB of values"), std::string::npos) << e9;
+  const auto [k10, e10] = render_error(
+      "{% set big = 'x' * 20000000 %}{% for i in range(100000) %}{% if 'y' in big %}{% endif %}{% endfor %}");
+  EXPECT_EQ(k10, ErrorKind::LimitExceeded) << e10;
+  EXPECT_NE(e10.find("ran longer than 2000 ms"), std::string::npos) << e10;
   // Found by fuzzing: an argument of the wrong type is an error, not a crash;
   // a namespace holding itself is freed (the sanitizer build checks leaks).
   const auto [k7, e7] = render_error("{{ [1] | tojson(indent='x') }}");

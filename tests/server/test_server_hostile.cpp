@@ -674,6 +674,59 @@ std::string jinja2_rendering(const std::string& chat_template, const std::vector
   return text;
 }
 
+// A GGUF file whose own template is `chat_template`, over the tiny shape.
+std::filesystem::path own_template_model(const std::string& chat_template, const std::string& name) {
+  const Vocab vocab = own_template_vocab(chat_template);
+  ModelFileSpec spec;
+  spec.shape = *model_preset("tiny");
+  spec.shape.n_vocab = vocab.n_tokens();
+  vocab.append_gguf_metadata(spec.metadata);
+  const auto model = test::temp_path(name).replace_extension(".gguf");
+  write_model(model, spec, [](size_t index, const ModelTensor& t, int64_t row, float* dst) {
+    for (int64_t i = 0; i < t.n_in; ++i)
+      dst[i] = t.norm ? 1.0f : 0.02f * std::sin(static_cast<float>(index * 7919 + row * 131 + i));
+  });
+  return model;
+}
+
+// A model file's chat template runs on every chat request: one that makes
+// values without end (here 40 strings of 60 MB kept in a list: 2.4 GB) or
+// runs without end (a scan of 20 MB 100,000 times) is stopped by the
+// render's budget with a 400 that names it, in bounded time and memory, and
+// the server goes on serving.
+TEST(ServerHostile, AChatTemplateThatHoardsMemoryOrTimeGetsA400) {
+  REQUIRE_CURL();
+  const std::string turns = "{% for m in messages %}<|turn|>{{ m.content }}<|end|>{% endfor %}";
+  const std::pair<std::string, std::string> templates[] = {
+      {"{% set ns = namespace(l=[]) %}{% for i in range(40) %}"
+       "{% set ns.l = ns.l + [('x' * 60000000) ~ i] %}{% endfor %}" +
+           turns,
+       "MiB of values"},
+      {"{% set big = 'x' * 20000000 %}{% for i in range(100000) %}{% if 'y' in big %}{% endif %}"
+       "{% endfor %}" +
+           turns,
+       "ran longer than"},
+  };
+  for (const auto& [chat_template, expected] : templates) {
+    SCOPED_TRACE(expected);
+    const auto model = own_template_model(chat_template, "hostile-template");
+    ServeProcess server({"-m", model.string(), "-t", "2"});
+    REQUIRE_SERVER(server);
+    const auto start = std::chrono::steady_clock::now();
+    const Reply r = curl(server.port(), "/v1/chat/completions",
+                         post({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}}));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find(expected), std::string::npos) << r.body;
+    EXPECT_LT(seconds, 15.0);
+    EXPECT_LT(server.peak_rss_bytes(), int64_t{1} << 30) << "the render held more than 1 GiB";
+    EXPECT_EQ(curl(server.port(), "/health").status, 200);
+    EXPECT_EQ(curl(server.port(), "/v1/completions", post({{"prompt", "hi"}, {"max_tokens", 2}})).status,
+              200);
+    std::filesystem::remove(model);
+  }
+}
+
 // A chat request over HTTP to a model whose GGUF carries its own Jinja
 // template: the client's text stays text whatever it spells, a final
 // assistant message is continued, and prompt_tokens is the count of what
@@ -689,15 +742,7 @@ TEST(ServerHostile, SpecialTokenStringsUnderTheModelsOwnTemplateAreText) {
       "{% else %}<|turn|>{{ m.role }}\n{{ m.content | trim }}<|end|>\n{% endif %}"
       "{% endfor %}{% if add_generation_prompt %}<|turn|>assistant\n{% endif %}";
   const Vocab vocab = own_template_vocab(chat_template);
-  ModelFileSpec spec;
-  spec.shape = *model_preset("tiny");
-  spec.shape.n_vocab = vocab.n_tokens();
-  vocab.append_gguf_metadata(spec.metadata);
-  const auto model = test::temp_path("own-template").replace_extension(".gguf");
-  write_model(model, spec, [](size_t index, const ModelTensor& t, int64_t row, float* dst) {
-    for (int64_t i = 0; i < t.n_in; ++i)
-      dst[i] = t.norm ? 1.0f : 0.02f * std::sin(static_cast<float>(index * 7919 + row * 131 + i));
-  });
+  const auto model = own_template_model(chat_template, "own-template");
   ServeProcess server({"-m", model.string(), "-t", "2"});
   REQUIRE_SERVER(server);
   EXPECT_NE(server.log().find("chat template the model's template"), std::string::npos) << server.log();
