@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "cli_common.h"
@@ -63,6 +64,13 @@ std::optional<ChatFormat> served_chat_format(const std::string& asked, const std
   }
 }
 
+// The deployment's secret (--cache-key-file), which seals records and KV
+// events; null without one.
+std::shared_ptr<const MacKey> deployment_key(const TierOptions& t) {
+  if (t.cache_key_file.empty()) return nullptr;
+  return std::make_shared<const MacKey>(MacKey::from_file(t.cache_key_file));
+}
+
 // serve's command line.
 struct ServeArgs {
   std::string model_path;
@@ -71,7 +79,7 @@ struct ServeArgs {
   double drain_s = 30;
   int64_t pool_rows = 16384;
   std::string chat_template, kg_path, corpus_path, corpus_format = "auto";
-  std::string api_key, api_key_file;
+  std::string api_key, api_key_file, operator_key_file;
   int64_t request_timeout_ms = so.http.request_timeout.count(),
           keep_alive_ms = so.http.keep_alive_timeout.count(),
           write_timeout_ms = so.http.write_timeout.count();
@@ -103,6 +111,10 @@ void finish_options(ServeArgs& a) {
     throw CLI::ValidationError(
         a.api_key.empty() ? "DEPCACHE_API_KEY" : "--api-key",
         fmt::format("a key shorter than {} characters is too easy to guess", ApiKey::kMinChars));
+  if (!a.operator_key_file.empty()) a.so.operator_key = read_operator_key_file(a.operator_key_file);
+  for (const ApiKey& k : a.so.api_keys)
+    if (!a.so.operator_key.empty() && k.key == a.so.operator_key)
+      throw CLI::ValidationError("--operator-key-file", "the operator key must not also be a tenant's key");
   a.so.subgcache.window = std::chrono::milliseconds(a.batch_window_ms);
   if (a.so.search.speculate && a.so.search.stages < 2)
     throw CLI::ValidationError("--speculate", "needs --search-stages 2 or more");
@@ -162,7 +174,7 @@ void serve(ServeArgs& a) {
       fail(ErrorKind::InvalidInput,
            "--kv-events publishes on the remote tier's Redis (--redis or --redis-cluster) or on "
            "--kv-events-redis: give one");
-    kv_log = std::make_shared<KvEventLog>(a.kv_events_block);
+    kv_log = std::make_shared<KvEventLog>(a.kv_events_block, deployment_key(a.engine_args.tiers));
     a.so.kv_events = kv_log;
   }
   HttpServer http(a.so);
@@ -216,12 +228,14 @@ void serve(ServeArgs& a) {
                                                                    : tiers.redis_cluster);
     po.channel = po.redis.prefix + "kv-events";
     po.header = {a.so.replica, a.so.epoch, a.kv_events_block};
+    po.key = deployment_key(a.engine_args.tiers);
     publisher = std::make_unique<KvEventPublisher>(kv_log, po, [&loop] {
       const EngineSnapshot s = loop.snapshot();
       return std::pair<int64_t, int64_t>(static_cast<int64_t>(s.running), static_cast<int64_t>(s.waiting));
     });
-    fmt::print(stderr, "depcache serve: KV events of replica '{}' (epoch {}) on channel {}\n", a.so.replica,
-               a.so.epoch, po.channel);
+    fmt::print(stderr, "depcache serve: KV events of replica '{}' (epoch {}) on channel {}, {}\n",
+               a.so.replica, a.so.epoch, po.channel,
+               po.key ? "sealed with the cache key" : "unsealed (no --cache-key-file)");
   }
   const std::string name = served.name;
   const std::string chat = served.chat ? served.chat->name() : "none";
@@ -284,8 +298,12 @@ core.register_action("depcache_route", { "http-req" }, function(txn)
   local body = txn.sf:req_body()
   if body == nil or body == "" then return end
   local client = core.httpclient()
+  -- The client's key goes along: the router scores the request in its scope.
+  local headers = { ["content-type"] = { "application/json" } }
+  local auth = txn.http:req_get_headers()["authorization"]
+  if auth ~= nil and auth[0] ~= nil then headers["authorization"] = { auth[0] } end
   local res = client:post{ url = os.getenv("DEPCACHE_ROUTER") .. "/route", body = body,
-                           headers = { ["content-type"] = { "application/json" } }, timeout = 1000 }
+                           headers = headers, timeout = 1000 }
   if res == nil or res.status ~= 200 or res.body == nil then return end
   local key = string.match(res.body, '"route_key"%s*:%s*"(%x+)"')
   if key then txn.http:req_set_header("X-Depcache-Route", key) end
@@ -381,7 +399,8 @@ void subscribe_events(const RouteArgs& a, ReplicaRouter& router, const std::atom
       if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 || m->element[2]->type != REDIS_REPLY_STRING)
         continue;
       std::string why;
-      if (!router.apply_events(std::string_view(m->element[2]->str, m->element[2]->len), &why) &&
+      if (router.apply_events(std::string_view(m->element[2]->str, m->element[2]->len), &why) ==
+              EventOutcome::Refused &&
           refused++ % 100 == 0)
         fmt::print(stderr, "depcache route: warning: KV event batch refused: {} ({} so far)\n", why, refused);
     }
@@ -389,14 +408,21 @@ void subscribe_events(const RouteArgs& a, ReplicaRouter& router, const std::atom
 }
 
 // Reads the summary of every replica that needs it, every 200 ms, until `stop`.
-void sync_replicas(ReplicaRouter& router, const std::atomic<bool>& stop) {
+void sync_replicas(ReplicaRouter& router, const std::string& operator_key, const std::atomic<bool>& stop) {
+  std::set<std::string> warned_key;
   while (!stop) {
     for (const ReplicaAddress& r : router.needing_sync()) {
       httplib::Client client(r.url);
+      if (!operator_key.empty()) client.set_bearer_token_auth(operator_key);
       client.set_connection_timeout(std::chrono::milliseconds(500));
       client.set_read_timeout(std::chrono::seconds(2));
       const auto res = client.Get("/v1/cache/summary");
       std::string why;
+      if (res && (res->status == 401 || res->status == 403) && warned_key.insert(r.name).second)
+        fmt::print(stderr,
+                   "depcache route: warning: replica '{}' refuses to show its summary ({}): give the router "
+                   "the replicas' --operator-key-file\n",
+                   r.name, res->status);
       if (!res || res->status != 200) continue;  // down or not publishing: not routed to until it answers
       if (!router.apply_summary(r.name, res->body, &why))
         fmt::print(stderr, "depcache route: warning: summary of replica '{}' refused: {}\n", r.name, why);
@@ -414,6 +440,11 @@ void route(RouteArgs& a) {
          "give the Redis the replicas publish their KV events on: --redis or --redis-cluster");
   std::vector<ReplicaAddress> replicas;
   for (const std::string& r : a.replicas) replicas.push_back(parse_replica(r));
+  a.router.events_key = deployment_key(a.s.engine_args.tiers);
+  if (!a.router.events_key)
+    fmt::print(stderr,
+               "depcache route: warning: no --cache-key-file: KV events are taken unsealed, and anyone who "
+               "can publish on the channel steers routing\n");
   ReplicaRouter router(replicas, a.router);
 
   std::shared_ptr<const Model> model = Model::load(a.s.model_path, {a.s.pool_rows});
@@ -438,6 +469,10 @@ void route(RouteArgs& a) {
     res.status = e.status;
     res.set_content(error_body(e).dump(), "application/json");
   };
+  // Keys as the replicas': a tenant asks where its own request goes (scored
+  // against its own scope alone); what shows every replica and tenant is the
+  // operator's.
+  const OperatorAccess op{a.s.so.operator_key, !a.s.so.api_keys.empty()};
   http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (const std::optional<ApiError> e = framing_error(req)) {
       GuardedHttpServer::close_after_response();
@@ -445,7 +480,15 @@ void route(RouteArgs& a) {
       send_error(res, *e);
       return httplib::Server::HandlerResponse::Handled;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    std::optional<ApiError> refused;
+    if (req.path == "/replicas" || req.path == "/metrics")
+      refused = op.refusal(req);
+    else if (req.path != "/health" && !a.s.so.api_keys.empty() && !find_api_key(a.s.so.api_keys, req))
+      refused = ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                         "invalid_request_error", {}, "invalid_api_key");
+    if (!refused) return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, *refused);
+    return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler(
       [](const httplib::Request&, httplib::Response& res) { GuardedHttpServer::answer_violation(res); });
@@ -455,7 +498,8 @@ void route(RouteArgs& a) {
       if (!probe.is_object()) throw ApiError(400, "the body is not a JSON object");
       CompletionRequest cr = probe.contains("messages") ? parse_chat_request(req.body, 0)
                                                         : parse_completion_request(req.body, 0);
-      cr.cache_scope = cache_scope_of("", cr.cache_salt);
+      const ApiKey* tenant = find_api_key(a.s.so.api_keys, req);
+      cr.cache_scope = cache_scope_of(tenant ? tenant->cache_namespace : std::string(), cr.cache_salt);
       const PromptRequest pr = prompt_request(cr);
       std::optional<RagRequest> ctx;
       if (cr.rag) ctx = request_context(pr, ps);
@@ -484,6 +528,18 @@ void route(RouteArgs& a) {
   http.Get("/replicas", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(router.state_json(), "application/json");
   });
+  http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    std::string out =
+        "# HELP depcache_router_event_batches_total KV event batches by what became of them (applied; stale: "
+        "a replay or overtaken by a summary; resync: the replica's summary is read; refused: malformed, "
+        "unsealed, forged or out of bounds)\n"
+        "# TYPE depcache_router_event_batches_total counter\n";
+    const auto counts = router.event_counts();
+    for (int o = 0; o < kEventOutcomes; ++o)
+      out += fmt::format("depcache_router_event_batches_total{{outcome=\"{}\"}} {}\n",
+                         event_outcome_name(static_cast<EventOutcome>(o)), counts[static_cast<size_t>(o)]);
+    res.set_content(out + render_http_metrics(http), "text/plain; version=0.0.4");
+  });
   http.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -503,7 +559,7 @@ void route(RouteArgs& a) {
   std::fflush(stderr);
   std::atomic<bool> stop{false};
   std::thread events([&] { subscribe_events(a, router, stop); });
-  std::thread sync([&] { sync_replicas(router, stop); });
+  std::thread sync([&] { sync_replicas(router, a.s.so.operator_key, stop); });
   std::thread listener([&] { http.listen_after_bind(); });
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -513,6 +569,24 @@ void route(RouteArgs& a) {
   events.join();
   sync.join();
   fmt::print(stderr, "depcache route: stopped\n");
+}
+
+// Who may call what: tenants' keys and the operator's.
+void add_access_options(CLI::App* cmd, ServeArgs& a) {
+  cmd->add_option(
+      "--api-key", a.api_key,
+      "Require 'Authorization: Bearer KEY' (visible in the process list: prefer --api-key-file or "
+      "the DEPCACHE_API_KEY environment variable)");
+  cmd->add_option(
+         "--api-key-file", a.api_key_file,
+         "Keys clients may present, one per line: 'KEY' (KV reused among that key's requests only) or "
+         "'KEY NAMESPACE' (keys naming the same namespace share their cache)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--operator-key-file", a.operator_key_file,
+                  "The operator's key (the file's first line, 16 characters or more): what shows every "
+                  "tenant at once (/metrics, /v1/cache/summary, a router's /replicas) needs it once any key "
+                  "is set; a router sends it to read the replicas' summaries")
+      ->check(CLI::ExistingFile);
 }
 
 // What a client may send and how long it may take (every limit answers with its HTTP code).
@@ -620,15 +694,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", a.so.port, "Port to listen on (0: any free port, printed at start)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  cmd->add_option(
-      "--api-key", a.api_key,
-      "Require 'Authorization: Bearer KEY' (visible in the process list: prefer --api-key-file or "
-      "the DEPCACHE_API_KEY environment variable)");
-  cmd->add_option(
-         "--api-key-file", a.api_key_file,
-         "Keys clients may present, one per line: 'KEY' (KV reused among that key's requests only) or "
-         "'KEY NAMESPACE' (keys naming the same namespace share their cache)")
-      ->check(CLI::ExistingFile);
+  add_access_options(cmd, a);
   cmd->add_flag("--allow-special-tokens", a.so.special_in_text,
                 "Special-token strings in prompts and messages become control tokens (trusted clients only; "
                 "by default they are plain text)");
@@ -681,6 +747,7 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--port", a.s.so.port, "Port to listen on (0: any free port, printed at start)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
+  add_access_options(cmd, a.s);
   cmd->add_option("--replica", a.replicas,
                   "A replica as NAME=http://host:port (its serve --replica-name); repeat")
       ->required()

@@ -1,9 +1,9 @@
 // Replies to CLUSTER SLOTS, as a hostile or broken node could send them: the
 // bytes are read off the wire by hiredis's own reader, guarded as every
 // connection's is (an array's announced count is bounded before hiredis
-// allocates for it), and every reply is either refused with a reason or
-// becomes a slot map whose ranges are in bounds, do not overlap and name a
-// real port.
+// allocates for it, and a reply's strings together are bounded), and every
+// reply is either refused with a reason or becomes a slot map whose ranges
+// are in bounds, do not overlap and name a real port.
 #include <hiredis/hiredis.h>
 
 #include <cstdint>
@@ -17,8 +17,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace depcache;
   redisReader* reader = redisReaderCreate();
-  int64_t refused = 0;
-  limit_resp_arrays(reader, &refused);
+  RespGuard guard;
+  guard_resp_reader(reader, &guard);
+  guard.max_bytes = 4096;
+  const int64_t& refused = guard.refused_array;
   redisReaderFeed(reader, reinterpret_cast<const char*>(data), size);
   const RedisAddress asked{"10.1.2.3", 7000};
   for (int n = 0; n < 8; ++n) {
@@ -29,6 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     const RedisReply reply(static_cast<redisReply*>(out));
+    if (guard.bytes > guard.max_bytes) fuzz::violated("a reply past its byte bound was made");
+    guard.next_reply();
     std::string why;
     const auto ranges = parse_cluster_slots(*reply, asked, &why);
     if (!ranges) {

@@ -2,7 +2,8 @@
 // others can write to. Two kinds of input:
 //  - raw bytes (mode 0): every decoder either refuses the bytes or returns a
 //    span; a record accepted is exactly what encode_span_record writes for
-//    that span (nothing in it goes unchecked);
+//    that span (nothing in it goes unchecked); no sealed record opens (the
+//    fuzzer does not hold the key);
 //  - a record made by encode_span_record from shape, tokens and K/V taken
 //    from the input (keyed or not), then changed at fuzzer-chosen offsets:
 //    unchanged, it decodes to the same span; any byte changed, cut or added
@@ -42,9 +43,15 @@ void raw_record(std::span<const uint8_t> bytes) {
   const std::optional<depcache::SpanRecordHeader> h = depcache::decode_span_record_header(bytes);
   if (!h) return;
   if (h->prefix < 0 || h->prefix > h->n_tokens || h->n_layer < 0) violated("header with an impossible shape");
-  if (bytes.size() < depcache::kSpanRecordHeader + 4 * static_cast<size_t>(h->n_tokens)) return;
-  const std::vector<int32_t> tokens = depcache::span_record_tokens(bytes, h->n_tokens);
   for (const depcache::MacKey* mac : {static_cast<const depcache::MacKey*>(nullptr), &fuzz_key()}) {
+    const std::optional<depcache::SpanRecordContents> contents =
+        depcache::open_span_record_contents(bytes, mac);
+    if (!contents) continue;
+    // Bytes not made with the key cannot open under it.
+    if (mac) violated("a sealed head opened that was not sealed with the key");
+    const std::vector<int32_t>& tokens = contents->tokens;
+    if (contents->prefix != h->prefix || static_cast<int64_t>(tokens.size()) != h->n_tokens)
+      violated("a head's contents disagree with its header");
     const RecordSeal seal{mac, std::nullopt};
     // The head alone, as the layer loader reads it; its contract: the caller
     // has checked the declared size against what it holds.
@@ -80,7 +87,9 @@ void made_record(uint8_t mode, depcache::fuzz::Bytes& in) {
   for (uint8_t& b : span.data()) b = in.u8();
   const uint64_t key = 0x1000 + in.u8(), ns = in.u8();
   const depcache::MacKey* mac = mode & 2 ? &fuzz_key() : nullptr;
-  std::vector<uint8_t> record = depcache::encode_span_record(key, ns, tokens, prefix, span, mac);
+  depcache::CipherNonce nonce{};
+  for (uint8_t& b : nonce) b = in.u8();  // drawn at random in use; from the input here, to replay a case
+  std::vector<uint8_t> record = depcache::encode_span_record(key, ns, tokens, prefix, span, mac, &nonce);
   const std::vector<uint8_t> original = record;
 
   // Changes: (offset, xor) pairs, then a cut or an extension.

@@ -1,5 +1,7 @@
-// What sealing span records costs: HMAC-SHA256 (the keyed tags of the shared
-// tiers) against XXH3 (the unkeyed checksums), per MiB, and what a whole
+// What sealing span records costs: AES-256-GCM (the keyed records of the
+// shared tiers, encrypted and tagged), HMAC-SHA256 (KV event seals) and the
+// keyed names of content keys, against XXH3 (the unkeyed checksums), per
+// MiB or per call, and what a whole
 // read of a span from the disk tier (page cache warm) costs with each, so the
 // tag's share of a load shows; and what a demotion to the disk tier costs the
 // inserting thread, written at once or behind:
@@ -42,6 +44,35 @@ void BM_mac_hmac_sha256(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * state.range(0));
 }
 BENCHMARK(BM_mac_hmac_sha256)->Arg(1 << 16)->Arg(1 << 20);
+
+void BM_mac_aes_gcm_seal(benchmark::State& state) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(state.range(0)), 0x33);
+  const CipherNonce nonce{};
+  for (auto _ : state) benchmark::DoNotOptimize(bench_key().seal(nonce, {}, bytes));
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_mac_aes_gcm_seal)->Arg(1 << 16)->Arg(1 << 20);
+
+void BM_mac_aes_gcm_open(benchmark::State& state) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(state.range(0)), 0x33);
+  const CipherNonce nonce{};
+  const CipherTag tag = bench_key().seal(nonce, {}, bytes);
+  const std::vector<uint8_t> sealed = bytes;
+  for (auto _ : state) {
+    bytes = sealed;
+    benchmark::DoNotOptimize(bench_key().open(nonce, {}, bytes, tag));
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_mac_aes_gcm_open)->Arg(1 << 16)->Arg(1 << 20);
+
+// One content key's stored name (per block key of a KV event, per lookup
+// block of a routed request).
+void BM_mac_stored_name(benchmark::State& state) {
+  uint64_t k = 1;
+  for (auto _ : state) benchmark::DoNotOptimize(k = bench_key().name(k));
+}
+BENCHMARK(BM_mac_stored_name);
 
 void BM_mac_xxh3(benchmark::State& state) {
   const std::vector<uint8_t> bytes(static_cast<size_t>(state.range(0)), 0x33);

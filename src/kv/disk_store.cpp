@@ -21,6 +21,19 @@ namespace {
 constexpr const char* kSuffix = ".kvspan";
 constexpr const char* kPartial = ".kvspan.partial";
 
+// A record's head (header and all before layer 0) from an open file whose
+// size is `file_bytes`; nullopt when it is not a record of that size.
+std::optional<std::vector<uint8_t>> read_head(const Fd& fd, uint64_t file_bytes) {
+  std::vector<uint8_t> head(kSpanRecordHeader);
+  if (!fd.ok() || !read_exact_at(fd, head.data(), head.size(), 0)) return std::nullopt;
+  const std::optional<SpanRecordHeader> h = decode_span_record_header(head);
+  if (!h || h->size != file_bytes) return std::nullopt;  // foreign, cut or extended
+  head.resize(h->head_bytes());
+  if (!read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader, kSpanRecordHeader))
+    return std::nullopt;
+  return head;
+}
+
 }  // namespace
 
 DiskSpanStore::DiskSpanStore(std::filesystem::path dir, size_t byte_budget, std::shared_ptr<const MacKey> key)
@@ -45,8 +58,24 @@ DiskSpanStore::DiskSpanStore(std::filesystem::path dir, size_t byte_budget, std:
     if (name.size() != 16 + std::strlen(kSuffix) || !name.ends_with(kSuffix)) continue;  // not ours
     const std::string hex = name.substr(0, 16);
     if (!std::all_of(hex.begin(), hex.end(), [](unsigned char c) { return std::isxdigit(c) != 0; })) continue;
-    const uint64_t key = std::strtoull(hex.c_str(), nullptr, 16);
-    found.push_back({entry.last_write_time(ec), key, static_cast<size_t>(entry.file_size(ec))});
+    const uint64_t stored = std::strtoull(hex.c_str(), nullptr, 16);
+    const auto bytes = static_cast<size_t>(entry.file_size(ec));
+    // A sealed file is named for its content key by a keyed hash: the key
+    // is read back from what it holds (and must give the name).
+    uint64_t key = stored;
+    if (key_) {
+      const std::optional<std::vector<uint8_t>> head = read_head(open_read(entry.path()), bytes);
+      const std::optional<SpanRecordContents> c =
+          head ? open_span_record_contents(*head, key_.get()) : std::nullopt;
+      key = c ? span_content_key(c->ns, c->tokens) : 0;
+      if (!c || stored_name(key_.get(), key) != stored) {
+        std::filesystem::remove(entry.path(), ec);
+        ++n_dropped_;
+        ++n_rejected_[reject_index(c ? RecordStatus::Other : RecordStatus::Mac)];
+        continue;
+      }
+    }
+    found.push_back({entry.last_write_time(ec), key, bytes});
   }
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.time < b.time; });
   for (const Found& f : found) {
@@ -58,7 +87,7 @@ DiskSpanStore::DiskSpanStore(std::filesystem::path dir, size_t byte_budget, std:
 }
 
 std::filesystem::path DiskSpanStore::path_of(uint64_t key) const {
-  return dir_ / fmt::format("{:016x}{}", key, kSuffix);
+  return dir_ / fmt::format("{:016x}{}", stored_name(key_.get(), key), kSuffix);
 }
 
 void DiskSpanStore::forget(uint64_t key, bool delete_file) {
@@ -98,7 +127,7 @@ void DiskSpanStore::remove(uint64_t key) { forget(key, true); }
 
 bool DiskSpanStore::put(uint64_t key, uint64_t ns, std::span<const int32_t> tokens, int64_t prefix,
                         KvSpan span) {
-  const size_t size = span_record_bytes(static_cast<int64_t>(tokens.size()), span);
+  const size_t size = file_bytes(static_cast<int64_t>(tokens.size()), span);
   forget(key, true);
   if (size > budget_) return false;
   // Make room first, so the budget holds even while the new file is written.
@@ -224,17 +253,12 @@ std::optional<DiskSpanStore::LayerReader> DiskSpanStore::open_layers(uint64_t ke
     return std::nullopt;
   };
   Fd fd = open_read(path_of(key));
-  std::vector<uint8_t> head(kSpanRecordHeader);
   struct stat st {};
-  if (!fd.ok() || ::fstat(fd.get(), &st) != 0 || !read_exact_at(fd, head.data(), head.size(), 0))
-    return bad();
-  const std::optional<SpanRecordHeader> h = decode_span_record_header(head);
-  if (!h || h->size != static_cast<uint64_t>(st.st_size)) return bad();  // foreign, cut or extended
-  head.resize(h->head_bytes());
-  if (!read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader, kSpanRecordHeader))
-    return bad();
-  SpanRecordHead decoded = decode_span_record_head(head, key, ns, tokens, prefix, seal_);
-  if (decoded.status == RecordStatus::Other && h->key == key) {
+  if (!fd.ok() || ::fstat(fd.get(), &st) != 0) return bad();
+  const std::optional<std::vector<uint8_t>> head = read_head(fd, static_cast<uint64_t>(st.st_size));
+  if (!head) return bad();
+  SpanRecordHead decoded = decode_span_record_head(*head, key, ns, tokens, prefix, seal_);
+  if (decoded.status == RecordStatus::Other && decoded.header.key == stored_name(key_.get(), key)) {
     // The right key with other tokens is a hash collision: not this span,
     // but an authentic file.
     ++n_rejected_[reject_index(RecordStatus::Other)];
@@ -270,27 +294,18 @@ std::vector<DiskSpanStore::StoredSpan> DiskSpanStore::scan() {
   for (const auto& [key, entry] : files_) {
     // The head is checked (tag, shape) against what it says it holds, so a
     // planted file is refused here, before the index hangs a node on it.
-    const Fd fd = open_read(path_of(key));
-    std::vector<uint8_t> head(kSpanRecordHeader);
-    std::optional<SpanRecordHeader> h;
-    if (fd.ok() && read_exact_at(fd, head.data(), head.size(), 0)) h = decode_span_record_header(head);
-    if (!h || h->key != key || h->size != entry.bytes) {
-      bad.emplace_back(key, RecordStatus::Other);
+    const std::optional<std::vector<uint8_t>> head = read_head(open_read(path_of(key)), entry.bytes);
+    std::optional<SpanRecordContents> c = head ? open_span_record_contents(*head, key_.get()) : std::nullopt;
+    if (!c) {
+      bad.emplace_back(key, head ? RecordStatus::Mac : RecordStatus::Other);
       continue;
     }
-    head.resize(h->head_bytes());
-    if (!read_exact_at(fd, head.data() + kSpanRecordHeader, head.size() - kSpanRecordHeader,
-                       kSpanRecordHeader)) {
-      bad.emplace_back(key, RecordStatus::Other);
-      continue;
-    }
-    std::vector<int32_t> tokens = span_record_tokens(head, h->n_tokens);
-    const SpanRecordHead checked = decode_span_record_head(head, key, h->ns, tokens, h->prefix, seal_);
+    const SpanRecordHead checked = decode_span_record_head(*head, key, c->ns, c->tokens, c->prefix, seal_);
     if (checked.status != RecordStatus::Ok) {
       bad.emplace_back(key, checked.status);
       continue;
     }
-    out.push_back({key, h->ns, std::move(tokens), h->prefix});
+    out.push_back({key, c->ns, std::move(c->tokens), c->prefix});
   }
   for (const auto& [key, why] : bad) drop(key, why);
   return out;

@@ -117,7 +117,9 @@ class DiskSpanStore {
   };
   std::vector<StoredSpan> scan();
   // Bytes a file for this span would take (for callers keeping room).
-  static size_t file_bytes(int64_t n_tokens, const KvSpan& span) { return span_record_bytes(n_tokens, span); }
+  size_t file_bytes(int64_t n_tokens, const KvSpan& span) const {
+    return span_record_bytes(n_tokens, span, key_ != nullptr);
+  }
   bool contains(uint64_t key) const { return files_.count(key) > 0; }
   size_t file_bytes_of(uint64_t key) const {
     const auto it = files_.find(key);

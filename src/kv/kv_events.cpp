@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -36,23 +39,32 @@ std::vector<uint64_t> chain_keys(uint64_t ns, std::span<const int32_t> tokens, i
   return keys;
 }
 
-KvEventLog::KvEventLog(int64_t block_tokens) : block_tokens_(block_tokens) {
+KvEventLog::KvEventLog(int64_t block_tokens, std::shared_ptr<const MacKey> key)
+    : block_tokens_(block_tokens), key_(std::move(key)) {
   if (block_tokens < 1) fail(ErrorKind::InvalidInput, "KV event blocks must hold at least 1 token");
 }
 
+std::vector<uint64_t> KvEventLog::named_chain(uint64_t ns, std::span<const int32_t> path,
+                                              int64_t from) const {
+  std::vector<uint64_t> keys = chain_keys(ns, path, from, block_tokens_);
+  for (uint64_t& k : keys) k = stored_name(key_.get(), k);
+  return keys;
+}
+
 void KvEventLog::stored(uint64_t ns, std::span<const int32_t> path, int64_t from) {
-  KvEvent e{KvEvent::Type::Stored, ns, chain_keys(ns, path, from, block_tokens_), 0,
+  KvEvent e{KvEvent::Type::Stored, stored_name(key_.get(), ns), named_chain(ns, path, from), 0,
             static_cast<int64_t>(path.size())};
   if (e.keys.empty()) return;
   const int64_t before = (from / block_tokens_) * block_tokens_;  // the block before the first new key
-  if (before > 0) e.parent = span_content_key(ns, path.first(static_cast<size_t>(before)));
+  if (before > 0)
+    e.parent = stored_name(key_.get(), span_content_key(ns, path.first(static_cast<size_t>(before))));
   std::lock_guard lk(mu_);
   for (const uint64_t k : e.keys) ++live_[k];
   pending_.push_back(std::move(e));
 }
 
 void KvEventLog::removed(uint64_t ns, std::span<const int32_t> path, int64_t from) {
-  KvEvent e{KvEvent::Type::Removed, ns, chain_keys(ns, path, from, block_tokens_)};
+  KvEvent e{KvEvent::Type::Removed, stored_name(key_.get(), ns), named_chain(ns, path, from)};
   std::lock_guard lk(mu_);
   // A key goes when no span holds it any more (a split's first half ends
   // at a key never announced: nothing to remove there).
@@ -69,9 +81,10 @@ void KvEventLog::removed(uint64_t ns, std::span<const int32_t> path, int64_t fro
 void KvEventLog::split(uint64_t ns, std::span<const int32_t> path) {
   const auto n = static_cast<int64_t>(path.size());
   if (n == 0 || n % block_tokens_ == 0) return;
-  const uint64_t key = span_content_key(ns, path);
+  const uint64_t key = stored_name(key_.get(), span_content_key(ns, path));
   std::lock_guard lk(mu_);
-  if (++live_[key] == 1) pending_.push_back({KvEvent::Type::Stored, ns, {key}, 0, n});
+  if (++live_[key] == 1)
+    pending_.push_back({KvEvent::Type::Stored, stored_name(key_.get(), ns), {key}, 0, n});
 }
 
 KvEventBatch KvEventLog::take() {
@@ -128,6 +141,60 @@ std::string kv_events_json(const KvEventHeader& h, const KvEventBatch& b) {
                         {"waiting", h.waiting},
                         {"events", std::move(events)}}
       .dump();
+}
+
+namespace {
+
+constexpr size_t kSealHex = 2 * sizeof(MacTag);
+// Domain separation: no other tag made under the cache key (a record's)
+// can stand for a batch's.
+constexpr std::string_view kEventsDomain = "depcache kv-events 1\n";
+
+std::span<const uint8_t> bytes_of(std::string_view s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+}  // namespace
+
+std::string seal_kv_events(const MacKey* key, const std::string& json) {
+  if (!key) return json;
+  const MacTag t = key->tag({bytes_of(kEventsDomain), bytes_of(json)});
+  std::string out;
+  out.reserve(kSealHex + json.size());
+  for (const uint8_t b : t) out += fmt::format("{:02x}", b);
+  return out + json;
+}
+
+std::optional<std::string_view> open_kv_events(const MacKey* key, std::string_view message,
+                                               std::string* why) {
+  // Sealed: 64 hex digits before the JSON; anything else is taken as the
+  // JSON itself (and refused by its parser if it is not).
+  const bool sealed =
+      message.size() > kSealHex && std::all_of(message.begin(), message.begin() + kSealHex,
+                                               [](unsigned char c) { return std::isxdigit(c) != 0; });
+  if (!key) {
+    if (sealed)
+      *why =
+          "a sealed batch, and this router has no key to check it (give it the replicas' --cache-key-file)";
+    return sealed ? std::nullopt : std::optional(message);
+  }
+  if (!sealed) {
+    *why = "an unsealed batch (forged, or from a replica without the deployment's --cache-key-file)";
+    return std::nullopt;
+  }
+  MacTag expected{};
+  bool hex_ok = message.size() > kSealHex;
+  for (size_t i = 0; hex_ok && i < expected.size(); ++i) {
+    const auto [end, ec] =
+        std::from_chars(message.data() + 2 * i, message.data() + 2 * i + 2, expected[i], 16);
+    hex_ok = ec == std::errc() && end == message.data() + 2 * i + 2;
+  }
+  const std::string_view json = hex_ok ? message.substr(kSealHex) : std::string_view();
+  if (!hex_ok || !key->check(expected, {bytes_of(kEventsDomain), bytes_of(json)})) {
+    *why = "a batch whose seal does not match (forged, altered, or sealed under another key)";
+    return std::nullopt;
+  }
+  return json;
 }
 
 }  // namespace depcache

@@ -10,19 +10,28 @@
 // tokens a replica holds: prefix chains, chunks at any position and KG
 // subtrees alike, since each is a namespace of its own.
 //
+// With the deployment's key every key and namespace a log tells is its
+// stored_name() (kv/span_record.h): whoever reads the channel or a summary
+// learns which blocks come and go, not what they hold, and cannot test a
+// guessed prompt against them (a router holding the key computes the same
+// names).
+//
 // The live key set and the events since the last batch are kept together,
 // so a summary and the batches after it compose: set := summary, then apply
 // every batch numbered above summary.seq (set operations replayed in order
 // are idempotent, so a batch whose events the summary already holds does no
 // harm).
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "kv/radix_index.h"
+#include "util/mac.h"
 
 namespace depcache {
 
@@ -47,7 +56,7 @@ struct KvEventBatch {
 
 class KvEventLog final : public IndexObserver {
  public:
-  explicit KvEventLog(int64_t block_tokens);
+  explicit KvEventLog(int64_t block_tokens, std::shared_ptr<const MacKey> key = nullptr);
   int64_t block_tokens() const { return block_tokens_; }
 
   void stored(uint64_t ns, std::span<const int32_t> path, int64_t from) override;
@@ -67,7 +76,11 @@ class KvEventLog final : public IndexObserver {
   bool has_pending() const;
 
  private:
+  // chain_keys as this log names them.
+  std::vector<uint64_t> named_chain(uint64_t ns, std::span<const int32_t> path, int64_t from) const;
+
   int64_t block_tokens_;
+  std::shared_ptr<const MacKey> key_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, int32_t> live_;  // key -> spans holding it
   std::vector<KvEvent> pending_;
@@ -82,5 +95,15 @@ struct KvEventHeader {
   int64_t running = 0, waiting = 0;  // requests in the replica's engine
 };
 std::string kv_events_json(const KvEventHeader& h, const KvEventBatch& b);
+
+// A batch as it goes on the channel. With the deployment's key
+// (--cache-key-file) the JSON is preceded by 64 hex digits of
+// HMAC-SHA256(key, domain | JSON): whoever can publish on the channel but
+// holds no key cannot make a batch a router accepts. Without a key: the JSON.
+std::string seal_kv_events(const MacKey* key, const std::string& json);
+// The JSON of a batch off the channel, its tag checked when `key` is given
+// (a sealed batch without a key, or the reverse, is refused: the router and
+// the replicas must agree); nullopt with *why when refused.
+std::optional<std::string_view> open_kv_events(const MacKey* key, std::string_view message, std::string* why);
 
 }  // namespace depcache

@@ -840,7 +840,7 @@ void RadixIndex::demote(NodeId id) {
   }
   // To disk.
   const std::vector<int32_t> path = path_tokens(id);
-  const size_t need = SpanTiers::disk_file_bytes(nodes_[id].slot, static_cast<int64_t>(path.size()));
+  const size_t need = tiers_.disk_file_bytes(nodes_[id].slot, static_cast<int64_t>(path.size()));
   // Room on disk first, by the policy (the store's own order would not know
   // which files the index still needs).
   const size_t budget = tiers_.budget(Tier::Disk);

@@ -258,7 +258,8 @@ bool RedisClusterStore::refresh() {
 }
 
 std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
-                                               const std::vector<RedisCommand>& commands, const char* what) {
+                                               const std::vector<RedisCommand>& commands, const char* what,
+                                               size_t max_reply_bytes) {
   std::vector<RedisReply> out(keys.size());
   refresh_if_due();
   const int64_t deadline = steady_now_ms() + o_.timeout_ms;
@@ -320,7 +321,7 @@ std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
     for (Sent& batch : sent) {
       Node& n = *nodes_[batch.node];
       const std::vector<const Pending*>& mine = batch.mine;
-      std::vector<RedisReply> replies = n.conn->replies(batch.n_commands, deadline);
+      std::vector<RedisReply> replies = n.conn->replies(batch.n_commands, deadline, max_reply_bytes);
       if (replies.empty()) {
         failed(n, mine.size());
         continue;
@@ -364,7 +365,8 @@ std::optional<std::vector<uint8_t>> RedisClusterStore::get(uint64_t key) {
   return std::move(get_many(std::span(&key, 1)).front());
 }
 
-std::vector<std::optional<std::vector<uint8_t>>> RedisClusterStore::get_many(std::span<const uint64_t> keys) {
+std::vector<std::optional<std::vector<uint8_t>>> RedisClusterStore::get_many(std::span<const uint64_t> keys,
+                                                                             size_t max_value_bytes) {
   std::vector<std::optional<std::vector<uint8_t>>> out(keys.size());
   if (keys.empty()) return out;
   std::vector<std::string> names;
@@ -373,7 +375,7 @@ std::vector<std::optional<std::vector<uint8_t>>> RedisClusterStore::get_many(std
   std::vector<RedisCommand> cmds;
   for (const std::string& n : names) cmds.push_back({"GET", n});
   std::lock_guard lk(mu_);
-  const std::vector<RedisReply> replies = run(keys, cmds, "GET");
+  const std::vector<RedisReply> replies = run(keys, cmds, "GET", max_value_bytes);
   for (size_t i = 0; i < keys.size(); ++i) {
     const redisReply* r = replies[i].get();
     if (r && r->type == REDIS_REPLY_STRING)

@@ -64,7 +64,9 @@ class RedisClusterStore final : public RemoteStore {
 
   std::optional<std::vector<uint8_t>> get(uint64_t key) override;
   // One pipeline of GETs per node, all nodes within one --remote-timeout-ms.
-  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) override;
+  using RemoteStore::get_many;
+  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys,
+                                                            size_t max_value_bytes) override;
   void put(uint64_t key, std::span<const uint8_t> record) override;
   void remove(uint64_t key) override;
 
@@ -87,8 +89,9 @@ class RedisClusterStore final : public RemoteStore {
   struct Op;
   // Runs one command per key at the key's master, following redirects;
   // returns the final reply per key (null where none came).
+  // Each reply holds at most max_reply_bytes.
   std::vector<RedisReply> run(std::span<const uint64_t> keys, const std::vector<RedisCommand>& commands,
-                              const char* what);
+                              const char* what, size_t max_reply_bytes = kDefaultMaxValueBytes);
   int16_t node_id(const RedisAddress& a);  // finds or adds
   bool reachable(Node& n, int64_t deadline);
   void node_failed(Node& n, const std::string& why);

@@ -24,6 +24,10 @@ bool wait_fd(int fd, short events, int64_t deadline_ms) {
   }
 }
 
+// The protocol's own bytes around a reply's strings (lengths, CRLFs, one
+// read's worth of the next reply) allowed beyond its bound.
+constexpr size_t kRespSlack = 64 << 10;
+
 // hiredis's own reply builders, which the guard forwards to; captured from
 // a fresh reader because hiredis does not export them.
 const redisReplyObjectFunctions& hiredis_builders() {
@@ -39,25 +43,38 @@ const redisReplyObjectFunctions& hiredis_builders() {
 void* create_limited_array(const redisReadTask* task, int elements) {
   // hiredis itself refuses counts below -1 (the null array) and past INT_MAX.
   if (elements < 0 || elements > kMaxRespArrayElements) {
-    if (task->privdata) *static_cast<int64_t*>(task->privdata) = elements;
+    if (task->privdata) static_cast<RespGuard*>(task->privdata)->refused_array = elements;
     return nullptr;  // the reader stops with an error
   }
   return hiredis_builders().createArray(task, elements);
 }
 
+// Strings, status lines and errors alike.
+void* create_limited_string(const redisReadTask* task, char* str, size_t len) {
+  if (auto* g = static_cast<RespGuard*>(task->privdata)) {
+    g->bytes += len;
+    if (g->bytes > g->max_bytes) {
+      g->refused_bytes = true;
+      return nullptr;
+    }
+  }
+  return hiredis_builders().createString(task, str, len);
+}
+
 redisReplyObjectFunctions limited_builders() {
   redisReplyObjectFunctions f = hiredis_builders();
   f.createArray = create_limited_array;
+  f.createString = create_limited_string;
   return f;
 }
 
 }  // namespace
 
-void limit_resp_arrays(redisReader* reader, int64_t* refused) {
+void guard_resp_reader(redisReader* reader, RespGuard* guard) {
   static redisReplyObjectFunctions fns = limited_builders();
   reader->fn = &fns;
-  reader->privdata = refused;
-  *refused = 0;
+  reader->privdata = guard;
+  *guard = RespGuard{guard->max_bytes};
 }
 
 void RedisReplyDeleter::operator()(redisReply* r) const { freeReplyObject(r); }
@@ -99,7 +116,7 @@ bool RedisConnection::open(int64_t deadline_ms) {
     return broke(fmt::format("cannot set up the connection to Redis at {}", address()));
   }
   c->flags &= ~REDIS_BLOCK;
-  limit_resp_arrays(c->reader, &refused_array_);
+  guard_resp_reader(c->reader, &guard_);
   ctx_ = c;
   if (!password_.empty()) {
     const RedisReply r = user_.empty() ? command({"AUTH", password_}, deadline_ms)
@@ -140,12 +157,12 @@ bool RedisConnection::send(std::span<const RedisCommand> commands, int64_t deadl
   return true;
 }
 
-std::vector<RedisReply> RedisConnection::replies(size_t n, int64_t deadline_ms) {
+std::vector<RedisReply> RedisConnection::replies(size_t n, int64_t deadline_ms, size_t max_reply_bytes) {
   std::vector<RedisReply> out;
   out.reserve(n);
   while (out.size() < n) {
     bool timed_out = false;
-    RedisReply r = receive(deadline_ms, &timed_out);
+    RedisReply r = receive(deadline_ms, &timed_out, max_reply_bytes);
     if (timed_out) broke(fmt::format("no whole reply within {} ms", timeout_ms_));
     if (!r) return {};
     out.push_back(std::move(r));
@@ -153,29 +170,44 @@ std::vector<RedisReply> RedisConnection::replies(size_t n, int64_t deadline_ms) 
   return out;
 }
 
-std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> commands,
-                                                  int64_t deadline_ms) {
+std::vector<RedisReply> RedisConnection::exchange(std::span<const RedisCommand> commands, int64_t deadline_ms,
+                                                  size_t max_reply_bytes) {
   if (!send(commands, deadline_ms)) return {};
-  return replies(commands.size(), deadline_ms);
+  return replies(commands.size(), deadline_ms, max_reply_bytes);
 }
 
-RedisReply RedisConnection::receive(int64_t deadline_ms, bool* timed_out) {
+RedisReply RedisConnection::receive(int64_t deadline_ms, bool* timed_out, size_t max_reply_bytes) {
   *timed_out = false;
   if (!ctx_) {
     error_ = fmt::format("no connection to Redis at {}", address());
     return {};
   }
+  guard_.max_bytes = max_reply_bytes;
+  const auto too_big = [&] {
+    broke(fmt::format("Redis at {} sent a reply of more than {} bytes (the most this read expects)",
+                      address(), max_reply_bytes));
+    return RedisReply();
+  };
   for (;;) {
     void* reply = nullptr;
     if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) {
-      if (refused_array_ != 0)
+      if (guard_.refused_array != 0)
         broke(fmt::format("Redis at {} announced an array of {} elements (a reply's arrays may have 0 to {})",
-                          address(), refused_array_, kMaxRespArrayElements));
+                          address(), guard_.refused_array, kMaxRespArrayElements));
+      else if (guard_.refused_bytes)
+        return too_big();
       else
         broke(ctx_->errstr);
       return {};
     }
-    if (reply) return RedisReply(static_cast<redisReply*>(reply));
+    if (reply) {
+      guard_.next_reply();
+      return RedisReply(static_cast<redisReply*>(reply));
+    }
+    // What is buffered and not yet made into strings counts too: a value is
+    // refused while it arrives, not once it is whole.
+    const redisReader* rd = ctx_->reader;
+    if (guard_.bytes + (rd->len - rd->pos) > max_reply_bytes + kRespSlack) return too_big();
     if (!wait_fd(ctx_->fd, POLLIN, deadline_ms)) {
       *timed_out = true;
       return {};
@@ -187,8 +219,9 @@ RedisReply RedisConnection::receive(int64_t deadline_ms, bool* timed_out) {
   }
 }
 
-RedisReply RedisConnection::command(const RedisCommand& command, int64_t deadline_ms) {
-  std::vector<RedisReply> r = exchange(std::span(&command, 1), deadline_ms);
+RedisReply RedisConnection::command(const RedisCommand& command, int64_t deadline_ms,
+                                    size_t max_reply_bytes) {
+  std::vector<RedisReply> r = exchange(std::span(&command, 1), deadline_ms, max_reply_bytes);
   return r.empty() ? RedisReply() : std::move(r.front());
 }
 

@@ -27,11 +27,21 @@ using RedisCommand = std::vector<std::string_view>;
 // slot of a cluster map: far below.
 inline constexpr int64_t kMaxRespArrayElements = int64_t{1} << 20;
 
-// Makes `reader` refuse an array longer than kMaxRespArrayElements: reading
-// stops with a reader error, and `*refused` (which must outlive the reader;
-// 0 until then) is set to the count the array announced. Every reader of replies from a
-// server goes through this.
-void limit_resp_arrays(redisReader* reader, int64_t* refused);
+// What a reader of replies from a server refuses: an array longer than
+// kMaxRespArrayElements, and a reply whose strings together pass max_bytes
+// (the strings of a reply are counted as the reader makes them; what is
+// still buffered is counted by RedisConnection as it reads). Reading then
+// stops with a reader error, and the guard says which.
+struct RespGuard {
+  size_t max_bytes = kDefaultMaxValueBytes;
+  size_t bytes = 0;            // the strings of the reply being read, so far
+  int64_t refused_array = 0;   // the count an array announced, when refused
+  bool refused_bytes = false;  // the reply passed max_bytes
+  void next_reply() { bytes = 0; }
+};
+// Puts `guard` (which must outlive the reader) on `reader`. Every reader of
+// replies from a server goes through this.
+void guard_resp_reader(redisReader* reader, RespGuard* guard);
 
 class RedisConnection {
  public:
@@ -53,18 +63,23 @@ class RedisConnection {
   // connection or a missed deadline: the connection is then closed (a
   // context that saw an error cannot be reused) and error() says why.
   // Error replies are replies, not failures.
-  std::vector<RedisReply> exchange(std::span<const RedisCommand> commands, int64_t deadline_ms);
+  std::vector<RedisReply> exchange(std::span<const RedisCommand> commands, int64_t deadline_ms,
+                                   size_t max_reply_bytes = kDefaultMaxValueBytes);
   // exchange() in its two halves, so that several servers work on their
   // commands at once: send() writes every command (false: the connection
   // broke and is closed), replies() then reads `n` replies (empty as
   // exchange()'s).
   bool send(std::span<const RedisCommand> commands, int64_t deadline_ms);
-  std::vector<RedisReply> replies(size_t n, int64_t deadline_ms);
-  RedisReply command(const RedisCommand& command, int64_t deadline_ms);
+  // Every reply may hold at most max_reply_bytes (more: the connection
+  // breaks, as for a missed deadline).
+  std::vector<RedisReply> replies(size_t n, int64_t deadline_ms,
+                                  size_t max_reply_bytes = kDefaultMaxValueBytes);
+  RedisReply command(const RedisCommand& command, int64_t deadline_ms,
+                     size_t max_reply_bytes = kDefaultMaxValueBytes);
   // The next reply the server pushes (a subscription's messages) by the
   // deadline; null when none came (*timed_out set, the connection still
   // open) or the connection broke (closed, error() says why).
-  RedisReply receive(int64_t deadline_ms, bool* timed_out);
+  RedisReply receive(int64_t deadline_ms, bool* timed_out, size_t max_reply_bytes = kDefaultMaxValueBytes);
 
   const std::string& error() const { return error_; }
   bool auth_refused() const { return auth_refused_; }
@@ -80,7 +95,7 @@ class RedisConnection {
   std::string user_, password_;
   int timeout_ms_;
   redisContext* ctx_ = nullptr;
-  int64_t refused_array_ = 0;  // set by the reader's guard (limit_resp_arrays)
+  RespGuard guard_;  // on the reader (guard_resp_reader)
   std::string error_;
   bool auth_refused_ = false;
 };

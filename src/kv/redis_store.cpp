@@ -79,8 +79,8 @@ void RedisStore::failed(const std::string& what) {
   warned_ = true;
 }
 
-RedisReply RedisStore::command(std::vector<std::string_view> args, const char* what) {
-  RedisReply r = conn_->command(args, steady_now_ms() + o_.timeout_ms);
+RedisReply RedisStore::command(std::vector<std::string_view> args, const char* what, size_t max_reply_bytes) {
+  RedisReply r = conn_->command(args, steady_now_ms() + o_.timeout_ms, max_reply_bytes);
   if (!r) failed(fmt::format("Redis {} failed: {}", what, conn_->error()));
   return r;
 }
@@ -98,7 +98,8 @@ std::optional<std::vector<uint8_t>> RedisStore::get(uint64_t key) {
   return std::nullopt;
 }
 
-std::vector<std::optional<std::vector<uint8_t>>> RedisStore::get_many(std::span<const uint64_t> keys) {
+std::vector<std::optional<std::vector<uint8_t>>> RedisStore::get_many(std::span<const uint64_t> keys,
+                                                                      size_t max_value_bytes) {
   std::vector<std::optional<std::vector<uint8_t>>> out(keys.size());
   if (keys.empty()) return out;
   std::lock_guard lk(mu_);
@@ -107,7 +108,7 @@ std::vector<std::optional<std::vector<uint8_t>>> RedisStore::get_many(std::span<
   for (uint64_t key : keys) names.push_back(redis_key(o_.prefix, key));
   std::vector<std::string_view> args{"MGET"};
   for (const std::string& n : names) args.push_back(n);
-  const RedisReply r = command(args, "MGET");
+  const RedisReply r = command(args, "MGET", keys.size() * max_value_bytes);
   if (!r) return out;
   if (r->type == REDIS_REPLY_ERROR) {
     failed(fmt::format("Redis MGET: {}", r->str));

@@ -63,7 +63,8 @@ void RemoteBlocks::run() {
     busy_ = true;
     lk.unlock();
     const uint64_t key = span_content_key(job.ns, job.seq);
-    store_->put(key, encode_span_record(key, job.ns, job.seq, job.b0, job.span, key_.get()));
+    store_->put(stored_name(key_.get(), key),
+                encode_span_record(key, job.ns, job.seq, job.b0, job.span, key_.get()));
     lk.lock();
     queued_bytes_ -= job.span.bytes();
     busy_ = false;
@@ -79,15 +80,24 @@ RemoteBlocks::Fetched RemoteBlocks::fetch(uint64_t ns, std::span<const int32_t> 
   // Every block's key up front, asked for in one exchange (one deadline for
   // the whole fetch); then used in order up to the first gap.
   std::vector<std::pair<int64_t, int64_t>> spans;
-  std::vector<uint64_t> keys;
+  std::vector<uint64_t> keys, names;  // content keys; what the store files them under
   for (int64_t b0 = (length / block_tokens_) * block_tokens_;
        b0 < n && static_cast<int64_t>(spans.size()) < std::min(max_blocks, kMaxBlocksPerFetch);
        b0 += block_tokens_) {
     const int64_t b1 = std::min(n, b0 + block_tokens_);
     spans.emplace_back(b0, b1);
     keys.push_back(span_content_key(ns, tokens.first(static_cast<size_t>(b1))));
+    names.push_back(stored_name(key_.get(), keys.back()));
   }
-  const std::vector<std::optional<std::vector<uint8_t>>> records = store_->get_many(keys);
+  // Each value bounded by the record of its block (with the model's shape
+  // known), so a store cannot make this read hold much more. Four times it:
+  // a record of another model's shape (f32 rows where this one keeps q8_0
+  // are 3.8 times as large) must still be read, to be refused by name and
+  // deleted, or it would fail every fetch of its prefix.
+  size_t max_value = kDefaultMaxValueBytes;
+  if (shape && !spans.empty())
+    max_value = 4 * span_record_bytes(*shape, spans.back().second, block_tokens_, key_ != nullptr);
+  const std::vector<std::optional<std::vector<uint8_t>>> records = store_->get_many(names, max_value);
   for (size_t i = 0; i < spans.size() && i < records.size(); ++i) {
     const auto [b0, b1] = spans[i];
     const std::optional<std::vector<uint8_t>>& record = records[i];
@@ -98,7 +108,7 @@ RemoteBlocks::Fetched RemoteBlocks::fetch(uint64_t ns, std::span<const int32_t> 
       // Refused for everyone: deleted. Except an authentic record of other
       // tokens under this key (a hash collision): someone else's span.
       const std::optional<SpanRecordHeader> h = decode_span_record_header(*record);
-      if (d.status != RecordStatus::Other || !h || h->key != keys[i]) store_->remove(keys[i]);
+      if (d.status != RecordStatus::Other || !h || h->key != names[i]) store_->remove(names[i]);
       break;
     }
     out.blocks.push_back({b0, b1, std::move(d.span)});

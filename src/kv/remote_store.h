@@ -23,16 +23,27 @@ struct RedisReplyDeleter {
 };
 using RedisReply = std::unique_ptr<redisReply, RedisReplyDeleter>;
 
+// The most bytes a value read back may hold unless the caller knows better
+// (a record of the running model's shape, RemoteBlocks): a reply past its
+// bound is refused as it arrives, before it is held whole (a hostile or
+// confused server could otherwise send gigabytes for a key).
+inline constexpr size_t kDefaultMaxValueBytes = size_t{64} << 20;
+
 class RemoteStore {
  public:
   virtual ~RemoteStore() = default;
   virtual std::optional<std::vector<uint8_t>> get(uint64_t key) = 0;
   // Several keys in one exchange where the store can (one deadline for all);
-  // one result per key, in order.
-  virtual std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) {
+  // one result per key, in order; a value may hold at most max_value_bytes.
+  virtual std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys,
+                                                                    size_t max_value_bytes) {
+    (void)max_value_bytes;
     std::vector<std::optional<std::vector<uint8_t>>> out;
     for (uint64_t k : keys) out.push_back(get(k));
     return out;
+  }
+  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) {
+    return get_many(keys, kDefaultMaxValueBytes);
   }
   virtual void put(uint64_t key, std::span<const uint8_t> record) = 0;
   virtual void remove(uint64_t key) = 0;
@@ -68,7 +79,9 @@ class RedisStore final : public RemoteStore {
 
   std::optional<std::vector<uint8_t>> get(uint64_t key) override;
   // MGET: the whole fetch within one --remote-timeout-ms.
-  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) override;
+  using RemoteStore::get_many;
+  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys,
+                                                            size_t max_value_bytes) override;
   void put(uint64_t key, std::span<const uint8_t> record) override;
   void remove(uint64_t key) override;
 
@@ -87,7 +100,8 @@ class RedisStore final : public RemoteStore {
   void failed(const std::string& what);
   // One command and its reply within the deadline; null (after failed())
   // when the connection broke or the deadline passed.
-  RedisReply command(std::vector<std::string_view> args, const char* what);
+  RedisReply command(std::vector<std::string_view> args, const char* what,
+                     size_t max_reply_bytes = kDefaultMaxValueBytes);
 
   RedisOptions o_;
   std::mutex mu_;
@@ -100,7 +114,8 @@ class RedisStore final : public RemoteStore {
   bool started_ = false;       // the constructor is done
 };
 
-// The key a span record is filed under: the prefix, then the content key in hex.
+// The key a span record is filed under: the prefix, then its stored name
+// (kv/span_record.h) in hex.
 std::string redis_key(const std::string& prefix, uint64_t key);
 
 // "host:port" (host optional) into options; throws InvalidInput when malformed.

@@ -111,8 +111,8 @@ class SpanTiers {
   bool adopt(SpanSlot& s, uint64_t disk_key, KvSpan span, int64_t* promoted_bytes);
 
   // The size of the slot's disk file, once written.
-  static size_t disk_file_bytes(const SpanSlot& s, int64_t path_tokens) {
-    return DiskSpanStore::file_bytes(path_tokens, s.span);
+  size_t disk_file_bytes(const SpanSlot& s, int64_t path_tokens) const {
+    return disk_ ? disk_->file_bytes(path_tokens, s.span) : span_record_bytes(path_tokens, s.span, false);
   }
   // Writes a real slot to disk and moves it there (its span leaves memory;
   // the store may write it behind); false when the store would not take it

@@ -152,7 +152,7 @@ std::vector<ApiKey> read_api_key_file(const std::string& path) {
   return keys;
 }
 
-const ApiKey* HttpServer::authorized(const httplib::Request& req) const {
+const ApiKey* find_api_key(const std::vector<ApiKey>& keys, const httplib::Request& req) {
   const std::string header = req.get_header_value("Authorization");
   constexpr std::string_view kBearer = "Bearer ";
   const std::string_view given =
@@ -160,15 +160,38 @@ const ApiKey* HttpServer::authorized(const httplib::Request& req) const {
   // Every key is compared, each in constant time for its length, so the
   // time taken tells nothing of how much of a key matched.
   const ApiKey* found = nullptr;
-  for (const ApiKey& k : options_.api_keys)
+  for (const ApiKey& k : keys)
     if (given.size() == k.key.size() && CRYPTO_memcmp(given.data(), k.key.data(), given.size()) == 0 &&
         !found)
       found = &k;
   return found;
 }
 
+std::optional<ApiError> OperatorAccess::refusal(const httplib::Request& req) const {
+  if (key.empty() && !tenants_keyed) return std::nullopt;
+  if (key.empty())
+    return ApiError(403, "this endpoint is the operator's, and no operator key is set (--operator-key-file)");
+  if (find_api_key({ApiKey{key, {}}}, req)) return std::nullopt;
+  return ApiError(401, "this endpoint needs the operator key (send Authorization: Bearer KEY)",
+                  "invalid_request_error", {}, "invalid_api_key");
+}
+
+std::string read_operator_key_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line))
+    fail(ErrorKind::InvalidInput, "the operator key file {} cannot be read", path);
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  if (line.size() < ApiKey::kMinChars)
+    fail(ErrorKind::InvalidInput, "{}: an operator key shorter than {} characters is too easy to guess", path,
+         ApiKey::kMinChars);
+  if (std::any_of(line.begin(), line.end(), [](unsigned char c) { return std::isspace(c); }))
+    fail(ErrorKind::InvalidInput, "{}: an operator key holds no spaces", path);
+  return line;
+}
+
 uint64_t HttpServer::cache_scope(const httplib::Request& req, const std::string& cache_salt) const {
-  const ApiKey* key = options_.api_keys.empty() ? nullptr : authorized(req);
+  const ApiKey* key = options_.api_keys.empty() ? nullptr : find_api_key(options_.api_keys, req);
   return cache_scope_of(key ? key->cache_namespace : std::string(), cache_salt);
 }
 
@@ -317,10 +340,15 @@ void HttpServer::routes() {
                                       "({}, --max-body)",
                                       n, options_.http.max_body_bytes)));
     }
-    if (req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
-    if (!options_.api_keys.empty() && !authorized(req))
+    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.path == "/metrics" || req.path == "/v1/cache/summary") {
+      const OperatorAccess op{options_.operator_key, !options_.api_keys.empty()};
+      if (const std::optional<ApiError> e = op.refusal(req)) return refuse(*e);
+      if (req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
+    } else if (!options_.api_keys.empty() && !find_api_key(options_.api_keys, req)) {
       return refuse(ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
                              "invalid_request_error", {}, "invalid_api_key"));
+    }
     if (draining_) return refuse(ApiError(503, "the server is shutting down", "server_error"));
     if (!ready_.load(std::memory_order_acquire))
       return refuse(ApiError(503, "the model is still loading", "server_error"));

@@ -6,10 +6,11 @@
 // events when the client asks to stream). A client that goes away mid-stream
 // cancels its request, so its rows and pins are freed. shutdown() stops
 // taking requests, lets the engine finish what is in flight (bounded by a
-// deadline) and closes the listener. /health and /metrics need no API key
-// (probes and scrapers); everything else does when keys are set. Requests
-// reuse KV only within their cache scope: the API key's namespace and the
-// request's cache_salt.
+// deadline) and closes the listener. /health needs no key (probes); what
+// shows the whole server (/metrics, /v1/cache/summary) needs the operator's
+// key once any key is set; everything else a tenant's key when keys are set.
+// Requests reuse KV only within their cache scope: the API key's namespace
+// and the request's cache_salt.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -47,11 +48,29 @@ struct ApiKey {
 // blank lines and lines starting with # are skipped. Throws InvalidInput
 // naming the file and line for a malformed one, or a file with no key.
 std::vector<ApiKey> read_api_key_file(const std::string& path);
+// The key a request presents (Authorization: Bearer KEY) among `keys`,
+// compared in constant time with every one; nullptr when none matches.
+const ApiKey* find_api_key(const std::vector<ApiKey>& keys, const httplib::Request& req);
+
+// Who may read what shows every tenant at once (metrics, cache summaries, a
+// router's replicas): the operator, by a key of its own. With no key of any
+// kind the server is open (one user on loopback); with tenants' keys and no
+// operator key, those endpoints are closed to everyone.
+struct OperatorAccess {
+  std::string key;             // empty: none
+  bool tenants_keyed = false;  // tenants' keys are set
+  // 401 (no or wrong key) or 403 (a tenant's key), or nullopt when allowed.
+  std::optional<ApiError> refusal(const httplib::Request& req) const;
+};
+// The operator key from a file: its first line, at least ApiKey::kMinChars
+// characters; throws InvalidInput naming the file.
+std::string read_operator_key_file(const std::string& path);
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                  // 0: any free port
   std::vector<ApiKey> api_keys;     // empty: no authentication
+  std::string operator_key;         // for /metrics and /v1/cache/summary (OperatorAccess)
   HttpLimits http;                  // connections, sizes, timeouts
   std::string strategy = "prefix";  // of requests that name none
   // Requests waiting for the engine; more: 429 with Retry-After. Below
@@ -101,9 +120,6 @@ class HttpServer {
   void stop_listening();
   // Both completion endpoints: parse, build the prompt, run, respond.
   void complete(const CompletionRequest& cr, httplib::Response& res, Clock::time_point arrived);
-  // The key a request presents, compared in constant time with every key;
-  // nullptr when none matches.
-  const ApiKey* authorized(const httplib::Request& req) const;
   // The cache scope of a request: its key's namespace and its cache_salt.
   uint64_t cache_scope(const httplib::Request& req, const std::string& cache_salt) const;
   // A request that ran on the engine ended: its metrics and its log line.

@@ -86,7 +86,7 @@ void KvEventPublisher::run() {
     last_load = load;
     KvEventHeader h = o_.header;
     std::tie(h.running, h.waiting) = load;
-    const bool ok = send(kv_events_json(h, log_->take()));
+    const bool ok = send(seal_kv_events(o_.key.get(), kv_events_json(h, log_->take())));
     std::lock_guard lk(mu_);
     ++(ok ? published_ : lost_);
   }

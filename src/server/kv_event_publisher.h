@@ -25,7 +25,8 @@ struct KvEventPublisherOptions {
   std::vector<RedisAddress> nodes;  // one Redis, or nodes of a cluster (any takes the PUBLISH)
   RedisOptions redis;               // credentials and deadline
   std::string channel;
-  KvEventHeader header;  // replica, epoch, block size (the load is filled in)
+  KvEventHeader header;               // replica, epoch, block size (the load is filled in)
+  std::shared_ptr<const MacKey> key;  // the deployment's (--cache-key-file): batches are sealed with it
   std::chrono::milliseconds interval{50}, heartbeat{1000};
 };
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kv/kv_events.h"
+#include "kv/span_record.h"
 #include "util/error.h"
 #include "util/hash.h"
 
@@ -44,6 +45,20 @@ std::optional<int64_t> count_of(const json& j, const char* field) {
 // At most this many keys in one message or summary (a replica's whole index
 // of 8 GiB at 16-token blocks is far below it).
 constexpr size_t kMaxKeys = size_t{1} << 24;
+// Bounds of a report's figures: far above any real replica's, low enough
+// that no sum or product the router makes of them overflows.
+constexpr int64_t kMaxLoad = int64_t{1} << 20;
+constexpr int64_t kMaxSeq = int64_t{1} << 53;
+
+// A load figure: absent is 0; present, a whole number in [0, kMaxLoad].
+std::optional<int64_t> load_of(const json& j, const char* field) {
+  const auto it = j.find(field);
+  if (it == j.end()) return 0;
+  if (!it->is_number_integer()) return std::nullopt;
+  const int64_t v = it->get<int64_t>();
+  if (v < 0 || v > kMaxLoad) return std::nullopt;
+  return v;
+}
 
 }  // namespace
 
@@ -75,12 +90,18 @@ int ReplicaRouter::find(std::string_view name) const {
   return -1;
 }
 
-bool ReplicaRouter::apply_events(std::string_view message, std::string* why) {
-  const auto refuse = [&](std::string w) {
+EventOutcome ReplicaRouter::apply_events(std::string_view message, std::string* why) {
+  const auto outcome = [&](EventOutcome o, std::string w = {}) {
     *why = std::move(w);
-    return false;
+    std::lock_guard lk(mu_);
+    ++outcomes_[static_cast<size_t>(o)];
+    return o;
   };
-  const json j = json::parse(message, nullptr, false);
+  const auto refuse = [&](std::string w) { return outcome(EventOutcome::Refused, std::move(w)); };
+  std::string seal_why;
+  const std::optional<std::string_view> body = open_kv_events(o_.events_key.get(), message, &seal_why);
+  if (!body) return refuse(std::move(seal_why));
+  const json j = json::parse(*body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return refuse("not a JSON object");
   const auto name = j.find("replica");
   const auto epoch = j.find("epoch");
@@ -91,9 +112,14 @@ bool ReplicaRouter::apply_events(std::string_view message, std::string* why) {
     return refuse("a batch needs replica, epoch, seq and events");
   const int r = find(name->get_ref<const std::string&>());
   if (r < 0) return refuse(fmt::format("no replica '{}' is configured here", name->dump()));
+  if (!valid_name(epoch->get_ref<const std::string&>()) || *seq > kMaxSeq)
+    return refuse("the epoch or seq is out of bounds");
   if (count_of(j, "block_size") != o_.block_tokens)
     return refuse(fmt::format("replica '{}' keys blocks of another size than --kv-events-block {}",
                               addresses_[r].name, o_.block_tokens));
+  const std::optional<int64_t> running = load_of(j, "running"), waiting = load_of(j, "waiting");
+  if (!running || !waiting)
+    return refuse(fmt::format("running and waiting must be whole numbers from 0 to {}", kMaxLoad));
   // Checked whole before anything is applied.
   struct Change {
     bool stored;
@@ -120,29 +146,59 @@ bool ReplicaRouter::apply_events(std::string_view message, std::string* why) {
     }
     changes.push_back(std::move(c));
   }
-  std::lock_guard lk(mu_);
-  Replica& rep = replicas_[r];
-  rep.seen = Clock::now();
-  rep.running = count_of(j, "running").value_or(0);
-  rep.waiting = count_of(j, "waiting").value_or(0);
-  rep.routed = 0;
   const std::string& ep = epoch->get_ref<const std::string&>();
-  if (!rep.synced || ep != rep.epoch || *seq != rep.seq + 1) {
-    // A batch we cannot place after what we hold (a restart, a lost batch):
-    // its keys wait for the summary, which includes them.
-    if (rep.synced && *seq <= rep.seq && ep == rep.epoch) return true;  // old news
-    rep.synced = false;
-    return true;
-  }
-  rep.seq = *seq;
-  for (const Change& c : changes)
-    for (const uint64_t k : c.keys) {
-      if (c.stored)
-        rep.keys.insert(k);
-      else
-        rep.keys.erase(k);
+  EventOutcome o = EventOutcome::Applied;
+  std::string w;
+  {
+    std::lock_guard lk(mu_);
+    Replica& rep = replicas_[r];
+    // Only a batch that follows what is held says anything of the replica
+    // now (a replay is a true batch of the past: its load and liveness are
+    // old, its keys may be gone).
+    if (!rep.synced) {
+      o = EventOutcome::Resync;
+      w = "the replica is being read from its summary";
+    } else if (ep != rep.epoch) {
+      // A restart, or a batch of a past epoch replayed: the replica's own
+      // summary tells which. It stays routed to meanwhile, so replays
+      // cannot take it out of service.
+      rep.epoch_doubt = true;
+      o = EventOutcome::Resync;
+      w = fmt::format("epoch {} is not the one held ({})", ep, rep.epoch);
+    } else if (*seq <= rep.seq) {
+      o = EventOutcome::Stale;
+      w = fmt::format("batch {} of replica '{}' is not after {} (a replay, or overtaken by a summary)", *seq,
+                      addresses_[r].name, rep.seq);
+    } else if (*seq != rep.seq + 1) {
+      rep.synced = false;  // a batch was lost: the keys held may be wrong
+      o = EventOutcome::Resync;
+      w = fmt::format("batch {} after {}: one was lost", *seq, rep.seq);
+    } else {
+      rep.seq = *seq;
+      rep.seen = Clock::now();
+      rep.running = *running;
+      rep.waiting = *waiting;
+      rep.routed = 0;
+      for (const Change& c : changes)
+        for (const uint64_t k : c.keys) {
+          if (c.stored)
+            rep.keys.insert(k);
+          else
+            rep.keys.erase(k);
+        }
     }
-  return true;
+  }
+  return outcome(o, std::move(w));
+}
+
+std::array<int64_t, kEventOutcomes> ReplicaRouter::event_counts() const {
+  std::lock_guard lk(mu_);
+  return outcomes_;
+}
+
+const char* event_outcome_name(EventOutcome o) {
+  static const char* const names[kEventOutcomes] = {"applied", "stale", "resync", "refused"};
+  return names[static_cast<size_t>(o)];
 }
 
 bool ReplicaRouter::apply_summary(const std::string& name, std::string_view body, std::string* why) {
@@ -168,6 +224,9 @@ bool ReplicaRouter::apply_summary(const std::string& name, std::string_view body
     return refuse(fmt::format("replica '{}' keys blocks of another size than --kv-events-block {}", name,
                               o_.block_tokens));
   if (hashes->size() > kMaxKeys) return refuse("too many keys in the summary");
+  const std::optional<int64_t> running = load_of(j, "running"), waiting = load_of(j, "waiting");
+  if (!running || !waiting || !valid_name(epoch->get_ref<const std::string&>()) || *seq > kMaxSeq)
+    return refuse("the summary's epoch, seq, running or waiting is out of bounds");
   std::unordered_set<uint64_t> keys;
   keys.reserve(hashes->size());
   for (const json& h : *hashes) {
@@ -181,9 +240,10 @@ bool ReplicaRouter::apply_summary(const std::string& name, std::string_view body
   rep.epoch = epoch->get<std::string>();
   rep.seq = *seq;
   rep.synced = true;
+  rep.epoch_doubt = false;
   rep.seen = rep.synced_at = Clock::now();
-  rep.running = count_of(j, "running").value_or(0);
-  rep.waiting = count_of(j, "waiting").value_or(0);
+  rep.running = *running;
+  rep.waiting = *waiting;
   rep.routed = 0;
   return true;
 }
@@ -197,7 +257,8 @@ std::vector<ReplicaAddress> ReplicaRouter::needing_sync() const {
   std::lock_guard lk(mu_);
   std::vector<ReplicaAddress> out;
   for (size_t i = 0; i < replicas_.size(); ++i)
-    if (!replicas_[i].synced || Clock::now() - replicas_[i].seen > o_.stale_after ||
+    if (!replicas_[i].synced || replicas_[i].epoch_doubt ||
+        Clock::now() - replicas_[i].seen > o_.stale_after ||
         Clock::now() - replicas_[i].synced_at > o_.resync_every)
       out.push_back(addresses_[i]);
   return out;
@@ -205,8 +266,11 @@ std::vector<ReplicaAddress> ReplicaRouter::needing_sync() const {
 
 std::vector<ReplicaRouter::Chain> ReplicaRouter::chains_of(const std::vector<Lookup>& lookups) const {
   std::vector<Chain> out;
-  for (const Lookup& l : lookups)
-    out.push_back({chain_keys(l.ns, l.tokens, 0, o_.block_tokens), static_cast<int64_t>(l.tokens.size())});
+  for (const Lookup& l : lookups) {
+    Chain c{chain_keys(l.ns, l.tokens, 0, o_.block_tokens), static_cast<int64_t>(l.tokens.size())};
+    for (uint64_t& k : c.keys) k = stored_name(o_.events_key.get(), k);  // as the replicas name them
+    out.push_back(std::move(c));
+  }
   return out;
 }
 

@@ -7,11 +7,15 @@
 // the same way, so the router counts the tokens each replica would find.
 // It picks the replica where the request's estimated work, the tokens left to
 // compute plus its queue, is least. Events come from a channel anyone with
-// access to the Redis can write to: every message is checked, and one that
-// does not parse, names no configured replica or breaks the numbering is
-// refused (the replica is then read afresh from its summary).
+// access to the Redis can write to: a batch is believed only after its seal
+// (with the deployment's key), its fields, and its place in the replica's
+// numbering are checked — nothing of it, not even the load it reports or
+// that the replica is alive, is taken before. A replayed batch is dropped; a
+// gap in the numbering sends the router back to the replica's summary.
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "exec/plan.h"
+#include "util/mac.h"
 
 namespace depcache {
 
@@ -45,16 +50,30 @@ struct RouterOptions {
   // Summaries are read again this often, so keys counted as held at
   // routing that the replica never stored (a request that failed) go.
   std::chrono::milliseconds resync_every{30000};
+  // The deployment's key (--cache-key-file): batches must carry its seal.
+  // Null: unsealed batches (a router and replicas without a key).
+  std::shared_ptr<const MacKey> events_key;
 };
+
+// What became of event batches, for the router's /metrics.
+enum class EventOutcome {
+  Applied,  // in order: its keys and load taken
+  Stale,    // numbered at or before what is held: a replay, or overtaken by a summary; dropped
+  Resync,   // a gap, another epoch (a restart?), or the replica not yet read: its summary is read
+  Refused,  // not a batch of a configured replica: malformed, unsealed or forged, out of bounds
+};
+inline constexpr int kEventOutcomes = 4;
+const char* event_outcome_name(EventOutcome o);  // "applied", "stale", "resync", "refused"
 
 class ReplicaRouter {
  public:
   ReplicaRouter(std::vector<ReplicaAddress> replicas, RouterOptions o);
 
-  // One event batch as published (hostile until checked). False, with *why,
-  // when refused; a gap in a replica's numbering or a new epoch marks it for
-  // a summary read.
-  bool apply_events(std::string_view message, std::string* why);
+  // One event batch as published (hostile until checked); *why says why
+  // when it is not applied.
+  EventOutcome apply_events(std::string_view message, std::string* why);
+  // Batches so far, by outcome.
+  std::array<int64_t, kEventOutcomes> event_counts() const;
   // A replica's GET /v1/cache/summary; false with *why when refused.
   bool apply_summary(const std::string& name, std::string_view body, std::string* why);
   void mark_unsynced(const std::string& name);
@@ -80,6 +99,7 @@ class ReplicaRouter {
     std::string epoch;
     int64_t seq = 0;
     bool synced = false;
+    bool epoch_doubt = false;  // a batch of another epoch came: the summary says which is current
     std::unordered_set<uint64_t> keys;
     int64_t running = 0, waiting = 0, routed = 0;  // routed: since its last report
     std::chrono::steady_clock::time_point seen{}, synced_at{};
@@ -98,6 +118,7 @@ class ReplicaRouter {
   RouterOptions o_;
   mutable std::mutex mu_;
   std::vector<Replica> replicas_;
+  std::array<int64_t, kEventOutcomes> outcomes_{};
   double routed_tokens_ = 0;
   int64_t n_routed_ = 0;
 };

@@ -158,7 +158,7 @@ TEST_F(DiskStore, RecordsCarryNamespaceAndContext) {
 }
 
 TEST_F(DiskStore, BudgetAndOrphans) {
-  const size_t one = DiskSpanStore::file_bytes(4, make_span(4, 1));
+  const size_t one = span_record_bytes(4, make_span(4, 1), false);
   DiskSpanStore store(dir_, 3 * one);
   for (uint64_t key = 1; key <= 3; ++key) ASSERT_TRUE(store.put(key, tokens_of(4, key), make_span(4, key)));
   ASSERT_TRUE(store.get(1, tokens_of(4, 1)).has_value());       // 1 is now the most recent
@@ -220,7 +220,7 @@ TEST_F(DiskStore, KillDuringWritesLeavesNothingCorruptServed) {
 // the limit (one at a time here); the next process finds exactly what was
 // kept. Threads: run under TSan.
 TEST_F(DiskStore, WritesBehindAndNothingForgottenOutlivesItsEntry) {
-  const size_t one = DiskSpanStore::file_bytes(64, make_span(64, 1));
+  const size_t one = span_record_bytes(64, make_span(64, 1), false);
   {
     DiskSpanStore store(dir_, 1 << 26);
     store.write_behind(make_span(64, 1).bytes());  // room for one span waiting

@@ -50,11 +50,13 @@ struct ReadResp {
 };
 ReadResp read_resp(const std::string& resp, int64_t* refused) {
   redisReader* r = redisReaderCreate();
-  limit_resp_arrays(r, refused);
+  RespGuard guard;
+  guard_resp_reader(r, &guard);
   redisReaderFeed(r, resp.data(), resp.size());
   void* out = nullptr;
   const int status = redisReaderGetReply(r, &out);
   redisReaderFree(r);
+  *refused = guard.refused_array;
   return {status, RedisReply(static_cast<redisReply*>(out))};
 }
 

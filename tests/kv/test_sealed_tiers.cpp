@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,7 +21,9 @@
 #include <mutex>
 #include <thread>
 
+#include "kv/disk_store.h"
 #include "kv/radix_index.h"
+#include "kv/remote_store.h"
 #include "kv/span_record.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -148,18 +151,20 @@ TEST_F(SealedTiers, ForgedDiskRecordIsNeverServed) {
     DiskSpanStore disk(dir_, 1 << 20, key);
     ASSERT_TRUE(disk.put(kt, 3, t, 0, span_of(t, 0, 12)));
   }
-  write_bytes(file_for(dir_, ks), encode_span_record(ks, 3, s, 0, span_of(s, 0, 12, 99)));
+  write_bytes(file_for(dir_, stored_name(key.get(), ks)),
+              encode_span_record(ks, 3, s, 0, span_of(s, 0, 12, 99)));
   DiskSpanStore disk(dir_, 1 << 20, key);
   RadixIndex index(1 << 20);
   index.expect_span_shape(kShape);
   index.attach_disk(disk);
   EXPECT_EQ(rejected(index, RadixIndex::kRejectDisk, kMac), 1);  // refused when scanned
-  EXPECT_FALSE(std::filesystem::exists(file_for(dir_, ks)));
+  EXPECT_FALSE(std::filesystem::exists(file_for(dir_, stored_name(key.get(), ks))));
   EXPECT_EQ(index.match(3, s).length, 0);
   // t was adopted; its file is now replaced by a forgery of the same size,
   // sealed under another key.
-  ASSERT_TRUE(std::filesystem::exists(file_for(dir_, kt)));
-  write_bytes(file_for(dir_, kt), encode_span_record(kt, 3, t, 0, span_of(t, 0, 12, 55), key_of('z').get()));
+  ASSERT_TRUE(std::filesystem::exists(file_for(dir_, stored_name(key.get(), kt))));
+  write_bytes(file_for(dir_, stored_name(key.get(), kt)),
+              encode_span_record(kt, 3, t, 0, span_of(t, 0, 12, 55), key_of('z').get()));
   const RadixIndex::Match m = index.match(3, t);
   EXPECT_EQ(m.length, 0);
   EXPECT_EQ(rejected(index, RadixIndex::kRejectDisk, kMac), 2);
@@ -195,7 +200,7 @@ TEST_F(SealedTiers, ForgedLayerFailsTheLayerWiseRead) {
   const uint64_t k = span_content_key(1, s);
   std::vector<uint8_t> record = encode_span_record(k, 1, s, 0, span_of(s, 0, 10), key.get());
   record[record.size() - 5] ^= 1;  // the last layer's K/V
-  write_bytes(file_for(dir_, k), record);
+  write_bytes(file_for(dir_, stored_name(key.get(), k)), record);
   DiskSpanStore disk(dir_, 1 << 20, key);
   ASSERT_EQ(disk.n_files(), 1u);  // the head is sound: adopted
   std::optional<DiskSpanStore::LayerReader> reader = disk.open_layers(k, 1, s, 0);
@@ -212,7 +217,7 @@ TEST_F(SealedTiers, WrongShapeDiskRecordIsDroppedAndRecomputed) {
   const uint64_t k = span_content_key(2, s);
   // Authentic (the deployment's key) but of another model: one more layer.
   write_bytes(
-      file_for(dir_, k),
+      file_for(dir_, stored_name(key.get(), k)),
       encode_span_record(k, 2, s, 0, span_of(s, 0, 9, 0, {kLayers + 1, kRowElems, DType::F16}), key.get()));
   DiskSpanStore disk(dir_, 1 << 20, key);
   RadixIndex index(1 << 20);
@@ -222,6 +227,84 @@ TEST_F(SealedTiers, WrongShapeDiskRecordIsDroppedAndRecomputed) {
   EXPECT_EQ(rejected(index, RadixIndex::kRejectDisk, kShapeReason), 1);
   index.insert(2, s, maker(s));
   expect_true_kv(index, index.match(2, s), s);
+}
+
+// Whether `needle` occurs anywhere in `hay`.
+bool contains_bytes(const std::vector<uint8_t>& hay, std::span<const uint8_t> needle) {
+  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
+}
+
+std::vector<uint8_t> read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Tokens no record would hold by chance: each a distinct 4-byte pattern.
+Tokens marked_sequence(int64_t n) {
+  Tokens t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(0x7e570000 + 0x0101 * i);
+  return t;
+}
+
+// Whatever of `seq` and its K/V a stored record shows in clear: its token
+// values, one by one, and 16-byte runs of its first layer's K.
+int64_t clear_traces(const std::vector<uint8_t>& bytes, const Tokens& seq, const KvSpan& span) {
+  int64_t found = 0;
+  for (const int32_t t : seq)
+    found += contains_bytes(bytes, {reinterpret_cast<const uint8_t*>(&t), sizeof t});
+  for (size_t at = 0; at + 16 <= span.row_bytes() * static_cast<size_t>(span.n_tokens()); at += 16)
+    found += contains_bytes(bytes, {span.k(0) + at, 16});
+  return found;
+}
+
+// A reader of the cache directory learns sizes and nothing else: no token,
+// no K/V, no namespace, and file names that cannot be computed from a
+// guessed prompt. Without a key every one of them is there in clear (the
+// check can fail). The store still reads its files back after a restart.
+TEST_F(SealedTiers, ADiskRecordShowsAReaderNothingButItsSize) {
+  const Tokens s = marked_sequence(24);
+  const uint64_t ns = 0x5ca1ab1e;
+  const uint64_t k = span_content_key(ns, s);
+  const KvSpan span = span_of(s, 0, 24);
+  for (const bool keyed : {false, true}) {
+    std::filesystem::remove_all(dir_);
+    const auto key = keyed ? key_of('k') : nullptr;
+    {
+      DiskSpanStore disk(dir_, 1 << 20, key);
+      ASSERT_TRUE(disk.put(k, ns, s, 0, span_of(s, 0, 24)));
+    }
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) files.push_back(e.path());
+    ASSERT_EQ(files.size(), 1u);
+    const std::vector<uint8_t> bytes = read_bytes(files[0]);
+    const int64_t traces = clear_traces(bytes, s, span);
+    const bool named_by_content = files[0].filename() == file_for(dir_, k).filename();
+    const bool shows_ns = contains_bytes(bytes, {reinterpret_cast<const uint8_t*>(&ns), sizeof ns});
+    if (!keyed) {
+      EXPECT_GT(traces, 24) << "the check finds nothing even in clear";
+      EXPECT_TRUE(named_by_content);
+      EXPECT_TRUE(shows_ns);
+      continue;
+    }
+    EXPECT_EQ(traces, 0) << "a sealed record shows tokens or K/V";
+    EXPECT_FALSE(named_by_content) << "a sealed record is filed under its content key";
+    EXPECT_FALSE(shows_ns) << "a sealed record shows its namespace";
+    // Read back after a restart, whole and layer by layer.
+    DiskSpanStore disk(dir_, 1 << 20, key);
+    const std::vector<DiskSpanStore::StoredSpan> found = disk.scan();
+    ASSERT_EQ(found.size(), 1u);
+    EXPECT_EQ(found[0].key, k);
+    EXPECT_EQ(found[0].ns, ns);
+    EXPECT_EQ(found[0].tokens, s);
+    const std::optional<KvSpan> got = disk.get(k, ns, s, 0);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->data(), span.data());
+    EXPECT_EQ(got->positions(), span.positions());
+    // A file of the same name and size from under another key is refused.
+    write_bytes(files[0], encode_span_record(k, ns, s, 0, span, key_of('z').get()));
+    EXPECT_FALSE(disk.get(k, ns, s, 0).has_value());
+    EXPECT_EQ(disk.n_rejected(kMac), 1);
+  }
 }
 
 struct KeyedIndexes {
@@ -253,14 +336,16 @@ TEST(RemoteSealed, ForgedRedisRecordIsNeverServed) {
   two.a.flush_remote();
   const std::span<const int32_t> seq(s);
   const uint64_t k1 = span_content_key(7, seq.first(16)), k2 = span_content_key(7, seq.first(24));
-  two.store_a.put(k1, encode_span_record(k1, 7, seq.first(16), 8, span_of(s, 8, 16, 77)));
-  two.store_a.put(k2, encode_span_record(k2, 7, seq, 16, span_of(s, 16, 24, 77), key_of('z').get()));
+  two.store_a.put(stored_name(key.get(), k1),
+                  encode_span_record(k1, 7, seq.first(16), 8, span_of(s, 8, 16, 77)));
+  two.store_a.put(stored_name(key.get(), k2),
+                  encode_span_record(k2, 7, seq, 16, span_of(s, 16, 24, 77), key_of('z').get()));
   RadixIndex::Match m = two.b.match(7, s);
   EXPECT_EQ(m.length, 8);  // block 0 only
   expect_true_kv(two.b, m, s);
   EXPECT_EQ(rejected(two.b, RadixIndex::kRejectRemote, kMac), 1);
-  EXPECT_FALSE(two.store_a.get(k1).has_value());  // deleted for everyone
-  two.b.insert(7, s, maker(s));                   // recomputed
+  EXPECT_FALSE(two.store_a.get(stored_name(key.get(), k1)).has_value());  // deleted for everyone
+  two.b.insert(7, s, maker(s));                                           // recomputed
   // Block 2 is next: refused too.
   RadixIndex c(1 << 20);
   c.expect_span_shape(kShape);
@@ -282,12 +367,49 @@ TEST(RemoteSealed, WrongShapeRedisRecordIsDroppedAndRecomputed) {
   // Authentic, but F32 rows where this model keeps F16: placing it would
   // fail every request with this prefix.
   two.store_a.put(
-      k, encode_span_record(k, 1, s, 0, span_of(s, 0, 8, 0, {kLayers, kRowElems, DType::F32}), key.get()));
+      stored_name(key.get(), k),
+      encode_span_record(k, 1, s, 0, span_of(s, 0, 8, 0, {kLayers, kRowElems, DType::F32}), key.get()));
   EXPECT_EQ(two.b.match(1, s).length, 0);
   EXPECT_EQ(rejected(two.b, RadixIndex::kRejectRemote, kShapeReason), 1);
-  EXPECT_FALSE(two.store_a.get(k).has_value());
+  EXPECT_FALSE(two.store_a.get(stored_name(key.get(), k)).has_value());
   two.b.insert(1, s, maker(s));
   expect_true_kv(two.b, two.b.match(1, s), s);
+}
+
+// As on disk, in Redis: the values hold no token and no K/V, and no key is
+// a content key (which anyone could compute from a guessed prompt).
+TEST(RemoteSealed, ARedisRecordShowsAReaderNothingButItsSize) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  const auto key = key_of('k');
+  KeyedIndexes two(redis.port(), key);
+  const Tokens s = marked_sequence(24);
+  two.a.insert(9, s, maker(s));
+  two.a.flush_remote();
+  std::vector<std::string> names;
+  {
+    redisContext* c = redisConnect("127.0.0.1", redis.port());
+    ASSERT_TRUE(c && !c->err);
+    auto* r = static_cast<redisReply*>(redisCommand(c, "KEYS *"));
+    ASSERT_TRUE(r && r->type == REDIS_REPLY_ARRAY);
+    for (size_t i = 0; i < r->elements; ++i) names.emplace_back(r->element[i]->str, r->element[i]->len);
+    freeReplyObject(r);
+    redisFree(c);
+  }
+  ASSERT_EQ(names.size(), 3u);  // three blocks of 8
+  const std::span<const int32_t> seq(s);
+  for (int64_t end = 8; end <= 24; end += 8) {
+    const std::string content =
+        redis_key(KeyedIndexes::options(0).prefix, span_content_key(9, seq.first(end)));
+    EXPECT_EQ(std::count(names.begin(), names.end(), content), 0) << "filed under its content key";
+    const std::optional<std::vector<uint8_t>> v =
+        two.store_a.get(stored_name(key.get(), span_content_key(9, seq.first(end))));
+    ASSERT_TRUE(v) << "block ending at " << end;
+    EXPECT_EQ(clear_traces(*v, s, span_of(s, end - 8, end)), 0) << "block ending at " << end;
+  }
+  // And b reads them.
+  const RadixIndex::Match m = two.b.match(9, s);
+  EXPECT_EQ(m.length, 24);
+  expect_true_kv(two.b, m, s);
 }
 
 // One command on a fresh hiredis connection (for setting the server up).
@@ -419,6 +541,29 @@ TEST(RemoteHostile, AHugeArrayCountIsRefusedByName) {
       << store.last_error();
 }
 
+// A value larger than the read expects is refused as it arrives, not held
+// whole first (a fetch's bound is the record size of the model's shape);
+// within its bound the same reply is read.
+TEST(RemoteHostile, AValuePastTheReadsBoundIsRefusedByName) {
+  const std::string value(200000, 'v');
+  CannedServer server("*1\r\n$200000\r\n" + value + "\r\n");
+  RedisOptions o;
+  o.port = server.port();
+  o.retry_after_ms = 0;
+  RedisStore store(o);
+  const std::vector<uint64_t> keys{42};
+  // The canned server answers once per connection: the connection the
+  // store opened first may be spent, so a call can fail on it first.
+  for (int i = 0; i < 3 && store.last_error().find("more than") == std::string::npos; ++i)
+    EXPECT_FALSE(store.get_many(keys, 1000)[0].has_value());
+  EXPECT_NE(store.last_error().find("sent a reply of more than 1000 bytes"), std::string::npos)
+      << store.last_error();
+  std::optional<std::vector<uint8_t>> got;
+  for (int i = 0; i < 3 && !got; ++i) got = store.get_many(keys, 300000)[0];
+  ASSERT_TRUE(got.has_value()) << store.last_error();
+  EXPECT_EQ(got->size(), value.size());
+}
+
 // While one request waits on a paused Redis, another that finds all it
 // needs locally, and an insert (publishing is queued), go through at once.
 TEST(RemoteDeadline, SlowRedisDoesNotStallRequestsThatDoNotReadIt) {
@@ -479,8 +624,10 @@ class LatchedStore final : public RemoteStore {
  public:
   explicit LatchedStore(RemoteStore& inner) : inner_(inner) {}
   std::optional<std::vector<uint8_t>> get(uint64_t key) override { return inner_.get(key); }
-  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys) override {
-    auto got = inner_.get_many(keys);
+  using RemoteStore::get_many;
+  std::vector<std::optional<std::vector<uint8_t>>> get_many(std::span<const uint64_t> keys,
+                                                            size_t max_value_bytes) override {
+    auto got = inner_.get_many(keys, max_value_bytes);
     std::unique_lock lk(mu_);
     if (armed_) {
       armed_ = false;

@@ -434,7 +434,7 @@ TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
   for (const std::string policy :
        {"lru", "lfu", "pgdsf", "lacr", "lru+swap-out-once", "pgdsf+swap-out-once"}) {
     std::filesystem::remove_all(dir_);
-    DiskSpanStore disk(dir_, 300 * DiskSpanStore::file_bytes(1, expected_span({1}, 0, 1)));
+    DiskSpanStore disk(dir_, 300 * span_record_bytes(1, expected_span({1}, 0, 1), false));
     const bool once = policy.find("+swap-out-once") != std::string::npos;
     RadixIndex index(60 * tb, make_policy(policy.substr(0, policy.find('+'))));
     index.attach_host(60 * tb, once);

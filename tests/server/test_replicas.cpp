@@ -6,6 +6,7 @@
 // replica killed under load costs no request and changes no answer.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -20,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "kv/redis_connection.h"
+#include "kv/remote_store.h"
 #include "server_client.h"
 #include "test_support.h"
 
@@ -69,9 +72,9 @@ struct Answer {
 
 // A completion through `port`, greedy; which replica answered (HAProxy's
 // X-Depcache-Replica) and its text.
-Answer complete(int port, const json& body) {
+Answer complete(int port, const json& body, const std::string& curl_args = "") {
   const auto headers = temp_path("headers");
-  const Reply r = curl(port, "/v1/completions", post(body) + " -D " + headers.string());
+  const Reply r = curl(port, "/v1/completions", curl_args + post(body) + " -D " + headers.string());
   Answer a{r.status, "", r.body};
   std::ifstream in(headers);
   for (std::string line; std::getline(in, line);)
@@ -93,8 +96,8 @@ Answer complete(int port, const json& body) {
 // The router's view of its replicas (GET /replicas); a reply that is not
 // JSON (the router gone, or a request cut) fails the test with the router's
 // log instead of throwing out of it.
-json replicas_state(const ServeProcess& router) {
-  const Reply r = curl(router.port(), "/replicas");
+json replicas_state(const ServeProcess& router, const std::string& curl_args = "") {
+  const Reply r = curl(router.port(), "/replicas", curl_args);
   json state = json::parse(r.body, nullptr, false);
   if (state.is_discarded() || !state.is_array()) {
     ADD_FAILURE() << "GET /replicas answered " << r.status << " '" << r.body << "'\n" << router.log();
@@ -119,6 +122,27 @@ json request(int c, int turn) {
           {"rag", {{"documents", docs}}}};
 }
 
+// Replicas r1 and r2 (`extra`: more serve options) publishing KV events on
+// the Redis at `redis_at`, with chunk reuse; appends to `route_args` what
+// names them. Empty `replicas` tail on failure (the test has failed).
+void start_replicas(const std::string& model, const std::string& redis_at,
+                    const std::vector<std::string>& extra,
+                    std::vector<std::unique_ptr<ServeProcess>>& replicas,
+                    std::vector<std::string>& route_args) {
+  for (const char* name : {"r1", "r2"}) {
+    std::vector<std::string> args = {"-m", model,        "--kv-events", "--redis", redis_at, "--replica-name",
+                                     name, "--strategy", "fullreuse"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    replicas.push_back(std::make_unique<ServeProcess>(args));
+    if (replicas.back()->port() <= 0) {
+      ADD_FAILURE() << replicas.back()->log();
+      return;
+    }
+    route_args.push_back("--replica");
+    route_args.push_back(fmt::format("{}=http://127.0.0.1:{}", name, replicas.back()->port()));
+  }
+}
+
 // Tokens of an answer still being computed when its replica is killed.
 constexpr int kLongAnswer = 600;
 
@@ -131,13 +155,9 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
   const std::string redis_at = "127.0.0.1:" + std::to_string(redis.port());
   std::vector<std::unique_ptr<ServeProcess>> replicas;
   std::vector<std::string> route_args = {"-m", model, "--redis", redis_at, "--strategy", "fullreuse"};
-  for (const char* name : {"r1", "r2"}) {
-    replicas.push_back(std::make_unique<ServeProcess>(std::vector<std::string>{
-        "-m", model, "--kv-events", "--redis", redis_at, "--replica-name", name, "--strategy", "fullreuse"}));
-    ASSERT_GT(replicas.back()->port(), 0) << replicas.back()->log();
-    route_args.push_back("--replica");
-    route_args.push_back(fmt::format("{}=http://127.0.0.1:{}", name, replicas.back()->port()));
-  }
+  start_replicas(model, redis_at, {}, replicas, route_args);
+  ASSERT_EQ(replicas.size(), 2u);
+  ASSERT_GT(replicas.back()->port(), 0);
   const auto config = temp_path("haproxy").replace_extension(".cfg");
   const int proxy_port = free_port();
   route_args.insert(route_args.end(),
@@ -320,6 +340,131 @@ TEST(Replicas, ThroughHaproxyRequestsFollowTheirContextAndSurviveAKilledReplica)
   EXPECT_EQ(long_answer.text, again.text);
   std::filesystem::remove(config);
   std::filesystem::remove(std::filesystem::path(config).replace_extension(".lua"));
+}
+
+std::string bearer(const std::string& key) { return "-H 'Authorization: Bearer " + key + "' "; }
+
+// Two tenants with keys of their own namespaces behind one router: the
+// router answers each only about its own scope, so a tenant cannot learn
+// from it what another sent; what shows every tenant is the operator's; the
+// router reads the keyed replicas' summaries with the operator key; and a
+// batch published on the channel without the deployment key's seal is
+// counted and changes nothing.
+TEST(Replicas, KeyedTenantsSeeOnlyTheirOwnScopeAndUnsealedBatchesMoveNothing) {
+  REQUIRE_CURL();
+  DEPCACHE_REQUIRE_REDIS(redis);
+  if (!std::filesystem::exists("/usr/sbin/haproxy"))
+    DEPCACHE_SKIP("haproxy not installed (scripts/setup.sh installs it)");
+  const std::string model = serve_model_file().string();
+  const std::string redis_at = "127.0.0.1:" + std::to_string(redis.port());
+  const std::string tenant_a = "tenant-a-0123456789", tenant_b = "tenant-b-0123456789",
+                    operator_key = "operator-0123456789";
+  const auto keys = temp_path("api-keys"), op = temp_path("operator-key"), cache_key = temp_path("cache-key");
+  std::ofstream(keys) << tenant_a << " alpha\n" << tenant_b << " beta\n";
+  std::ofstream(op) << operator_key << "\n";
+  std::ofstream(cache_key) << std::string(32, 'k');
+  const std::vector<std::string> keyed = {"--api-key-file", keys.string(),      "--operator-key-file",
+                                          op.string(),      "--cache-key-file", cache_key.string()};
+  std::vector<std::unique_ptr<ServeProcess>> replicas;
+  std::vector<std::string> route_args = {"-m", model, "--redis", redis_at, "--strategy", "fullreuse"};
+  route_args.insert(route_args.end(), keyed.begin(), keyed.end());
+  start_replicas(model, redis_at, keyed, replicas, route_args);
+  ASSERT_EQ(replicas.size(), 2u);
+  ASSERT_GT(replicas.back()->port(), 0);
+  const auto config = temp_path("haproxy").replace_extension(".cfg");
+  const int proxy_port = free_port();
+  route_args.insert(route_args.end(),
+                    {"--haproxy-config", config.string(), "--haproxy-port", std::to_string(proxy_port)});
+  ServeProcess router(route_args, "route");
+  ASSERT_GT(router.port(), 0) << router.log();
+  Haproxy proxy(config);
+  for (int i = 0; i < 200 && curl(proxy_port, "/health").status != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  ASSERT_EQ(curl(proxy_port, "/health").status, 200) << proxy.log();
+
+  // The operator's endpoints, and the router's decisions, need their keys.
+  for (const std::string& who : {std::string(), bearer(tenant_a)}) {
+    EXPECT_EQ(curl(router.port(), "/replicas", who).status, 401) << who;
+    EXPECT_EQ(curl(router.port(), "/metrics", who).status, 401) << who;
+    EXPECT_EQ(curl(replicas[0]->port(), "/metrics", who).status, 401) << who;
+    EXPECT_EQ(curl(replicas[0]->port(), "/v1/cache/summary", who).status, 401) << who;
+  }
+  EXPECT_EQ(curl(replicas[0]->port(), "/metrics", bearer(operator_key)).status, 200);
+  EXPECT_EQ(curl(router.port(), "/route", post(request(1, 0))).status, 401);
+  EXPECT_EQ(curl(router.port(), "/route", bearer(operator_key) + post(request(1, 0))).status, 401);
+
+  // The router reads the keyed replicas' summaries (with the operator key).
+  json state;
+  for (int i = 0; i < 400; ++i) {
+    state = replicas_state(router, bearer(operator_key));
+    if (state.size() == 2 && state[0]["synced"] == true && state[1]["synced"] == true) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_TRUE(state.size() == 2 && state[0]["synced"] == true && state[1]["synced"] == true)
+      << "the router never read the keyed replicas' summaries: " << state.dump() << "\n"
+      << router.log();
+
+  // Tenant A's context through the proxy; then each tenant asks the router
+  // about the same request. A finds it where it was computed; B, in its own
+  // scope, nowhere.
+  const Answer answered = complete(proxy_port, request(1, 0), bearer(tenant_a));
+  ASSERT_EQ(answered.status, 200) << answered.text << proxy.log();
+  ASSERT_FALSE(answered.replica.empty());
+  const auto ask = [&](const std::string& key) {
+    const Reply r = curl(router.port(), "/route", bearer(key) + post(request(1, 0)));
+    const json d = json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(r.status == 200 && d.contains("held_tokens")) << r.status << " " << r.body;
+    return d;
+  };
+  const json as_a = ask(tenant_a);
+  ASSERT_TRUE(as_a.contains("held_tokens"));
+  EXPECT_EQ(as_a["held_tokens"][answered.replica], as_a["tokens"]) << as_a.dump();
+  const json as_b = ask(tenant_b);
+  ASSERT_TRUE(as_b.contains("held_tokens"));
+  for (const auto& [name, held] : as_b["held_tokens"].items())
+    EXPECT_EQ(held, 0) << "tenant B learns from the router that " << name
+                       << " holds A's context: " << as_b.dump();
+
+  // Sealed batches from the replicas are taken; an unsealed one naming r1's
+  // next batch with a huge queue, and one with a seal that is not the key's,
+  // are counted and change nothing.
+  const auto router_metric = [&](const std::string& outcome) {
+    return sample(curl(router.port(), "/metrics", bearer(operator_key)).body,
+                  "depcache_router_event_batches_total{outcome=\"" + outcome + "\"}");
+  };
+  for (int i = 0; i < 200 && router_metric("applied") < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GE(router_metric("applied"), 1) << router.log();
+  state = replicas_state(router, bearer(operator_key));
+  ASSERT_EQ(state.size(), 2u);
+  const std::string forged = json{
+      {"replica", "r1"},
+      {"epoch", state[0]["epoch"]},
+      {"seq", state[0]["seq"].get<int64_t>() + 1},
+      {"block_size", 16},
+      {"running", 0},
+      {"waiting", 1000000},
+      {"events", json::array()}}.dump();
+  RedisOptions ro;
+  ro.timeout_ms = 1000;
+  RedisConnection publisher("127.0.0.1", redis.port(), ro);
+  ASSERT_TRUE(publisher.open(steady_now_ms() + 1000)) << publisher.error();
+  const double refused_before = router_metric("refused");
+  for (const std::string& message : {forged, std::string(64, 'a') + forged}) {
+    const RedisReply r =
+        publisher.command({"PUBLISH", ro.prefix + "kv-events", message}, steady_now_ms() + 1000);
+    ASSERT_TRUE(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1) << "the router is not subscribed";
+  }
+  for (int i = 0; i < 200 && router_metric("refused") < refused_before + 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(router_metric("refused"), refused_before + 2) << router.log();
+  state = replicas_state(router, bearer(operator_key));
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_LT(state[0]["waiting"].get<int64_t>(), 1000) << "a forged batch set r1's queue: " << state.dump();
+  EXPECT_EQ(state[0]["synced"], true);
+  std::filesystem::remove(config);
+  std::filesystem::remove(std::filesystem::path(config).replace_extension(".lua"));
+  for (const auto& f : {keys, op, cache_key}) std::filesystem::remove(f);
 }
 
 }  // namespace
