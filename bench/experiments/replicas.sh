@@ -8,7 +8,11 @@
 # holding most of the request's KG subtrees, against its queue). Prints one
 # Markdown row per (replicas, routing): token hit rate over the stream (tokens
 # found in the replicas' caches / prompt tokens), TTFT p50/p99, completed.
-#   bash bench/experiments/replicas.sh [N] [RATE] [CACHE_MIB]   (default 400, 2, 8)
+#   bash bench/experiments/replicas.sh [N] [RATE] [CACHE_MIB] [open|keyed]
+#   (default 400, 2, 8, open). keyed: the deployment a multi-tenant service
+#   runs: one tenant key (with its namespace) and an operator key on every
+#   replica and the router, KV event batches sealed under --cache-key-file,
+#   loadgen sending the tenant key.
 # The model is the demo's shape (4 layers, 256 embd, F16, random weights).
 # On 2 cores, 4 replicas share them: TTFT then measures contention as much as
 # routing; the hit rate does not depend on it.
@@ -18,8 +22,22 @@ source bench/experiments/common.sh
 N=${1:-400}
 RATE=${2:-2}
 CACHE_MIB=${3:-8}
+MODE_KEYS=${4:-open}
 D=build/bench-replicas
 mkdir -p "$D"
+KEY_ARGS=()
+LOAD_KEY=()
+case "$MODE_KEYS" in
+  open) ;;
+  keyed)
+    echo "tenant-key-0123456789 tenant-a" >"$D/api-keys"
+    echo "operator-key-0123456789" >"$D/operator-key"
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$D/cache-key"
+    KEY_ARGS=(--api-key-file "$D/api-keys" --operator-key-file "$D/operator-key" --cache-key-file "$D/cache-key")
+    LOAD_KEY=(--api-key tenant-key-0123456789)
+    ;;
+  *) echo "the fourth argument is open or keyed" >&2; exit 2 ;;
+esac
 MODEL=$(demo_shape_model)
 REQ=$(graphrag_stream "$D" "$N")
 REDIS_PORT=$((20000 + RANDOM % 10000))
@@ -46,7 +64,7 @@ wait_for() {  # log file, pid: waits for "ready", prints the port
   exit 1
 }
 
-echo "CPU: $CPU; $N requests, $RATE req/s per replica, hot tier $CACHE_MIB MiB per replica"
+echo "CPU: $CPU; $N requests, $RATE req/s per replica, hot tier $CACHE_MIB MiB per replica, $MODE_KEYS"
 echo
 echo "| replicas | routing | token hit rate | TTFT p50 (ms) | TTFT p99 (ms) | completed |"
 echo "|---|---|---|---|---|---|"
@@ -57,7 +75,8 @@ for R in 1 2 4; do
     ROUTE_ARGS=()
     for i in $(seq 1 "$R"); do
       $BIN serve -m "$MODEL" -t 1 --port 0 --cache-mib "$CACHE_MIB" --host-mib 0 --kv-events \
-        --kv-events-redis "127.0.0.1:$REDIS_PORT" --replica-name "r$i" 2>"$D/serve-$i.log" &
+        --kv-events-redis "127.0.0.1:$REDIS_PORT" --replica-name "r$i" \
+        "${KEY_ARGS[@]}" 2>"$D/serve-$i.log" &
       PIDS+=($!)
       PORT=$(wait_for "$D/serve-$i.log" $!)
       ROUTE_ARGS+=(--replica "r$i=http://127.0.0.1:$PORT")
@@ -65,7 +84,7 @@ for R in 1 2 4; do
     HAPROXY_PORT=$((30000 + RANDOM % 10000))
     $BIN route -m "$MODEL" --port 0 --redis "127.0.0.1:$REDIS_PORT" "${ROUTE_ARGS[@]}" \
       --haproxy-config "$D/haproxy.cfg" --haproxy-port "$HAPROXY_PORT" --haproxy-balance "$MODE" \
-      2>"$D/route.log" &
+      "${KEY_ARGS[@]}" 2>"$D/route.log" &
     PIDS+=($!)
     wait_for "$D/route.log" $! >/dev/null
     haproxy -f "$D/haproxy.cfg" -db >"$D/haproxy.log" 2>&1 &
@@ -74,7 +93,7 @@ for R in 1 2 4; do
     sleep 1  # the router reads every replica's summary
     RATE_R=$(echo "$RATE * $R" | bc -l)
     $BIN loadgen --url "http://127.0.0.1:$HAPROXY_PORT" --requests "$REQ" -s depcache --rate "$RATE_R" \
-      --seed 1 --concurrency 64 --json "$D/rows-$R-$MODE.jsonl" >"$D/loadgen-$R-$MODE.log" 2>&1
+      --seed 1 --concurrency 64 "${LOAD_KEY[@]}" --json "$D/rows-$R-$MODE.jsonl" >"$D/loadgen-$R-$MODE.log" 2>&1
     python3 - "$D/rows-$R-$MODE.jsonl" "$R" "$MODE" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_support.h"
@@ -77,6 +78,18 @@ class ServeProcess {
   int wait_exit(std::chrono::milliseconds limit);
   std::string log() const;
   std::string metrics() const { return curl(port_, "/metrics").body; }
+  // Scrapes until `done(scrape)` holds, every 50 ms, `tries` times at most;
+  // returns the last scrape.
+  template <class Done>
+  std::string metrics_when(Done done, int tries = 600) const {
+    std::string m;
+    for (int i = 0; i < tries; ++i) {
+      m = metrics();
+      if (done(m)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return m;
+  }
   // Peak resident memory (VmHWM) in bytes while it runs; 0 if unknown.
   int64_t peak_rss_bytes() const;
 

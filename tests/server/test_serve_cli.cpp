@@ -72,18 +72,6 @@ std::filesystem::path request_file(size_t n, uint32_t seed) {
   return path;
 }
 
-// Waits until the scrape satisfies `done` (bounded); returns the last scrape.
-template <class Done>
-std::string metrics_when(const ServeProcess& server, Done done, int tries = 600) {
-  std::string m;
-  for (int i = 0; i < tries; ++i) {
-    m = server.metrics();
-    if (done(m)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return m;
-}
-
 std::string loadgen(int port, const std::filesystem::path& requests, const std::string& extra) {
   return fmt::format("{} loadgen --url http://127.0.0.1:{} --requests {} --timeout 300 {} 2>&1",
                      DEPCACHE_BINARY, port, requests.string(), extra);
@@ -321,8 +309,8 @@ TEST(ServeCli, SigtermDrainsRequestsInFlightAndExitsZero) {
                                 {"stream", i % 2 == 0}}));
       });
     // All running, none finished: then the signal.
-    const std::string before = metrics_when(
-        server, [&](const std::string& m) { return sample(m, "depcache_requests_running") == kClients; });
+    const std::string before = server.metrics_when(
+        [&](const std::string& m) { return sample(m, "depcache_requests_running") == kClients; });
     ASSERT_EQ(sample(before, "depcache_requests_running"), kClients) << before;
     server.signal(sig);
     // Stopped accepting: a new request gets no answer or 503, never a hang.
@@ -366,7 +354,7 @@ TEST(ServeCli, RedisKilledUnderLoadAnswersContinue) {
         loadgen(server.port(), requests, fmt::format("--concurrency 8 -n {} -s depcache", max_tokens)));
   });
   const char* const from_redis = "depcache_index_hit_tokens_total{tier=\"remote\"}";
-  const std::string before = metrics_when(server, [&](const std::string& m) {
+  const std::string before = server.metrics_when([&](const std::string& m) {
     return sample(m, "depcache_requests_total{outcome=\"finished\"}") >= static_cast<double>(n / 4) &&
            sample(m, from_redis) > 0;
   });
