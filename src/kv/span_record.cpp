@@ -86,9 +86,6 @@ bool checksum_ok(std::span<const uint8_t> domain, std::span<const uint8_t> bytes
 std::span<uint8_t> layer_of(KvSpan& span, int il) {
   return {span.k(il), 2 * static_cast<size_t>(span.n_tokens()) * span.row_bytes()};
 }
-std::span<const uint8_t> layer_of(const KvSpan& span, int il) {
-  return {span.k(il), 2 * static_cast<size_t>(span.n_tokens()) * span.row_bytes()};
-}
 
 }  // namespace
 

@@ -27,6 +27,37 @@ EVP_MAC* hmac() {
   return mac.get();
 }
 
+EVP_MAC* siphash() {
+  static const std::unique_ptr<EVP_MAC, MacDeleter> mac(EVP_MAC_fetch(nullptr, "SIPHASH", nullptr));
+  if (!mac) fail(ErrorKind::Internal, "OpenSSL offers no SipHash");
+  return mac.get();
+}
+
+// A SipHash context keyed with `key`, for 64-bit results.
+std::shared_ptr<const EVP_MAC_CTX> siphash_ctx(const SipKey& key) {
+  std::shared_ptr<EVP_MAC_CTX> ctx(EVP_MAC_CTX_new(siphash()), MacDeleter{});
+  unsigned int size = 8;
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_uint(OSSL_MAC_PARAM_SIZE, &size),
+                               OSSL_PARAM_construct_end()};
+  if (!ctx || EVP_MAC_init(ctx.get(), key.data(), key.size(), params) != 1)
+    fail(ErrorKind::Internal, "SipHash setup failed in OpenSSL");
+  return ctx;
+}
+
+uint64_t siphash_of(const EVP_MAC_CTX* keyed, uint64_t value) {
+  // The copy is read from `keyed` only, so threads may share it.
+  const std::unique_ptr<EVP_MAC_CTX, MacDeleter> ctx(EVP_MAC_CTX_dup(keyed));
+  uint8_t io[8];
+  for (int i = 0; i < 8; ++i) io[i] = static_cast<uint8_t>(value >> (8 * i));
+  size_t n = 0;
+  if (!ctx || EVP_MAC_update(ctx.get(), io, sizeof io) != 1 ||
+      EVP_MAC_final(ctx.get(), io, &n, sizeof io) != 1 || n != sizeof io)
+    fail(ErrorKind::Internal, "SipHash failed in OpenSSL");
+  uint64_t out = 0;
+  for (int i = 0; i < 8; ++i) out |= static_cast<uint64_t>(io[i]) << (8 * i);
+  return out;
+}
+
 MacTag hmac_sha256(std::span<const uint8_t> key, std::initializer_list<std::span<const uint8_t>> parts) {
   const std::unique_ptr<EVP_MAC_CTX, MacDeleter> ctx(EVP_MAC_CTX_new(hmac()));
   char digest[] = "SHA256";
@@ -72,7 +103,10 @@ MacKey::MacKey(std::vector<uint8_t> secret) : secret_(std::move(secret)) {
     return tag({{reinterpret_cast<const uint8_t*>(label.data()), label.size()}});
   };
   cipher_key_ = derive("depcache record cipher 1");
-  name_key_ = derive("depcache content names 1");
+  const MacTag names = derive("depcache content names 2");
+  SipKey sip{};
+  std::copy_n(names.begin(), sip.size(), sip.begin());
+  name_ctx_ = siphash_ctx(sip);
 }
 
 MacTag MacKey::tag(std::initializer_list<std::span<const uint8_t>> parts) const {
@@ -154,13 +188,8 @@ bool MacKey::open(const CipherNonce& nonce, std::initializer_list<std::span<cons
          EVP_DecryptFinal_ex(ctx.get(), end, &n) == 1;
 }
 
-uint64_t MacKey::name(uint64_t content_key) const {
-  uint8_t le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<uint8_t>(content_key >> (8 * i));
-  const MacTag t = hmac_sha256(name_key_, {le});
-  uint64_t name = 0;
-  for (int i = 0; i < 8; ++i) name |= static_cast<uint64_t>(t[i]) << (8 * i);
-  return name;
-}
+uint64_t MacKey::name(uint64_t content_key) const { return siphash_of(name_ctx_.get(), content_key); }
+
+uint64_t siphash24(const SipKey& key, uint64_t value) { return siphash_of(siphash_ctx(key).get(), value); }
 
 }  // namespace depcache

@@ -138,6 +138,19 @@ TEST(MacKey, ShortOrMissingKeyFileIsAClearError) {
   std::filesystem::remove_all(dir);
 }
 
+// Names are SipHash-2-4: the reference vector of its authors (key 00..0f,
+// message 00..07), and a name depends on the key and the content key.
+TEST(MacKey, NamesAreSipHashUnderTheKey) {
+  SipKey k{};
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint8_t>(i);
+  EXPECT_EQ(siphash24(k, 0x0706050403020100ull), 0x93f5f5799a932462ull);
+  const auto a = key_of('a'), b = key_of('b');
+  EXPECT_EQ(a->name(42), key_of('a')->name(42));
+  EXPECT_NE(a->name(42), b->name(42));
+  EXPECT_NE(a->name(42), a->name(43));
+  EXPECT_NE(a->name(42), 42u);
+}
+
 // A planted file with a valid checksum but wrong K/V is refused, counted
 // and recomputed: when the directory is opened, and when a file the index
 // adopted is replaced under it.

@@ -2,10 +2,10 @@
 // strategies serve, and the exact-match judge of generated answers.
 #include <gtest/gtest.h>
 
+#include "eval/answers.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "prompt/prompt_parts.h"
-#include "eval/answers.h"
 #include "train/qa_sequences.h"
 #include "util/error.h"
 
