@@ -48,7 +48,8 @@ KvSpan span_of(const Tokens& seq, int64_t begin, int64_t end, int salt = 0, Span
   // tokens, whichever piece the index hands out.
   const size_t rb = s.row_bytes();
   auto byte = [&](int64_t i, int il, size_t j) {
-    return static_cast<uint8_t>((seq[i] * 131 + i * 31 + il * 7 + static_cast<int64_t>(j) + salt) & 0xff);
+    return static_cast<uint8_t>(
+        (static_cast<int64_t>(seq[i]) * 131 + i * 31 + il * 7 + static_cast<int64_t>(j) + salt) & 0xff);
   };
   for (int il = 0; il < shape.n_layer; ++il)
     for (int64_t i = begin; i < end; ++i)
