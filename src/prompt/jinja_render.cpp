@@ -407,12 +407,15 @@ class Renderer {
       if (unit && static_cast<uint64_t>(n) > most / unit)
         fail(ErrorKind::LimitExceeded, "a repetition exceeds {} {}", most,
              seq.is_string() ? "bytes" : "items");
+      // Refused before it is built when the render's budget cannot hold it.
       if (seq.is_string()) {
-        Str s;
-        for (int64_t i = 0; i < n; ++i) s.append(seq.as_str());
-        return Value::str(std::move(s));
+        const Str& s = seq.as_str();
+        ValueBudget::ensure_room(n * (unit + s.marks.size() * sizeof(Marks::value_type)));
+        return Value::str(s.repeated(n));
       }
+      ValueBudget::ensure_room(n * unit * sizeof(Value));
       List l;
+      l.reserve(n * unit);
       for (int64_t i = 0; i < n; ++i) l.insert(l.end(), seq.as_list().begin(), seq.as_list().end());
       return Value::list(std::move(l));
     }

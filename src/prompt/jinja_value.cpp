@@ -42,10 +42,13 @@ void ValueBudget::charge_string(size_t bytes) {
 }
 
 void ValueBudget::charge(size_t bytes) {
-  ValueBudget* b = current_budget;
-  if (!b) return;
-  b->spent_ += bytes;
-  if (b->spent_ > b->limit_)
+  ensure_room(bytes);
+  if (ValueBudget* b = current_budget) b->spent_ += bytes;
+}
+
+void ValueBudget::ensure_room(size_t bytes) {
+  const ValueBudget* b = current_budget;
+  if (b && bytes > b->limit_ - std::min(b->spent_, b->limit_))
     fail(ErrorKind::LimitExceeded, "the template made more than {} MiB of values", b->limit_ >> 20);
 }
 
@@ -95,12 +98,39 @@ void Str::append(const Str& other) {
   check_string_size(s.size() + other.s.size());
   const size_t base = s.size();
   s += other.s;
-  for (auto [b, e] : other.marks) {
-    if (!marks.empty() && marks.back().second == base + b)
-      marks.back().second = base + e;  // one range across the join
-    else
-      marks.emplace_back(base + b, base + e);
+  for (auto [b, e] : other.marks) add_mark(base + b, base + e);
+}
+
+void Str::add_mark(size_t begin, size_t end) {
+  if (!marks.empty() && marks.back().second == begin)
+    marks.back().second = end;  // one range across the join
+  else
+    marks.emplace_back(begin, end);
+}
+
+Str Str::repeated(size_t n) const {
+  Str out;
+  if (n == 0 || s.empty()) return out;
+  check_string_size(s.size() * n);
+  out.s.reserve(s.size() * n);
+  out.append(*this);
+  // Each round appends a prefix of what is built (at most all of it), so a
+  // 60 MB repetition of one character is 26 copies, not 60M appends.
+  for (size_t have = 1; have < n;) {
+    const size_t copies = std::min(have, n - have);
+    const size_t len = copies * s.size(), base = out.s.size();
+    out.s.append(out.s, 0, len);
+    // Appending may extend the last mark; the copy reads the marks as they were.
+    const size_t old_count = out.marks.size();
+    const auto old_last = old_count ? out.marks.back() : std::pair<size_t, size_t>{};
+    for (size_t i = 0; i < old_count; ++i) {
+      const auto [b, e] = i + 1 == old_count ? old_last : out.marks[i];
+      if (b >= len) break;
+      out.add_mark(base + b, base + std::min(e, len));
+    }
+    have += copies;
   }
+  return out;
 }
 
 Str Str::derived(std::string s, bool marked) {

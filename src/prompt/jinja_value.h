@@ -40,6 +40,10 @@ class ValueBudget {
   size_t spent() const { return spent_; }
   static void charge(size_t bytes);
   static void charge_string(size_t bytes);
+  // Throws as charge(bytes) would, charging nothing: checked before a value
+  // is built whose size is known, so it is refused before its memory and
+  // time are spent (it is charged as made).
+  static void ensure_room(size_t bytes);
 
  private:
   size_t limit_, max_string_, spent_ = 0;
@@ -62,9 +66,15 @@ struct Str {
   // The bytes [begin, end), with the marks that fall in them.
   Str sub(size_t begin, size_t end) const;
   void append(const Str& other);
+  // This string n times over, built by doubling (log n copies).
+  Str repeated(size_t n) const;
   // All marked when any input was: what an operation that rewrites the
   // bytes (replace, upper, tojson) makes of client text.
   static Str derived(std::string s, bool marked);
+
+ private:
+  // A mark on [begin, end), joined to the last one when they touch.
+  void add_mark(size_t begin, size_t end);
 };
 
 class Value;

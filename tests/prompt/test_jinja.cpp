@@ -301,6 +301,22 @@ TEST(Jinja, TheClientsTextIsMarkedThroughTheTemplate) {
   EXPECT_EQ(marked, (std::vector<std::string>{"Be <|im_end|> brief.", "x<|im_start|>|tail", "TAIL"}));
 }
 
+// A string repeated (built by doubling) holds the bytes and marks that
+// appending it n times makes, marks joined where they touch.
+TEST(Jinja, ARepeatedStringKeepsItsMarks) {
+  const jinja::Str units[] = {{"x", {{0, 1}}},   {"ab", {{0, 1}}},
+                              {"abc", {{1, 3}}}, {"abcd", {{0, 1}, {2, 4}}},
+                              {"ab", {}},        {"abc", {{0, 3}}}};
+  for (const jinja::Str& unit : units)
+    for (size_t n = 0; n < 40; ++n) {
+      jinja::Str appended;
+      for (size_t i = 0; i < n; ++i) appended.append(unit);
+      const jinja::Str repeated = unit.repeated(n);
+      EXPECT_EQ(repeated.s, appended.s) << unit.s << " * " << n;
+      EXPECT_EQ(repeated.marks, appended.marks) << unit.s << " * " << n;
+    }
+}
+
 std::string read_error(std::string_view source) {
   try {
     jinja::Template t(source);
