@@ -19,15 +19,28 @@
 
 namespace depcache::cli {
 
-PromptTemplate PromptTemplateOptions::apply(PromptTemplate base) const {
+CLI::Option* add_model_option(CLI::App& cmd, std::string& path, const std::string& what) {
+  return cmd.add_option("-m,--model", path, what);
+}
+
+CLI::Option* add_output_option(CLI::App& cmd, std::string& path, const std::string& what) {
+  return cmd.add_option("-o,--output,--out", path, what);
+}
+
+CLI::Option* add_threads_option(CLI::App& cmd, int& threads) {
+  return cmd.add_option("-t,--threads", threads, "Compute threads (default: one per core)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+RagWrapper RagWrapperOptions::apply(RagWrapper base) const {
   if (system) base.system = *system;
   if (task_prefix) base.task_prefix = *task_prefix;
   if (task_suffix) base.task_suffix = *task_suffix;
   return base;
 }
 
-void add_prompt_template_options(CLI::App* cmd, PromptTemplateOptions& o) {
-  const PromptTemplate d;
+void add_rag_wrapper_options(CLI::App* cmd, RagWrapperOptions& o) {
+  const RagWrapper d;
   // Shown quoted with \n for a newline; pass one with bash's $'...'.
   const auto shown = [](std::string s) {
     for (size_t at = 0; (at = s.find('\n', at)) != std::string::npos; at += 2) s.replace(at, 1, "\\n");
@@ -42,8 +55,8 @@ void add_prompt_template_options(CLI::App* cmd, PromptTemplateOptions& o) {
                       shown(d.task_suffix) + ")");
 }
 
-PromptTemplate prompt_template_from(const std::string& gguf_path) {
-  return gguf_path.empty() ? PromptTemplate{} : PromptTemplate::from_gguf(GgufFile::open(gguf_path));
+RagWrapper rag_wrapper_from(const std::string& gguf_path) {
+  return gguf_path.empty() ? RagWrapper{} : RagWrapper::from_gguf(GgufFile::open(gguf_path));
 }
 
 Tokenizer tokenizer_from(const std::string& gguf_path) {

@@ -13,7 +13,7 @@
 #include "compute/dtype.h"
 #include "eval/stats.h"
 #include "eval/stream.h"
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 #include "model/tokenizer.h"
 #include "retrieval/bm25.h"
 #include "strategy/strategy.h"
@@ -21,7 +21,8 @@
 
 namespace CLI {
 class App;
-}
+class Option;
+}  // namespace CLI
 
 namespace depcache::cli {
 
@@ -38,6 +39,14 @@ std::function<std::string(const std::string&)> parses_with(Parse parse) {
   };
 }
 
+// The options every command that has them spells the same way: -m/--model
+// (the GGUF file read), -o/--output (also --out: the file or folder
+// written), -t/--threads (compute threads, 0: one per core). Callers add
+// ->required() or a default.
+CLI::Option* add_model_option(CLI::App& cmd, std::string& path, const std::string& what = "GGUF model file");
+CLI::Option* add_output_option(CLI::App& cmd, std::string& path, const std::string& what);
+CLI::Option* add_threads_option(CLI::App& cmd, int& threads);
+
 // The options of the chunk strategies (recompute ratio; Cache-Craft's
 // alpha, variants per chunk and focus window), for run and serve.
 void add_chunk_options(CLI::App* cmd, StrategyOptions& so);
@@ -51,15 +60,15 @@ void add_subgcache_options(CLI::App* cmd, SubgcacheOptions& o);
 void add_stream_options(CLI::App* cmd, StreamOptions& o);
 
 // --prompt-system, --prompt-task-prefix, --prompt-task-suffix: the parts of
-// a prompt template given on the command line; apply() puts them over a base.
-struct PromptTemplateOptions {
+// a RAG wrapper given on the command line; apply() puts them over a base.
+struct RagWrapperOptions {
   std::optional<std::string> system, task_prefix, task_suffix;
   bool any() const { return system || task_prefix || task_suffix; }
-  PromptTemplate apply(PromptTemplate base) const;
+  RagWrapper apply(RagWrapper base) const;
 };
-void add_prompt_template_options(CLI::App* cmd, PromptTemplateOptions& o);
-// The prompt template a GGUF file carries (the defaults for an empty path).
-PromptTemplate prompt_template_from(const std::string& gguf_path);
+void add_rag_wrapper_options(CLI::App* cmd, RagWrapperOptions& o);
+// The RAG wrapper a GGUF file carries (the defaults for an empty path).
+RagWrapper rag_wrapper_from(const std::string& gguf_path);
 
 // The tokenizer of a GGUF file, or the built-in byte vocab when path is empty.
 Tokenizer tokenizer_from(const std::string& gguf_path);

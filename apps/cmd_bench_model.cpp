@@ -63,12 +63,12 @@ struct BenchOptions {
 };
 
 void add_bench_options(CLI::App* cmd, BenchOptions& o) {
-  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  add_model_option(*cmd, o.model_path)->required();
   cmd->add_option("-p,--n-prompt", o.pp_list, "Prompt lengths, comma-separated (0: none)")
       ->capture_default_str();
   cmd->add_option("-n,--n-gen", o.tg_list, "Generation lengths, comma-separated (0: none)")
       ->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
+  add_threads_option(*cmd, o.threads);
   cmd->add_option("-r,--repetitions", o.reps, "Timed runs per test (after one warm-up)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

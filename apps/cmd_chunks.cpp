@@ -98,7 +98,7 @@ void add_chunks_commands(CLI::App& app) {
       "fuse",
       "FusionRAG's offline step: compute each chunk of a request stream after its most similar chunks and "
       "store it as its fused cache in a persistent tier (the fusionrag strategy finds it there)");
-  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  add_model_option(*cmd, o.model_path)->required();
   cmd->add_option("--requests", o.requests_path, "Request stream (JSONL) whose chunks to fuse")->required();
   cmd->add_option("--neighbours", o.neighbours, "Similar chunks each chunk is computed after")
       ->capture_default_str()

@@ -781,7 +781,7 @@ void ragcache_speculation(EvalContext& c) {
   constexpr size_t kStages = 8;
   const double rate = 0.5;  // light load: the search, not a queue, is what speculation hides
   const std::vector<double> arrivals = poisson_arrivals(n, rate, 13);
-  const PromptTemplate tmpl = c.speed->config().prompt;
+  const RagWrapper tmpl = c.speed->config().prompt;
   const ResolvedEngine re = resolve_engine(c.args(), "ragcache", c.speed->config(), 8192, false);
   // One PGDSF cost table for every run, so that plain and speculative rank alike.
   std::optional<PrefillCostTable> costs;
@@ -1357,7 +1357,7 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "eval", "Re-run each seed paper's headline experiments and write one report (Markdown and PNG plots)");
   cmd->add_flag("--quick", o.quick, "Smaller streams and fewer points: a few minutes on 2 cores");
-  cmd->add_option("-o,--out", o.out, "Directory of report.md and its plots")->capture_default_str();
+  add_output_option(*cmd, o.out, "Directory of report.md and its plots")->capture_default_str();
   cmd->add_option("--models", o.models_dir, "Directory of the shipped QA models")->capture_default_str();
   cmd->add_option("--work", o.work_dir,
                   "Directory of the models eval makes (the speed model and its quantized copies, made once)")

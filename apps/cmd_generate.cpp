@@ -40,7 +40,7 @@ struct GenerateCliOptions {
 };
 
 void add_generate_options(CLI::App* cmd, GenerateCliOptions& o) {
-  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  add_model_option(*cmd, o.model_path)->required();
   CLI::Option* prompt_opt = cmd->add_option("-p,--prompt", o.prompt, "Prompt text");
   CLI::Option* request_opt =
       cmd->add_option("--request", o.request_file,
@@ -61,7 +61,7 @@ void add_generate_options(CLI::App* cmd, GenerateCliOptions& o) {
   cmd->add_option("--min-p", o.sp.min_p, "Drop tokens below min-p x the top probability (0: off)")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Sampling seed (default: random)");
-  cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
+  add_threads_option(*cmd, o.threads);
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size (default: prompt + n, at most the model's)");
   add_kv_type_option(*cmd, o.kv_type);
   cmd->add_flag("--no-bos", o.no_bos, "Do not prepend the BOS token");

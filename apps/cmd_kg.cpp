@@ -79,7 +79,7 @@ void add_import_command(CLI::App* kg) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "tsv", "csv", "jsonl"}))
       ->needs(triples_opt);
-  cmd->add_option("-o,--out", out, "KG file to write")->required();
+  add_output_option(*cmd, out, "KG file to write")->required();
   cmd->callback([] {
     const auto t0 = std::chrono::steady_clock::now();
     KnowledgeGraph g;

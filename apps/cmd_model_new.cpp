@@ -17,7 +17,7 @@ struct ModelNewOptions {
   // Shape overrides (0, or -1 for the sliding window: the preset's).
   int layers = 0, embd = 0, heads = 0, heads_kv = 0, ff = 0, ctx = 0, vocab_size = 0, sliding_window = -1;
   bool tied = false;
-  PromptTemplateOptions prompt;
+  RagWrapperOptions prompt;
 };
 
 // The preset and what overrides its shape.
@@ -62,7 +62,7 @@ void add_metadata_options(CLI::App* cmd, ModelNewOptions& o) {
                   "Record in the metadata what context trees saw when it was trained "
                   "(depcache.tree_context): system or none")
       ->check(CLI::IsMember({"system", "none"}));
-  add_prompt_template_options(cmd, o.prompt);
+  add_rag_wrapper_options(cmd, o.prompt);
   cmd->add_option(
          "--chat-template", o.chat,
          "Write a chat template of this family as tokenizer.chat_template (default: the --vocab-from "
@@ -113,7 +113,7 @@ void write_new_model(const ModelNewOptions& o) {
   apply_shape_overrides(o, m.shape);
   if (!o.vocab_from.empty()) m.vocab_from = o.vocab_from;
   // Given parts go over the --vocab-from file's template (or the defaults).
-  if (o.prompt.any()) m.prompt = o.prompt.apply(prompt_template_from(o.vocab_from));
+  if (o.prompt.any()) m.prompt = o.prompt.apply(rag_wrapper_from(o.vocab_from));
   const RandomModelReport r = write_random_model(o.out, m);
   for (const std::string& n : r.notes) fmt::print(stderr, "note: {}\n", n);
   fmt::print("wrote {}: {} layers, {} embd, vocab {}, {:.2f} M params, {:.2f} MiB\n", o.out, m.shape.n_layer,
@@ -126,9 +126,9 @@ void add_model_new_command(CLI::App& model) {
   CLI::App* cmd =
       model.add_subcommand("new", "Write a random-weight model (normal, std 0.02, seeded) as GGUF v3");
   static ModelNewOptions o;
-  cmd->add_option("-o,--output", o.out, "Output GGUF path")->required();
+  add_output_option(*cmd, o.out, "Output GGUF path")->required();
   add_shape_options(cmd, o);
-  cmd->add_option("-t,--threads", o.model.n_threads, "Threads (default: one per core)");
+  add_threads_option(*cmd, o.model.n_threads);
   add_metadata_options(cmd, o);
   cmd->callback([] { write_new_model(o); });
 }

@@ -27,13 +27,13 @@ void add_model_probe_command(CLI::App& model) {
   static int greedy = 16, threads = 0;
   static int64_t ctx = 0;
   static bool no_bos = false;
-  cmd->add_option("-m,--model", path, "GGUF model file")->required();
+  add_model_option(*cmd, path)->required();
   cmd->add_option("-n,--greedy", greedy, "Greedy tokens to generate after the text")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--no-bos", no_bos, "Do not prepend the BOS token");
   add_kv_type_option(*cmd, kv_type);
-  cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
+  add_threads_option(*cmd, threads);
   cmd->add_option("-c,--ctx-size", ctx,
                   "The context the model is loaded for (Phi-3's LongRoPE uses its long factors past the "
                   "original context; default: the text, the continuation and 16 more, as "

@@ -1,6 +1,7 @@
 // `depcache model quantize`: rewrite a model's weight matrices in another type.
 #include <fmt/format.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "model/model_writer.h"
 #include "util/error.h"
@@ -11,11 +12,11 @@ void add_model_quantize_command(CLI::App& model) {
   CLI::App* cmd = model.add_subcommand("quantize", "Rewrite a GGUF model's weight matrices in another type");
   static std::string in, out, type_name;
   static int threads = 0;
-  cmd->add_option("-m,--model", in, "Input GGUF model")->required();
-  cmd->add_option("-o,--output", out, "Output GGUF path")->required();
+  add_model_option(*cmd, in, "Input GGUF model")->required();
+  add_output_option(*cmd, out, "Output GGUF path")->required();
   cmd->add_option("--type", type_name, "Type of the weight matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k")
       ->required();
-  cmd->add_option("-t,--threads", threads, "Threads (default: one per core)");
+  add_threads_option(*cmd, threads);
   cmd->callback([] {
     const auto type = dtype_from_name(type_name);
     if (!type) fail(ErrorKind::InvalidInput, "unknown tensor type '{}'", type_name);

@@ -168,7 +168,7 @@ void add_run_command(CLI::App& app) {
   static RunOptions o;
   CLI::App* cmd =
       app.add_subcommand("run", "Process a request stream with reuse strategies and report TTFT and reuse");
-  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  add_model_option(*cmd, o.model_path)->required();
   cmd->add_option("--requests", o.requests_path, "Request file (JSONL, as `workload generate` writes)")
       ->required();
   cmd->add_option(

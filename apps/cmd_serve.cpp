@@ -689,7 +689,7 @@ void add_retrieval_options(CLI::App* cmd, ServeArgs& a) {
 void add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "Serve a GGUF model over an OpenAI-compatible HTTP API");
   static ServeArgs a;
-  cmd->add_option("-m,--model", a.model_path, "GGUF model file")->required();
+  add_model_option(*cmd, a.model_path)->required();
   cmd->add_option("--host", a.so.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a.so.port, "Port to listen on (0: any free port, printed at start)")
       ->capture_default_str()
@@ -740,8 +740,8 @@ void add_route_command(CLI::App& app) {
       "route", "Route requests to serve replicas by the KV they hold: the decision service a proxy asks");
   static RouteArgs a;
   a.s.so.port = 8090;
-  cmd->add_option("-m,--model", a.s.model_path,
-                  "GGUF model file (the replicas'): requests are planned as they plan them")
+  add_model_option(*cmd, a.s.model_path,
+                   "GGUF model file (the replicas'): requests are planned as they plan them")
       ->required();
   cmd->add_option("--host", a.s.so.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a.s.so.port, "Port to listen on (0: any free port, printed at start)")

@@ -69,7 +69,7 @@ int64_t parse_capacity(const std::string& s, int64_t distinct) {
 }
 
 std::vector<SimulatedRequest> prompts_of(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
-                                         const PromptTemplate& tmpl, const std::string& strategy,
+                                         const RagWrapper& tmpl, const std::string& strategy,
                                          PositionScheme scheme) {
   std::vector<PromptParts> parts;
   parts.reserve(reqs.size());
@@ -126,8 +126,8 @@ struct Cell {
   double token_hit = 0, item_hit = 0;
 };
 
-void run_grid(const SimulateOptions& o, const Tokenizer& tok, const PromptTemplate& tmpl,
-              PositionScheme scheme, const std::function<double(int64_t, int64_t)>& cost) {
+void run_grid(const SimulateOptions& o, const Tokenizer& tok, const RagWrapper& tmpl, PositionScheme scheme,
+              const std::function<double(int64_t, int64_t)>& cost) {
   if (o.kg_path.empty()) throw CLI::ValidationError("--grid", "needs --kg to generate the three workloads");
   std::ofstream report;
   if (!o.report_path.empty()) report = open_output(o.report_path);  // fail before the long run
@@ -229,7 +229,7 @@ void print_result(const SimulateOptions& o, const std::string& spec, const Simul
 
 void run_simulate(const SimulateOptions& o) {
   const Tokenizer tok = tokenizer_from(o.vocab_path);
-  const PromptTemplate tmpl = prompt_template_from(o.vocab_path);
+  const RagWrapper tmpl = rag_wrapper_from(o.vocab_path);
   const PositionScheme scheme = *parse_position_scheme(o.scheme);
   for (const std::string& spec : split_list(o.grid ? "pgdsf" : o.policies))
     if (parse_policy_spec(spec).first == "pgdsf" && o.cost_model_path.empty())

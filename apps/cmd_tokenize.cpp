@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -57,7 +58,7 @@ void add_tokenize_command(CLI::App& app) {
   static bool bos = false;
   static bool no_parse_special = false;
   static bool pieces = false;
-  cmd->add_option("-m,--model", model_path, "GGUF file with tokenizer metadata")->required();
+  add_model_option(*cmd, model_path, "GGUF file with tokenizer metadata")->required();
   cmd->add_flag("--bos", bos, "Prepend BOS (and append EOS if the vocab asks for it)");
   cmd->add_flag("--no-parse-special", no_parse_special,
                 "Treat special token strings such as <s> as plain text");

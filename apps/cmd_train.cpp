@@ -62,7 +62,7 @@ void add_data_options(CLI::App* cmd, TrainCliOptions& c) {
   cmd->add_option("--eval", c.eval, "Held-out requests: loss and exact match of the answer while training");
   cmd->add_option("--eval-limit", c.eval_limit, "Evaluate on at most this many held-out requests")
       ->capture_default_str();
-  cmd->add_option("-o,--output", c.out, "The trained model (GGUF, f32)")->required();
+  add_output_option(*cmd, c.out, "The trained model (GGUF, f32)")->required();
   cmd->add_option("--attention", c.attention,
                   "causal: the flat prompt; dependency: one tree per context item, as depcache serves it")
       ->capture_default_str()
@@ -100,7 +100,7 @@ void add_optimizer_options(CLI::App* cmd, TrainCliOptions& c, TrainerOptions& t)
   cmd->add_option("--clip", t.adam.clip_norm, "Clip the gradient's global norm to this (0: off)")
       ->capture_default_str();
   cmd->add_option("--seed", t.seed, "Seed of the order of the examples")->capture_default_str();
-  cmd->add_option("-t,--threads", c.threads, "Threads (default: one per core)");
+  add_threads_option(*cmd, c.threads);
   cmd->add_option("--log", c.log, "Append a JSON line per logged step (loss, learning rate, evaluation)");
   cmd->add_option("--log-every", t.log_every, "Steps between log lines")->capture_default_str();
   cmd->add_option("--eval-every", t.eval_every, "Steps between evaluations")->capture_default_str();

@@ -19,7 +19,7 @@ namespace depcache::cli {
 namespace {
 
 // Every string the trainer encodes for a request, each on its own.
-void append_request_texts(const RagRequest& r, const PromptTemplate& tmpl, std::vector<std::string>& out) {
+void append_request_texts(const RagRequest& r, const RagWrapper& tmpl, std::vector<std::string>& out) {
   const PromptTexts t = prompt_texts(r, tmpl);
   out.push_back(t.system);
   for (const PromptTexts::Item& item : t.items) out.insert(out.end(), item.pieces.begin(), item.pieces.end());
@@ -58,15 +58,15 @@ void add_vocab_commands(CLI::App& app) {
   learn->add_flag("--split-spaces", o.split_spaces,
                   "The space mark is a token of its own: a word is one token whether a space, a comma or a "
                   "line's start comes before it (a name in a CSV row and in a question alike)");
-  static PromptTemplateOptions prompt;
-  add_prompt_template_options(learn, prompt);
-  learn->add_option("-o,--output", out, "The vocabulary (GGUF with tokenizer.* keys only)")->required();
+  static RagWrapperOptions prompt;
+  add_rag_wrapper_options(learn, prompt);
+  add_output_option(*learn, out, "The vocabulary (GGUF with tokenizer.* keys only)")->required();
   learn->callback([] {
     if (requests.empty() && texts.empty())
       fail(ErrorKind::InvalidInput, "nothing to learn from: give --requests or --text");
     // The prompts as a model made from this vocabulary will build them: it
     // inherits the template (model new --vocab-from).
-    const PromptTemplate tmpl = prompt.apply({});
+    const RagWrapper tmpl = prompt.apply({});
     std::vector<std::string> fragments;
     for (const std::string& path : requests)
       for (const RagRequest& r : read_requests(path)) append_request_texts(r, tmpl, fragments);

@@ -1,12 +1,14 @@
 #include "engine_options.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli_common.h"
 #include "compute/dot.h"
 #include "compute/packed_matrix.h"
 #include "kv/policy.h"
 #include "strategy/profile.h"
+#include "strategy/scheduler.h"
 #include "util/timing.h"
 
 namespace depcache::cli {
@@ -32,24 +34,24 @@ void add_window_option(CLI::App& cmd, size_t& window) {
       ->check(CLI::Range(1, 1 << 20));
 }
 
-void add_threads_option(CLI::App& cmd, int& threads) {
-  cmd.add_option("-t,--threads", threads, "Compute threads (default: one per core)")
-      ->check(CLI::NonNegativeNumber);
-}
-
 void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   add_kv_storage_options(cmd, a.kv_type, a.cache_mib, a.tiers);
-  cmd.add_option(
-         "--policy", a.policy,
-         "Replacement policy of the index: auto (each strategy's own: lacr for depcache, pgdsf for "
-         "ragcache, cachecraft for cachecraft, lru for the others), lru, lfu, gdsf, gdsf-size, pgdsf, lacr, "
-         "cachecraft")
+  // The names come from the registries.
+  cmd.add_option("--policy", a.policy,
+                 fmt::format("Replacement policy of the index: auto (each strategy's own: lacr for depcache, "
+                             "pgdsf for ragcache, cachecraft for cachecraft, lru for the others), {}",
+                             fmt::join(policy_names(), ", ")))
       ->capture_default_str();
   cmd.add_option("--scheduler", a.scheduler,
-                 "Order of admission among the first --window waiting requests: auto (ragcache's "
-                 "cache-aware order for ragcache, fifo for the others), fifo, lpm, lsp, ragcache")
+                 fmt::format("Order of admission among the first --window waiting requests: auto (ragcache's "
+                             "cache-aware order for ragcache, fifo for the others), {}",
+                             fmt::join(scheduler_names(), ", ")))
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "fifo", "lpm", "lsp", "ragcache"}));
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names = scheduler_names();
+        names.insert(names.begin(), "auto");
+        return names;
+      }()));
   add_starvation_bound_option(cmd, a.starvation_bound);
   add_window_option(cmd, a.window);
   cmd.add_option("--prefetch", a.prefetch,

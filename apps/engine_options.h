@@ -38,7 +38,6 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a);
 void add_kv_storage_options(CLI::App& cmd, std::string& kv_type, double& cache_mib, TierOptions& tiers);
 void add_window_option(CLI::App& cmd, size_t& window);
 void add_starvation_bound_option(CLI::App& cmd, int& bound);
-void add_threads_option(CLI::App& cmd, int& threads);
 
 // What a strategy runs with: its profile under what the command line set.
 struct ResolvedEngine {

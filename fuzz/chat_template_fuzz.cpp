@@ -1,6 +1,6 @@
-// A conversation decoded from the input is rendered in every chat family and
-// the prompt tokenized with real vocabularies (GPT-2 byte-level BPE and
-// SentencePiece llama, from ../shared/tokenizers). render_chat either
+// A conversation decoded from the input is rendered by a chat family's
+// template and the prompt tokenized with real vocabularies (GPT-2 byte-level
+// BPE and SentencePiece llama, from ../shared/tokenizers). The render either
 // rejects the conversation with InvalidInput or gives a prompt whose special
 // tokens parse, whose ids are in range, and which decodes back exactly.
 //
@@ -92,38 +92,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     m.content = std::string(content);
     messages.push_back(std::move(m));
   }
-  // Every family renders (cheap) and agrees on whether the conversation is
-  // valid; the prompt of one family, picked by the flags, is tokenized with
-  // one vocabulary (tokenizing is most of the time).
+  // One family's template, picked by the flags, renders the conversation
+  // (or refuses it as invalid input) and its prompt is tokenized with one
+  // vocabulary.
   const std::vector<std::string> names = depcache::chat_family_names();
-  const size_t pick = flags % names.size();
+  const std::optional<depcache::ChatFamily> family =
+      depcache::chat_family_from_name(names[flags % names.size()]);
+  if (!family) violated("a listed chat family has no enum value");
   const Target& t = targets[(flags / names.size()) % targets.size()];
   const bool own_markers = (flags / names.size() / targets.size()) % 2;
-  std::optional<bool> valid;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::optional<depcache::ChatFamily> family = depcache::chat_family_from_name(names[i]);
-    if (!family) violated("a listed chat family has no enum value");
-    std::string prompt;
-    try {
-      prompt = own_markers ? depcache::render_chat(*family, messages, t.bos, t.eos)
-                           : depcache::render_chat(*family, messages);
-    } catch (const depcache::Error& e) {
-      if (e.kind() != depcache::ErrorKind::InvalidInput)
-        violated("render_chat failed other than InvalidInput");
-      if (valid.value_or(false)) violated("families disagree on whether a conversation is valid");
-      valid = false;
-      continue;
-    }
-    if (!valid.value_or(true)) violated("families disagree on whether a conversation is valid");
-    valid = true;
-    if (prompt.empty()) violated("empty prompt for a valid conversation");
-    if (i != pick) continue;
-    try {
-      check_tokens(t, prompt);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "tokenizing a rendered chat threw: %s\n", e.what());
-      violated("tokenizing a rendered chat threw");
-    }
+  std::string prompt;
+  try {
+    const depcache::ChatFormat format(*family);
+    prompt = (own_markers ? format.render(messages, t.bos, t.eos) : format.render(messages)).text;
+  } catch (const depcache::Error& e) {
+    if (e.kind() != depcache::ErrorKind::InvalidInput)
+      violated("a chat render failed other than InvalidInput");
+    return 0;
+  }
+  if (prompt.empty()) violated("empty prompt for a valid conversation");
+  try {
+    check_tokens(t, prompt);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tokenizing a rendered chat threw: %s\n", e.what());
+    violated("tokenizing a rendered chat threw");
   }
   return 0;
 }

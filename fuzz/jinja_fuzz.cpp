@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "fuzz_support.h"
+#include "jinja/jinja.h"
 #include "prompt/chat_template.h"
-#include "prompt/jinja.h"
 #include "util/error.h"
 
 using depcache::fuzz::violated;

@@ -22,7 +22,7 @@ struct StreamChunk {
 };
 
 std::vector<StreamChunk> distinct_chunks(const std::vector<RagRequest>& reqs, const Tokenizer& tok,
-                                         const PromptTemplate& tmpl) {
+                                         const RagWrapper& tmpl) {
   std::vector<StreamChunk> out;
   std::map<uint64_t, size_t> seen;
   for (const RagRequest& r : reqs) {

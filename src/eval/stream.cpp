@@ -8,8 +8,7 @@
 namespace depcache {
 
 Stream prepare_stream(std::vector<RagRequest> requests, std::vector<RagRequest> warmup,
-                      const StreamOptions& o, const Tokenizer& tok, const PromptTemplate& tmpl,
-                      int max_tokens) {
+                      const StreamOptions& o, const Tokenizer& tok, const RagWrapper& tmpl, int max_tokens) {
   Stream s;
   if (o.limit > 0 && requests.size() > o.limit) requests.resize(o.limit);
   if (o.rate > 0) {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 #include "model/tokenizer.h"
 #include "prompt/prompt_parts.h"
 #include "retrieval/rag_request.h"
@@ -41,8 +41,7 @@ struct Stream {
 };
 
 Stream prepare_stream(std::vector<RagRequest> requests, std::vector<RagRequest> warmup,
-                      const StreamOptions& o, const Tokenizer& tok, const PromptTemplate& tmpl,
-                      int max_tokens);
+                      const StreamOptions& o, const Tokenizer& tok, const RagWrapper& tmpl, int max_tokens);
 
 // Rows of the KV pool a replay of `s` runs with: `ctx` when given (> 0),
 // else every request's rows, at most 8x the largest request's and at least

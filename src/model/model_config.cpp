@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include <fmt/ranges.h>
+
 #include <cmath>
 #include <set>
 
@@ -8,33 +10,30 @@
 
 namespace depcache {
 
+namespace {
+// The architectures the engine computes, with their GGUF names: the one list.
+constexpr std::pair<Arch, const char*> kArchs[] = {{Arch::Llama, "llama"},   {Arch::Mistral3, "mistral3"},
+                                                   {Arch::Qwen2, "qwen2"},   {Arch::Qwen3, "qwen3"},
+                                                   {Arch::Gemma2, "gemma2"}, {Arch::Gemma3, "gemma3"},
+                                                   {Arch::Phi3, "phi3"},     {Arch::SmolLM3, "smollm3"}};
+}  // namespace
+
 const char* arch_name(Arch arch) {
-  switch (arch) {
-    case Arch::Llama:
-      return "llama";
-    case Arch::Mistral3:
-      return "mistral3";
-    case Arch::Qwen2:
-      return "qwen2";
-    case Arch::Qwen3:
-      return "qwen3";
-    case Arch::Gemma2:
-      return "gemma2";
-    case Arch::Gemma3:
-      return "gemma3";
-    case Arch::Phi3:
-      return "phi3";
-    case Arch::SmolLM3:
-      return "smollm3";
-  }
+  for (const auto& [a, name] : kArchs)
+    if (a == arch) return name;
   return "?";
 }
 
 std::optional<Arch> parse_arch(std::string_view name) {
-  for (Arch a : {Arch::Llama, Arch::Mistral3, Arch::Qwen2, Arch::Qwen3, Arch::Gemma2, Arch::Gemma3,
-                 Arch::Phi3, Arch::SmolLM3})
-    if (name == arch_name(a)) return a;
+  for (const auto& [a, n] : kArchs)
+    if (name == n) return a;
   return std::nullopt;
+}
+
+std::vector<std::string> arch_names() {
+  std::vector<std::string> out;
+  for (const auto& [a, name] : kArchs) out.emplace_back(name);
+  return out;
 }
 
 float attention_temperature(const ModelConfig& c, int64_t pos) {
@@ -73,11 +72,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.arch_name = f.get_string("general.architecture");
   const std::optional<Arch> arch = parse_arch(c.arch_name);
   if (!arch)
-    fail(ErrorKind::InvalidInput,
-         "{}: architecture '{}' is not supported (supported: llama, mistral3, qwen2, qwen3, gemma2, gemma3, "
-         "phi3, "
-         "smollm3)",
-         f.source(), c.arch_name);
+    fail(ErrorKind::InvalidInput, "{}: architecture '{}' is not supported (supported: {})", f.source(),
+         c.arch_name, fmt::join(arch_names(), ", "));
   c.arch = *arch;
   // Llama and SmolLM3 rotate adjacent pairs; the others NeoX halves. Qwen2
   // adds biases to Q, K and V; Qwen3 and Gemma 3 normalize each head of Q and K.
@@ -124,7 +120,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
          f.source(), c.n_rot, c.head_dim);
   c.position_scheme = f.get_string_or(kPositionSchemeKey).value_or("");
   c.tree_context = f.get_string_or(kTreeContextKey).value_or("");
-  c.prompt = PromptTemplate::from_gguf(f);
+  c.prompt = RagWrapper::from_gguf(f);
   c.rms_eps = static_cast<float>(f.get_float_or(a + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
   if (!(c.rms_eps > 0)) fail(ErrorKind::InvalidInput, "{}: RMSNorm epsilon must be positive", f.source());
   c.rope_base = static_cast<float>(f.get_float_or(a + ".rope.freq_base").value_or(10000.0));

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 
 namespace depcache {
 
@@ -29,6 +29,8 @@ float attention_temperature(const ModelConfig& c, int64_t pos);
 std::vector<float> yarn_rope_divisors(int n_rot, float base, float factor, int original_context,
                                       float beta_fast, float beta_slow);
 std::optional<Arch> parse_arch(std::string_view name);
+// The GGUF names of the architectures, in declaration order.
+std::vector<std::string> arch_names();
 enum class Activation { Silu, GeluTanh };  // the FFN gate's: SwiGLU or GeGLU (tanh approximation)
 // Normal rotates adjacent pairs (x0,x1),(x2,x3)...; Neox rotates (x_i, x_{i+n_rot/2}).
 enum class RopeStyle { Normal, Neox };
@@ -100,7 +102,7 @@ struct ModelConfig {
   // depcache.tree_context: what trees saw when it was fine-tuned; empty when absent.
   std::string tree_context;
   // depcache.prompt.*: the RAG prompt's wrapping text (defaults when absent).
-  PromptTemplate prompt;
+  RagWrapper prompt;
 
   int n_embd_kv() const { return n_head_kv * head_dim; }
   bool windowed(int il) const { return !layer_windowed.empty() && layer_windowed[il]; }

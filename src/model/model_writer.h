@@ -12,7 +12,7 @@
 #include "compute/dtype.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 
 namespace depcache {
 
@@ -89,7 +89,7 @@ struct RandomModelOptions {
   std::string tree_context;                         // written as depcache.tree_context when set
   std::string chat_template;                        // tokenizer.chat_template (Jinja) when set
   // Written as depcache.prompt.*; unset: the --vocab-from file's keys, if any.
-  std::optional<PromptTemplate> prompt;
+  std::optional<RagWrapper> prompt;
   int n_threads = 0;
 };
 

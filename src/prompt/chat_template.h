@@ -1,9 +1,10 @@
 #pragma once
 // Chat prompts in the formats models were trained on. A GGUF file carries its
-// format as a Jinja template (tokenizer.chat_template), which the server runs
-// with the interpreter of prompt/jinja.h; the common families are also
-// formatted by code here, for models without a template (serve
-// --chat-template NAME) and for the templates `model new` writes.
+// format as a Jinja template (tokenizer.chat_template), run by the
+// interpreter of jinja/jinja.h as Python's Jinja2 runs it. The common
+// families are Jinja templates here too, run the same way: for models
+// without a template (serve --chat-template NAME) and written into the
+// models `model new` makes.
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,31 +50,15 @@ std::optional<ChatFamily> chat_family_from_name(std::string_view name);
 // other engines format their chats the same way).
 std::string chat_template_jinja(ChatFamily f);
 
-// The conversation as the family formats it, ending with the cue for the
-// assistant's reply. Without the leading BOS: the tokenizer adds it when it
-// encodes (later turns of Llama 2 and Mistral repeat it, as `bos`). Control
-// markers appear as text, to be encoded with special tokens parsed. Throws
-// InvalidInput for an empty conversation, an unknown role, or a conversation
-// that does not end with a user message.
-// `today`: the date the Llama 3.1 family writes in its system header ("26 Jul
-// 2024" form); empty: the current UTC date.
-std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos = "<s>",
-                        std::string_view eos = "</s>", std::string_view today = {});
-
-// The same text, with where the messages' own text sits in it: a client's
-// text is tokenized as text (a special token's spelling in it stays plain
-// text), the format's markers as control tokens.
+// A rendered chat prompt, with where the messages' own text sits in it: a
+// client's text is tokenized as text (a special token's spelling in it stays
+// plain text), the format's markers as control tokens.
 struct RenderedChat {
   std::string text;
   std::vector<std::pair<size_t, size_t>> text_ranges;  // [begin, end) byte ranges, ascending
 };
-RenderedChat render_chat_text(ChatFamily f, std::span<const ChatMessage> messages,
-                              std::string_view bos = "<s>", std::string_view eos = "</s>",
-                              std::string_view today = {});
 
-// How a server formats chats: the model's own Jinja template, run by the
-// interpreter (prompt/jinja.h) as Python's Jinja2 would run it, or a family's
-// code (--chat-template NAME, and models without a template).
+// How a server formats chats: the model's own Jinja template or a family's.
 class ChatFormat {
  public:
   explicit ChatFormat(ChatFamily f);
@@ -83,19 +68,24 @@ class ChatFormat {
 
   // The family's name, or "the model's template".
   std::string name() const;
-  // As render_chat_text: without the leading BOS, the client's text marked,
-  // the conversation checked the same way; an error the template raises
-  // (raise_exception) is InvalidInput with its words. A conversation that
-  // ends with the assistant's message is continued (Transformers'
-  // continue_final_message): rendered without the generation prompt and
-  // cut after that message's text.
+  // The conversation as the template formats it, ending with the cue for
+  // the assistant's reply. Without the leading BOS: the tokenizer adds it
+  // when it encodes (later turns of Llama 2 and Mistral repeat it, as
+  // `bos`); the client's text marked. A conversation that ends with the
+  // assistant's message is continued (Transformers'
+  // continue_final_message): rendered without the generation prompt and cut
+  // after that message's text. InvalidInput for an empty conversation, an
+  // unknown role, a conversation ending with a system message, or an error
+  // the template raises (raise_exception, with its words).
+  // `today`: the date templates write (Llama 3.1's system header, "26 Jul
+  // 2024" form); empty: the current UTC date.
   RenderedChat render(std::span<const ChatMessage> messages, std::string_view bos = "<s>",
                       std::string_view eos = "</s>", std::string_view today = {}) const;
 
  private:
   ChatFormat() = default;
   std::optional<ChatFamily> family_;
-  std::shared_ptr<const jinja::Template> template_;  // the model's, or the family's own (for prefill)
+  std::shared_ptr<const jinja::Template> template_;  // the model's, or the family's
 };
 
 }  // namespace depcache

@@ -42,19 +42,19 @@ DepPrompt PromptParts::dep_prompt(TreeContext tree_context) const {
 
 namespace {
 
-std::string task_text(const RagRequest& request, const PromptTemplate& tmpl) {
+std::string task_text(const RagRequest& request, const RagWrapper& tmpl) {
   return tmpl.task_prefix + request.question + tmpl.task_suffix;
 }
 
 // A task that encodes to nothing still ends the prompt with the suffix.
-std::vector<int32_t> encode_task(const Tokenizer& tok, const std::string& task, const PromptTemplate& tmpl) {
+std::vector<int32_t> encode_task(const Tokenizer& tok, const std::string& task, const RagWrapper& tmpl) {
   std::vector<int32_t> tokens = tok.encode(task, false, false);
   return tokens.empty() ? tok.encode(tmpl.task_suffix, false, false) : tokens;
 }
 
 }  // namespace
 
-PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl) {
+PromptTexts prompt_texts(const RagRequest& request, const RagWrapper& tmpl) {
   PromptTexts t;
   t.system = tmpl.system;
   for (const RequestEntity& e : request.entities) {
@@ -69,7 +69,7 @@ PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl) 
   return t;
 }
 
-PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request, const PromptTemplate& tmpl) {
+PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request, const RagWrapper& tmpl) {
   const PromptTexts t = prompt_texts(request, tmpl);
   const auto encode = [&tok](const std::string& s) { return tok.encode(s, false, false); };
   PromptParts parts;
@@ -87,8 +87,7 @@ PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request, c
   return parts;
 }
 
-std::vector<int32_t> task_tokens(const Tokenizer& tok, const RagRequest& request,
-                                 const PromptTemplate& tmpl) {
+std::vector<int32_t> task_tokens(const Tokenizer& tok, const RagRequest& request, const RagWrapper& tmpl) {
   return encode_task(tok, task_text(request, tmpl), tmpl);
 }
 

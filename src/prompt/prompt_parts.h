@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 #include "model/tokenizer.h"
 #include "prompt/dep_prompt.h"
 #include "retrieval/rag_request.h"
@@ -49,13 +49,13 @@ struct PromptTexts {
   std::string text;  // empty: none
   std::string task;
 };
-PromptTexts prompt_texts(const RagRequest& request, const PromptTemplate& tmpl = PromptTemplate{});
+PromptTexts prompt_texts(const RagRequest& request, const RagWrapper& tmpl = RagWrapper{});
 
 PromptParts make_prompt_parts(const Tokenizer& tok, const RagRequest& request,
-                              const PromptTemplate& tmpl = PromptTemplate{});
+                              const RagWrapper& tmpl = RagWrapper{});
 // The task's tokens alone, as make_prompt_parts encodes them (without
 // encoding the context).
 std::vector<int32_t> task_tokens(const Tokenizer& tok, const RagRequest& request,
-                                 const PromptTemplate& tmpl = PromptTemplate{});
+                                 const RagWrapper& tmpl = RagWrapper{});
 
 }  // namespace depcache

@@ -104,7 +104,7 @@ PromptParts request_prompt(const PromptRequest& r, const PromptSources& sources,
   // Where special tokens are not parsed: the client's text, unless the
   // server lets trusted callers write them.
   const auto plain = [&](Ranges ranges) { return sources.special_in_text ? Ranges{} : ranges; };
-  const PromptTemplate& rag_template = sources.prompt;
+  const RagWrapper& rag_template = sources.prompt;
   PromptParts parts;
   if (!r.context) {
     if (r.chat) {

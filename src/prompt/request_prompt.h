@@ -59,7 +59,7 @@ struct PromptSources {
   std::optional<ChatFormat> chat;         // nullopt: chat requests are refused
   const ChunkIndex* corpus = nullptr;     // --corpus
   const GraphRetriever* graph = nullptr;  // --kg
-  PromptTemplate prompt;                  // the model's, around a RAG context and question
+  RagWrapper prompt;                      // the model's, around a RAG context and question
   // Special-token strings in a client's text (prompt, messages) become those
   // tokens; off, they are plain text and only the chat format's own markers
   // are control tokens (serve --allow-special-tokens: trusted callers only).

@@ -22,7 +22,7 @@
 
 #include "engine/engine_loop.h"
 #include "kv/kv_events.h"
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 #include "model/tokenizer.h"
 #include "prompt/chat_template.h"
 #include "retrieval/corpus.h"
@@ -93,7 +93,7 @@ struct ServedModel {
   std::optional<ChatFormat> chat;  // nullopt: chat requests are refused
   const ChunkIndex* corpus = nullptr;
   const GraphRetriever* graph = nullptr;
-  PromptTemplate prompt;  // the model's, for RAG requests
+  RagWrapper prompt;  // the model's, for RAG requests
 };
 
 class HttpServer {

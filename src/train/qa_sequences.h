@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 #include "model/tokenizer.h"
 #include "prompt/dep_prompt.h"
 #include "retrieval/rag_request.h"
@@ -26,7 +26,7 @@ struct QaSequenceOptions {
   // Language-model loss on the context and question too (a small model
   // learns to read its context only so), or on the answer alone.
   bool loss_on_prompt = true;
-  PromptTemplate prompt;  // the model's (ModelConfig::prompt)
+  RagWrapper prompt;  // the model's (ModelConfig::prompt)
 };
 
 struct QaSequence {

@@ -131,7 +131,7 @@ TEST_F(TrainCli, APromptTemplateGoesFromTheVocabularyThroughTrainingToRun) {
                           file("train.jsonl"), file("tmodel.gguf")));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto model = Model::load(file("tmodel.gguf"));
-  PromptTemplate want;
+  RagWrapper want;
   want.system = "Facts:\n";
   want.task_prefix = "Q: ";
   want.task_suffix = " ->";

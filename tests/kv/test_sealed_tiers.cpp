@@ -25,6 +25,7 @@
 #include "kv/radix_index.h"
 #include "kv/remote_store.h"
 #include "kv/span_record.h"
+#include "kv_rig.h"
 #include "test_support.h"
 #include "util/error.h"
 #include "util/mac.h"
@@ -32,64 +33,9 @@
 namespace depcache {
 namespace {
 
-using Tokens = std::vector<int32_t>;
+using namespace kv_rig;
 using std::chrono::steady_clock;
-constexpr int kLayers = 2;
-constexpr int64_t kRowElems = 8;
-constexpr SpanShape kShape{kLayers, kRowElems, DType::F16};
 constexpr int kMac = 0, kShapeReason = 1;  // reject_index(RecordStatus::Mac / Shape)
-
-// K/V that depends only on (token, row, layer), shifted by `salt`: salt 0 is
-// the true K/V, any other a forgery of the same shape.
-KvSpan span_of(const Tokens& seq, int64_t begin, int64_t end, int salt = 0, SpanShape shape = kShape) {
-  KvSpan s(shape.n_layer, shape.row_elems, shape.type, end - begin);
-  // Each token's K row and V row hold bytes of its own (token, position,
-  // layer), as real rows do: a slice of the span is the span of the slice's
-  // tokens, whichever piece the index hands out.
-  const size_t rb = s.row_bytes();
-  auto byte = [&](int64_t i, int il, size_t j) {
-    return static_cast<uint8_t>(
-        (static_cast<int64_t>(seq[i]) * 131 + i * 31 + il * 7 + static_cast<int64_t>(j) + salt) & 0xff);
-  };
-  for (int il = 0; il < shape.n_layer; ++il)
-    for (int64_t i = begin; i < end; ++i)
-      for (size_t j = 0; j < rb; ++j) {
-        s.k(il)[(i - begin) * rb + j] = byte(i, il, j);
-        s.v(il)[(i - begin) * rb + j] = byte(i, il, j + rb);
-      }
-  for (int64_t i = begin; i < end; ++i) s.positions()[i - begin] = static_cast<int32_t>(i);
-  return s;
-}
-
-RadixIndex::SpanMaker maker(const Tokens& seq) {
-  return [&seq](int64_t b, int64_t e) { return span_of(seq, b, e); };
-}
-
-// Every matched piece holds the true K/V of its rows.
-void expect_true_kv(const RadixIndex& index, const RadixIndex::Match& m, const Tokens& seq) {
-  int64_t at = 0;
-  for (const RadixIndex::Piece& p : m.pieces) {
-    const KvSpan& got = index.span(p.node);
-    ASSERT_GE(got.n_tokens(), p.offset + p.length) << "a piece beyond its node's span at token " << at;
-    const KvSpan want = span_of(seq, at, at + p.length);
-    for (int il = 0; il < kLayers; ++il) {
-      ASSERT_EQ(std::memcmp(got.k(il) + p.offset * got.row_bytes(), want.k(il), want.row_bytes() * p.length),
-                0)
-          << "K of layer " << il << " at token " << at;
-      ASSERT_EQ(std::memcmp(got.v(il) + p.offset * got.row_bytes(), want.v(il), want.row_bytes() * p.length),
-                0)
-          << "V of layer " << il << " at token " << at;
-    }
-    at += p.length;
-  }
-  EXPECT_EQ(at, m.length);
-}
-
-Tokens sequence(int id, int64_t n) {
-  Tokens t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(id * 97 + i);
-  return t;
-}
 
 std::shared_ptr<const MacKey> key_of(char fill) {
   return std::make_shared<const MacKey>(std::vector<uint8_t>(32, static_cast<uint8_t>(fill)));

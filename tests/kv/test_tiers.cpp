@@ -34,64 +34,14 @@
 
 #include "kv/radix_index.h"
 #include "kv/span_record.h"
+#include "kv_rig.h"
 #include "test_support.h"
 #include "util/error.h"
 
 namespace depcache {
 namespace {
 
-using Tokens = std::vector<int32_t>;
-constexpr int kLayers = 2;
-constexpr int64_t kRowElems = 8;
-
-// The K/V of sequence row i depends only on (token, i), so sequences that
-// share a prefix share its K/V, as real prefill would give.
-uint8_t kv_byte(int32_t token, int64_t row, int layer, size_t j) {
-  return static_cast<uint8_t>((token * 131 + row * 31 + layer * 7 + static_cast<int64_t>(j)) & 0xff);
-}
-
-KvSpan expected_span(const Tokens& seq, int64_t begin, int64_t end) {
-  KvSpan s(kLayers, kRowElems, DType::F16, end - begin);
-  for (int il = 0; il < kLayers; ++il)
-    for (int64_t i = begin; i < end; ++i)
-      for (size_t j = 0; j < s.row_bytes(); ++j) {
-        s.k(il)[(i - begin) * s.row_bytes() + j] = kv_byte(seq[i], i, il, j);
-        s.v(il)[(i - begin) * s.row_bytes() + j] = kv_byte(seq[i], i, il, j + 1000);
-      }
-  for (int64_t i = begin; i < end; ++i) s.positions()[i - begin] = static_cast<int32_t>(i);
-  return s;
-}
-
-RadixIndex::SpanMaker maker(const Tokens& seq) {
-  return [&seq](int64_t b, int64_t e) { return expected_span(seq, b, e); };
-}
-
-// Every matched piece holds exactly the K/V of its sequence rows.
-void expect_served_correctly(const RadixIndex& index, const RadixIndex::Match& m, const Tokens& seq) {
-  int64_t at = 0;
-  for (const RadixIndex::Piece& p : m.pieces) {
-    const KvSpan& span = index.span(p.node);
-    ASSERT_GE(span.n_tokens(), p.offset + p.length) << "a matched node without its K/V in memory";
-    const KvSpan want = expected_span(seq, at, at + p.length);
-    for (int il = 0; il < kLayers; ++il) {
-      ASSERT_EQ(
-          std::memcmp(span.k(il) + p.offset * span.row_bytes(), want.k(il), want.row_bytes() * p.length), 0);
-      ASSERT_EQ(
-          std::memcmp(span.v(il) + p.offset * span.row_bytes(), want.v(il), want.row_bytes() * p.length), 0);
-    }
-    for (int64_t i = 0; i < p.length; ++i) ASSERT_EQ(span.positions()[p.offset + i], at + i);
-    at += p.length;
-  }
-  EXPECT_EQ(at, m.length);
-}
-
-size_t token_bytes() { return expected_span({1}, 0, 1).bytes(); }
-
-Tokens sequence(int id, int64_t n, int64_t shared = 0) {
-  Tokens t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i < shared ? 1000 + i : id * 97 + i);
-  return t;
-}
+using namespace kv_rig;
 
 // An index over a disk store in `dir` takes the sequences and shuts down
 // cleanly: the next one to open `dir` finds them all on disk.
@@ -134,7 +84,7 @@ TEST_F(Tiers, SpansMoveDownAndComeBackIntact) {
   const RadixIndex::Match m = index.match(1, seqs[0]);
   EXPECT_EQ(m.length, 20);
   EXPECT_GT(m.tokens_from[static_cast<int>(Tier::Disk)], 0);
-  expect_served_correctly(index, m, seqs[0]);
+  expect_true_kv(index, m, seqs[0]);
   for (const RadixIndex::Piece& p : m.pieces) EXPECT_GT(index.span(p.node).n_tokens(), 0);
   EXPECT_GT(index.stats().promoted_bytes, 0);
   index.check_invariants();
@@ -157,10 +107,10 @@ TEST_F(Tiers, SwapOutOnceCopiesASpanToTheHostTierOnlyOnce) {
     for (int round = 0; round < 3; ++round) {
       const RadixIndex::Match m = index.match(1, a);  // a back in, b out
       EXPECT_EQ(m.length, 10);
-      expect_served_correctly(index, m, a);
+      expect_true_kv(index, m, a);
       index.check_invariants();
       const RadixIndex::Match n = index.match(1, b);  // b back in, a out
-      expect_served_correctly(index, n, b);
+      expect_true_kv(index, n, b);
       index.check_invariants();
       EXPECT_LE(index.bytes(Tier::Host), index.budget(Tier::Host));
     }
@@ -174,7 +124,7 @@ TEST_F(Tiers, SwapOutOnceCopiesASpanToTheHostTierOnlyOnce) {
     index.insert(1, c, maker(c));  // b goes down onto its copy; c hot
     index.check_invariants();
     const RadixIndex::Match m = index.match(1, a);  // a up with its copy, c down: a copy is dropped for it
-    expect_served_correctly(index, m, a);
+    expect_true_kv(index, m, a);
     index.check_invariants();
     EXPECT_LE(index.bytes(Tier::Host), index.budget(Tier::Host));
     EXPECT_EQ(index.peek(1, b).length + index.peek(1, c).length, 20) << "nothing cached was lost";
@@ -193,7 +143,7 @@ TEST_F(Tiers, DiskTierSurvivesARestart) {
   for (const Tokens& s : seqs) {
     const RadixIndex::Match m = index.match(7, s);
     EXPECT_EQ(m.length, 16);
-    expect_served_correctly(index, m, s);
+    expect_true_kv(index, m, s);
     index.check_invariants();
   }
   EXPECT_EQ(index.match(8, seqs[0]).length, 0);  // another namespace has nothing
@@ -222,7 +172,7 @@ TEST_F(Tiers, ALayeredMatchReadsDiskPiecesLayerByLayerThenAdoptsThem) {
     LayerLoader& loader = *m.loading[i];
     EXPECT_GE(loader.ready(), 1);
     EXPECT_EQ(index.span(p.node).n_tokens(), 0) << "still on disk";
-    const KvSpan want = expected_span(seqs[0], at, at + p.length);
+    const KvSpan want = span_of(seqs[0], at, at + p.length);
     for (int il = 0; il < kLayers; ++il) {
       ASSERT_TRUE(loader.wait(il));
       EXPECT_EQ(std::memcmp(loader.span().k(il), want.k(il), 2 * want.row_bytes() * p.length), 0) << il;
@@ -232,7 +182,7 @@ TEST_F(Tiers, ALayeredMatchReadsDiskPiecesLayerByLayerThenAdoptsThem) {
     at += p.length;
   }
   index.check_invariants();
-  expect_served_correctly(index, index.match(7, seqs[0]), seqs[0]);
+  expect_true_kv(index, index.match(7, seqs[0]), seqs[0]);
   EXPECT_EQ(index.prefetch(7, seqs[1]), 16 - 5);  // whole: the shared 5 are hot already
   index.check_invariants();
 }
@@ -276,7 +226,7 @@ TEST_F(Tiers, ABadLoadLeavesTheTreeAtOnceAndItsIdAtTheLastUnpin) {
   for (const RadixIndex::Piece& p : c.pieces) EXPECT_NE(p.node, node);
   index.unpin(b);
   index.check_invariants();
-  expect_served_correctly(index, index.match(7, seqs[0]), seqs[0]);
+  expect_true_kv(index, index.match(7, seqs[0]), seqs[0]);
 }
 
 TEST_F(Tiers, OrphansAndForeignFilesAreNotAdopted) {
@@ -326,15 +276,15 @@ TEST_F(Tiers, CorruptDiskFileIsDroppedWithItsSubtreeNeverServed) {
     f.put('\x7f');
   }
   const RadixIndex::Match m = index.match(1, a);
-  expect_served_correctly(index, m, a);  // whatever is served is right
-  EXPECT_LT(m.length, 18);               // and the corrupt part is not served
+  expect_true_kv(index, m, a);  // whatever is served is right
+  EXPECT_LT(m.length, 18);      // and the corrupt part is not served
   EXPECT_GT(index.stats().dropped_bad, 0);
   index.check_invariants();
   // Recomputed and inserted again, it is whole.
   index.insert(1, a, maker(a));
   const RadixIndex::Match again = index.match(1, a);
   EXPECT_EQ(again.length, 18);
-  expect_served_correctly(index, again, a);
+  expect_true_kv(index, again, a);
 }
 
 TEST_F(Tiers, FullDiskDegradesToRecomputation) {
@@ -365,7 +315,7 @@ TEST_F(Tiers, FullDiskDegradesToRecomputation) {
       ADD_FAILURE() << label << ": left behind: " << entry.path();
     for (const Tokens& s : seqs) {
       const RadixIndex::Match m = index.match(2, s);
-      expect_served_correctly(index, m, s);
+      expect_true_kv(index, m, s);
       index.check_invariants();
     }
     // Written behind, a failed span is found missing when read: dropped then.
@@ -416,7 +366,7 @@ TEST_F(Tiers, KilledWriterLeavesNothingWrongBehind) {
     for (int i = 0; i < 50; ++i) {
       const Tokens s = sequence(i, 40);
       const RadixIndex::Match m = index.match(4, s);
-      expect_served_correctly(index, m, s);  // byte-exact, or not matched at all
+      expect_true_kv(index, m, s);  // byte-exact, or not matched at all
       matched += m.length;
       from_disk += m.tokens_from[static_cast<int>(Tier::Disk)];
     }
@@ -434,7 +384,7 @@ TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
   for (const std::string policy :
        {"lru", "lfu", "pgdsf", "lacr", "lru+swap-out-once", "pgdsf+swap-out-once"}) {
     std::filesystem::remove_all(dir_);
-    DiskSpanStore disk(dir_, 300 * span_record_bytes(1, expected_span({1}, 0, 1), false));
+    DiskSpanStore disk(dir_, 300 * span_record_bytes(1, span_of({1}, 0, 1), false));
     const bool once = policy.find("+swap-out-once") != std::string::npos;
     RadixIndex index(60 * tb, make_policy(policy.substr(0, policy.find('+'))));
     index.attach_host(60 * tb, once);
@@ -455,7 +405,7 @@ TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
         index.insert(1 + id % 2, s, maker(s));
       } else if (op < 7) {
         const RadixIndex::Match m = index.match(1 + id % 2, s);
-        expect_served_correctly(index, m, s);
+        expect_true_kv(index, m, s);
         if (rng() % 3 == 0 && pinned.size() < 4) {
           index.pin(m);
           pinned.push_back({static_cast<uint64_t>(1 + id % 2), s, m});
@@ -472,7 +422,7 @@ TEST_F(Tiers, RandomOperationsKeepTheTiersConsistent) {
       for (const Pinned& p : pinned) {
         const RadixIndex::Match now = index.peek(p.ns, p.seq);
         ASSERT_GE(now.length, p.m.length) << policy << " step " << step;
-        expect_served_correctly(index, now, p.seq);
+        expect_true_kv(index, now, p.seq);
       }
       if (pinned.empty()) {
         ASSERT_LE(index.bytes(Tier::Hot), index.budget(Tier::Hot)) << policy << " step " << step;
@@ -500,7 +450,7 @@ TEST_F(Tiers, APrefetchedSpanIsReportedInTheTierItCameFrom) {
   const RadixIndex::Match first = index.match(7, seqs[0]);
   EXPECT_EQ(first.tokens_from[static_cast<int>(Tier::Disk)], 16);
   EXPECT_EQ(first.tokens_from[static_cast<int>(Tier::Hot)], 0);
-  expect_served_correctly(index, first, seqs[0]);
+  expect_true_kv(index, first, seqs[0]);
   const RadixIndex::Match again = index.match(7, seqs[0]);
   EXPECT_EQ(again.tokens_from[static_cast<int>(Tier::Hot)], 16);
   // The shared 5 were reported already; the rest of the other one comes from disk in the match.
@@ -645,7 +595,7 @@ TEST_F(Tiers, SpansReadWithoutTheLockAreAdoptedIntoTheTreeAsItIsThen) {
     EXPECT_EQ(index.stats().unlocked_disk_reads - unlocked_before, k.adopted);
     if (!k.prefetch) {
       EXPECT_EQ(m.length, 40);
-      expect_served_correctly(index, m, a);  // nothing was inserted since: its pieces still hold
+      expect_true_kv(index, m, a);  // nothing was inserted since: its pieces still hold
     }
     const auto lk = index.lock();
     const RadixIndex::Match again = index.match(7, a);
@@ -653,10 +603,10 @@ TEST_F(Tiers, SpansReadWithoutTheLockAreAdoptedIntoTheTreeAsItIsThen) {
     EXPECT_EQ(again.tokens_from[static_cast<int>(Tier::Hot)], k.hot_found);
     EXPECT_EQ(again.tokens_from[static_cast<int>(Tier::Disk)], k.disk_found);
     EXPECT_EQ(again.pieces.size(), 4u) << "a's three nodes, one of them split";
-    expect_served_correctly(index, again, a);
+    expect_true_kv(index, again, a);
     const RadixIndex::Match s = index.match(7, sibling);
     EXPECT_EQ(s.length, static_cast<int64_t>(sibling.size()));
-    expect_served_correctly(index, s, sibling);
+    expect_true_kv(index, s, sibling);
     index.check_invariants();
     EXPECT_EQ(index.stats().dropped_bad, 0);
   }
@@ -703,12 +653,12 @@ TEST(RemoteTier, TwoIndexesShareSpansThroughRedis) {
   const RadixIndex::Match m = b.match(5, s1);
   EXPECT_EQ(m.length, 30);
   EXPECT_EQ(m.tokens_from[static_cast<int>(Tier::Remote)], 30);
-  expect_served_correctly(b, m, s1);
+  expect_true_kv(b, m, s1);
   // A partial local match is extended from the block it ends in.
   const RadixIndex::Match m2 = b.match(5, s2);
   EXPECT_EQ(m2.length, 27);
   EXPECT_EQ(m2.tokens_from[static_cast<int>(Tier::Hot)], 10);
-  expect_served_correctly(b, m2, s2);
+  expect_true_kv(b, m2, s2);
   EXPECT_EQ(b.match(6, s1).length, 0);  // namespaces stay apart remotely too
   b.check_invariants();
 }
@@ -741,7 +691,7 @@ TEST(RemoteTier, RedisStoppedMidRunDegradesAndRecovers) {
   c.attach_remote(store_c, 8);
   const RadixIndex::Match m3 = c.match(1, s3);
   EXPECT_EQ(m3.length, 20);
-  expect_served_correctly(c, m3, s3);
+  expect_true_kv(c, m3, s3);
 }
 
 TEST(RemoteTier, SlowRedisTimesOutToAMiss) {
@@ -785,7 +735,7 @@ TEST(RemoteTier, CorruptRecordIsDroppedNeverServed) {
   store_a.put(key, record);
   const RadixIndex::Match m = b.match(2, s);
   EXPECT_EQ(m.length, 8);  // the first block only
-  expect_served_correctly(b, m, s);
+  expect_true_kv(b, m, s);
   EXPECT_EQ(b.stats().dropped_bad, 1);
   EXPECT_FALSE(store_a.get(key).has_value());  // and it is gone for everyone
 }

@@ -80,9 +80,9 @@ std::vector<int32_t> some_tokens(int n, int n_vocab) {
   return t;
 }
 
-// The file the loader used to take without a word: our own model plus a
-// rope_freqs.weight dividing half the frequencies by 8. It now computes
-// something else than the file without it, and both match the reference.
+// Our own model plus a rope_freqs.weight dividing half the frequencies by 8:
+// it computes something else than the file without it, and both match the
+// reference.
 TEST(ModelStrict, RopeFreqsChangeTheComputationAndMatchTheReference) {
   ModelShape plain = *model_preset("tiny");
   ModelShape scaled = plain;

@@ -1,11 +1,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "model/gguf.h"
@@ -18,6 +21,12 @@
 
 namespace depcache {
 namespace {
+
+// The prompt text a family's template renders.
+std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos = "<s>",
+                        std::string_view eos = "</s>", std::string_view today = {}) {
+  return ChatFormat(f).render(messages, bos, eos, today).text;
+}
 
 const std::vector<ChatMessage> kTwoTurns = {
     {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Who are you?"}};
@@ -54,26 +63,26 @@ TEST(ChatTemplate, Qwen2AddsItsDefaultSystemMessageOnlyWhenThereIsNone) {
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
-// The template each family writes into models, run by the interpreter,
-// formats as the family's code does, the client's text marked the same way.
-TEST(ChatTemplate, OurTemplatesRunAsTheFamilyFormats) {
+// Every family marks exactly the messages' own text (each message's text
+// once, whatever the family moves or joins around it) and none of its own
+// markup or default system message.
+TEST(ChatTemplate, EveryFamilyMarksTheMessagesTextAndNothingElse) {
   const std::vector<ChatMessage> user_only = {{"user", "Hi"}};
   for (const std::string& name : chat_family_names()) {
     const ChatFamily f = *chat_family_from_name(name);
     EXPECT_EQ(chat_family_name(f), name);
-    const ChatFormat jinja = ChatFormat::from_jinja(chat_template_jinja(f));
-    EXPECT_EQ(jinja.name(), "the model's template");
     EXPECT_EQ(ChatFormat(f).name(), name);
     for (const auto* conv : {&kTwoTurns, &user_only}) {
-      const RenderedChat want = render_chat_text(f, *conv, "<BOS>", "<EOS>", "05 Mar 2026");
-      const RenderedChat got = jinja.render(*conv, "<BOS>", "<EOS>", "05 Mar 2026");
-      EXPECT_EQ(got.text, want.text) << name;
-      std::string want_text, got_text;  // the marked bytes
-      for (auto [b, e] : want.text_ranges) want_text += want.text.substr(b, e - b) + "|";
-      for (auto [b, e] : got.text_ranges) got_text += got.text.substr(b, e - b) + "|";
-      EXPECT_EQ(got_text, want_text) << name;
+      const RenderedChat r = ChatFormat(f).render(*conv, "<BOS>", "<EOS>", "05 Mar 2026");
+      std::vector<std::string> marked, contents;
+      for (auto [b, e] : r.text_ranges) marked.push_back(r.text.substr(b, e - b));
+      for (const ChatMessage& m : *conv) contents.push_back(m.content);
+      std::sort(marked.begin(), marked.end());
+      std::sort(contents.begin(), contents.end());
+      EXPECT_EQ(marked, contents) << name << ": " << r.text;
     }
   }
+  EXPECT_EQ(ChatFormat::from_jinja(chat_template_jinja(ChatFamily::ChatML)).name(), "the model's template");
   EXPECT_FALSE(chat_family_from_name("alpaca"));
 }
 
@@ -144,8 +153,8 @@ TEST(ChatTemplate, BadConversationsAreRejected) {
   EXPECT_THROW(render_chat(ChatFamily::ChatML, {}), Error);
   const std::vector<ChatMessage> bad_role = {{"tool", "x"}, {"user", "y"}};
   EXPECT_THROW(render_chat(ChatFamily::ChatML, bad_role), Error);
-  const std::vector<ChatMessage> ends_with_assistant = {{"user", "x"}, {"assistant", "y"}};
-  EXPECT_THROW(render_chat(ChatFamily::Llama3, ends_with_assistant), Error);
+  const std::vector<ChatMessage> ends_with_system = {{"user", "x"}, {"system", "y"}};
+  EXPECT_THROW(render_chat(ChatFamily::Llama3, ends_with_system), Error);
 }
 
 TEST(ChatTemplate, AModelWrittenWithATemplateCarriesIt) {

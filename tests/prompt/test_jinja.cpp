@@ -8,8 +8,8 @@
 #include <map>
 #include <regex>
 
+#include "jinja/jinja.h"
 #include "prompt/chat_template.h"
-#include "prompt/jinja.h"
 #include "prompt/jinja_oracle.h"
 #include "test_support.h"
 #include "util/error.h"

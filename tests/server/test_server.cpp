@@ -61,7 +61,7 @@ struct Served {
   std::optional<ChatFormat> chat = ChatFormat(ChatFamily::ChatML);
   const ChunkIndex* corpus = nullptr;
   const GraphRetriever* graph = nullptr;
-  PromptTemplate prompt;
+  RagWrapper prompt;
   void ready() { http->ready({"tiny", tok, 32768, chat, corpus, graph, prompt}, *loop); }
   // Joins the server's threads: what they read may be destroyed after this.
   void stop() { http->shutdown(std::chrono::steady_clock::now() + std::chrono::seconds(5)); }

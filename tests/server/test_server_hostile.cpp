@@ -1,5 +1,5 @@
 // `depcache serve` against hostile clients, over real loopback sockets:
-// bodies that used to abort the process (bytes that are not UTF-8, deep
+// bodies a JSON parser can abort on (bytes that are not UTF-8, deep
 // nesting, numbers out of range), bodies and headers beyond the limits
 // whatever the transfer encoding, slow senders, more connections than
 // slots, a full queue with the default options, special-token strings in
@@ -623,7 +623,7 @@ TEST(ServerHostile, SpecialTokenStringsInARagQuestionAreText) {
   r.rag = RagExtension{};
   r.rag->context.question = attack;
   r.rag->context.text = "Some context.";
-  PromptTemplate tmpl;
+  RagWrapper tmpl;
   tmpl.task_prefix = "<|im_start|>Q: ";  // the model's own template may hold control tokens
   const auto prompt = [&](bool special_in_text) {
     PromptSources sources{&rig.tok, ChatFormat(ChatFamily::ChatML), nullptr, nullptr, tmpl, special_in_text};

@@ -79,11 +79,11 @@ struct StrategyRig {
   }
 
   // The request under `strategy`, looking up and filling the shared index.
-  PrefillReport run(const Strategy& strategy, const RagRequest& r, const PromptTemplate& tmpl = {}) {
+  PrefillReport run(const Strategy& strategy, const RagRequest& r, const RagWrapper& tmpl = {}) {
     return answer(strategy, make_prompt_parts(tok, r, tmpl)).report;
   }
   PrefillReport run(const std::string& strategy, const RagRequest& r, const StrategyOptions& o = {},
-                    const PromptTemplate& tmpl = {}) {
+                    const RagWrapper& tmpl = {}) {
     return answer(strategy, make_prompt_parts(tok, r, tmpl), o).report;
   }
   // Full attention on the flat prompt, beside the shared index (nothing

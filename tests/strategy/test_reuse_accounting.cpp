@@ -18,6 +18,7 @@
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "strategy/strategy.h"
+#include "strategy_rig.h"
 #include "test_support.h"
 
 namespace depcache {
@@ -62,11 +63,10 @@ void expect_adds_up(const PrefillReport& r, const std::string& label, bool one_p
 struct Rig {
   std::shared_ptr<const Model> model = test::random_model("tiny", DType::F32, false, 4);
   Tokenizer tok{Vocab::builtin_bytes()};
+  // The strategy tests' engine (strategy_rig.h); each test attaches its own tiers.
   std::unique_ptr<Engine> engine() const {
-    EngineOptions o = test::engine_options(DType::F32);
-    o.cache_bytes = 64 << 20;
-    o.strategy = {PositionScheme::Sequential, true};
-    return std::make_unique<Engine>(model, o);
+    return std::make_unique<Engine>(
+        model, test::strategy_engine_options(DType::F32, {PositionScheme::Sequential, true}));
   }
   PrefillReport run(Engine& e, const RagRequest& r, const std::string& strategy = "depcache") {
     const RequestId id = e.submit(strategy, make_prompt_parts(tok, r), test::greedy(1));

@@ -219,7 +219,7 @@ TEST(Strategies, KeysSeparateSystemPromptsAndKvTypes) {
   const RagRequest r = graph_request({kDog, kCat}, "Which animals?");
   rig.run("depcache", r);
   EXPECT_GT(rig.run("depcache", r).reused_tokens, 0);
-  PromptTemplate other;
+  RagWrapper other;
   other.system = "Use the paths.\n";
   EXPECT_EQ(rig.run("depcache", r, {}, other).reused_tokens, 1);  // BOS, as a prefix; no subtree
   // The same request keyed for f16 K/V finds none of the f32 K/V.
@@ -309,8 +309,8 @@ TEST(Strategies, TheModelsPromptTemplateShapesItsPrompts) {
   const auto plain = test::temp_path("tmpl-plain") += ".gguf", own = test::temp_path("tmpl-own") += ".gguf",
              derived = test::temp_path("tmpl-derived") += ".gguf";
   write_random_model(plain, o);
-  EXPECT_EQ(Model::load(plain)->config().prompt, PromptTemplate{}) << "no keys: the defaults";
-  PromptTemplate facts;
+  EXPECT_EQ(Model::load(plain)->config().prompt, RagWrapper{}) << "no keys: the defaults";
+  RagWrapper facts;
   facts.system = "Facts:\n";
   facts.task_prefix = "";
   facts.task_suffix = " ->";
@@ -322,7 +322,7 @@ TEST(Strategies, TheModelsPromptTemplateShapesItsPrompts) {
   o.vocab_from = own;
   write_random_model(derived, o);
   EXPECT_EQ(Model::load(derived)->config().prompt, facts) << "inherited from --vocab-from";
-  PromptTemplate other = facts;
+  RagWrapper other = facts;
   other.task_prefix = "Q: ";
   o.prompt = other;
   write_random_model(derived, o);

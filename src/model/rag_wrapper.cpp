@@ -1,9 +1,9 @@
-#include "model/prompt_template.h"
+#include "model/rag_wrapper.h"
 
 namespace depcache {
 
-PromptTemplate PromptTemplate::from_gguf(const GgufFile& f) {
-  PromptTemplate t;
+RagWrapper RagWrapper::from_gguf(const GgufFile& f) {
+  RagWrapper t;
   for (auto [key, field] :
        {std::pair{kPromptSystemKey, &t.system}, std::pair{kPromptTaskPrefixKey, &t.task_prefix},
         std::pair{kPromptTaskSuffixKey, &t.task_suffix}})
@@ -11,7 +11,7 @@ PromptTemplate PromptTemplate::from_gguf(const GgufFile& f) {
   return t;
 }
 
-std::vector<std::pair<std::string, GgufValue>> PromptTemplate::metadata() const {
+std::vector<std::pair<std::string, GgufValue>> RagWrapper::metadata() const {
   return {{kPromptSystemKey, GgufValue::string(system)},
           {kPromptTaskPrefixKey, GgufValue::string(task_prefix)},
           {kPromptTaskSuffixKey, GgufValue::string(task_suffix)}};

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "prompt/jinja_value.h"
+#include "jinja/value.h"
 
 namespace depcache::jinja {
 

@@ -16,17 +16,17 @@ inline constexpr const char* kPromptSystemKey = "depcache.prompt.system";
 inline constexpr const char* kPromptTaskPrefixKey = "depcache.prompt.task_prefix";
 inline constexpr const char* kPromptTaskSuffixKey = "depcache.prompt.task_suffix";
 
-struct PromptTemplate {
+struct RagWrapper {
   std::string system = "Answer the question using the knowledge below.\n";  // after BOS
   std::string task_prefix = "Question: ";                                   // before the question
   std::string task_suffix = "\nAnswer:";                                    // after it; the answer follows
 
   // Each key the file has replaces its default.
-  static PromptTemplate from_gguf(const GgufFile& f);
+  static RagWrapper from_gguf(const GgufFile& f);
   // All three keys, for a model file.
   std::vector<std::pair<std::string, GgufValue>> metadata() const;
 
-  bool operator==(const PromptTemplate&) const = default;
+  bool operator==(const RagWrapper&) const = default;
 };
 
 }  // namespace depcache

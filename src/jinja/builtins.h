@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "prompt/jinja_value.h"
+#include "jinja/value.h"
 
 namespace depcache::jinja {
 

@@ -1,4 +1,4 @@
-#include "prompt/jinja_syntax.h"
+#include "jinja/syntax.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "prompt/jinja_value.h"
+#include "jinja/value.h"
 
 #include <fmt/format.h>
 

@@ -7,9 +7,9 @@
 #include <cmath>
 #include <ctime>
 
-#include "prompt/jinja.h"
-#include "prompt/jinja_builtins.h"
-#include "prompt/jinja_syntax.h"
+#include "jinja/builtins.h"
+#include "jinja/jinja.h"
+#include "jinja/syntax.h"
 #include "util/error.h"
 
 namespace depcache::jinja {

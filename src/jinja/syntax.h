@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "prompt/jinja_value.h"
+#include "jinja/value.h"
 
 namespace depcache::jinja {
 

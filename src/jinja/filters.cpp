@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "prompt/jinja_builtins.h"
+#include "jinja/builtins.h"
 #include "util/error.h"
 
 namespace depcache::jinja {

@@ -1,4 +1,4 @@
-#include "prompt/jinja_builtins.h"
+#include "jinja/builtins.h"
 
 #include <fmt/format.h>
 
