@@ -425,6 +425,19 @@ LayerHook batch_hook(std::vector<BatchHook> hooks, int64_t n_embd_kv) {
 
 bool Engine::step() {
   if (waiting_.empty() && prefilling_.empty() && decoding_.empty()) return false;
+  prepare_step();
+  const StepBatch batch = schedule();
+  if (batch.plan.tokens.empty()) {
+    // Nothing to compute until a fetch ends: wait for one (bounded, so the
+    // caller's other work goes on).
+    if (fetcher_ && !waiting_.empty()) fetcher_->wait_any(std::chrono::milliseconds(20));
+    return !waiting_.empty() || n_running() > 0;
+  }
+  if (const std::optional<PrefillResult> out = run(batch)) commit(batch, *out);
+  return true;
+}
+
+void Engine::prepare_step() {
   if (admission_.lookahead()) {
     std::vector<const std::vector<Lookup>*> pending;
     for (size_t i = 0; i < waiting_.size() && i < admission_.window(); ++i)
@@ -434,17 +447,13 @@ bool Engine::step() {
   make_room_to_decode();
   if (fetching_ahead())
     for (size_t i = 0; i < waiting_.size() && i < options_.prefetch; ++i) fetched(live(waiting_[i]), false);
+}
 
+Engine::StepBatch Engine::schedule() {
   // What this step computes: a decode token of every running sequence, then
   // pieces of prefills (those under way first, then new admissions in the
   // scheduler's order) while the budget lasts.
-  struct Piece {
-    Sequence* s;
-    int64_t end;  // queries [s->prefilled, end) of its prefill
-    bool last;
-    bool all_logits = false;  // every query's logits (SamplingParams::prompt_logits)
-  };
-  std::vector<Piece> pieces;
+  StepBatch b;
   int64_t budget = options_.batch_tokens - static_cast<int64_t>(decoding_.size());
   // A pass that must run whole (a layer hook, attention statistics) goes in
   // a step with room for it, or first in a step of its own; one per step, so
@@ -455,7 +464,7 @@ bool Engine::step() {
     Sequence& s = live(prefilling_[i]);
     const auto n_q = static_cast<int64_t>(s.execution->prefill().tokens.size());
     const bool whole = s.execution->whole_pass();
-    if (whole && (whole_taken || (!pieces.empty() && n_q > budget))) continue;
+    if (whole && (whole_taken || (!b.pieces.empty() && n_q > budget))) continue;
     whole_taken = whole_taken || whole;
     const int64_t piece =
         s.sampling.prefill_piece_tokens > 0 ? std::min(budget, s.sampling.prefill_piece_tokens) : budget;
@@ -463,62 +472,59 @@ bool Engine::step() {
     // Prompt logits: of the final pass of the prompt alone (nothing generated yet).
     const bool all_logits =
         s.sampling.prompt_logits && s.execution->final_pass() && results_.at(s.id).tokens.empty();
-    pieces.push_back({&s, end, end == n_q, all_logits});
+    b.pieces.push_back({&s, end, end == n_q, all_logits});
     budget -= end - s.prefilled;
   }
   // One plan for all of it, each sequence its own visibility group. Rows are
   // read from the pool only now: admissions may have moved blocks.
-  PrefillPlan batch;
   std::vector<QueryGroup> groups;
-  std::vector<Sequence*> decoding;
   for (RequestId id : decoding_) {
     Sequence& s = live(id);
-    const auto q = static_cast<int64_t>(batch.tokens.size());
+    const auto q = static_cast<int64_t>(b.plan.tokens.size());
     const int64_t row = s.rows.row0() + s.n_rows_used;
-    batch.tokens.push_back(results_.at(id).tokens.back());
-    batch.positions.push_back(s.next_position);
-    batch.rows.push_back(row);
+    b.plan.tokens.push_back(results_.at(id).tokens.back());
+    b.plan.positions.push_back(s.next_position);
+    b.plan.rows.push_back(row);
     groups.push_back({q, 1, {}, s.rows.row0(), row});  // all of its rows, itself included
-    batch.logits_for.push_back(q);
-    decoding.push_back(&s);
+    b.plan.logits_for.push_back(q);
+    b.decoding.push_back(&s);
   }
   std::vector<BatchHook> hooks;
-  for (const Piece& piece : pieces) {
+  for (const StepBatch::Piece& piece : b.pieces) {
     const PrefillPlan& p = piece.s->execution->prefill();
     const int64_t begin = piece.s->prefilled, row0 = piece.s->rows.row0();
-    const auto q0 = static_cast<int64_t>(batch.tokens.size());
+    const auto q0 = static_cast<int64_t>(b.plan.tokens.size());
     append_shifted(groups, slice_queries(p.visibility, begin, piece.end), q0, row0);
     for (int64_t q = begin; q < piece.end; ++q) {
-      batch.tokens.push_back(p.tokens[q]);
-      batch.positions.push_back(p.positions[q]);
-      batch.rows.push_back(row0 + p.rows[q]);
+      b.plan.tokens.push_back(p.tokens[q]);
+      b.plan.positions.push_back(p.positions[q]);
+      b.plan.rows.push_back(row0 + p.rows[q]);
     }
     if (piece.all_logits)
-      for (int64_t q = 0; q < piece.end - begin; ++q) batch.logits_for.push_back(q0 + q);
+      for (int64_t q = 0; q < piece.end - begin; ++q) b.plan.logits_for.push_back(q0 + q);
     else if (piece.last && piece.s->execution->final_pass())
-      batch.logits_for.push_back(q0 + (piece.end - begin) - 1);
+      b.plan.logits_for.push_back(q0 + (piece.end - begin) - 1);
     // Whole passes only (begin is 0): hooks and statistics see all of it.
     if (p.hook) hooks.push_back({q0, piece.end, &p.hook});
     if (!p.stats_queries.empty()) {
-      for (int64_t q : p.stats_queries) batch.stats_queries.push_back(q0 + q);
-      for (const RowRange& t : p.stats_targets) batch.stats_targets.push_back({row0 + t.begin, row0 + t.end});
-      batch.stats_from_layer = p.stats_from_layer;
+      for (int64_t q : p.stats_queries) b.plan.stats_queries.push_back(q0 + q);
+      for (const RowRange& t : p.stats_targets)
+        b.plan.stats_targets.push_back({row0 + t.begin, row0 + t.end});
+      b.plan.stats_from_layer = p.stats_from_layer;
     }
   }
-  if (batch.tokens.empty()) {
-    // Nothing to compute until a fetch ends: wait for one (bounded, so the
-    // caller's other work goes on).
-    if (fetcher_ && !waiting_.empty()) fetcher_->wait_any(std::chrono::milliseconds(20));
-    return !waiting_.empty() || n_running() > 0;
-  }
-  batch.visibility = Visibility(std::move(groups));
-  if (!hooks.empty()) batch.hook = batch_hook(std::move(hooks), model_->config().n_embd_kv());
+  if (b.plan.tokens.empty()) return b;
+  b.plan.visibility = Visibility(std::move(groups));
+  if (!hooks.empty()) b.plan.hook = batch_hook(std::move(hooks), model_->config().n_embd_kv());
+  return b;
+}
 
+std::optional<PrefillResult> Engine::run(const StepBatch& b) {
   const auto t0 = Clock::now();
   PrefillResult out;
   std::exception_ptr failure;
   try {
-    out = fwd_.prefill(batch, pool_.kv());
+    out = fwd_.prefill(b.plan, pool_.kv());
   } catch (...) {
     failure = std::current_exception();
   }
@@ -528,21 +534,25 @@ bool Engine::step() {
     // A span read during the pass was bad: the sequence that placed it runs
     // again without it. Nothing else in the batch advanced; it is simply
     // computed again next step.
-    for (const Piece& p : pieces)
+    for (const StepBatch::Piece& p : b.pieces)
       if (p.s->execution->loading()) requeue_after_bad_load(*p.s, e);
-    return true;
+    return std::nullopt;
   } catch (const Error& e) {
     // Nothing of this batch can be trusted: every request in it fails (their
     // leases and rows are released as they retire).
-    for (const Piece& p : pieces) retire(p.s->id, RequestState::Failed, e.what(), e.kind());
-    for (Sequence* s : decoding) retire(s->id, RequestState::Failed, e.what(), e.kind());
-    return true;
+    for (const StepBatch::Piece& p : b.pieces) retire(p.s->id, RequestState::Failed, e.what(), e.kind());
+    for (Sequence* s : b.decoding) retire(s->id, RequestState::Failed, e.what(), e.kind());
+    return std::nullopt;
   }
-  const double ms_per_token = ms_since(t0) / static_cast<double>(batch.tokens.size());
-  ms_per_token_ = ms_per_token;
+  ms_per_token_ = ms_since(t0) / static_cast<double>(b.plan.tokens.size());
+  return out;
+}
+
+void Engine::commit(const StepBatch& b, const PrefillResult& out) {
+  const double ms_per_token = ms_per_token_;  // of this step, as run() measured it
   const int n_vocab = model_->config().n_vocab;
   size_t at = 0;
-  for (Sequence* s : decoding) {
+  for (Sequence* s : b.decoding) {
     const std::span<const float> logits(out.logits.data() + at * n_vocab, n_vocab);
     ++at;
     ++s->n_rows_used;
@@ -551,7 +561,7 @@ bool Engine::step() {
     r.finite = r.finite && all_finite(logits);
     emit(*s, s->sampler.sample(logits), logits);
   }
-  for (const Piece& piece : pieces) {
+  for (const StepBatch::Piece& piece : b.pieces) {
     Sequence& s = *piece.s;
     if (piece.all_logits) {
       // Every row but the last is the prompt's only; the last is read below
@@ -603,7 +613,6 @@ bool Engine::step() {
     decoding_.push_back(s.id);
     emit(s, s.sampler.sample(logits), logits);
   }
-  return true;
 }
 
 void Engine::run_until_idle() {

@@ -239,6 +239,29 @@ class Engine {
   void requeue_after_bad_load(Sequence& s, const LayerLoadError& e);
   // A prefill under way gives what it computed so far to the index.
   void keep_partial(Sequence& s);
+
+  // A step in phases. prepare_step: the scheduler's lookahead, room for the
+  // decodes, fetches ahead. schedule: what the step computes, a decode
+  // token of every running sequence then pieces of prefills while the
+  // budget lasts, as one plan. run: the forward pass over it (nullopt when it
+  // failed: its requests are requeued or failed). commit: what the outputs
+  // do (tokens out, passes advanced, prefills finished).
+  struct StepBatch {
+    struct Piece {
+      Sequence* s;
+      int64_t end;  // queries [s->prefilled, end) of its prefill
+      bool last;
+      bool all_logits = false;  // every query's logits (SamplingParams::prompt_logits)
+    };
+    std::vector<Piece> pieces;
+    std::vector<Sequence*> decoding;
+    PrefillPlan plan;  // empty: nothing to compute this step
+  };
+  void prepare_step();
+  StepBatch schedule();
+  std::optional<PrefillResult> run(const StepBatch& b);
+  void commit(const StepBatch& b, const PrefillResult& out);
+
   void make_room_to_decode();
   int64_t rows_ahead() const { return std::max<int64_t>(options_.decode_rows_ahead, 1); }
   // Tokens of `lookups` that the prefills under way will insert and the

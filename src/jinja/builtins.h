@@ -22,6 +22,7 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
 List iterate(const Value& v);
 
 // Filters and tests by name (the parser accepts only these names).
+bool is_filter(std::string_view name);
 Value apply_filter(std::string_view name, const Value& v, Args& args);
 bool apply_test(std::string_view name, const Value& v, Args& args);
 

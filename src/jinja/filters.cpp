@@ -130,228 +130,292 @@ std::string html_escape(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+using FilterFn = Value (*)(std::string_view name, const Value& v, Args& a);
+
+// Each filter under its names (Jinja2's aliases share one entry): the one
+// list both the parser (is_filter) and the renderer read.
+const std::vector<std::pair<std::vector<std::string_view>, FilterFn>>& filter_table() {
+  static const std::vector<std::pair<std::vector<std::string_view>, FilterFn>> table = {
+      {{"default", "d"},
+       [](std::string_view, const Value& v, Args& a) -> Value {
+         a.check(2, {"default_value", "boolean"});
+         const bool boolean = a.get(1, "boolean", Value::boolean(false)).truthy();
+         if (v.is_undefined() || (boolean && !v.truthy()))
+           return a.get(0, "default_value", Value::string(""));
+         return v;
+       }},
+      {{"length", "count"},
+       [](std::string_view name, const Value& v, Args&) -> Value {
+         if (v.is_undefined()) return Value::integer(0);
+         if (v.is_string()) return Value::integer(static_cast<int64_t>(char_count(v.as_str().s)));
+         if (v.is_list()) return Value::integer(static_cast<int64_t>(v.as_list().size()));
+         if (v.is_dict() && !v.as_dict().is_namespace)
+           return Value::integer(static_cast<int64_t>(v.as_dict().items.size()));
+         filter_error(name, "a " + v.type_name() + " has no length");
+       }},
+      {{"tojson"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         a.check(1, {"indent", "ensure_ascii"});
+         const Value& ind = a.get(0, "indent", kNone);
+         if (a.get(1, "ensure_ascii", Value::boolean(false)).truthy())
+           filter_error(name, "ensure_ascii=True is not supported");
+         return Value::str(Str::derived(
+             v.to_json(ind.is_none() ? -1 : static_cast<int>(std::clamp<int64_t>(ind.as_int(), 0, 64))),
+             has_marks(v)));
+       }},
+      {{"trim"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         a.check(1, {"chars"});
+         Args m;
+         m.pos.push_back(a.get(0, "chars", kNone));
+         return get_attr(Value::str(need_defined(v, name).to_str()), "strip").as_callable().call(m);
+       }},
+      {{"string"}, [](std::string_view, const Value& v, Args&) -> Value { return Value::str(v.to_str()); }},
+      {{"upper", "lower", "title", "capitalize"},
+       [](std::string_view name, const Value& v, Args&) -> Value {
+         Args none;
+         return get_attr(Value::str(need_defined(v, name).to_str()), std::string(name))
+             .as_callable()
+             .call(none);
+       }},
+      {{"replace"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         Args m;
+         m.pos = a.pos;
+         if (const Value& c = a.get(2, "count", kNone); !c.is_none() && a.pos.size() < 3) m.pos.push_back(c);
+         return get_attr(Value::str(need_defined(v, name).to_str()), "replace").as_callable().call(m);
+       }},
+      {{"safe"}, [](std::string_view, const Value& v, Args&) -> Value { return v; }},
+      {{"escape", "e"},
+       [](std::string_view, const Value& v, Args&) -> Value {
+         const Str s = v.to_str();
+         return Value::str(Str::derived(html_escape(s.s), !s.marks.empty()));
+       }},
+      {{"first", "last"},
+       [](std::string_view name, const Value& v, Args&) -> Value {
+         const List items = iterate(need_defined(v, name));
+         if (items.empty()) return Value::undefined(fmt::format("{} of an empty sequence", name));
+         return name == "first" ? items.front() : items.back();
+       }},
+      {{"list"}, [](std::string_view, const Value& v, Args&) -> Value { return Value::list(iterate(v)); }},
+      {{"items"},
+       [](std::string_view name, const Value& v, Args&) -> Value {
+         if (v.is_undefined()) return Value::list({});
+         if (!v.is_dict() || v.as_dict().is_namespace)
+           filter_error(name, "needs a mapping, not a " + v.type_name());
+         List out;
+         for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::tuple({k, x}));
+         return Value::list(std::move(out));
+       }},
+      {{"dictsort"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         a.check(3, {"case_sensitive", "by", "reverse"});
+         if (!v.is_dict()) filter_error(name, "needs a mapping, not a " + v.type_name());
+         const bool cs = a.get(0, "case_sensitive", Value::boolean(false)).truthy();
+         const std::string by = a.get(1, "by", Value::string("key")).to_str().s;
+         const bool rev = a.get(2, "reverse", Value::boolean(false)).truthy();
+         List out;
+         for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::tuple({k, x}));
+         const size_t pos = by == "value" ? 1 : 0;
+         std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+           return less(sort_key(x.as_list()[pos], cs), sort_key(y.as_list()[pos], cs));
+         });
+         if (rev) std::reverse(out.begin(), out.end());
+         return Value::list(std::move(out));
+       }},
+      {{"join"},
+       [](std::string_view, const Value& v, Args& a) -> Value {
+         a.check(2, {"d", "attribute"});
+         const Value& attr = a.get(1, "attribute", kNone);
+         const Str sep = a.get(0, "d", Value::string("")).to_str();
+         Str out;
+         bool first = true;
+         for (const Value& item : iterate(v)) {
+           if (!first) out.append(sep);
+           first = false;
+           out.append((attr.is_none() ? item : attribute_of(item, attr)).to_str());
+         }
+         return Value::str(std::move(out));
+       }},
+      {{"map"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         List out;
+         if (!v.truthy()) return Value::list({});
+         const Value& attr = a.get(99, "attribute", kNone);
+         if (!attr.is_none()) {
+           const Value& def = a.get(99, "default", kNone);
+           for (const Value& item : iterate(v)) {
+             Value x = attribute_of(item, attr);
+             out.push_back(x.is_undefined() && !def.is_none() ? def : x);
+           }
+           return Value::list(std::move(out));
+         }
+         if (a.pos.empty()) filter_error(name, "needs a filter name or attribute=");
+         const std::string f = a.pos[0].to_str().s;
+         static const char* kMappable[] = {"upper",   "lower", "title",  "capitalize", "trim",    "string",
+                                           "int",     "float", "length", "count",      "tojson",  "first",
+                                           "last",    "list",  "abs",    "round",      "default", "d",
+                                           "replace", "join",  "items",  "safe",       "escape",  "e"};
+         if (std::find(std::begin(kMappable), std::end(kMappable), f) == std::end(kMappable))
+           filter_error(name, "no filter named '" + f + "'");
+         for (const Value& item : iterate(v)) {
+           Args fa = rest_args(a, 1, f);
+           out.push_back(apply_filter(f, item, fa));
+         }
+         return Value::list(std::move(out));
+       }},
+      {{"select"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         return select(v, a, true, false, name);
+       }},
+      {{"reject"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         return select(v, a, false, false, name);
+       }},
+      {{"selectattr"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         return select(v, a, true, true, name);
+       }},
+      {{"rejectattr"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         return select(v, a, false, true, name);
+       }},
+      {{"sort", "unique", "min", "max"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         const bool is_sort = name == "sort";
+         a.check(is_sort ? 3 : 2, {"reverse", "case_sensitive", "attribute"});
+         const bool rev = is_sort && a.get(0, "reverse", Value::boolean(false)).truthy();
+         const bool cs = a.get(is_sort ? 1 : 0, "case_sensitive", Value::boolean(false)).truthy();
+         const Value& attr = a.get(is_sort ? 2 : 1, "attribute", kNone);
+         List items = iterate(v);
+         const auto key = [&](const Value& x) {
+           return sort_key(attr.is_none() ? x : attribute_of(x, attr), cs);
+         };
+         if (name == "unique") {
+           List out;
+           for (const Value& x : items)
+             if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(key(x), key(y)); }))
+               out.push_back(x);
+           return Value::list(std::move(out));
+         }
+         if (!is_sort) {
+           if (items.empty()) return Value::undefined(fmt::format("{} of an empty sequence", name));
+           const auto cmp = [&](const Value& x, const Value& y) { return less(key(x), key(y)); };
+           return name == "min" ? *std::min_element(items.begin(), items.end(), cmp)
+                                : *std::max_element(items.begin(), items.end(), cmp);
+         }
+         std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+           return rev ? less(key(y), key(x)) : less(key(x), key(y));
+         });
+         return Value::list(std::move(items));
+       }},
+      {{"reverse"},
+       [](std::string_view, const Value& v, Args&) -> Value {
+         if (v.is_string()) {
+           Str out;
+           const List chars = iterate(v);
+           for (auto it = chars.rbegin(); it != chars.rend(); ++it) out.append(it->as_str());
+           return Value::str(std::move(out));
+         }
+         List items = iterate(v);
+         std::reverse(items.begin(), items.end());
+         return Value::list(std::move(items));
+       }},
+      {{"int", "float"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         const bool is_int = name == "int";
+         a.check(2, {"default", "base"});
+         const Value def = a.get(0, "default", is_int ? Value::integer(0) : Value::number(0.0));
+         // Jinja2 falls back to the default where Python's int() raises ValueError
+         // (NaN); an infinity raises OverflowError, which it lets through.
+         const auto to_int = [&](double f) {
+           return std::isnan(f) ? def : Value::integer(int_from_float(f));
+         };
+         if (v.is_int() || v.is_bool())
+           return is_int ? Value::integer(v.as_int()) : Value::number(v.as_float());
+         if (v.is_number()) return is_int ? to_int(v.as_float()) : Value::number(v.as_float());
+         if (!v.is_string()) return def;
+         const std::string s = v.as_str().s;
+         double parsed = 0;
+         try {
+           size_t used = 0;
+           if (is_int) {
+             const int64_t base = a.get(1, "base", Value::integer(10)).as_int();
+             const long long i = std::stoll(s, &used, static_cast<int>(base));
+             if (used == s.size()) return Value::integer(i);
+           }
+           const double f = std::stod(s, &used);
+           if (used != s.size()) return def;
+           parsed = f;
+         } catch (const std::exception&) {
+           return def;
+         }
+         return is_int ? to_int(parsed) : Value::number(parsed);
+       }},
+      {{"abs"},
+       [](std::string_view name, const Value& v, Args&) -> Value {
+         if (v.is_int()) return Value::integer(v.as_int() < 0 ? int_sub(0, v.as_int()) : v.as_int());
+         if (v.is_number()) return Value::number(std::fabs(v.as_float()));
+         filter_error(name, "needs a number, not a " + v.type_name());
+       }},
+      {{"round"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         a.check(2, {"precision", "method"});
+         if (!v.is_number()) filter_error(name, "needs a number, not a " + v.type_name());
+         const int64_t p = a.get(0, "precision", Value::integer(0)).as_int();
+         const std::string method = a.get(1, "method", Value::string("common")).to_str().s;
+         const double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(p, -300, 300)));
+         double x = v.as_float() * scale;
+         x = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
+         return Value::number(x / scale);
+       }},
+      {{"sum"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         a.check(2, {"attribute", "start"});
+         const Value& attr = a.get(0, "attribute", kNone);
+         Value total = a.get(1, "start", Value::integer(0));
+         for (const Value& item : iterate(v)) {
+           const Value x = attr.is_none() ? item : attribute_of(item, attr);
+           if (!x.is_number() || !total.is_number()) filter_error(name, "needs numbers");
+           total = total.is_float() || x.is_float() ? Value::number(total.as_float() + x.as_float())
+                                                    : Value::integer(int_add(total.as_int(), x.as_int()));
+         }
+         return total;
+       }},
+      {{"indent"},
+       [](std::string_view name, const Value& v, Args& a) -> Value {
+         a.check(3, {"width", "first", "blank"});
+         return Value::str(indent(need_defined(v, name).to_str(), a.get(0, "width", Value::integer(4)),
+                                  a.get(1, "first", Value::boolean(false)).truthy(),
+                                  a.get(2, "blank", Value::boolean(false)).truthy()));
+       }},
+      {{"wordcount"},
+       [](std::string_view, const Value& v, Args&) -> Value {
+         Args none;
+         return Value::integer(static_cast<int64_t>(
+             get_attr(Value::str(v.to_str()), "split").as_callable().call(none).as_list().size()));
+       }},
+  };
+  return table;
+}
+
+FilterFn find_filter(std::string_view name) {
+  for (const auto& [names, fn] : filter_table())
+    if (std::find(names.begin(), names.end(), name) != names.end()) return fn;
+  return nullptr;
+}
+
+}  // namespace
+
+bool is_filter(std::string_view name) { return find_filter(name) != nullptr; }
+
 Value apply_filter(std::string_view name, const Value& v, Args& a) {
   a.what = std::string(name);
-  if (name == "default" || name == "d") {
-    a.check(2, {"default_value", "boolean"});
-    const bool boolean = a.get(1, "boolean", Value::boolean(false)).truthy();
-    if (v.is_undefined() || (boolean && !v.truthy())) return a.get(0, "default_value", Value::string(""));
-    return v;
-  }
-  if (name == "length" || name == "count") {
-    if (v.is_undefined()) return Value::integer(0);
-    if (v.is_string()) return Value::integer(static_cast<int64_t>(char_count(v.as_str().s)));
-    if (v.is_list()) return Value::integer(static_cast<int64_t>(v.as_list().size()));
-    if (v.is_dict() && !v.as_dict().is_namespace)
-      return Value::integer(static_cast<int64_t>(v.as_dict().items.size()));
-    filter_error(name, "a " + v.type_name() + " has no length");
-  }
-  if (name == "tojson") {
-    a.check(1, {"indent", "ensure_ascii"});
-    const Value& ind = a.get(0, "indent", kNone);
-    if (a.get(1, "ensure_ascii", Value::boolean(false)).truthy())
-      filter_error(name, "ensure_ascii=True is not supported");
-    return Value::str(Str::derived(
-        v.to_json(ind.is_none() ? -1 : static_cast<int>(std::clamp<int64_t>(ind.as_int(), 0, 64))),
-        has_marks(v)));
-  }
-  if (name == "trim") {
-    a.check(1, {"chars"});
-    Args m;
-    m.pos.push_back(a.get(0, "chars", kNone));
-    return get_attr(Value::str(need_defined(v, name).to_str()), "strip").as_callable().call(m);
-  }
-  if (name == "string") return Value::str(v.to_str());
-  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
-    Args none;
-    return get_attr(Value::str(need_defined(v, name).to_str()), std::string(name)).as_callable().call(none);
-  }
-  if (name == "replace") {
-    Args m;
-    m.pos = a.pos;
-    if (const Value& c = a.get(2, "count", kNone); !c.is_none() && a.pos.size() < 3) m.pos.push_back(c);
-    return get_attr(Value::str(need_defined(v, name).to_str()), "replace").as_callable().call(m);
-  }
-  if (name == "safe") return v;
-  if (name == "escape" || name == "e") {
-    const Str s = v.to_str();
-    return Value::str(Str::derived(html_escape(s.s), !s.marks.empty()));
-  }
-  if (name == "first" || name == "last") {
-    const List items = iterate(need_defined(v, name));
-    if (items.empty()) return Value::undefined(fmt::format("{} of an empty sequence", name));
-    return name == "first" ? items.front() : items.back();
-  }
-  if (name == "list") return Value::list(iterate(v));
-  if (name == "items") {
-    if (v.is_undefined()) return Value::list({});
-    if (!v.is_dict() || v.as_dict().is_namespace)
-      filter_error(name, "needs a mapping, not a " + v.type_name());
-    List out;
-    for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::tuple({k, x}));
-    return Value::list(std::move(out));
-  }
-  if (name == "dictsort") {
-    a.check(3, {"case_sensitive", "by", "reverse"});
-    if (!v.is_dict()) filter_error(name, "needs a mapping, not a " + v.type_name());
-    const bool cs = a.get(0, "case_sensitive", Value::boolean(false)).truthy();
-    const std::string by = a.get(1, "by", Value::string("key")).to_str().s;
-    const bool rev = a.get(2, "reverse", Value::boolean(false)).truthy();
-    List out;
-    for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::tuple({k, x}));
-    const size_t pos = by == "value" ? 1 : 0;
-    std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
-      return less(sort_key(x.as_list()[pos], cs), sort_key(y.as_list()[pos], cs));
-    });
-    if (rev) std::reverse(out.begin(), out.end());
-    return Value::list(std::move(out));
-  }
-  if (name == "join") {
-    a.check(2, {"d", "attribute"});
-    const Value& attr = a.get(1, "attribute", kNone);
-    const Str sep = a.get(0, "d", Value::string("")).to_str();
-    Str out;
-    bool first = true;
-    for (const Value& item : iterate(v)) {
-      if (!first) out.append(sep);
-      first = false;
-      out.append((attr.is_none() ? item : attribute_of(item, attr)).to_str());
-    }
-    return Value::str(std::move(out));
-  }
-  if (name == "map") {
-    List out;
-    if (!v.truthy()) return Value::list({});
-    const Value& attr = a.get(99, "attribute", kNone);
-    if (!attr.is_none()) {
-      const Value& def = a.get(99, "default", kNone);
-      for (const Value& item : iterate(v)) {
-        Value x = attribute_of(item, attr);
-        out.push_back(x.is_undefined() && !def.is_none() ? def : x);
-      }
-      return Value::list(std::move(out));
-    }
-    if (a.pos.empty()) filter_error(name, "needs a filter name or attribute=");
-    const std::string f = a.pos[0].to_str().s;
-    static const char* kMappable[] = {"upper",   "lower", "title",  "capitalize", "trim",    "string",
-                                      "int",     "float", "length", "count",      "tojson",  "first",
-                                      "last",    "list",  "abs",    "round",      "default", "d",
-                                      "replace", "join",  "items",  "safe",       "escape",  "e"};
-    if (std::find(std::begin(kMappable), std::end(kMappable), f) == std::end(kMappable))
-      filter_error(name, "no filter named '" + f + "'");
-    for (const Value& item : iterate(v)) {
-      Args fa = rest_args(a, 1, f);
-      out.push_back(apply_filter(f, item, fa));
-    }
-    return Value::list(std::move(out));
-  }
-  if (name == "select") return select(v, a, true, false, name);
-  if (name == "reject") return select(v, a, false, false, name);
-  if (name == "selectattr") return select(v, a, true, true, name);
-  if (name == "rejectattr") return select(v, a, false, true, name);
-  if (name == "sort" || name == "unique" || name == "min" || name == "max") {
-    const bool is_sort = name == "sort";
-    a.check(is_sort ? 3 : 2, {"reverse", "case_sensitive", "attribute"});
-    const bool rev = is_sort && a.get(0, "reverse", Value::boolean(false)).truthy();
-    const bool cs = a.get(is_sort ? 1 : 0, "case_sensitive", Value::boolean(false)).truthy();
-    const Value& attr = a.get(is_sort ? 2 : 1, "attribute", kNone);
-    List items = iterate(v);
-    const auto key = [&](const Value& x) { return sort_key(attr.is_none() ? x : attribute_of(x, attr), cs); };
-    if (name == "unique") {
-      List out;
-      for (const Value& x : items)
-        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(key(x), key(y)); }))
-          out.push_back(x);
-      return Value::list(std::move(out));
-    }
-    if (!is_sort) {
-      if (items.empty()) return Value::undefined(fmt::format("{} of an empty sequence", name));
-      const auto cmp = [&](const Value& x, const Value& y) { return less(key(x), key(y)); };
-      return name == "min" ? *std::min_element(items.begin(), items.end(), cmp)
-                           : *std::max_element(items.begin(), items.end(), cmp);
-    }
-    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-      return rev ? less(key(y), key(x)) : less(key(x), key(y));
-    });
-    return Value::list(std::move(items));
-  }
-  if (name == "reverse") {
-    if (v.is_string()) {
-      Str out;
-      const List chars = iterate(v);
-      for (auto it = chars.rbegin(); it != chars.rend(); ++it) out.append(it->as_str());
-      return Value::str(std::move(out));
-    }
-    List items = iterate(v);
-    std::reverse(items.begin(), items.end());
-    return Value::list(std::move(items));
-  }
-  if (name == "int" || name == "float") {
-    const bool is_int = name == "int";
-    a.check(2, {"default", "base"});
-    const Value def = a.get(0, "default", is_int ? Value::integer(0) : Value::number(0.0));
-    // Jinja2 falls back to the default where Python's int() raises ValueError
-    // (NaN); an infinity raises OverflowError, which it lets through.
-    const auto to_int = [&](double f) { return std::isnan(f) ? def : Value::integer(int_from_float(f)); };
-    if (v.is_int() || v.is_bool()) return is_int ? Value::integer(v.as_int()) : Value::number(v.as_float());
-    if (v.is_number()) return is_int ? to_int(v.as_float()) : Value::number(v.as_float());
-    if (!v.is_string()) return def;
-    const std::string s = v.as_str().s;
-    double parsed = 0;
-    try {
-      size_t used = 0;
-      if (is_int) {
-        const int64_t base = a.get(1, "base", Value::integer(10)).as_int();
-        const long long i = std::stoll(s, &used, static_cast<int>(base));
-        if (used == s.size()) return Value::integer(i);
-      }
-      const double f = std::stod(s, &used);
-      if (used != s.size()) return def;
-      parsed = f;
-    } catch (const std::exception&) {
-      return def;
-    }
-    return is_int ? to_int(parsed) : Value::number(parsed);
-  }
-  if (name == "abs") {
-    if (v.is_int()) return Value::integer(v.as_int() < 0 ? int_sub(0, v.as_int()) : v.as_int());
-    if (v.is_number()) return Value::number(std::fabs(v.as_float()));
-    filter_error(name, "needs a number, not a " + v.type_name());
-  }
-  if (name == "round") {
-    a.check(2, {"precision", "method"});
-    if (!v.is_number()) filter_error(name, "needs a number, not a " + v.type_name());
-    const int64_t p = a.get(0, "precision", Value::integer(0)).as_int();
-    const std::string method = a.get(1, "method", Value::string("common")).to_str().s;
-    const double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(p, -300, 300)));
-    double x = v.as_float() * scale;
-    x = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
-    return Value::number(x / scale);
-  }
-  if (name == "sum") {
-    a.check(2, {"attribute", "start"});
-    const Value& attr = a.get(0, "attribute", kNone);
-    Value total = a.get(1, "start", Value::integer(0));
-    for (const Value& item : iterate(v)) {
-      const Value x = attr.is_none() ? item : attribute_of(item, attr);
-      if (!x.is_number() || !total.is_number()) filter_error(name, "needs numbers");
-      total = total.is_float() || x.is_float() ? Value::number(total.as_float() + x.as_float())
-                                               : Value::integer(int_add(total.as_int(), x.as_int()));
-    }
-    return total;
-  }
-  if (name == "indent") {
-    a.check(3, {"width", "first", "blank"});
-    return Value::str(indent(need_defined(v, name).to_str(), a.get(0, "width", Value::integer(4)),
-                             a.get(1, "first", Value::boolean(false)).truthy(),
-                             a.get(2, "blank", Value::boolean(false)).truthy()));
-  }
-  if (name == "wordcount") {
-    Args none;
-    return Value::integer(static_cast<int64_t>(
-        get_attr(Value::str(v.to_str()), "split").as_callable().call(none).as_list().size()));
-  }
-  filter_error(name, "not implemented");
+  const FilterFn fn = find_filter(name);
+  if (!fn) filter_error(name, "not implemented");
+  return fn(name, v, a);
 }
 
 bool apply_test(std::string_view name, const Value& v, Args& a) {

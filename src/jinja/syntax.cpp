@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "jinja/builtins.h"
 #include "util/error.h"
 #include "util/utf8.h"
 
@@ -275,14 +276,8 @@ class Lexer {
   int line_ = 1;
 };
 
-// Filters and tests the renderer implements; others are refused when read,
-// as Jinja2 refuses an unknown one when it compiles.
-const std::set<std::string, std::less<>> kFilters = {
-    "abs",     "capitalize", "count",  "d",      "default",    "dictsort", "e",          "escape",
-    "first",   "float",      "indent", "int",    "items",      "join",     "last",       "length",
-    "list",    "lower",      "map",    "max",    "min",        "reject",   "rejectattr", "replace",
-    "reverse", "round",      "safe",   "select", "selectattr", "sort",     "string",     "sum",
-    "title",   "tojson",     "trim",   "unique", "upper",      "wordcount"};
+// Tests the renderer implements (filters: is_filter); others are refused
+// when read, as Jinja2 refuses an unknown one when it compiles.
 const std::set<std::string, std::less<>> kTests = {
     "boolean", "callable", "defined",  "divisibleby", "eq",   "equalto",   "even",
     "false",   "float",    "ge",       "gt",          "in",   "integer",   "iterable",
@@ -831,7 +826,7 @@ class Parser {
     const int ln = line();
     std::string name = expect_name_token();
     while (accept_op(".")) name += "." + expect_name_token();
-    if (!kFilters.contains(name)) syntax_error(ln, "no filter named '" + name + "'");
+    if (!is_filter(name)) syntax_error(ln, "no filter named '" + name + "'");
     auto f = node(Expr::Kind::Filter, ln);
     f->name = std::move(name);
     f->items.push_back(std::move(subject));

@@ -67,44 +67,30 @@ const std::vector<float>& ModelConfig::layer_rope_divisors(int il) const {
   return windowed(il) && rope_base_local > 0 ? none : rope_divisors;
 }
 
-ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
-  ModelConfig c;
-  c.arch_name = f.get_string("general.architecture");
-  const std::optional<Arch> arch = parse_arch(c.arch_name);
-  if (!arch)
-    fail(ErrorKind::InvalidInput, "{}: architecture '{}' is not supported (supported: {})", f.source(),
-         c.arch_name, fmt::join(arch_names(), ", "));
-  c.arch = *arch;
-  // Llama and SmolLM3 rotate adjacent pairs; the others NeoX halves. Qwen2
-  // adds biases to Q, K and V; Qwen3 and Gemma 3 normalize each head of Q and K.
-  c.rope_style = c.arch == Arch::Llama || c.arch == Arch::Mistral3 || c.arch == Arch::SmolLM3
-                     ? RopeStyle::Normal
-                     : RopeStyle::Neox;
-  c.qkv_bias = c.arch == Arch::Qwen2;
-  c.qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
-  c.fused_qkv = c.arch == Arch::Phi3;
-  const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
-  if (gemma) {
-    c.post_norms = true;
-    c.ffn_act = Activation::GeluTanh;
-  }
+namespace {
+
+// A count a GGUF key holds: positive and at most 2^24.
+int positive_int(const GgufFile& f, const std::string& key) {
+  const int64_t v = f.get_int(key);
+  if (v <= 0 || v > (int64_t{1} << 24))
+    fail(ErrorKind::InvalidInput, "{}: {} = {} is out of range", f.source(), key, v);
+  return static_cast<int>(v);
+}
+
+// Layers, widths, heads, the training context and the rotated width.
+void read_shape(const GgufFile& f, ModelConfig& c) {
   const std::string& a = c.arch_name;
-  auto positive = [&](const std::string& key) {
-    const int64_t v = f.get_int(key);
-    if (v <= 0 || v > (int64_t{1} << 24))
-      fail(ErrorKind::InvalidInput, "{}: {} = {} is out of range", f.source(), key, v);
-    return static_cast<int>(v);
-  };
-  c.n_layer = positive(a + ".block_count");
-  c.n_embd = positive(a + ".embedding_length");
-  c.n_ff = positive(a + ".feed_forward_length");
-  c.n_head = positive(a + ".attention.head_count");
-  c.n_head_kv = f.find(a + ".attention.head_count_kv") ? positive(a + ".attention.head_count_kv") : c.n_head;
-  c.n_ctx_train = positive(a + ".context_length");
+  c.n_layer = positive_int(f, a + ".block_count");
+  c.n_embd = positive_int(f, a + ".embedding_length");
+  c.n_ff = positive_int(f, a + ".feed_forward_length");
+  c.n_head = positive_int(f, a + ".attention.head_count");
+  c.n_head_kv =
+      f.find(a + ".attention.head_count_kv") ? positive_int(f, a + ".attention.head_count_kv") : c.n_head;
+  c.n_ctx_train = positive_int(f, a + ".context_length");
   // The head width: key_length when given (Qwen3's differs from
   // embedding/heads), else embedding/heads.
   if (f.find(a + ".attention.key_length")) {
-    c.head_dim = positive(a + ".attention.key_length");
+    c.head_dim = positive_int(f, a + ".attention.key_length");
   } else {
     if (c.n_embd % c.n_head != 0)
       fail(ErrorKind::InvalidInput, "{}: embedding length {} is not divisible by {} heads", f.source(),
@@ -114,15 +100,16 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (c.n_head % c.n_head_kv != 0)
     fail(ErrorKind::InvalidInput, "{}: {} heads are not a multiple of {} KV heads", f.source(), c.n_head,
          c.n_head_kv);
-  c.n_rot = f.find(a + ".rope.dimension_count") ? positive(a + ".rope.dimension_count") : c.head_dim;
+  c.n_rot = f.find(a + ".rope.dimension_count") ? positive_int(f, a + ".rope.dimension_count") : c.head_dim;
   if (c.n_rot > c.head_dim || c.n_rot % 2 != 0)
     fail(ErrorKind::InvalidInput, "{}: rope dimension count {} must be even and at most the head size {}",
          f.source(), c.n_rot, c.head_dim);
-  c.position_scheme = f.get_string_or(kPositionSchemeKey).value_or("");
-  c.tree_context = f.get_string_or(kTreeContextKey).value_or("");
-  c.prompt = RagWrapper::from_gguf(f);
-  c.rms_eps = static_cast<float>(f.get_float_or(a + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
-  if (!(c.rms_eps > 0)) fail(ErrorKind::InvalidInput, "{}: RMSNorm epsilon must be positive", f.source());
+}
+
+// RoPE's base and scaling (linear, YaRN); returns the factor YaRN scales
+// queries by (1 without it).
+float read_rope(const GgufFile& f, ModelConfig& c) {
+  const std::string& a = c.arch_name;
   c.rope_base = static_cast<float>(f.get_float_or(a + ".rope.freq_base").value_or(10000.0));
   if (!(c.rope_base > 1))
     fail(ErrorKind::InvalidInput, "{}: rope.freq_base {} is invalid", f.source(), c.rope_base);
@@ -178,7 +165,15 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (!(linear >= 1.0) || !std::isfinite(linear))
     fail(ErrorKind::InvalidInput, "{}: linear rope scaling factor {} must be at least 1", f.source(), linear);
   if (linear != 1.0) c.rope_divisors.assign(static_cast<size_t>(c.n_rot / 2), static_cast<float>(linear));
+  return yarn_query_scale;
+}
 
+// What scales queries, embeddings and logits: Gemma's embedding and 27B
+// query scales, YaRN's, Mistral 3's attention temperature, soft-capping,
+// Phi-3's LongRoPE magnitude.
+void read_scales(const GgufFile& f, ModelConfig& c, float yarn_query_scale) {
+  const std::string& a = c.arch_name;
+  const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
   if (gemma) {
     c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
     // The 27B models (Gemma 2: 46 layers, Gemma 3: 62) scale queries by
@@ -211,7 +206,11 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
            f.source(), a, *af);
     c.q_scale *= static_cast<float>(*af * *af);
   }
+}
 
+// Which layers attend through a sliding window, and which skip RoPE.
+void read_layer_kinds(const GgufFile& f, ModelConfig& c) {
+  const std::string& a = c.arch_name;
   // Sliding windows: every layer, or the pattern's (Gemma 3: five windowed
   // layers, then one global; or one flag per layer).
   if (f.find(a + ".attention.sliding_window")) {
@@ -248,6 +247,13 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.layer_no_rope.assign(c.n_layer, 0);
     for (int il = 3; il < c.n_layer; il += 4) c.layer_no_rope[il] = 1;
   }
+}
+
+// Refuses any key of the architecture the forward pass does not implement,
+// and the model shapes it does not compute (other value widths, experts,
+// split files).
+void refuse_unimplemented(const GgufFile& f, const ModelConfig& c) {
+  const std::string& a = c.arch_name;
   // Keys the forward pass implements or that do not change it; any other key
   // of the architecture's (attention soft-capping, experts, other attention
   // widths...) is refused by name.
@@ -301,6 +307,42 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (f.find("split.count") && f.get_int("split.count") > 1)
     fail(ErrorKind::InvalidInput, "{}: a model split over {} files is not supported (merge it first)",
          f.source(), f.get_int("split.count"));
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
+  ModelConfig c;
+  c.arch_name = f.get_string("general.architecture");
+  const std::optional<Arch> arch = parse_arch(c.arch_name);
+  if (!arch)
+    fail(ErrorKind::InvalidInput, "{}: architecture '{}' is not supported (supported: {})", f.source(),
+         c.arch_name, fmt::join(arch_names(), ", "));
+  c.arch = *arch;
+  // Llama and SmolLM3 rotate adjacent pairs; the others NeoX halves. Qwen2
+  // adds biases to Q, K and V; Qwen3 and Gemma 3 normalize each head of Q and K.
+  c.rope_style = c.arch == Arch::Llama || c.arch == Arch::Mistral3 || c.arch == Arch::SmolLM3
+                     ? RopeStyle::Normal
+                     : RopeStyle::Neox;
+  c.qkv_bias = c.arch == Arch::Qwen2;
+  c.qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
+  c.fused_qkv = c.arch == Arch::Phi3;
+  const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
+  if (gemma) {
+    c.post_norms = true;
+    c.ffn_act = Activation::GeluTanh;
+  }
+  const std::string& a = c.arch_name;
+  read_shape(f, c);
+  c.position_scheme = f.get_string_or(kPositionSchemeKey).value_or("");
+  c.tree_context = f.get_string_or(kTreeContextKey).value_or("");
+  c.prompt = RagWrapper::from_gguf(f);
+  c.rms_eps = static_cast<float>(f.get_float_or(a + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (!(c.rms_eps > 0)) fail(ErrorKind::InvalidInput, "{}: RMSNorm epsilon must be positive", f.source());
+  const float yarn_query_scale = read_rope(f, c);
+  read_scales(f, c, yarn_query_scale);
+  read_layer_kinds(f, c);
+  refuse_unimplemented(f, c);
   return c;
 }
 

@@ -302,58 +302,66 @@ void HttpServer::finished(const std::string& id, const std::string& strategy, co
 void HttpServer::routes() {
   http_->set_logger(
       [this](const httplib::Request&, const httplib::Response& res) { metrics_.response(res.status); });
-  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    // Refused before its body is read: the body would be read as the next
-    // request, so the connection ends with this response.
-    const bool has_body = req.has_header("Transfer-Encoding") ||
-                          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
-    const auto refuse = [&](const ApiError& e) {
-      if (has_body) {
-        GuardedHttpServer::close_after_response();
-        res.set_header("Connection", "close");
-      }
-      send_error(res, e);
-      return httplib::Server::HandlerResponse::Handled;
-    };
-    if (const std::optional<ApiError> e = framing_error(req)) return refuse(*e);
-    // The library reads a body only for these methods; any other request's
-    // body would be read as the next request on the connection.
-    if (has_body && req.method != "POST" && req.method != "PUT" && req.method != "PATCH" &&
-        req.method != "DELETE")
-      return refuse(ApiError(400, fmt::format("a {} request carries no body here", req.method)));
-    // A compressed body would be inflated whole before its size could be
-    // checked (a small body can hold gigabytes).
-    if (const std::string enc = req.get_header_value("Content-Encoding"); !enc.empty() && enc != "identity")
-      return refuse(
-          ApiError(415, fmt::format("compressed bodies (Content-Encoding: {}) are not accepted", enc)));
-    // A declared body over the limit is refused before it is read (the
-    // library would read it all to skip it).
-    if (req.has_header("Content-Length")) {
-      const std::string length = req.get_header_value("Content-Length");
-      uint64_t n = 0;
-      const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
-      if (ec != std::errc() || end != length.data() + length.size())
-        return refuse(ApiError(400, "the Content-Length header is not a number"));
-      if (n > options_.http.max_body_bytes)
-        return refuse(
-            ApiError(413, fmt::format("the request body holds {} bytes, more than the server accepts "
-                                      "({}, --max-body)",
-                                      n, options_.http.max_body_bytes)));
+  http_->set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
+  set_error_handlers();
+  add_status_routes();
+  add_completion_routes();
+}
+
+httplib::Server::HandlerResponse HttpServer::pre_route(const httplib::Request& req, httplib::Response& res) {
+  // Refused before its body is read: the body would be read as the next
+  // request, so the connection ends with this response.
+  const bool has_body = req.has_header("Transfer-Encoding") ||
+                        (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+  const auto refuse = [&](const ApiError& e) {
+    if (has_body) {
+      GuardedHttpServer::close_after_response();
+      res.set_header("Connection", "close");
     }
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.path == "/metrics" || req.path == "/v1/cache/summary") {
-      const OperatorAccess op{options_.operator_key, !options_.api_keys.empty()};
-      if (const std::optional<ApiError> e = op.refusal(req)) return refuse(*e);
-      if (req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
-    } else if (!options_.api_keys.empty() && !find_api_key(options_.api_keys, req)) {
-      return refuse(ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
-                             "invalid_request_error", {}, "invalid_api_key"));
-    }
-    if (draining_) return refuse(ApiError(503, "the server is shutting down", "server_error"));
-    if (!ready_.load(std::memory_order_acquire))
-      return refuse(ApiError(503, "the model is still loading", "server_error"));
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
+    send_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  };
+  if (const std::optional<ApiError> e = framing_error(req)) return refuse(*e);
+  // The library reads a body only for these methods; any other request's
+  // body would be read as the next request on the connection.
+  if (has_body && req.method != "POST" && req.method != "PUT" && req.method != "PATCH" &&
+      req.method != "DELETE")
+    return refuse(ApiError(400, fmt::format("a {} request carries no body here", req.method)));
+  // A compressed body would be inflated whole before its size could be
+  // checked (a small body can hold gigabytes).
+  if (const std::string enc = req.get_header_value("Content-Encoding"); !enc.empty() && enc != "identity")
+    return refuse(
+        ApiError(415, fmt::format("compressed bodies (Content-Encoding: {}) are not accepted", enc)));
+  // A declared body over the limit is refused before it is read (the
+  // library would read it all to skip it).
+  if (req.has_header("Content-Length")) {
+    const std::string length = req.get_header_value("Content-Length");
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
+    if (ec != std::errc() || end != length.data() + length.size())
+      return refuse(ApiError(400, "the Content-Length header is not a number"));
+    if (n > options_.http.max_body_bytes)
+      return refuse(ApiError(413, fmt::format("the request body holds {} bytes, more than the server accepts "
+                                              "({}, --max-body)",
+                                              n, options_.http.max_body_bytes)));
+  }
+  if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+  if (req.path == "/metrics" || req.path == "/v1/cache/summary") {
+    const OperatorAccess op{options_.operator_key, !options_.api_keys.empty()};
+    if (const std::optional<ApiError> e = op.refusal(req)) return refuse(*e);
+    if (req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
+  } else if (!options_.api_keys.empty() && !find_api_key(options_.api_keys, req)) {
+    return refuse(ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                           "invalid_request_error", {}, "invalid_api_key"));
+  }
+  if (draining_) return refuse(ApiError(503, "the server is shutting down", "server_error"));
+  if (!ready_.load(std::memory_order_acquire))
+    return refuse(ApiError(503, "the model is still loading", "server_error"));
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
+void HttpServer::set_error_handlers() {
   // Errors httplib answers itself (413, 404 of unknown paths, 400 of bad
   // HTTP) and those of the connection layer's limits get an OpenAI error
   // body too.
@@ -390,7 +398,9 @@ void HttpServer::routes() {
       send_error(res, ApiError(500, "internal error", "server_error"));
     }
   });
+}
 
+void HttpServer::add_status_routes() {
   http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (draining_) return send_json(res, 503, {{"status", "draining"}});
     if (!ready_.load(std::memory_order_acquire)) return send_json(res, 503, {{"status", "loading"}});
@@ -431,7 +441,9 @@ void HttpServer::routes() {
                                       {"created", started_},
                                       {"owned_by", "depcache"}}})}});
   });
+}
 
+void HttpServer::add_completion_routes() {
   // The body's size is checked here whatever its transfer encoding (the
   // connection layer bounds the bytes as sent, framing included).
   const auto body_fits = [this](const httplib::Request& req) {

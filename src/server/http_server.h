@@ -115,7 +115,15 @@ class HttpServer {
   bool shutdown(std::chrono::steady_clock::time_point deadline);
 
  private:
+  // The handlers: before routing (framing, body limits, keys, readiness:
+  // refused before a body is read), the errors the library answers, then the
+  // status endpoints (/health, /metrics, /v1/cache/summary, /v1/models) and
+  // the completion endpoints.
   void routes();
+  httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res);
+  void set_error_handlers();
+  void add_status_routes();
+  void add_completion_routes();
   // Stops the accept loop and joins its thread (once; later calls return).
   void stop_listening();
   // Both completion endpoints: parse, build the prompt, run, respond.
