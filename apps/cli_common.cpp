@@ -157,19 +157,6 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::vector<std::string> kv_type_names() {
-  std::vector<std::string> names;
-  for (DType t : kv_types()) names.push_back(kv_type_name(t));
-  return names;
-}
-
-DType parse_kv_type(const std::string& name) {
-  for (DType t : kv_types())
-    if (kv_type_name(t) == name) return t;
-  fail(ErrorKind::InvalidInput, "KV cache type '{}' is not supported ({})", name,
-       fmt::join(kv_type_names(), ", "));
-}
-
 void add_kv_type_option(CLI::App& cmd, std::string& kv_type) {
   cmd.add_option("--kv-type", kv_type,
                  "KV cache storage: f16, f32 or q8_0 (8-bit blocks: half the bytes of f16, approximate)")

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compute/dtype.h"
+#include "compute/kv_format.h"
 #include "eval/stats.h"
 #include "eval/stream.h"
 #include "model/rag_wrapper.h"
@@ -78,10 +79,6 @@ std::string tokenizer_name(const std::string& gguf_path);
 // "a,b,,c" -> {"a", "b", "c"}.
 std::vector<std::string> split_list(const std::string& s);
 
-// KV cache storage type from its name (f16, f32, q8_0); InvalidInput otherwise.
-DType parse_kv_type(const std::string& name);
-// "f16", "f32", "q8_0": the --kv-type names.
-std::vector<std::string> kv_type_names();
 // --kv-type, its names checked by the parser.
 void add_kv_type_option(CLI::App& cmd, std::string& kv_type);
 

@@ -14,7 +14,7 @@
 #include "commands.h"
 #include "compute/dot.h"
 #include "engine/engine.h"
-#include "engine_bench.h"
+#include "eval/engine_bench.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/thread_pool.h"

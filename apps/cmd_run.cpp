@@ -15,6 +15,7 @@
 #include "engine_options.h"
 #include "eval/replay.h"
 #include "eval/report.h"
+#include "eval/strategy_run.h"
 #include "eval/stream.h"
 #include "kv/policy.h"
 #include "model/model.h"
@@ -22,7 +23,6 @@
 #include "model/vocab.h"
 #include "retrieval/rag_request.h"
 #include "strategy/subgcache.h"
-#include "strategy_run.h"
 #include "tier_options.h"
 #include "util/error.h"
 

@@ -1,5 +1,6 @@
 #include "compute/kv_format.h"
 
+#include <fmt/ranges.h>
 #include <immintrin.h>
 
 #include <array>
@@ -73,6 +74,19 @@ std::string kv_type_name(DType type) {
     default:
       return std::string(dtype_info(type).name);
   }
+}
+
+std::vector<std::string> kv_type_names() {
+  std::vector<std::string> names;
+  for (DType t : kv_types()) names.push_back(kv_type_name(t));
+  return names;
+}
+
+DType parse_kv_type(const std::string& name) {
+  for (DType t : kv_types())
+    if (kv_type_name(t) == name) return t;
+  fail(ErrorKind::InvalidInput, "KV cache type '{}' is not supported ({})", name,
+       fmt::join(kv_type_names(), ", "));
 }
 
 std::string kv_type_refusal(DType type, int64_t row_elems) {

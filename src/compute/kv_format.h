@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "compute/dtype.h"
 
@@ -21,6 +22,10 @@ namespace depcache {
 std::span<const DType> kv_types();
 // "f16", "f32", "q8_0".
 std::string kv_type_name(DType type);
+// Every kv_types() name, in that order.
+std::vector<std::string> kv_type_names();
+// A KV type from its name; InvalidInput, listing the names, otherwise.
+DType parse_kv_type(const std::string& name);
 
 // Why rows of row_elems elements cannot be stored as `type`; empty when they can.
 std::string kv_type_refusal(DType type, int64_t row_elems);

@@ -209,9 +209,11 @@ class Engine {
   // machine with this model (engine/cost_profile.h) in the pool's first
   // max_tokens rows; call before submitting any request (Internal otherwise).
   PrefillCostTable profile_prefill_cost(int64_t max_tokens);
+  // The index, for what front ends set up around it (lower tiers, the cost
+  // model, an observer of its changes) and read (its statistics).
   RadixIndex& index() { return index_; }
-  KvPool& pool() { return pool_; }
-  Forward& forward() { return fwd_; }
+  // The pool's rows, to read (sizes, invariants): only the engine changes them.
+  const KvPool& pool() const { return pool_; }
   // What every cache namespace of this engine is keyed by: the model's
   // fingerprint and, when matmuls are approximate (int8 activations, set
   // when the engine is made), that mode, so approximate K/V never meets

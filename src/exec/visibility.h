@@ -6,7 +6,6 @@
 #include <span>
 
 #include "compute/attention.h"
-#include "prompt/dep_prompt.h"
 
 namespace depcache {
 
@@ -39,11 +38,6 @@ void append_shifted(std::vector<QueryGroup>& out, const Visibility& v, int64_t q
 // over several forward passes. A query sees no row after its own, so with
 // ascending rows every piece needs only rows its predecessors wrote.
 Visibility slice_queries(const Visibility& v, int64_t begin, int64_t end);
-
-// Dependency attention over a DepPrompt laid out in pre-order (row = token
-// index): `rows` (ascending) are the computed tokens; the others must be in
-// the assembly. A node's computed tokens must be a suffix of the node.
-Visibility dependency_dag(const DepPrompt& prompt, std::span<const int64_t> rows);
 
 // `v` under a sliding window: query q (at position query_pos[q]) keeps the
 // rows r it sees with query_pos[q] - key_pos[r] < window. A group whose

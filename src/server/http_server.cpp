@@ -11,8 +11,8 @@
 #include <random>
 #include <sstream>
 
-#include "prompt/request_prompt.h"
 #include "server/openai.h"
+#include "server/request_prompt.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/timing.h"

@@ -16,8 +16,8 @@
 
 #include "engine/engine.h"
 #include "prompt/chat_template.h"
-#include "prompt/request_prompt.h"
 #include "retrieval/rag_request.h"
+#include "server/request_prompt.h"
 
 namespace depcache {
 

@@ -7,6 +7,7 @@
 #include "exec/visibility.h"
 #include "strategy/cache_craft.h"
 #include "strategy/chunk_reuse.h"
+#include "strategy/dependency_visibility.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/timing.h"

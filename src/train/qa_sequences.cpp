@@ -6,6 +6,7 @@
 
 #include "exec/visibility.h"
 #include "prompt/prompt_parts.h"
+#include "strategy/dependency_visibility.h"
 #include "util/error.h"
 
 namespace depcache {

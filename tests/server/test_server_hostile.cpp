@@ -24,8 +24,8 @@
 #include "model/model_writer.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
-#include "prompt/request_prompt.h"
 #include "server/http_server.h"
+#include "server/request_prompt.h"
 #include "server/server_client.h"
 #include "test_support.h"
 

@@ -23,6 +23,7 @@
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "reference_forward.h"
+#include "strategy/dependency_visibility.h"
 #include "strategy/strategy.h"
 #include "test_support.h"
 #include "util/numeric.h"

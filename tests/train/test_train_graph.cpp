@@ -14,6 +14,7 @@
 #include "model/vocab.h"
 #include "prompt/dep_prompt.h"
 #include "reference_forward.h"
+#include "strategy/dependency_visibility.h"
 #include "test_support.h"
 #include "train/optimizer.h"
 #include "train/train_graph.h"

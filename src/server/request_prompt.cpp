@@ -1,4 +1,4 @@
-#include "prompt/request_prompt.h"
+#include "server/request_prompt.h"
 
 namespace depcache {
 namespace {

@@ -1,4 +1,4 @@
-#include "strategy_run.h"
+#include "eval/strategy_run.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include "strategy/strategy.h"
 #include "strategy/subgcache.h"
 
-namespace depcache::cli {
+namespace depcache {
 
 StrategyRun run_strategy(const std::string& name, const std::vector<RagRequest>& reqs,
                          const std::vector<PromptParts>& parts, const std::shared_ptr<const Model>& model,
@@ -51,4 +51,4 @@ StrategyRun run_clustered(const Stream& s, const std::shared_ptr<const Model>& m
   return run;
 }
 
-}  // namespace depcache::cli
+}  // namespace depcache

@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "engine_options.h"
+#include "engine/engine_args.h"
 #include "eval/replay.h"
 #include "eval/stream.h"
 #include "model/model.h"
 
-namespace depcache::cli {
+namespace depcache {
 
 // reqs[i]'s prompt is parts[i]; full: full attention's answers (fidelity);
 // warmup: served first, unmeasured. Prints the engine's summary line.
@@ -28,4 +28,4 @@ StrategyRun run_clustered(const Stream& s, const std::shared_ptr<const Model>& m
                           const ReplayOptions& replay_options, const SubgcacheOptions& clustering,
                           int64_t pool_rows, bool dependency, const std::vector<FullAnswer>* full = nullptr);
 
-}  // namespace depcache::cli
+}  // namespace depcache

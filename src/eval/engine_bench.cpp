@@ -1,4 +1,4 @@
-#include "engine_bench.h"
+#include "eval/engine_bench.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include "engine/engine.h"
 
-namespace depcache::cli {
+namespace depcache {
 
 EngineBench::EngineBench(std::shared_ptr<const Model> model, const EngineBenchOptions& o)
     : model_(std::move(model)), o_(o), pick_(0, model_->config().n_vocab - 1) {}
@@ -40,4 +40,4 @@ std::string model_description(const Model& model) {
   return fmt::format("{} {}L {}d {}", c.arch_name, c.n_layer, c.n_embd, fmt::join(types, "+"));
 }
 
-}  // namespace depcache::cli
+}  // namespace depcache

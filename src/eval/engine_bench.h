@@ -8,7 +8,7 @@
 #include "compute/dtype.h"
 #include "model/model.h"
 
-namespace depcache::cli {
+namespace depcache {
 
 struct EngineBenchOptions {
   DType kv_type = DType::F16;
@@ -40,4 +40,4 @@ class EngineBench {
 // do not fit the blocks show both, e.g. Q8_0+Q4_K).
 std::string model_description(const Model& model);
 
-}  // namespace depcache::cli
+}  // namespace depcache
