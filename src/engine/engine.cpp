@@ -433,7 +433,7 @@ bool Engine::step() {
     if (fetcher_ && !waiting_.empty()) fetcher_->wait_any(std::chrono::milliseconds(20));
     return !waiting_.empty() || n_running() > 0;
   }
-  if (const std::optional<PrefillResult> out = run(batch)) commit(batch, *out);
+  if (const std::optional<StepOutput> out = run(batch)) commit(batch, *out);
   return true;
 }
 
@@ -519,12 +519,12 @@ Engine::StepBatch Engine::schedule() {
   return b;
 }
 
-std::optional<PrefillResult> Engine::run(const StepBatch& b) {
+std::optional<Engine::StepOutput> Engine::run(const StepBatch& b) {
   const auto t0 = Clock::now();
-  PrefillResult out;
+  StepOutput step;
   std::exception_ptr failure;
   try {
-    out = fwd_.prefill(b.plan, pool_.kv());
+    step.out = fwd_.prefill(b.plan, pool_.kv());
   } catch (...) {
     failure = std::current_exception();
   }
@@ -544,12 +544,14 @@ std::optional<PrefillResult> Engine::run(const StepBatch& b) {
     for (Sequence* s : b.decoding) retire(s->id, RequestState::Failed, e.what(), e.kind());
     return std::nullopt;
   }
-  ms_per_token_ = ms_since(t0) / static_cast<double>(b.plan.tokens.size());
-  return out;
+  step.ms_per_token = ms_since(t0) / static_cast<double>(b.plan.tokens.size());
+  return step;
 }
 
-void Engine::commit(const StepBatch& b, const PrefillResult& out) {
-  const double ms_per_token = ms_per_token_;  // of this step, as run() measured it
+void Engine::commit(const StepBatch& b, const StepOutput& step) {
+  const PrefillResult& out = step.out;
+  const double ms_per_token = step.ms_per_token;
+  ms_per_token_ = ms_per_token;
   const int n_vocab = model_->config().n_vocab;
   size_t at = 0;
   for (Sequence* s : b.decoding) {

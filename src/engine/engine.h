@@ -259,10 +259,15 @@ class Engine {
     std::vector<Sequence*> decoding;
     PrefillPlan plan;  // empty: nothing to compute this step
   };
+  // What run computed, and at what cost per token.
+  struct StepOutput {
+    PrefillResult out;
+    double ms_per_token = 0;
+  };
   void prepare_step();
   StepBatch schedule();
-  std::optional<PrefillResult> run(const StepBatch& b);
-  void commit(const StepBatch& b, const PrefillResult& out);
+  std::optional<StepOutput> run(const StepBatch& b);
+  void commit(const StepBatch& b, const StepOutput& step);
 
   void make_room_to_decode();
   int64_t rows_ahead() const { return std::max<int64_t>(options_.decode_rows_ahead, 1); }
@@ -298,7 +303,7 @@ class Engine {
   std::map<RequestId, RequestResult> results_;
   std::unique_ptr<SpanFetcher> fetcher_;  // after index_: stopped before it goes
   int64_t kept_partial_ = 0;
-  double ms_per_token_ = 0;  // of the last step
+  double ms_per_token_ = 0;  // of the last step committed
   int64_t preemptions_ = 0;
   uint64_t admissions_ = 0;
 };
