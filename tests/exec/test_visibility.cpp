@@ -2,17 +2,13 @@
 #include <gtest/gtest.h>
 
 #include "exec/visibility.h"
+#include "test_support.h"
 #include "util/error.h"
 
 namespace depcache {
 namespace {
 
-std::vector<int64_t> rows_seen(const Visibility& v, int64_t q) {
-  std::vector<int64_t> rows;
-  for (const RowRange& r : v.visible(q))
-    for (int64_t j = r.begin; j < r.end; ++j) rows.push_back(j);
-  return rows;
-}
+using test::rows_seen;
 
 std::vector<int64_t> iota_rows(int64_t begin, int64_t end) {
   std::vector<int64_t> v;

@@ -5,17 +5,13 @@
 #include <random>
 
 #include "strategy/dependency_visibility.h"
+#include "test_support.h"
 #include "util/error.h"
 
 namespace depcache {
 namespace {
 
-std::vector<int64_t> rows_seen(const Visibility& v, int64_t q) {
-  std::vector<int64_t> rows;
-  for (const RowRange& r : v.visible(q))
-    for (int64_t j = r.begin; j < r.end; ++j) rows.push_back(j);
-  return rows;
-}
+using test::rows_seen;
 
 // On random DepPrompts, computing any node-suffix-closed subset of tokens
 // gives each computed token exactly DepPrompt::visible_ranges.

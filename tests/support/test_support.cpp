@@ -363,4 +363,11 @@ bool isa_available(Isa isa) {
   return false;
 }
 
+std::vector<int64_t> rows_seen(const Visibility& v, int64_t q) {
+  std::vector<int64_t> rows;
+  for (const RowRange& r : v.visible(q))
+    for (int64_t j = r.begin; j < r.end; ++j) rows.push_back(j);
+  return rows;
+}
+
 }  // namespace depcache::test

@@ -11,6 +11,7 @@
 #include "compute/dot.h"
 #include "compute/dtype.h"
 #include "exec/kv_assembly.h"
+#include "exec/visibility.h"
 #include "kv/kv_span.h"
 #include "strategy/strategy.h"
 
@@ -185,5 +186,8 @@ double max_rel_diff(std::span<const float> got, std::span<const double> ref, con
 // own: row r holds prompt row r at the position the request gave it, so
 // what reads an assembly (kv_deviation, KvAssembly::read) reads the request's.
 KvAssembly prompt_assembly(const ModelConfig& config, const KvSpan& rows);
+
+// The rows query q of a visibility sees, one by one, in order.
+std::vector<int64_t> rows_seen(const Visibility& v, int64_t q);
 
 }  // namespace depcache::test
