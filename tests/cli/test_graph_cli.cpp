@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "graph_requests.h"
 #include "test_support.h"
 
 namespace depcache {
@@ -20,9 +21,7 @@ class GraphCli : public ::testing::Test {
     dir_ = new std::filesystem::path(test::temp_path("graph-cli"));
     std::filesystem::create_directories(*dir_);
     std::ofstream tsv(*dir_ / "movies.tsv");
-    tsv << "Alice\tlike\tTitanic\nTitanic\ttype\tTragedy\nTitanic\tdirected by\tJames Cameron\n"
-           "Alice\tfriend\tBob\nBob\tlike\tTitanic\nBob\tfriend\tAlice\nJames Cameron\tborn in\tCanada\n"
-           "Bob\tlike\tAvatar\nAvatar\tdirected by\tJames Cameron\nAvatar\ttype\tScience fiction\n";
+    tsv << test::film_triples_tsv();
     tsv.close();
     const auto r = run_cli("kg import --triples " + (*dir_ / "movies.tsv").string() + " --out " + kg());
     ASSERT_EQ(r.code, 0) << r.out;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "engine/engine_loop.h"
+#include "graph_requests.h"
 #include "model/model.h"
 #include "model/vocab.h"
 #include "prompt/prompt_parts.h"
@@ -483,11 +484,7 @@ TEST(Server, RagRetrieveDrawsContextFromTheCorpusAndTheGraph) {
   corpus.docs.push_back({"a", "Volcano", "Mount Etna is an active volcano on the island of Sicily."});
   corpus.docs.push_back({"b", "Glacier", "The Aletsch Glacier is the largest glacier in the Alps."});
   corpus.docs.push_back({"c", "Desert", "The Atacama is a desert plateau in South America, very dry."});
-  KnowledgeGraph kg;
-  kg.add_triple("Titanic", "directed by", "James Cameron");
-  kg.add_triple("James Cameron", "born in", "Kapuskasing");
-  kg.add_triple("Titanic", "released in", "1997");
-  kg.finalize();
+  const KnowledgeGraph kg = test::film_graph();
   Served s({}, false);
   const ChunkIndex index = ChunkIndex::build(corpus, *s.tok);
   const GraphRetriever graph(kg);
@@ -591,15 +588,7 @@ TEST(Server, SpeculativeSearchAnswersAsAPlainSearchAndReportsTheOverlap) {
 // for all makes the later ones reuse the first's prefill.
 TEST(Server, SubgcacheBatchesGraphRequestsAndClustersThem) {
   REQUIRE_CURL();
-  KnowledgeGraph kg;
-  kg.add_triple("Titanic", "directed by", "James Cameron");
-  kg.add_triple("James Cameron", "born in", "Kapuskasing");
-  kg.add_triple("Titanic", "released in", "1997");
-  kg.add_triple("Avatar", "directed by", "James Cameron");
-  kg.add_triple("Avatar", "released in", "2009");
-  kg.add_triple("Alien", "directed by", "Ridley Scott");
-  kg.add_triple("Ridley Scott", "born in", "South Shields");
-  kg.finalize();
+  const KnowledgeGraph kg = test::film_graph();
   const GraphRetriever graph(kg);
   const std::vector<std::string> questions = {"Where was the director of Titanic born?",
                                               "When was Avatar released?", "Who directed Alien?",

@@ -1,11 +1,13 @@
 #pragma once
-// GraphRAG requests the strategy tests share: entities with relation paths
-// (dog twice, once with one path changed, so a shared path prefix is reused)
-// and the request holding them.
+// GraphRAG fixtures the tests share: entities with relation paths (dog
+// twice, once with one path changed, so a shared path prefix is reused), the
+// request holding them, and a small film graph.
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "retrieval/knowledge_graph.h"
 #include "retrieval/rag_request.h"
 
 namespace depcache::test {
@@ -30,5 +32,39 @@ inline const RequestEntity kCat =
 inline const RequestEntity kDog2 = entity(
     "dog", {"dog -hypernym-> canine -hypernym-> carnivore", "dog -hypernym-> canine -habitat-> houses"});
 inline const RequestEntity kOwl = entity("owl", {"owl -hypernym-> bird", "owl -eats-> mice"});
+
+// Films, their directors and who likes them: two-hop questions ("where was
+// the director of Titanic born?"), two directors, and Alice and Bob friends
+// both ways (a cycle).
+inline const std::vector<std::array<std::string, 3>> kFilmTriples = {
+    {"Alice", "like", "Titanic"},
+    {"Titanic", "type", "Tragedy"},
+    {"Titanic", "directed by", "James Cameron"},
+    {"Alice", "friend", "Bob"},
+    {"Bob", "like", "Titanic"},
+    {"Bob", "friend", "Alice"},
+    {"James Cameron", "born in", "Kapuskasing"},
+    {"Titanic", "released in", "1997"},
+    {"Bob", "like", "Avatar"},
+    {"Avatar", "directed by", "James Cameron"},
+    {"Avatar", "type", "Science fiction"},
+    {"Avatar", "released in", "2009"},
+    {"Alien", "directed by", "Ridley Scott"},
+    {"Ridley Scott", "born in", "South Shields"},
+};
+
+inline KnowledgeGraph film_graph() {
+  KnowledgeGraph kg;
+  for (const auto& [head, relation, tail] : kFilmTriples) kg.add_triple(head, relation, tail);
+  kg.finalize();
+  return kg;
+}
+
+// The same as the tab-separated triples `kg import --triples` reads.
+inline std::string film_triples_tsv() {
+  std::string tsv;
+  for (const auto& [head, relation, tail] : kFilmTriples) tsv += head + "\t" + relation + "\t" + tail + "\n";
+  return tsv;
+}
 
 }  // namespace depcache::test
