@@ -54,7 +54,7 @@ void fuse(const FuseOptions& o) {
   eo.cache_bytes = static_cast<size_t>(o.cache_mib * 1048576.0);
   eo.threads = o.threads;
   Engine engine(model, eo);
-  const LowerTiers tiers(engine.index(), o.tiers, "[chunks fuse] ");
+  const LowerTiers tiers(engine, o.tiers, "[chunks fuse] ");
   ChunkFusionOptions fo;
   fo.neighbours = o.neighbours;
   fo.limit = o.limit;
@@ -74,7 +74,7 @@ void fuse(const FuseOptions& o) {
       fuse_chunks(engine, *model, eo.kv_type, reqs, tok, fo, [](size_t done, size_t total) {
         if (done % 50 == 0 || done == total) fmt::print(stderr, "[chunks fuse] {}/{} chunks\n", done, total);
       });
-  engine.index().persist();
+  engine.persist_cache();
   if (r.too_long > 0)
     fmt::print(stderr, "warning: {} chunks alone exceed the context {}; not fused\n", r.too_long,
                eo.pool_rows);

@@ -207,7 +207,7 @@ void serve(ServeArgs& a) {
   EngineLoop loop(
       model, eo,
       [&](Engine& e) {
-        if (kv_log) e.index().set_observer(kv_log);  // before the tiers: what the disk holds is news too
+        if (kv_log) e.observe_cache(kv_log);  // before the tiers: what the disk holds is news too
         lower = std::make_unique<EngineTiers>(e, tiers, "depcache serve: ");
         profile_costs_if_needed(e, re, "depcache serve: ");
       },

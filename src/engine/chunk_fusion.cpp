@@ -64,7 +64,7 @@ ChunkFusionReport fuse_chunks(Engine& engine, const Model& model, DType kv_type,
   for (const StreamChunk& c : candidates) bm25.add(c.text);
   bm25.finalize();
   const int64_t n_ctx = engine.pool().n_rows();
-  RadixIndex& index = engine.index();
+  const RadixIndex& index = engine.index();
   SamplingParams one;
   one.max_tokens = 1;
   const size_t n = o.limit > 0 ? std::min(o.limit, chunks.size()) : chunks.size();

@@ -209,9 +209,19 @@ class Engine {
   // machine with this model (engine/cost_profile.h) in the pool's first
   // max_tokens rows; call before submitting any request (Internal otherwise).
   PrefillCostTable profile_prefill_cost(int64_t max_tokens);
-  // The index, for what front ends set up around it (lower tiers, the cost
-  // model, an observer of its changes) and read (its statistics).
-  RadixIndex& index() { return index_; }
+  // The cache index, to read (statistics, sizes, what it holds); under its
+  // lock() while a fetch ahead may be moving spans.
+  const RadixIndex& index() const { return index_; }
+  // Setting up the cache, before requests run: the cost of recomputing
+  // tokens after cached ones, for cost-aware policies (PGDSF); an observer of
+  // what enters and leaves it (KV events). Its lower tiers are attached by
+  // LowerTiers (engine/engine_tiers.h).
+  void set_cache_cost_model(std::function<double(int64_t cached, int64_t n)> cost) {
+    index_.set_cost_model(std::move(cost));
+  }
+  void observe_cache(std::shared_ptr<IndexObserver> observer) { index_.set_observer(std::move(observer)); }
+  // Moves what the cache holds in memory to its disk tier (a clean shutdown).
+  void persist_cache() { index_.persist(); }
   // The pool's rows, to read (sizes, invariants): only the engine changes them.
   const KvPool& pool() const { return pool_; }
   // What every cache namespace of this engine is keyed by: the model's
@@ -225,6 +235,8 @@ class Engine {
   size_t load_strategy_state(const std::filesystem::path& dir);
 
  private:
+  friend class LowerTiers;       // attaches the cache's lower tiers
+  friend struct EngineTestPeer;  // tests: the index as the engine's own code sees it
   struct Sequence;
   Strategy& strategy(std::string_view name, CacheUse cache);
   RequestId enqueue(RequestPlan plan, const SamplingParams& sampling,

@@ -67,7 +67,7 @@ void profile_costs_if_needed(Engine& engine, const ResolvedEngine& r, const std:
   const PrefillCostTable table = engine.profile_prefill_cost(std::min<int64_t>(r.engine.pool_rows, 4096));
   fmt::print(stderr, "{}PGDSF prefill cost table ({:.1f} s to measure):\n{}", log_prefix, seconds_since(t0),
              table.to_string());
-  engine.index().set_cost_model(table);
+  engine.set_cache_cost_model(table);
 }
 
 }  // namespace depcache

@@ -228,7 +228,7 @@ void EngineLoop::run(Engine& engine) {
     s.pool_rows = engine.pool().n_rows();
     s.pool_free = engine.pool().n_free();
     {
-      RadixIndex& index = engine.index();
+      const RadixIndex& index = engine.index();
       const auto ilk = index.lock();
       s.pinned_nodes = index.n_pinned();
       for (int t = 0; t < RadixIndex::kTiers; ++t) s.tier_bytes[t] = index.bytes(static_cast<Tier>(t));

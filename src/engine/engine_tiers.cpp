@@ -47,7 +47,8 @@ RadixIndex::LayerPreload parse_layer_preload(const std::string& s) {
   return {Mode::Fixed, depth};
 }
 
-LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::string& log_prefix) {
+LowerTiers::LowerTiers(Engine& engine, const TierOptions& o, const std::string& log_prefix) {
+  RadixIndex& index = engine.index_;
   std::shared_ptr<const MacKey> key;
   if (!o.cache_key_file.empty()) key = std::make_shared<const MacKey>(MacKey::from_file(o.cache_key_file));
   // Options and credentials are checked before anything is attached.
@@ -84,7 +85,7 @@ LowerTiers::LowerTiers(RadixIndex& index, const TierOptions& o, const std::strin
 LowerTiers::~LowerTiers() = default;
 
 EngineTiers::EngineTiers(Engine& engine, const TierOptions& o, const std::string& log_prefix)
-    : engine_(engine), tiers_(engine.index(), o, log_prefix), cache_dir_(o.cache_dir) {
+    : engine_(engine), tiers_(engine, o, log_prefix), cache_dir_(o.cache_dir) {
   if (tiers_.disk())
     if (const size_t dropped = engine.load_strategy_state(cache_dir_); dropped > 0)
       fmt::print(stderr, "{}warning: {} unreadable strategy records in {} dropped\n", log_prefix, dropped,
@@ -93,7 +94,7 @@ EngineTiers::EngineTiers(Engine& engine, const TierOptions& o, const std::string
 
 bool EngineTiers::persist() {
   if (!tiers_.disk()) return false;
-  engine_.index().persist();
+  engine_.persist_cache();
   engine_.save_strategy_state(cache_dir_);
   return true;
 }

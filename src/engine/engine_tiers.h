@@ -35,14 +35,14 @@ RadixIndex::LayerPreload parse_layer_preload(const std::string& s);
 // InvalidInput naming the file when the password file cannot be read.
 RedisOptions redis_options(const TierOptions& o);
 
-// The stores behind the tiers, attached to an index (which must not use the
-// disk store after this is gone; the remote store lives on with the index
-// until what is queued for it was sent). Says on stderr,
+// The stores behind the tiers, attached to an engine's cache index (which
+// must not use the disk store after this is gone; the remote store lives on
+// with the index until what is queued for it was sent). Says on stderr,
 // after `log_prefix`, what the disk tier adopted, and warns when a tier
 // others may write to is used without a cache key.
 class LowerTiers {
  public:
-  LowerTiers(RadixIndex& index, const TierOptions& o, const std::string& log_prefix);
+  LowerTiers(Engine& engine, const TierOptions& o, const std::string& log_prefix);
   ~LowerTiers();
   DiskSpanStore* disk() const { return disk_.get(); }
 

@@ -60,11 +60,11 @@ std::string fuse_into_disk_tier(const EvalContext& c, const std::shared_ptr<cons
   Engine engine(model, eo);
   TierOptions to;
   to.cache_dir = dir.string();
-  const LowerTiers tiers(engine.index(), to, "[fuse] ");
+  const LowerTiers tiers(engine, to, "[fuse] ");
   ChunkFusionOptions fo;
   fo.neighbour_pool = pool;
   const ChunkFusionReport fr = fuse_chunks(engine, *model, eo.kv_type, reqs, tok, fo);
-  engine.index().persist();
+  engine.persist_cache();
   stage(fmt::format("chunk-quality: fused {} chunks after {:.1f} neighbours from {} candidates", fr.fused,
                     fr.fused ? static_cast<double>(fr.neighbours) / static_cast<double>(fr.fused) : 0.0,
                     fr.candidates));

@@ -208,7 +208,7 @@ void ragcache_speculation(EvalContext& c) {
     std::unique_ptr<EngineTiers> tiers;
     EngineLoop loop(c.speed, eo, [&](Engine& e) {
       tiers = std::make_unique<EngineTiers>(e, re.tiers, "[ragcache] ");
-      if (costs) e.index().set_cost_model(*costs);
+      if (costs) e.set_cache_cost_model(*costs);
     });
     SpeculationOptions so = defaults;
     so.stages = kStages;

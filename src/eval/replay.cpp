@@ -23,7 +23,7 @@ StrategyRun replay(Engine& engine, const std::string& label, std::string_view st
                    const std::vector<RagRequest>& reqs, const std::vector<PromptParts>& parts,
                    const ReplayOptions& o, const std::vector<FullAnswer>* full,
                    const std::vector<PromptParts>* warmup) {
-  RadixIndex& index = engine.index();
+  const RadixIndex& index = engine.index();
   SamplingParams sampling;
   sampling.max_tokens = o.max_tokens;
   sampling.stop_at_eog = false;  // exactly -n tokens, for comparable figures

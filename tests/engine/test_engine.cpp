@@ -722,11 +722,11 @@ class LayerLoadEngine : public ::testing::Test {
     // Every request's spans, persisted.
     DiskSpanStore disk(dir_ / "seed", 64 << 20);
     Engine e(model_, engine_options(DType::F16));
-    e.index().attach_disk(disk);
+    EngineTestPeer::index(e).attach_disk(disk);
     for (const auto& [strategy, parts] : parts_) e.submit(strategy, parts, greedy(5));
     e.run_until_idle();
     e.save_strategy_state(dir_ / "seed");
-    e.index().persist();
+    EngineTestPeer::index(e).persist();
     ASSERT_GT(disk.n_files(), 10u);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -763,8 +763,8 @@ class LayerLoadEngine : public ::testing::Test {
     EngineOptions o = engine_options(DType::F16);
     o.max_running = max_running;
     Engine e(model_, o);
-    e.index().attach_disk(disk);
-    e.index().set_layer_preload(preload);
+    EngineTestPeer::index(e).attach_disk(disk);
+    EngineTestPeer::index(e).set_layer_preload(preload);
     e.load_strategy_state(cache);
     std::vector<RequestId> ids;
     for (const auto& [strategy, parts] : parts_) ids.push_back(e.submit(strategy, parts, greedy(5)));
@@ -874,7 +874,7 @@ TEST_F(LayerLoadEngine, ALoneRequestRunsAgainWithoutABadLayer) {
     EngineOptions o = engine_options(DType::F16);
     o.cache_bytes = 64 << 20;
     Engine e(model_, o);
-    RadixIndex& index = e.index();
+    RadixIndex& index = EngineTestPeer::index(e);
     index.attach_disk(disk);
     index.set_layer_preload(preload);
     ASSERT_EQ(parts_[0].first, "depcache");

@@ -92,15 +92,15 @@ TEST(SpanFetch, ASlowRedisStallsNeitherTheEngineNorRequestsThatDoNotReadIt) {
   {
     RedisStore store(redis_options(redis.port()));
     Engine publisher(model, engine_options());
-    publisher.index().attach_remote(store, 8);
+    EngineTestPeer::index(publisher).attach_remote(store, 8);
     const RequestId id = publisher.submit(asked.strategy, asked.parts, greedy(4));
     publisher.run_until_idle();
     want = publisher.result(id);
-    publisher.index().detach_remote();
+    EngineTestPeer::index(publisher).detach_remote();
   }
   RedisStore store(redis_options(redis.port()));
   Engine e(model, engine_options());
-  e.index().attach_remote(store, 8);
+  EngineTestPeer::index(e).attach_remote(store, 8);
   RagRequest plain;
   plain.question = "What happened next?";
   plain.text = "A dog ran along the river until it reached the old mill.";
@@ -159,16 +159,16 @@ TEST(SpanFetch, ReuseFetchedAheadIsReportedByTheTierItCameFrom) {
     DiskSpanStore disk(dir / "first", 64 << 20);
     RedisStore store(redis_options(redis.port()));
     Engine first(model, engine_options());
-    first.index().attach_disk(disk);
-    first.index().attach_remote(store, 8);
+    EngineTestPeer::index(first).attach_disk(disk);
+    EngineTestPeer::index(first).attach_remote(store, 8);
     for (const Asked& a : asked) {  // one at a time: the later ones reuse the earlier ones' KV
       const RequestId id = first.submit(a.strategy, a.parts, greedy(4));
       first.run_until_idle();
       want.push_back(first.result(id));
     }
     first.save_strategy_state(dir / "first");
-    first.index().detach_remote();
-    first.index().persist();
+    EngineTestPeer::index(first).detach_remote();
+    EngineTestPeer::index(first).persist();
   }
   std::filesystem::copy(dir / "first", dir / "second", std::filesystem::copy_options::recursive);
   for (const bool from_disk : {true, false}) {
@@ -180,11 +180,11 @@ TEST(SpanFetch, ReuseFetchedAheadIsReportedByTheTierItCameFrom) {
     Engine e(model, o);
     if (from_disk) {
       disk.emplace(dir / "second", 64 << 20);
-      e.index().attach_disk(*disk);
+      EngineTestPeer::index(e).attach_disk(*disk);
       e.load_strategy_state(dir / "second");
     } else {
       store.emplace(redis_options(redis.port()));
-      e.index().attach_remote(*store, 8);
+      EngineTestPeer::index(e).attach_remote(*store, 8);
     }
     std::vector<RequestId> ids;
     for (const Asked& a : asked) ids.push_back(e.submit(a.strategy, a.parts, greedy(4)));
@@ -215,7 +215,7 @@ TEST(SpanFetch, ReuseFetchedAheadIsReportedByTheTierItCameFrom) {
     EXPECT_GT(e.prefetched_tokens(), 0) << label;
     EXPECT_EQ(e.index().n_pinned(), 0u) << label;
     e.index().check_invariants();
-    if (store) e.index().detach_remote();
+    if (store) EngineTestPeer::index(e).detach_remote();
   }
   std::filesystem::remove_all(dir);
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/engine_loop.h"
+#include "engine_fixtures.h"
 #include "kv/disk_store.h"
 #include "kv/remote_store.h"
 #include "model/model.h"
@@ -73,12 +74,12 @@ struct Served {
     loop = std::make_unique<EngineLoop>(
         model, eo,
         [this, host_bytes](Engine& e) {
-          if (host_bytes > 0) e.index().attach_host(host_bytes);
-          if (disk) e.index().attach_disk(*disk);
-          if (redis) e.index().attach_remote(*redis, 8);
+          if (host_bytes > 0) EngineTestPeer::index(e).attach_host(host_bytes);
+          if (disk) EngineTestPeer::index(e).attach_disk(*disk);
+          if (redis) EngineTestPeer::index(e).attach_remote(*redis, 8);
         },
         [this](Engine& e) {
-          if (disk) e.index().persist();
+          if (disk) EngineTestPeer::index(e).persist();
         });
     ServerOptions so;
     so.port = 0;

@@ -49,7 +49,7 @@ struct StrategyRig {
         kv_type(kv),
         options(o),
         engine(model, strategy_engine_options(kv, o, rows)),
-        index(engine.index()) {}
+        index(EngineTestPeer::index(engine)) {}
 
   // The request to its end; a failed one throws its error (Engine::wait).
   RequestResult finish(RequestId id) {

@@ -124,7 +124,7 @@ TEST(ReuseAccounting, HostTier) {
   Rig rig;
   for (const size_t keep_percent : {size_t{0}, size_t{50}}) {
     const auto engine = rig.engine();
-    RadixIndex& index = engine->index();
+    RadixIndex& index = EngineTestPeer::index(*engine);
     index.attach_host(64 << 20);
     rig.run_all(*engine, "seed");
     index.evict_to(index.bytes() * keep_percent / 100);
@@ -147,9 +147,9 @@ TEST(ReuseAccounting, DiskTierAfterARestart) {
   {
     DiskSpanStore disk(dir, 64 << 20);
     const auto engine = rig.engine();
-    engine->index().attach_disk(disk);
+    EngineTestPeer::index(*engine).attach_disk(disk);
     rig.run_all(*engine, "seed");
-    engine->index().persist();
+    EngineTestPeer::index(*engine).persist();
   }
   using Mode = RadixIndex::LayerPreload::Mode;
   for (const auto& [label, preload] : std::vector<std::pair<std::string, RadixIndex::LayerPreload>>{
@@ -159,7 +159,7 @@ TEST(ReuseAccounting, DiskTierAfterARestart) {
     std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
     DiskSpanStore disk(copy, 64 << 20);
     const auto engine = rig.engine();
-    RadixIndex& index = engine->index();
+    RadixIndex& index = EngineTestPeer::index(*engine);
     index.attach_disk(disk);
     index.set_layer_preload(preload);
     ASSERT_GT(index.n_nodes(Tier::Disk), 0u) << label;
@@ -181,8 +181,8 @@ TEST(ReuseAccounting, RemoteTier) {
   o.port = redis.port();
   RedisStore store_a(o), store_b(o);
   const auto a = rig.engine(), b = rig.engine();
-  a->index().attach_remote(store_a, 8);
-  b->index().attach_remote(store_b, 8);
+  EngineTestPeer::index(*a).attach_remote(store_a, 8);
+  EngineTestPeer::index(*b).attach_remote(store_b, 8);
   rig.run_all(*a, "publisher");
   ASSERT_GT(a->index().stats().remote_published, 0);
   const PrefillReport all = rig.run_all(*b, "remote");

@@ -7,6 +7,16 @@
 
 #include "engine/engine.h"
 
+namespace depcache {
+
+// The engine's cache index as the engine's own code sees it: tests attach
+// tiers and stores of their own making, and persist, through it.
+struct EngineTestPeer {
+  static RadixIndex& index(Engine& e) { return e.index_; }
+};
+
+}  // namespace depcache
+
 namespace depcache::test {
 
 // A 2048-row pool, 2 threads, depth positions, reuse on.
