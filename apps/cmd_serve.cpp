@@ -156,27 +156,54 @@ sigset_t block_stop_signals() {
   return stop_signals;
 }
 
+// The replica's name and epoch in the server's options, and with
+// --kv-events the log its KV events are published from (null without). The
+// name is known once the port is: set before the server copies its options,
+// so it is read back from them.
+std::shared_ptr<KvEventLog> name_replica(ServeArgs& a) {
+  a.so.epoch = new_epoch();
+  if (a.so.port == 0 && a.kv_events && a.replica_name.empty())
+    fail(ErrorKind::InvalidInput, "--kv-events with --port 0 needs --replica-name");
+  a.so.replica = a.replica_name.empty() ? fmt::format("{}:{}", a.so.host, a.so.port) : a.replica_name;
+  if (!a.kv_events) return nullptr;
+  if (!a.engine_args.tiers.remote() && a.kv_events_redis.empty())
+    fail(ErrorKind::InvalidInput,
+         "--kv-events publishes on the remote tier's Redis (--redis or --redis-cluster) or on "
+         "--kv-events-redis: give one");
+  auto kv_log = std::make_shared<KvEventLog>(a.kv_events_block, deployment_key(a.engine_args.tiers));
+  a.so.kv_events = kv_log;
+  return kv_log;
+}
+
+// Publishes the KV events of `kv_log`, with the loop's load, on the Redis
+// channel the router reads.
+std::unique_ptr<KvEventPublisher> start_publisher(const ServeArgs& a, const TierOptions& tiers,
+                                                  const std::shared_ptr<KvEventLog>& kv_log,
+                                                  EngineLoop& loop) {
+  KvEventPublisherOptions po;
+  po.redis = redis_options(tiers);
+  po.nodes = parse_redis_addresses(!a.kv_events_redis.empty()    ? a.kv_events_redis
+                                   : tiers.redis_cluster.empty() ? tiers.redis
+                                                                 : tiers.redis_cluster);
+  po.channel = po.redis.prefix + "kv-events";
+  po.header = {a.so.replica, a.so.epoch, a.kv_events_block};
+  po.key = deployment_key(a.engine_args.tiers);
+  auto publisher = std::make_unique<KvEventPublisher>(kv_log, po, [&loop] {
+    const EngineSnapshot s = loop.snapshot();
+    return std::pair<int64_t, int64_t>(static_cast<int64_t>(s.running), static_cast<int64_t>(s.waiting));
+  });
+  fmt::print(stderr, "depcache serve: KV events of replica '{}' (epoch {}) on channel {}, {}\n", a.so.replica,
+             a.so.epoch, po.channel, po.key ? "sealed with the cache key" : "unsealed (no --cache-key-file)");
+  return publisher;
+}
+
 // Listens, loads the model and its sources, serves until SIGTERM or SIGINT,
 // then drains.
 void serve(ServeArgs& a) {
   const sigset_t stop_signals = block_stop_signals();
 
   finish_options(a);
-  // The replica's name is known once the port is: set before the server
-  // copies its options, so it is read back from them.
-  a.so.epoch = new_epoch();
-  if (a.so.port == 0 && a.kv_events && a.replica_name.empty())
-    fail(ErrorKind::InvalidInput, "--kv-events with --port 0 needs --replica-name");
-  a.so.replica = a.replica_name.empty() ? fmt::format("{}:{}", a.so.host, a.so.port) : a.replica_name;
-  std::shared_ptr<KvEventLog> kv_log;
-  if (a.kv_events) {
-    if (!a.engine_args.tiers.remote() && a.kv_events_redis.empty())
-      fail(ErrorKind::InvalidInput,
-           "--kv-events publishes on the remote tier's Redis (--redis or --redis-cluster) or on "
-           "--kv-events-redis: give one");
-    kv_log = std::make_shared<KvEventLog>(a.kv_events_block, deployment_key(a.engine_args.tiers));
-    a.so.kv_events = kv_log;
-  }
+  const std::shared_ptr<KvEventLog> kv_log = name_replica(a);
   HttpServer http(a.so);
   const int port = http.listen();
   fmt::print(stderr, "depcache serve: listening on http://{}:{} (loading {})\n", a.so.host, port,
@@ -219,24 +246,8 @@ void serve(ServeArgs& a) {
           fmt::print(stderr, "depcache serve: warning: the disk tier was not saved: {}\n", err.what());
         }
       });
-  std::unique_ptr<KvEventPublisher> publisher;
-  if (kv_log) {
-    KvEventPublisherOptions po;
-    po.redis = redis_options(tiers);
-    po.nodes = parse_redis_addresses(!a.kv_events_redis.empty()    ? a.kv_events_redis
-                                     : tiers.redis_cluster.empty() ? tiers.redis
-                                                                   : tiers.redis_cluster);
-    po.channel = po.redis.prefix + "kv-events";
-    po.header = {a.so.replica, a.so.epoch, a.kv_events_block};
-    po.key = deployment_key(a.engine_args.tiers);
-    publisher = std::make_unique<KvEventPublisher>(kv_log, po, [&loop] {
-      const EngineSnapshot s = loop.snapshot();
-      return std::pair<int64_t, int64_t>(static_cast<int64_t>(s.running), static_cast<int64_t>(s.waiting));
-    });
-    fmt::print(stderr, "depcache serve: KV events of replica '{}' (epoch {}) on channel {}, {}\n",
-               a.so.replica, a.so.epoch, po.channel,
-               po.key ? "sealed with the cache key" : "unsealed (no --cache-key-file)");
-  }
+  const std::unique_ptr<KvEventPublisher> publisher =
+      kv_log ? start_publisher(a, tiers, kv_log, loop) : nullptr;
   const std::string name = served.name;
   const std::string chat = served.chat ? served.chat->name() : "none";
   http.ready(std::move(served), loop);
@@ -431,10 +442,9 @@ void sync_replicas(ReplicaRouter& router, const std::string& operator_key, const
   }
 }
 
-void route(RouteArgs& a) {
-  const sigset_t stop_signals = block_stop_signals();
-  finish_options(a.s);
-
+// The router of the replicas named on the command line, taking their KV
+// events sealed with the deployment's key (or, without one, unsealed).
+ReplicaRouter make_router(RouteArgs& a) {
   if (!a.s.engine_args.tiers.remote())
     fail(ErrorKind::InvalidInput,
          "give the Redis the replicas publish their KV events on: --redis or --redis-cluster");
@@ -445,7 +455,98 @@ void route(RouteArgs& a) {
     fmt::print(stderr,
                "depcache route: warning: no --cache-key-file: KV events are taken unsealed, and anyone who "
                "can publish on the channel steers routing\n");
-  ReplicaRouter router(replicas, a.router);
+  return ReplicaRouter(replicas, a.router);
+}
+
+void send_route_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e).dump(), "application/json");
+}
+
+// Keys as the replicas': a tenant asks where its own request goes (scored
+// against its own scope alone); what shows every replica and tenant is the
+// operator's.
+void add_router_access(GuardedHttpServer& http, const ServeArgs& s) {
+  const OperatorAccess op{s.so.operator_key, !s.so.api_keys.empty()};
+  http.set_pre_routing_handler([op, &s](const httplib::Request& req, httplib::Response& res) {
+    if (const std::optional<ApiError> e = framing_error(req)) {
+      GuardedHttpServer::close_after_response();
+      res.set_header("Connection", "close");
+      send_route_error(res, *e);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    std::optional<ApiError> refused;
+    if (req.path == "/replicas" || req.path == "/metrics")
+      refused = op.refusal(req);
+    else if (req.path != "/health" && !s.so.api_keys.empty() && !find_api_key(s.so.api_keys, req))
+      refused = ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                         "invalid_request_error", {}, "invalid_api_key");
+    if (!refused) return httplib::Server::HandlerResponse::Unhandled;
+    send_route_error(res, *refused);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler(
+      [](const httplib::Request&, httplib::Response& res) { GuardedHttpServer::answer_violation(res); });
+}
+
+// POST /route's answer: the request planned as a replica would plan it, and
+// the replica that holds most of its KV.
+nlohmann::json route_decision(const httplib::Request& req, const ServeArgs& s, const PromptSources& ps,
+                              Engine& engine, std::mutex& engine_mu, ReplicaRouter& router) {
+  const nlohmann::json probe = nlohmann::json::parse(req.body, nullptr, false);
+  if (!probe.is_object()) throw ApiError(400, "the body is not a JSON object");
+  CompletionRequest cr =
+      probe.contains("messages") ? parse_chat_request(req.body, 0) : parse_completion_request(req.body, 0);
+  const ApiKey* tenant = find_api_key(s.so.api_keys, req);
+  cr.cache_scope = cache_scope_of(tenant ? tenant->cache_namespace : std::string(), cr.cache_salt);
+  const PromptRequest pr = prompt_request(cr);
+  std::optional<RagRequest> ctx;
+  if (cr.rag) ctx = request_context(pr, ps);
+  std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : s.so.strategy;
+  strategy = std::string(engine_strategy(strategy));
+  std::vector<Lookup> lookups;
+  {
+    std::lock_guard lk(engine_mu);
+    lookups = engine.lookups_of(strategy, request_prompt(pr, ps, ctx ? &*ctx : nullptr));
+  }
+  const std::string key = route_key_of(ctx ? &*ctx : nullptr, pr);
+  const ReplicaRouter::Decision d = router.route(lookups, key);
+  nlohmann::json held = nlohmann::json::object();
+  const std::vector<ReplicaAddress>& replicas = router.replicas();
+  for (size_t i = 0; i < replicas.size(); ++i) held[replicas[i].name] = d.matched[i];
+  return nlohmann::json{
+      {"replica", d.replica}, {"route_key", key}, {"tokens", d.total}, {"held_tokens", held}};
+}
+
+// GET /metrics of the router: its event batches by outcome, then the
+// connection layer's counters.
+std::string router_metrics(const ReplicaRouter& router, const GuardedHttpServer& http) {
+  std::string out =
+      "# HELP depcache_router_event_batches_total KV event batches by what became of them (applied; stale: "
+      "a replay or overtaken by a summary; resync: the replica's summary is read; refused: malformed, "
+      "unsealed, forged or out of bounds)\n"
+      "# TYPE depcache_router_event_batches_total counter\n";
+  const auto counts = router.event_counts();
+  for (int o = 0; o < kEventOutcomes; ++o)
+    out += fmt::format("depcache_router_event_batches_total{{outcome=\"{}\"}} {}\n",
+                       event_outcome_name(static_cast<EventOutcome>(o)), counts[static_cast<size_t>(o)]);
+  return out + render_http_metrics(http);
+}
+
+// --haproxy-config: the configuration and, beside it, its Lua hook.
+void write_haproxy_files(const RouteArgs& a, const std::vector<ReplicaAddress>& replicas, int port) {
+  const std::filesystem::path lua = std::filesystem::absolute(a.haproxy_config).replace_extension(".lua");
+  write_text(lua, haproxy_lua());
+  write_text(a.haproxy_config, haproxy_config(a, replicas, port, lua.string()));
+  fmt::print(stderr, "depcache route: HAProxy configuration {} (balance {}, port {}) and its hook {}\n",
+             a.haproxy_config, a.haproxy_balance, a.haproxy_port, lua.string());
+}
+
+void route(RouteArgs& a) {
+  const sigset_t stop_signals = block_stop_signals();
+  finish_options(a.s);
+  ReplicaRouter router = make_router(a);
+  const std::vector<ReplicaAddress>& replicas = router.replicas();
 
   std::shared_ptr<const Model> model = Model::load(a.s.model_path, {a.s.pool_rows});
   auto tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(model->file()));
@@ -465,80 +566,21 @@ void route(RouteArgs& a) {
 
   // The connection layer of the replicas, with the same limits.
   GuardedHttpServer http(a.s.so.http);
-  const auto send_error = [](httplib::Response& res, const ApiError& e) {
-    res.status = e.status;
-    res.set_content(error_body(e).dump(), "application/json");
-  };
-  // Keys as the replicas': a tenant asks where its own request goes (scored
-  // against its own scope alone); what shows every replica and tenant is the
-  // operator's.
-  const OperatorAccess op{a.s.so.operator_key, !a.s.so.api_keys.empty()};
-  http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    if (const std::optional<ApiError> e = framing_error(req)) {
-      GuardedHttpServer::close_after_response();
-      res.set_header("Connection", "close");
-      send_error(res, *e);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    std::optional<ApiError> refused;
-    if (req.path == "/replicas" || req.path == "/metrics")
-      refused = op.refusal(req);
-    else if (req.path != "/health" && !a.s.so.api_keys.empty() && !find_api_key(a.s.so.api_keys, req))
-      refused = ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
-                         "invalid_request_error", {}, "invalid_api_key");
-    if (!refused) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, *refused);
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  http.set_error_handler(
-      [](const httplib::Request&, httplib::Response& res) { GuardedHttpServer::answer_violation(res); });
+  add_router_access(http, a.s);
   http.Post("/route", [&](const httplib::Request& req, httplib::Response& res) {
     try {
-      const nlohmann::json probe = nlohmann::json::parse(req.body, nullptr, false);
-      if (!probe.is_object()) throw ApiError(400, "the body is not a JSON object");
-      CompletionRequest cr = probe.contains("messages") ? parse_chat_request(req.body, 0)
-                                                        : parse_completion_request(req.body, 0);
-      const ApiKey* tenant = find_api_key(a.s.so.api_keys, req);
-      cr.cache_scope = cache_scope_of(tenant ? tenant->cache_namespace : std::string(), cr.cache_salt);
-      const PromptRequest pr = prompt_request(cr);
-      std::optional<RagRequest> ctx;
-      if (cr.rag) ctx = request_context(pr, ps);
-      std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : a.s.so.strategy;
-      strategy = std::string(engine_strategy(strategy));
-      std::vector<Lookup> lookups;
-      {
-        std::lock_guard lk(engine_mu);
-        lookups = engine.lookups_of(strategy, request_prompt(pr, ps, ctx ? &*ctx : nullptr));
-      }
-      const std::string key = route_key_of(ctx ? &*ctx : nullptr, pr);
-      const ReplicaRouter::Decision d = router.route(lookups, key);
-      nlohmann::json held = nlohmann::json::object();
-      for (size_t i = 0; i < replicas.size(); ++i) held[replicas[i].name] = d.matched[i];
-      res.set_content(
-          nlohmann::json{
-              {"replica", d.replica}, {"route_key", key}, {"tokens", d.total}, {"held_tokens", held}}
-              .dump(),
-          "application/json");
+      res.set_content(route_decision(req, a.s, ps, engine, engine_mu, router).dump(), "application/json");
     } catch (const ApiError& e) {
-      send_error(res, e);
+      send_route_error(res, e);
     } catch (const std::exception& e) {
-      send_error(res, ApiError(400, e.what()));
+      send_route_error(res, ApiError(400, e.what()));
     }
   });
   http.Get("/replicas", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(router.state_json(), "application/json");
   });
   http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    std::string out =
-        "# HELP depcache_router_event_batches_total KV event batches by what became of them (applied; stale: "
-        "a replay or overtaken by a summary; resync: the replica's summary is read; refused: malformed, "
-        "unsealed, forged or out of bounds)\n"
-        "# TYPE depcache_router_event_batches_total counter\n";
-    const auto counts = router.event_counts();
-    for (int o = 0; o < kEventOutcomes; ++o)
-      out += fmt::format("depcache_router_event_batches_total{{outcome=\"{}\"}} {}\n",
-                         event_outcome_name(static_cast<EventOutcome>(o)), counts[static_cast<size_t>(o)]);
-    res.set_content(out + render_http_metrics(http), "text/plain; version=0.0.4");
+    res.set_content(router_metrics(router, http), "text/plain; version=0.0.4");
   });
   http.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
@@ -546,13 +588,7 @@ void route(RouteArgs& a) {
   const int port = a.s.so.port == 0 ? http.bind_to_any_port(a.s.so.host)
                                     : (http.bind_to_port(a.s.so.host, a.s.so.port) ? a.s.so.port : -1);
   if (port < 0) fail(ErrorKind::InvalidInput, "cannot listen on {}:{}", a.s.so.host, a.s.so.port);
-  if (!a.haproxy_config.empty()) {
-    const std::filesystem::path lua = std::filesystem::absolute(a.haproxy_config).replace_extension(".lua");
-    write_text(lua, haproxy_lua());
-    write_text(a.haproxy_config, haproxy_config(a, replicas, port, lua.string()));
-    fmt::print(stderr, "depcache route: HAProxy configuration {} (balance {}, port {}) and its hook {}\n",
-               a.haproxy_config, a.haproxy_balance, a.haproxy_port, lua.string());
-  }
+  if (!a.haproxy_config.empty()) write_haproxy_files(a, replicas, port);
   // The ready line first: it names the router's own address.
   fmt::print(stderr, "depcache route: ready on http://{}:{} for {} replicas\n", a.s.so.host, port,
              replicas.size());

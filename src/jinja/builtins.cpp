@@ -203,88 +203,57 @@ struct Method : Callable {
   Value call(Args& a) const override;
 };
 
-Value str_method(const Str& s, const std::string& m, Args& a) {
-  const Value none = Value::none();
-  if (m == "strip" || m == "lstrip" || m == "rstrip") {
-    a.check(1, {"chars"});
-    return Value::str(strip(s, a.get(0, "chars", none), m != "rstrip", m != "lstrip"));
+List split_lines(const Str& s, bool keep_ends) {
+  List out;
+  size_t b = 0;
+  for (size_t i = 0; i < s.s.size(); ++i) {
+    const char c = s.s[i];
+    if (c != '\n' && c != '\r') continue;
+    size_t e = i + 1;
+    if (c == '\r' && e < s.s.size() && s.s[e] == '\n') ++e;
+    out.push_back(Value::str(s.sub(b, keep_ends ? e : i)));
+    b = e;
+    i = e - 1;
   }
-  if (m == "split" || m == "rsplit") {
-    a.check(2, {"sep", "maxsplit"});
-    const Value& ms = a.get(1, "maxsplit", Value::integer(-1));
-    return Value::list(split(s, a.get(0, "sep", none), need_int(ms, m), m == "rsplit"));
+  if (b < s.s.size()) out.push_back(Value::str(s.sub(b, s.s.size())));
+  return out;
+}
+
+// str.find/rfind/index/rindex (a character position) and str.count.
+Value str_search(const Str& s, const std::string& m, Args& a) {
+  a.check(1, {});
+  if (a.pos.empty()) type_error(m + "() takes one argument");
+  const std::string& sub = need_str(a.pos[0], m).s;
+  if (m == "count") {
+    if (sub.empty()) return Value::integer(static_cast<int64_t>(char_count(s.s)) + 1);
+    int64_t n = 0;
+    for (size_t p = s.s.find(sub); p != std::string::npos; p = s.s.find(sub, p + sub.size())) ++n;
+    return Value::integer(n);
   }
-  if (m == "splitlines") {
-    a.check(1, {"keepends"});
-    const bool keep = a.get(0, "keepends", Value::boolean(false)).truthy();
-    List out;
-    size_t b = 0;
-    for (size_t i = 0; i < s.s.size(); ++i) {
-      const char c = s.s[i];
-      if (c != '\n' && c != '\r') continue;
-      size_t e = i + 1;
-      if (c == '\r' && e < s.s.size() && s.s[e] == '\n') ++e;
-      out.push_back(Value::str(s.sub(b, keep ? e : i)));
-      b = e;
-      i = e - 1;
-    }
-    if (b < s.s.size()) out.push_back(Value::str(s.sub(b, s.s.size())));
-    return Value::list(std::move(out));
+  const size_t p = m[0] == 'r' ? s.s.rfind(sub) : s.s.find(sub);
+  if (p == std::string::npos) {
+    if (m == "index" || m == "rindex") type_error("substring not found");
+    return Value::integer(-1);
   }
-  if (m == "startswith" || m == "endswith") {
-    a.check(1, {});
-    if (a.pos.empty()) type_error(m + "() takes one argument");
-    return Value::boolean(starts_or_ends(s.s, a.pos[0], m == "startswith"));
+  return Value::integer(static_cast<int64_t>(char_count(s.s.substr(0, p))));
+}
+
+Value str_join(const Str& s, const std::string&, Args& a) {
+  a.check(1, {});
+  if (a.pos.empty()) type_error("join() takes one argument");
+  Str out;
+  bool first = true;
+  for (const Value& v : iterate(a.pos[0])) {
+    if (!first) out.append(s);
+    first = false;
+    out.append(need_str(v, "join"));
   }
-  if (m == "replace") {
-    a.check(3, {});
-    if (a.pos.size() < 2) type_error("replace() takes two or three arguments");
-    const int64_t count = a.pos.size() > 2 ? need_int(a.pos[2], m) : -1;
-    return Value::str(replace(s, need_str(a.pos[0], m).s, need_str(a.pos[1], m), count));
-  }
-  if (m == "upper" || m == "lower")
-    return Value::str(Str::derived(ascii_case(s.s, m == "upper"), !s.marks.empty()));
-  if (m == "title") return Value::str(Str::derived(title_case(s.s), !s.marks.empty()));
-  if (m == "capitalize") {
-    std::string out = ascii_case(s.s, false);
-    if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-    return Value::str(Str::derived(std::move(out), !s.marks.empty()));
-  }
-  if (m == "find" || m == "rfind" || m == "index" || m == "rindex" || m == "count") {
-    a.check(1, {});
-    if (a.pos.empty()) type_error(m + "() takes one argument");
-    const std::string& sub = need_str(a.pos[0], m).s;
-    if (m == "count") {
-      if (sub.empty()) return Value::integer(static_cast<int64_t>(char_count(s.s)) + 1);
-      int64_t n = 0;
-      for (size_t p = s.s.find(sub); p != std::string::npos; p = s.s.find(sub, p + sub.size())) ++n;
-      return Value::integer(n);
-    }
-    const size_t p = m[0] == 'r' ? s.s.rfind(sub) : s.s.find(sub);
-    if (p == std::string::npos) {
-      if (m == "index" || m == "rindex") type_error("substring not found");
-      return Value::integer(-1);
-    }
-    return Value::integer(static_cast<int64_t>(char_count(s.s.substr(0, p))));
-  }
-  if (m == "join") {
-    a.check(1, {});
-    if (a.pos.empty()) type_error("join() takes one argument");
-    Str out;
-    bool first = true;
-    for (const Value& v : iterate(a.pos[0])) {
-      if (!first) out.append(s);
-      first = false;
-      out.append(need_str(v, "join"));
-    }
-    return Value::str(std::move(out));
-  }
-  if (m == "format") {
-    bool marked = !s.marks.empty();
-    for (const Value& v : a.pos) marked = marked || has_marks(v);
-    for (const auto& [k, v] : a.kw) marked = marked || has_marks(v);
-    return Value::str(Str::derived(python_format(s.s, a), marked));
-  }
+  return Value::str(std::move(out));
+}
+
+// str.isdigit, isalpha, isalnum and isspace: false for an empty string, else
+// whether every byte is of the class.
+Value str_is_class(const Str& s, const std::string& m, Args&) {
   const auto all = [&](auto pred) {
     if (s.s.empty()) return Value::boolean(false);
     return Value::boolean(std::all_of(s.s.begin(), s.s.end(),
@@ -293,10 +262,90 @@ Value str_method(const Str& s, const std::string& m, Args& a) {
   if (m == "isdigit") return all([](unsigned char c) { return std::isdigit(c); });
   if (m == "isalpha") return all([](unsigned char c) { return std::isalpha(c); });
   if (m == "isalnum") return all([](unsigned char c) { return std::isalnum(c); });
-  if (m == "isspace") return all([](unsigned char c) { return std::isspace(c); });
-  if (m == "isupper") return Value::boolean(s.s != ascii_case(s.s, false) && s.s == ascii_case(s.s, true));
-  if (m == "islower") return Value::boolean(s.s != ascii_case(s.s, true) && s.s == ascii_case(s.s, false));
-  type_error(fmt::format("'str' object has no attribute '{}'", m));
+  return all([](unsigned char c) { return std::isspace(c); });
+}
+
+using StrMethodFn = Value (*)(const Str& s, const std::string& m, Args& a);
+
+// Each string method under its names: the one list both is_method and
+// Method::call read.
+const std::vector<std::pair<std::vector<std::string_view>, StrMethodFn>>& str_method_table() {
+  static const std::vector<std::pair<std::vector<std::string_view>, StrMethodFn>> table = {
+      {{"strip", "lstrip", "rstrip"},
+       [](const Str& s, const std::string& m, Args& a) {
+         a.check(1, {"chars"});
+         return Value::str(strip(s, a.get(0, "chars", Value::none()), m != "rstrip", m != "lstrip"));
+       }},
+      {{"split", "rsplit"},
+       [](const Str& s, const std::string& m, Args& a) {
+         a.check(2, {"sep", "maxsplit"});
+         const Value& ms = a.get(1, "maxsplit", Value::integer(-1));
+         return Value::list(split(s, a.get(0, "sep", Value::none()), need_int(ms, m), m == "rsplit"));
+       }},
+      {{"splitlines"},
+       [](const Str& s, const std::string&, Args& a) {
+         a.check(1, {"keepends"});
+         return Value::list(split_lines(s, a.get(0, "keepends", Value::boolean(false)).truthy()));
+       }},
+      {{"startswith", "endswith"},
+       [](const Str& s, const std::string& m, Args& a) {
+         a.check(1, {});
+         if (a.pos.empty()) type_error(m + "() takes one argument");
+         return Value::boolean(starts_or_ends(s.s, a.pos[0], m == "startswith"));
+       }},
+      {{"replace"},
+       [](const Str& s, const std::string& m, Args& a) {
+         a.check(3, {});
+         if (a.pos.size() < 2) type_error("replace() takes two or three arguments");
+         const int64_t count = a.pos.size() > 2 ? need_int(a.pos[2], m) : -1;
+         return Value::str(replace(s, need_str(a.pos[0], m).s, need_str(a.pos[1], m), count));
+       }},
+      {{"upper", "lower"},
+       [](const Str& s, const std::string& m, Args&) {
+         return Value::str(Str::derived(ascii_case(s.s, m == "upper"), !s.marks.empty()));
+       }},
+      {{"title"},
+       [](const Str& s, const std::string&, Args&) {
+         return Value::str(Str::derived(title_case(s.s), !s.marks.empty()));
+       }},
+      {{"capitalize"},
+       [](const Str& s, const std::string&, Args&) {
+         std::string out = ascii_case(s.s, false);
+         if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+         return Value::str(Str::derived(std::move(out), !s.marks.empty()));
+       }},
+      {{"find", "rfind", "index", "rindex", "count"}, str_search},
+      {{"join"}, str_join},
+      {{"format"},
+       [](const Str& s, const std::string&, Args& a) {
+         bool marked = !s.marks.empty();
+         for (const Value& v : a.pos) marked = marked || has_marks(v);
+         for (const auto& [k, v] : a.kw) marked = marked || has_marks(v);
+         return Value::str(Str::derived(python_format(s.s, a), marked));
+       }},
+      {{"isdigit", "isalpha", "isalnum", "isspace"}, str_is_class},
+      {{"isupper"},
+       [](const Str& s, const std::string&, Args&) {
+         return Value::boolean(s.s != ascii_case(s.s, false) && s.s == ascii_case(s.s, true));
+       }},
+      {{"islower"},
+       [](const Str& s, const std::string&, Args&) {
+         return Value::boolean(s.s != ascii_case(s.s, true) && s.s == ascii_case(s.s, false));
+       }},
+  };
+  return table;
+}
+
+StrMethodFn find_str_method(std::string_view name) {
+  for (const auto& [names, fn] : str_method_table())
+    if (std::find(names.begin(), names.end(), name) != names.end()) return fn;
+  return nullptr;
+}
+
+Value str_method(const Str& s, const std::string& m, Args& a) {
+  const StrMethodFn fn = find_str_method(m);
+  if (!fn) type_error(fmt::format("'str' object has no attribute '{}'", m));
+  return fn(s, m, a);
 }
 
 Value Method::call(Args& a) const {
@@ -335,17 +384,12 @@ Value Method::call(Args& a) const {
 }
 
 bool is_method(const Value& obj, const std::string& name) {
-  static const std::vector<std::string> kStr = {
-      "strip",    "lstrip",  "rstrip",  "split",   "rsplit", "splitlines", "startswith",
-      "endswith", "replace", "upper",   "lower",   "title",  "capitalize", "find",
-      "rfind",    "index",   "rindex",  "count",   "join",   "format",     "isdigit",
-      "isalpha",  "isalnum", "isspace", "isupper", "islower"};
   static const std::vector<std::string> kDict = {"get", "keys", "values", "items"};
   static const std::vector<std::string> kList = {"index", "count"};
   const auto in = [&](const std::vector<std::string>& v) {
     return std::find(v.begin(), v.end(), name) != v.end();
   };
-  if (obj.is_string()) return in(kStr);
+  if (obj.is_string()) return find_str_method(name) != nullptr;
   if (obj.is_dict() && !obj.as_dict().is_namespace) return in(kDict);
   if (obj.is_list()) return in(kList);
   return false;

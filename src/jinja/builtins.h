@@ -23,6 +23,7 @@ List iterate(const Value& v);
 
 // Filters and tests by name (the parser accepts only these names).
 bool is_filter(std::string_view name);
+bool is_test(std::string_view name);
 Value apply_filter(std::string_view name, const Value& v, Args& args);
 bool apply_test(std::string_view name, const Value& v, Args& args);
 

@@ -128,6 +128,107 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
+// A mapping's (key, value) pairs, sorted by key or value.
+Value dictsort_filter(std::string_view name, const Value& v, Args& a) {
+  a.check(3, {"case_sensitive", "by", "reverse"});
+  if (!v.is_dict()) filter_error(name, "needs a mapping, not a " + v.type_name());
+  const bool cs = a.get(0, "case_sensitive", Value::boolean(false)).truthy();
+  const std::string by = a.get(1, "by", Value::string("key")).to_str().s;
+  const bool rev = a.get(2, "reverse", Value::boolean(false)).truthy();
+  List out;
+  for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::tuple({k, x}));
+  const size_t pos = by == "value" ? 1 : 0;
+  std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+    return less(sort_key(x.as_list()[pos], cs), sort_key(y.as_list()[pos], cs));
+  });
+  if (rev) std::reverse(out.begin(), out.end());
+  return Value::list(std::move(out));
+}
+
+// Each item's attribute, or each item through a filter.
+Value map_filter(std::string_view name, const Value& v, Args& a) {
+  List out;
+  if (!v.truthy()) return Value::list({});
+  const Value& attr = a.get(99, "attribute", kNone);
+  if (!attr.is_none()) {
+    const Value& def = a.get(99, "default", kNone);
+    for (const Value& item : iterate(v)) {
+      Value x = attribute_of(item, attr);
+      out.push_back(x.is_undefined() && !def.is_none() ? def : x);
+    }
+    return Value::list(std::move(out));
+  }
+  if (a.pos.empty()) filter_error(name, "needs a filter name or attribute=");
+  const std::string f = a.pos[0].to_str().s;
+  static const char* kMappable[] = {"upper",   "lower", "title",  "capitalize", "trim",    "string",
+                                    "int",     "float", "length", "count",      "tojson",  "first",
+                                    "last",    "list",  "abs",    "round",      "default", "d",
+                                    "replace", "join",  "items",  "safe",       "escape",  "e"};
+  if (std::find(std::begin(kMappable), std::end(kMappable), f) == std::end(kMappable))
+    filter_error(name, "no filter named '" + f + "'");
+  for (const Value& item : iterate(v)) {
+    Args fa = rest_args(a, 1, f);
+    out.push_back(apply_filter(f, item, fa));
+  }
+  return Value::list(std::move(out));
+}
+
+// sort, unique, min and max: one key (attribute, case folding) over the items.
+Value sort_filter(std::string_view name, const Value& v, Args& a) {
+  const bool is_sort = name == "sort";
+  a.check(is_sort ? 3 : 2, {"reverse", "case_sensitive", "attribute"});
+  const bool rev = is_sort && a.get(0, "reverse", Value::boolean(false)).truthy();
+  const bool cs = a.get(is_sort ? 1 : 0, "case_sensitive", Value::boolean(false)).truthy();
+  const Value& attr = a.get(is_sort ? 2 : 1, "attribute", kNone);
+  List items = iterate(v);
+  const auto key = [&](const Value& x) { return sort_key(attr.is_none() ? x : attribute_of(x, attr), cs); };
+  if (name == "unique") {
+    List out;
+    for (const Value& x : items)
+      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(key(x), key(y)); }))
+        out.push_back(x);
+    return Value::list(std::move(out));
+  }
+  if (!is_sort) {
+    if (items.empty()) return Value::undefined(fmt::format("{} of an empty sequence", name));
+    const auto cmp = [&](const Value& x, const Value& y) { return less(key(x), key(y)); };
+    return name == "min" ? *std::min_element(items.begin(), items.end(), cmp)
+                         : *std::max_element(items.begin(), items.end(), cmp);
+  }
+  std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+    return rev ? less(key(y), key(x)) : less(key(x), key(y));
+  });
+  return Value::list(std::move(items));
+}
+
+// int and float: a number from a number or a string, else the default.
+Value number_filter(std::string_view name, const Value& v, Args& a) {
+  const bool is_int = name == "int";
+  a.check(2, {"default", "base"});
+  const Value def = a.get(0, "default", is_int ? Value::integer(0) : Value::number(0.0));
+  // Jinja2 falls back to the default where Python's int() raises ValueError
+  // (NaN); an infinity raises OverflowError, which it lets through.
+  const auto to_int = [&](double f) { return std::isnan(f) ? def : Value::integer(int_from_float(f)); };
+  if (v.is_int() || v.is_bool()) return is_int ? Value::integer(v.as_int()) : Value::number(v.as_float());
+  if (v.is_number()) return is_int ? to_int(v.as_float()) : Value::number(v.as_float());
+  if (!v.is_string()) return def;
+  const std::string s = v.as_str().s;
+  double parsed = 0;
+  try {
+    size_t used = 0;
+    if (is_int) {
+      const int64_t base = a.get(1, "base", Value::integer(10)).as_int();
+      const long long i = std::stoll(s, &used, static_cast<int>(base));
+      if (used == s.size()) return Value::integer(i);
+    }
+    const double f = std::stod(s, &used);
+    if (used != s.size()) return def;
+    parsed = f;
+  } catch (const std::exception&) {
+    return def;
+  }
+  return is_int ? to_int(parsed) : Value::number(parsed);
+}
 }  // namespace
 
 namespace {
@@ -209,22 +310,7 @@ const std::vector<std::pair<std::vector<std::string_view>, FilterFn>>& filter_ta
          for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::tuple({k, x}));
          return Value::list(std::move(out));
        }},
-      {{"dictsort"},
-       [](std::string_view name, const Value& v, Args& a) -> Value {
-         a.check(3, {"case_sensitive", "by", "reverse"});
-         if (!v.is_dict()) filter_error(name, "needs a mapping, not a " + v.type_name());
-         const bool cs = a.get(0, "case_sensitive", Value::boolean(false)).truthy();
-         const std::string by = a.get(1, "by", Value::string("key")).to_str().s;
-         const bool rev = a.get(2, "reverse", Value::boolean(false)).truthy();
-         List out;
-         for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::tuple({k, x}));
-         const size_t pos = by == "value" ? 1 : 0;
-         std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
-           return less(sort_key(x.as_list()[pos], cs), sort_key(y.as_list()[pos], cs));
-         });
-         if (rev) std::reverse(out.begin(), out.end());
-         return Value::list(std::move(out));
-       }},
+      {{"dictsort"}, dictsort_filter},
       {{"join"},
        [](std::string_view, const Value& v, Args& a) -> Value {
          a.check(2, {"d", "attribute"});
@@ -239,33 +325,7 @@ const std::vector<std::pair<std::vector<std::string_view>, FilterFn>>& filter_ta
          }
          return Value::str(std::move(out));
        }},
-      {{"map"},
-       [](std::string_view name, const Value& v, Args& a) -> Value {
-         List out;
-         if (!v.truthy()) return Value::list({});
-         const Value& attr = a.get(99, "attribute", kNone);
-         if (!attr.is_none()) {
-           const Value& def = a.get(99, "default", kNone);
-           for (const Value& item : iterate(v)) {
-             Value x = attribute_of(item, attr);
-             out.push_back(x.is_undefined() && !def.is_none() ? def : x);
-           }
-           return Value::list(std::move(out));
-         }
-         if (a.pos.empty()) filter_error(name, "needs a filter name or attribute=");
-         const std::string f = a.pos[0].to_str().s;
-         static const char* kMappable[] = {"upper",   "lower", "title",  "capitalize", "trim",    "string",
-                                           "int",     "float", "length", "count",      "tojson",  "first",
-                                           "last",    "list",  "abs",    "round",      "default", "d",
-                                           "replace", "join",  "items",  "safe",       "escape",  "e"};
-         if (std::find(std::begin(kMappable), std::end(kMappable), f) == std::end(kMappable))
-           filter_error(name, "no filter named '" + f + "'");
-         for (const Value& item : iterate(v)) {
-           Args fa = rest_args(a, 1, f);
-           out.push_back(apply_filter(f, item, fa));
-         }
-         return Value::list(std::move(out));
-       }},
+      {{"map"}, map_filter},
       {{"select"},
        [](std::string_view name, const Value& v, Args& a) -> Value {
          return select(v, a, true, false, name);
@@ -282,35 +342,7 @@ const std::vector<std::pair<std::vector<std::string_view>, FilterFn>>& filter_ta
        [](std::string_view name, const Value& v, Args& a) -> Value {
          return select(v, a, false, true, name);
        }},
-      {{"sort", "unique", "min", "max"},
-       [](std::string_view name, const Value& v, Args& a) -> Value {
-         const bool is_sort = name == "sort";
-         a.check(is_sort ? 3 : 2, {"reverse", "case_sensitive", "attribute"});
-         const bool rev = is_sort && a.get(0, "reverse", Value::boolean(false)).truthy();
-         const bool cs = a.get(is_sort ? 1 : 0, "case_sensitive", Value::boolean(false)).truthy();
-         const Value& attr = a.get(is_sort ? 2 : 1, "attribute", kNone);
-         List items = iterate(v);
-         const auto key = [&](const Value& x) {
-           return sort_key(attr.is_none() ? x : attribute_of(x, attr), cs);
-         };
-         if (name == "unique") {
-           List out;
-           for (const Value& x : items)
-             if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(key(x), key(y)); }))
-               out.push_back(x);
-           return Value::list(std::move(out));
-         }
-         if (!is_sort) {
-           if (items.empty()) return Value::undefined(fmt::format("{} of an empty sequence", name));
-           const auto cmp = [&](const Value& x, const Value& y) { return less(key(x), key(y)); };
-           return name == "min" ? *std::min_element(items.begin(), items.end(), cmp)
-                                : *std::max_element(items.begin(), items.end(), cmp);
-         }
-         std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-           return rev ? less(key(y), key(x)) : less(key(x), key(y));
-         });
-         return Value::list(std::move(items));
-       }},
+      {{"sort", "unique", "min", "max"}, sort_filter},
       {{"reverse"},
        [](std::string_view, const Value& v, Args&) -> Value {
          if (v.is_string()) {
@@ -323,37 +355,7 @@ const std::vector<std::pair<std::vector<std::string_view>, FilterFn>>& filter_ta
          std::reverse(items.begin(), items.end());
          return Value::list(std::move(items));
        }},
-      {{"int", "float"},
-       [](std::string_view name, const Value& v, Args& a) -> Value {
-         const bool is_int = name == "int";
-         a.check(2, {"default", "base"});
-         const Value def = a.get(0, "default", is_int ? Value::integer(0) : Value::number(0.0));
-         // Jinja2 falls back to the default where Python's int() raises ValueError
-         // (NaN); an infinity raises OverflowError, which it lets through.
-         const auto to_int = [&](double f) {
-           return std::isnan(f) ? def : Value::integer(int_from_float(f));
-         };
-         if (v.is_int() || v.is_bool())
-           return is_int ? Value::integer(v.as_int()) : Value::number(v.as_float());
-         if (v.is_number()) return is_int ? to_int(v.as_float()) : Value::number(v.as_float());
-         if (!v.is_string()) return def;
-         const std::string s = v.as_str().s;
-         double parsed = 0;
-         try {
-           size_t used = 0;
-           if (is_int) {
-             const int64_t base = a.get(1, "base", Value::integer(10)).as_int();
-             const long long i = std::stoll(s, &used, static_cast<int>(base));
-             if (used == s.size()) return Value::integer(i);
-           }
-           const double f = std::stod(s, &used);
-           if (used != s.size()) return def;
-           parsed = f;
-         } catch (const std::exception&) {
-           return def;
-         }
-         return is_int ? to_int(parsed) : Value::number(parsed);
-       }},
+      {{"int", "float"}, number_filter},
       {{"abs"},
        [](std::string_view name, const Value& v, Args&) -> Value {
          if (v.is_int()) return Value::integer(v.as_int() < 0 ? int_sub(0, v.as_int()) : v.as_int());
@@ -407,9 +409,95 @@ FilterFn find_filter(std::string_view name) {
   return nullptr;
 }
 
+using TestFn = bool (*)(std::string_view name, const Value& v, Args& a);
+
+const Value& test_arg(std::string_view test, const Args& a) {
+  if (a.pos.empty()) fail(ErrorKind::InvalidInput, "test '{}' needs an argument", test);
+  return a.pos[0];
+}
+
+bool test_in(std::string_view name, const Value& v, Args& a) {
+  const Value& seq = test_arg(name, a);
+  if (seq.is_string() && v.is_string()) return seq.as_str().s.find(v.as_str().s) != std::string::npos;
+  for (const Value& x : iterate(seq))
+    if (equal(x, v)) return true;
+  return false;
+}
+
+bool test_sameas(std::string_view name, const Value& v, Args& a) {
+  const Value& o = test_arg(name, a);
+  if (v.is_none() || o.is_none()) return v.is_none() && o.is_none();
+  if (v.is_bool() || o.is_bool()) return v.is_bool() && o.is_bool() && v.as_bool() == o.as_bool();
+  if (v.data().index() != o.data().index()) return false;
+  if (v.is_list()) return &v.as_list() == &o.as_list();
+  if (v.is_dict()) return &v.as_dict() == &o.as_dict();
+  return equal(v, o);  // numbers and strings: CPython shares equal constants
+}
+
+// Each test under its names: the one list both the parser (is_test) and the
+// renderer read.
+const std::vector<std::pair<std::vector<std::string_view>, TestFn>>& test_table() {
+  static const std::vector<std::pair<std::vector<std::string_view>, TestFn>> table = {
+      {{"defined"}, [](std::string_view, const Value& v, Args&) { return !v.is_undefined(); }},
+      {{"undefined"}, [](std::string_view, const Value& v, Args&) { return v.is_undefined(); }},
+      {{"none"}, [](std::string_view, const Value& v, Args&) { return v.is_none(); }},
+      {{"boolean"}, [](std::string_view, const Value& v, Args&) { return v.is_bool(); }},
+      {{"true"}, [](std::string_view, const Value& v, Args&) { return v.is_bool() && v.as_bool(); }},
+      {{"false"}, [](std::string_view, const Value& v, Args&) { return v.is_bool() && !v.as_bool(); }},
+      {{"integer"}, [](std::string_view, const Value& v, Args&) { return v.is_int(); }},
+      {{"float"}, [](std::string_view, const Value& v, Args&) { return v.is_float(); }},
+      {{"number"}, [](std::string_view, const Value& v, Args&) { return v.is_number(); }},
+      {{"string"}, [](std::string_view, const Value& v, Args&) { return v.is_string(); }},
+      {{"mapping"},
+       [](std::string_view, const Value& v, Args&) { return v.is_dict() && !v.as_dict().is_namespace; }},
+      {{"iterable", "sequence"},
+       [](std::string_view, const Value& v, Args&) {
+         return v.is_undefined() || v.is_string() || v.is_list() ||
+                (v.is_dict() && !v.as_dict().is_namespace);
+       }},
+      {{"callable"}, [](std::string_view, const Value& v, Args&) { return v.is_callable(); }},
+      {{"eq", "equalto"},
+       [](std::string_view name, const Value& v, Args& a) { return equal(v, test_arg(name, a)); }},
+      {{"ne"}, [](std::string_view name, const Value& v, Args& a) { return !equal(v, test_arg(name, a)); }},
+      {{"lt"}, [](std::string_view name, const Value& v, Args& a) { return less(v, test_arg(name, a)); }},
+      {{"le"}, [](std::string_view name, const Value& v, Args& a) { return !less(test_arg(name, a), v); }},
+      {{"gt"}, [](std::string_view name, const Value& v, Args& a) { return less(test_arg(name, a), v); }},
+      {{"ge"}, [](std::string_view name, const Value& v, Args& a) { return !less(v, test_arg(name, a)); }},
+      {{"in"}, test_in},
+      {{"odd", "even"},
+       [](std::string_view name, const Value& v, Args&) {
+         if (!v.is_int()) fail(ErrorKind::InvalidInput, "test '{}' needs an integer", name);
+         return (v.as_int() % 2 != 0) == (name == "odd");
+       }},
+      {{"divisibleby"},
+       [](std::string_view name, const Value& v, Args& a) {
+         const Value& d = test_arg(name, a);
+         if (!v.is_int() || !d.is_int() || d.as_int() == 0)
+           fail(ErrorKind::InvalidInput, "test 'divisibleby' needs nonzero integers");
+         return d.as_int() == -1 || v.as_int() % d.as_int() == 0;  // INT64_MIN % -1 is undefined in C++
+       }},
+      {{"sameas"}, test_sameas},
+      {{"lower", "upper"},
+       [](std::string_view name, const Value& v, Args&) {
+         if (!v.is_string()) return false;
+         Args none;
+         return get_attr(v, name == "lower" ? "islower" : "isupper").as_callable().call(none).truthy();
+       }},
+  };
+  return table;
+}
+
+TestFn find_test(std::string_view name) {
+  for (const auto& [names, fn] : test_table())
+    if (std::find(names.begin(), names.end(), name) != names.end()) return fn;
+  return nullptr;
+}
+
 }  // namespace
 
 bool is_filter(std::string_view name) { return find_filter(name) != nullptr; }
+
+bool is_test(std::string_view name) { return find_test(name) != nullptr; }
 
 Value apply_filter(std::string_view name, const Value& v, Args& a) {
   a.what = std::string(name);
@@ -419,62 +507,9 @@ Value apply_filter(std::string_view name, const Value& v, Args& a) {
 }
 
 bool apply_test(std::string_view name, const Value& v, Args& a) {
-  const auto arg = [&]() -> const Value& {
-    if (a.pos.empty()) fail(ErrorKind::InvalidInput, "test '{}' needs an argument", name);
-    return a.pos[0];
-  };
-  if (name == "defined") return !v.is_undefined();
-  if (name == "undefined") return v.is_undefined();
-  if (name == "none") return v.is_none();
-  if (name == "boolean") return v.is_bool();
-  if (name == "true") return v.is_bool() && v.as_bool();
-  if (name == "false") return v.is_bool() && !v.as_bool();
-  if (name == "integer") return v.is_int();
-  if (name == "float") return v.is_float();
-  if (name == "number") return v.is_number();
-  if (name == "string") return v.is_string();
-  if (name == "mapping") return v.is_dict() && !v.as_dict().is_namespace;
-  if (name == "iterable" || name == "sequence")
-    return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.as_dict().is_namespace);
-  if (name == "callable") return v.is_callable();
-  if (name == "eq" || name == "equalto") return equal(v, arg());
-  if (name == "ne") return !equal(v, arg());
-  if (name == "lt") return less(v, arg());
-  if (name == "le") return !less(arg(), v);
-  if (name == "gt") return less(arg(), v);
-  if (name == "ge") return !less(v, arg());
-  if (name == "in") {
-    const Value& seq = arg();
-    if (seq.is_string() && v.is_string()) return seq.as_str().s.find(v.as_str().s) != std::string::npos;
-    for (const Value& x : iterate(seq))
-      if (equal(x, v)) return true;
-    return false;
-  }
-  if (name == "odd" || name == "even") {
-    if (!v.is_int()) fail(ErrorKind::InvalidInput, "test '{}' needs an integer", name);
-    return (v.as_int() % 2 != 0) == (name == "odd");
-  }
-  if (name == "divisibleby") {
-    const Value& d = arg();
-    if (!v.is_int() || !d.is_int() || d.as_int() == 0)
-      fail(ErrorKind::InvalidInput, "test 'divisibleby' needs nonzero integers");
-    return d.as_int() == -1 || v.as_int() % d.as_int() == 0;  // INT64_MIN % -1 is undefined in C++
-  }
-  if (name == "sameas") {
-    const Value& o = arg();
-    if (v.is_none() || o.is_none()) return v.is_none() && o.is_none();
-    if (v.is_bool() || o.is_bool()) return v.is_bool() && o.is_bool() && v.as_bool() == o.as_bool();
-    if (v.data().index() != o.data().index()) return false;
-    if (v.is_list()) return &v.as_list() == &o.as_list();
-    if (v.is_dict()) return &v.as_dict() == &o.as_dict();
-    return equal(v, o);  // numbers and strings: CPython shares equal constants
-  }
-  if (name == "lower" || name == "upper") {
-    if (!v.is_string()) return false;
-    Args none;
-    return get_attr(v, name == "lower" ? "islower" : "isupper").as_callable().call(none).truthy();
-  }
-  fail(ErrorKind::InvalidInput, "test '{}' is not implemented", name);
+  const TestFn fn = find_test(name);
+  if (!fn) fail(ErrorKind::InvalidInput, "test '{}' is not implemented", name);
+  return fn(name, v, a);
 }
 
 std::string python_format(std::string_view f, const Args& a) {

@@ -497,16 +497,8 @@ class Renderer {
         for (const ExprPtr& x : e.items) l.push_back(eval(*x, frame));
         return e.kind == Expr::Kind::Tuple ? Value::tuple(std::move(l)) : Value::list(std::move(l));
       }
-      case Expr::Kind::Dict: {
-        Dict d;
-        for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
-          Value k = eval(*e.items[i], frame);
-          if (k.is_list() || k.is_dict() || k.is_undefined())
-            fail(ErrorKind::InvalidInput, "unhashable type: '{}'", k.type_name());
-          d.set(std::move(k), eval(*e.items[i + 1], frame));
-        }
-        return Value::dict(std::move(d));
-      }
+      case Expr::Kind::Dict:
+        return eval_dict(e, frame);
       case Expr::Kind::Attr:
         return get_attr(eval(*e.items[0], frame), e.name);
       case Expr::Kind::Item:
@@ -515,14 +507,8 @@ class Renderer {
         const auto part = [&](size_t i) { return e.items[i] ? eval(*e.items[i], frame) : Value::none(); };
         return get_slice(eval(*e.items[0], frame), part(1), part(2), part(3));
       }
-      case Expr::Kind::Call: {
-        const Value callee = eval(*e.items[0], frame);
-        if (callee.is_undefined()) fail(ErrorKind::InvalidInput, "{}", callee.undefined_why());
-        if (!callee.is_callable()) fail(ErrorKind::InvalidInput, "a {} is not callable", callee.type_name());
-        Args a = eval_args(e, frame);
-        step_();
-        return callee.as_callable().call(a);
-      }
+      case Expr::Kind::Call:
+        return eval_call(e, frame);
       case Expr::Kind::Filter: {
         const Value subject = eval(*e.items[0], frame);
         Args a = eval_args(e, frame);
@@ -533,15 +519,8 @@ class Renderer {
         Args a = eval_args(e, frame);
         return Value::boolean(apply_test(e.name, subject, a) != e.negated);
       }
-      case Expr::Kind::Unary: {
-        const Value v = eval(*e.items[0], frame);
-        if (e.name == "not") return Value::boolean(!v.truthy());
-        if (v.is_undefined()) fail(ErrorKind::InvalidInput, "{}", v.undefined_why());
-        if (!v.is_number())
-          fail(ErrorKind::InvalidInput, "bad operand type for unary {}: '{}'", e.name, v.type_name());
-        if (e.name == "+") return v.is_float() ? v : Value::integer(v.as_int());
-        return v.is_float() ? Value::number(-v.as_float()) : Value::integer(int_sub(0, v.as_int()));
-      }
+      case Expr::Kind::Unary:
+        return unary(e.name, eval(*e.items[0], frame));
       case Expr::Kind::And: {
         Value x = eval(*e.items[0], frame);
         return x.truthy() ? eval(*e.items[1], frame) : x;
@@ -557,28 +536,61 @@ class Renderer {
       case Expr::Kind::Binary: {
         const Value x = eval(*e.items[0], frame);
         const Value y = eval(*e.items[1], frame);
-        const std::string& op = e.name;
-        if (op == "~") {
-          Str s = x.to_str();
-          s.append(y.to_str());
-          return Value::str(std::move(s));
-        }
-        if (op == "==") return Value::boolean(equal(x, y));
-        if (op == "!=") return Value::boolean(!equal(x, y));
-        if (op == "in") return Value::boolean(contains(y, x));
-        if (op == "not in") return Value::boolean(!contains(y, x));
-        if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-          for (const Value* v : {&x, &y})
-            if (v->is_undefined()) fail(ErrorKind::InvalidInput, "{}", v->undefined_why());
-          if (op == "<") return Value::boolean(less(x, y));
-          if (op == ">") return Value::boolean(less(y, x));
-          if (op == "<=") return Value::boolean(!less(y, x));
-          return Value::boolean(!less(x, y));
-        }
-        return arith(op, x, y);
+        return binary(e.name, x, y);
       }
     }
     fail(ErrorKind::Internal, "unknown expression");
+  }
+
+  Value eval_dict(const Expr& e, const std::shared_ptr<Frame>& frame) {
+    Dict d;
+    for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
+      Value k = eval(*e.items[i], frame);
+      if (k.is_list() || k.is_dict() || k.is_undefined())
+        fail(ErrorKind::InvalidInput, "unhashable type: '{}'", k.type_name());
+      d.set(std::move(k), eval(*e.items[i + 1], frame));
+    }
+    return Value::dict(std::move(d));
+  }
+
+  Value eval_call(const Expr& e, const std::shared_ptr<Frame>& frame) {
+    const Value callee = eval(*e.items[0], frame);
+    if (callee.is_undefined()) fail(ErrorKind::InvalidInput, "{}", callee.undefined_why());
+    if (!callee.is_callable()) fail(ErrorKind::InvalidInput, "a {} is not callable", callee.type_name());
+    Args a = eval_args(e, frame);
+    step_();
+    return callee.as_callable().call(a);
+  }
+
+  static Value unary(const std::string& op, const Value& v) {
+    if (op == "not") return Value::boolean(!v.truthy());
+    if (v.is_undefined()) fail(ErrorKind::InvalidInput, "{}", v.undefined_why());
+    if (!v.is_number())
+      fail(ErrorKind::InvalidInput, "bad operand type for unary {}: '{}'", op, v.type_name());
+    if (op == "+") return v.is_float() ? v : Value::integer(v.as_int());
+    return v.is_float() ? Value::number(-v.as_float()) : Value::integer(int_sub(0, v.as_int()));
+  }
+
+  // Concatenation and comparisons here; arithmetic in arith.
+  Value binary(const std::string& op, const Value& x, const Value& y) {
+    if (op == "~") {
+      Str s = x.to_str();
+      s.append(y.to_str());
+      return Value::str(std::move(s));
+    }
+    if (op == "==") return Value::boolean(equal(x, y));
+    if (op == "!=") return Value::boolean(!equal(x, y));
+    if (op == "in") return Value::boolean(contains(y, x));
+    if (op == "not in") return Value::boolean(!contains(y, x));
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      for (const Value* v : {&x, &y})
+        if (v->is_undefined()) fail(ErrorKind::InvalidInput, "{}", v->undefined_why());
+      if (op == "<") return Value::boolean(less(x, y));
+      if (op == ">") return Value::boolean(less(y, x));
+      if (op == "<=") return Value::boolean(!less(y, x));
+      return Value::boolean(!less(x, y));
+    }
+    return arith(op, x, y);
   }
 
   const Dict& globals_;

@@ -5,7 +5,6 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
-#include <set>
 
 #include "jinja/builtins.h"
 #include "util/error.h"
@@ -276,14 +275,6 @@ class Lexer {
   int line_ = 1;
 };
 
-// Tests the renderer implements (filters: is_filter); others are refused
-// when read, as Jinja2 refuses an unknown one when it compiles.
-const std::set<std::string, std::less<>> kTests = {
-    "boolean", "callable", "defined",  "divisibleby", "eq",   "equalto",   "even",
-    "false",   "float",    "ge",       "gt",          "in",   "integer",   "iterable",
-    "le",      "lower",    "lt",       "mapping",     "ne",   "none",      "number",
-    "odd",     "sameas",   "sequence", "string",      "true", "undefined", "upper"};
-
 class Parser {
  public:
   explicit Parser(std::vector<Segment> segs) : segs_(std::move(segs)) {}
@@ -356,56 +347,11 @@ class Parser {
     auto n = std::make_unique<Node>();
     n->line = line;
     if (name == "if") {
-      n->kind = Node::Kind::If;
-      ExprPtr cond = parse_expr();
-      expect_end();
-      while (true) {
-        Body body = parse_body({"elif", "else", "endif"});
-        n->branches.emplace_back(std::move(cond), std::move(body));
-        const std::string tag = enter_block_tag();
-        if (tag == "endif") break;
-        if (tag == "elif") {
-          cond = parse_expr();
-        } else {
-          cond = nullptr;
-          expect_end();
-          n->branches.emplace_back(nullptr, parse_body({"endif"}));
-          enter_block_tag();
-          expect_end();
-          break;
-        }
-        expect_end();
-      }
-      expect_end();
+      parse_if(*n);
     } else if (name == "for") {
-      n->kind = Node::Kind::For;
-      n->targets = parse_targets(false);
-      expect_name("in");
-      n->expr = parse_expr(/*no_cond=*/true);
-      if (accept_name("if")) n->cond = parse_expr(true);
-      if (accept_name("recursive")) syntax_error(line, "recursive loops are not supported");
-      expect_end();
-      n->body = parse_body({"else", "endfor"});
-      if (enter_block_tag() == "else") {
-        expect_end();
-        n->else_body = parse_body({"endfor"});
-        enter_block_tag();
-      }
-      expect_end();
+      parse_for(*n, line);
     } else if (name == "set") {
-      n->targets = parse_targets(true);
-      if (accept_op("=")) {
-        n->kind = Node::Kind::Set;
-        n->expr = parse_tuple_or_expr();
-        expect_end();
-      } else {
-        n->kind = Node::Kind::SetBlock;
-        if (accept_op("|")) n->expr = parse_filter_chain(nullptr, /*first_without_pipe=*/true);
-        expect_end();
-        n->body = parse_body({"endset"});
-        enter_block_tag();
-        expect_end();
-      }
+      parse_set(*n);
     } else if (name == "macro") {
       n->kind = Node::Kind::Macro;
       n->name = expect_name_token();
@@ -448,6 +394,65 @@ class Parser {
       syntax_error(line, "the statement '" + name + "' is not supported");
     }
     return n;
+  }
+
+  // {% if %} ... {% elif %} ... {% else %} ... {% endif %}: one branch per condition.
+  void parse_if(Node& n) {
+    n.kind = Node::Kind::If;
+    ExprPtr cond = parse_expr();
+    expect_end();
+    while (true) {
+      Body body = parse_body({"elif", "else", "endif"});
+      n.branches.emplace_back(std::move(cond), std::move(body));
+      const std::string tag = enter_block_tag();
+      if (tag == "endif") break;
+      if (tag == "elif") {
+        cond = parse_expr();
+      } else {
+        cond = nullptr;
+        expect_end();
+        n.branches.emplace_back(nullptr, parse_body({"endif"}));
+        enter_block_tag();
+        expect_end();
+        break;
+      }
+      expect_end();
+    }
+    expect_end();
+  }
+
+  void parse_for(Node& n, int line) {
+    n.kind = Node::Kind::For;
+    n.targets = parse_targets(false);
+    expect_name("in");
+    n.expr = parse_expr(/*no_cond=*/true);
+    if (accept_name("if")) n.cond = parse_expr(true);
+    if (accept_name("recursive")) syntax_error(line, "recursive loops are not supported");
+    expect_end();
+    n.body = parse_body({"else", "endfor"});
+    if (enter_block_tag() == "else") {
+      expect_end();
+      n.else_body = parse_body({"endfor"});
+      enter_block_tag();
+    }
+    expect_end();
+  }
+
+  // {% set x = expr %}, or the block form {% set x %}...{% endset %}.
+  void parse_set(Node& n) {
+    n.targets = parse_targets(true);
+    if (accept_op("=")) {
+      n.kind = Node::Kind::Set;
+      n.expr = parse_tuple_or_expr();
+      expect_end();
+    } else {
+      n.kind = Node::Kind::SetBlock;
+      if (accept_op("|")) n.expr = parse_filter_chain(nullptr, /*first_without_pipe=*/true);
+      expect_end();
+      n.body = parse_body({"endset"});
+      enter_block_tag();
+      expect_end();
+    }
   }
 
   // `for` targets (names, perhaps in parentheses) or `set` targets (a name,
@@ -851,7 +856,7 @@ class Parser {
         auto t = node(Expr::Kind::Test, ln);
         t->negated = accept_name("not");
         t->name = expect_name_token();
-        if (!kTests.contains(t->name)) syntax_error(ln, "no test named '" + t->name + "'");
+        if (!is_test(t->name)) syntax_error(ln, "no test named '" + t->name + "'");
         t->items.push_back(std::move(e));
         if (peek_op("(")) {
           parse_call_args(*t);

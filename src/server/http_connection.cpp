@@ -459,6 +459,34 @@ void write_and_close(socket_t sock, int status, const char* reason, const ApiErr
   lingering_close(sock, linger);
 }
 
+// While a connection is served: counted, and its stream the one the
+// handlers on this thread see.
+struct ServingConnection {
+  std::atomic<int64_t>& open;
+  ServingConnection(std::atomic<int64_t>& o, ConnectionStream* s) : open(o) {
+    open.fetch_add(1, std::memory_order_relaxed);
+    t_stream = s;
+  }
+  ~ServingConnection() {
+    t_stream = nullptr;
+    open.fetch_sub(1, std::memory_order_relaxed);
+  }
+};
+
+// A request the connection layer cut short, counted under its reason.
+void count_violation(HttpRejections& rejections, HttpViolation v) {
+  switch (v) {
+    case HttpViolation::Timeout:
+      rejections.timeout.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case HttpViolation::BodyTooLarge:
+      rejections.body_too_large.fetch_add(1, std::memory_order_relaxed);
+      break;
+    default:
+      rejections.header_too_large.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 const char* reason_phrase(int status) {
   switch (status) {
     case 408:
@@ -683,16 +711,21 @@ void GuardedHttpServer::release_peer(const std::string& ip) {
   peers_cv_.notify_all();
 }
 
-bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
+bool GuardedHttpServer::refuse_without_slot(socket_t sock) {
   if (t_mode == SlotMode::Drop) {
     rejections_.busy.fetch_add(1, std::memory_order_relaxed);
     ::close(sock);
-    return false;
+    return true;
   }
   if (t_mode == SlotMode::Busy) {
     reject_busy(sock);
-    return false;
+    return true;
   }
+  return false;
+}
+
+bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
+  if (refuse_without_slot(sock)) return false;
   ConnectionStream stream(sock, limits_, svr_sock_, slots_short_at_ms_);
   std::string ip;
   int port = 0;
@@ -712,19 +745,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     }
     ~PeerHold() { release(); }
   } peer{*this, ip};
-  // While the connection is served: counted, and its stream the one the
-  // handlers on this thread see.
-  struct Serving {
-    std::atomic<int64_t>& open;
-    Serving(std::atomic<int64_t>& o, ConnectionStream* s) : open(o) {
-      open.fetch_add(1, std::memory_order_relaxed);
-      t_stream = s;
-    }
-    ~Serving() {
-      t_stream = nullptr;
-      open.fetch_sub(1, std::memory_order_relaxed);
-    }
-  } serving(open_, &stream);
+  const ServingConnection serving(open_, &stream);
   bool ok = true;
   for (size_t served = 0; served < limits_.max_requests_per_connection; ++served) {
     // A connection that sends nothing (a probe, a preconnect) is closed
@@ -747,16 +768,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
       ok = false;
     }
     if (const HttpViolation v = stream.violation(); v != HttpViolation::None) {
-      switch (v) {
-        case HttpViolation::Timeout:
-          rejections_.timeout.fetch_add(1, std::memory_order_relaxed);
-          break;
-        case HttpViolation::BodyTooLarge:
-          rejections_.body_too_large.fetch_add(1, std::memory_order_relaxed);
-          break;
-        default:
-          rejections_.header_too_large.fetch_add(1, std::memory_order_relaxed);
-      }
+      count_violation(rejections_, v);
       if (!stream.wrote()) {
         // The library gave up before answering (the request line itself
         // was cut off): the client still learns why.

@@ -82,6 +82,9 @@ class GuardedHttpServer : public httplib::Server {
 
  private:
   bool process_and_close_socket(socket_t sock) override;
+  // A connection the accept loop found no slot for: closed at once while the
+  // server stops, else answered 503 (true); false: it is served.
+  bool refuse_without_slot(socket_t sock);
   // A connection beyond the limit: 503 and close, without reading its request.
   void reject_busy(socket_t sock);
   // One beyond its address's limit: the same, naming that limit.

@@ -482,6 +482,19 @@ void HttpServer::add_completion_routes() {
   });
 }
 
+// A completion in progress: how its answer is named and timed, and the
+// stream of its tokens.
+struct HttpServer::Completion {
+  ApiKind kind = ApiKind::Completion;
+  std::string strategy;
+  std::string id;
+  int64_t created = 0;
+  bool include_usage = false;
+  const Tokenizer* logprobs = nullptr;  // when the request asks for logprobs
+  std::shared_ptr<TokenClock> clock;
+  std::shared_ptr<RequestStream> stream;
+};
+
 void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, Clock::time_point arrived) {
   if (!cr.model.empty() && cr.model != model_.name)
     throw ApiError(
@@ -493,6 +506,27 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
   const PromptSources sources{model_.tokenizer.get(), model_.chat,   model_.corpus,
                               model_.graph,           model_.prompt, options_.special_in_text};
   const PromptRequest prompt = prompt_request(cr);
+  Completion c;
+  c.kind = cr.kind;
+  // A plain request on a server whose default is subgcache (a batch mode of
+  // GraphRAG requests) runs under prefix, as it would by default.
+  c.strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
+  if (!cr.rag && c.strategy == kSubgcache) c.strategy = std::string(engine_strategy(c.strategy));
+  c.clock = std::make_shared<TokenClock>();
+  c.clock->arrived = c.clock->last = arrived;
+  std::shared_ptr<void> writing = writing_.hold();  // until the response is written
+  submit(cr, prompt, sources, c);
+  admitted.reset();  // submitted: the loop counts it now
+  c.id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
+  c.created = std::time(nullptr);
+  c.include_usage = cr.include_usage;
+  c.logprobs = cr.sampling.logprobs >= 0 ? model_.tokenizer.get() : nullptr;
+  if (!cr.stream) return answer_whole(c, res);
+  answer_streamed(c, std::move(writing), res);
+}
+
+void HttpServer::submit(const CompletionRequest& cr, const PromptRequest& prompt,
+                        const PromptSources& sources, Completion& c) {
   const auto fits = [&](const PromptParts& parts) {
     const int64_t n_prompt = parts.n_flat_tokens();
     if (n_prompt + cr.sampling.max_tokens > model_.n_ctx)
@@ -503,14 +537,6 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
           "invalid_request_error", "max_tokens", "context_length_exceeded");
     return parts;
   };
-  // A plain request on a server whose default is subgcache (a batch mode of
-  // GraphRAG requests) runs under prefix, as it would by default.
-  std::string strategy = cr.rag && !cr.rag->strategy.empty() ? cr.rag->strategy : options_.strategy;
-  if (!cr.rag && strategy == kSubgcache) strategy = std::string(engine_strategy(strategy));
-  const auto clock = std::make_shared<TokenClock>();
-  clock->arrived = clock->last = arrived;
-  std::shared_ptr<void> writing = writing_.hold();  // until the response is written
-  std::shared_ptr<RequestStream> stream;
   if (const std::optional<CorpusSearch> search = corpus_search(prompt, sources)) {
     // Searched here, in stages, so that speculative prefills overlap it.
     SpeculativeSearch::Submitted s = search_->submit(
@@ -520,11 +546,11 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
           context.documents = docs;
           return fits(request_prompt(prompt, sources, &context));
         },
-        strategy, cr.sampling);
-    stream = std::move(s.stream);
-    clock->search = s.report;
+        c.strategy, cr.sampling);
+    c.stream = std::move(s.stream);
+    c.clock->search = s.report;
     metrics_.search(s.report);
-  } else if (strategy == kSubgcache) {
+  } else if (c.strategy == kSubgcache) {
     RagRequest context = request_context(prompt, sources);
     if (context.entities.empty())
       throw ApiError(400,
@@ -539,8 +565,8 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
                                  fits(request_prompt(prompt, sources, &representative)), cr.sampling);
           },
           cr.cache_scope);
-      stream = std::move(b.stream);
-      clock->batch = b.report;
+      c.stream = std::move(b.stream);
+      c.clock->batch = b.report;
     } catch (const PromptError& e) {
       throw bad_request(e.param(), e.what());
     } catch (const Error& e) {
@@ -548,81 +574,82 @@ void HttpServer::complete(const CompletionRequest& cr, httplib::Response& res, C
                      e.kind() == ErrorKind::Unavailable ? "server_error" : "invalid_request_error");
     }
   } else {
-    stream = loop_->submit(strategy, fits(request_prompt(prompt, sources)), cr.sampling);
+    c.stream = loop_->submit(c.strategy, fits(request_prompt(prompt, sources)), cr.sampling);
   }
-  admitted.reset();  // submitted: the loop counts it now
-  const std::string id = fmt::format("{}-{}", cr.kind == ApiKind::Chat ? "chatcmpl" : "cmpl", next_id_++);
-  const int64_t created = std::time(nullptr);
-  const ApiKind kind = cr.kind;
-  const bool include_usage = cr.include_usage;
-  const Tokenizer* logprobs = cr.sampling.logprobs >= 0 ? model_.tokenizer.get() : nullptr;
-  if (!cr.stream) {
-    // A non-streamed answer leaves whole, with its status, when it is done:
-    // a server that dies meanwhile has sent nothing, so a proxy in front can
-    // retry the request on another replica, and a failure at any point gets
-    // its own status. Meanwhile the connection is watched: a client that goes
-    // away (while its request waits in the queue, say) cancels it.
-    auto watched = Clock::now();
-    while (!stream->done()) {
-      if (stream->next(std::chrono::milliseconds(200))) clock->tick(metrics_);
-      if (stream->done() || Clock::now() - watched < std::chrono::milliseconds(200)) continue;
-      watched = Clock::now();
-      if (!GuardedHttpServer::client_gone()) continue;
-      loop_->cancel(stream);
-      while (stream->next(std::chrono::seconds(30))) {
-      }
-      finished(id, strategy, stream->result(), arrived);
-      GuardedHttpServer::close_after_response();
-      return send_error(res, ApiError(499, "the client closed the connection", "invalid_request_error"));
+}
+
+// A non-streamed answer leaves whole, with its status, when it is done: a
+// server that dies meanwhile has sent nothing, so a proxy in front can retry
+// the request on another replica, and a failure at any point gets its own
+// status. Meanwhile the connection is watched: a client that goes away (while
+// its request waits in the queue, say) cancels it.
+void HttpServer::answer_whole(const Completion& c, httplib::Response& res) {
+  const std::shared_ptr<RequestStream>& stream = c.stream;
+  auto watched = Clock::now();
+  while (!stream->done()) {
+    if (stream->next(std::chrono::milliseconds(200))) c.clock->tick(metrics_);
+    if (stream->done() || Clock::now() - watched < std::chrono::milliseconds(200)) continue;
+    watched = Clock::now();
+    if (!GuardedHttpServer::client_gone()) continue;
+    loop_->cancel(stream);
+    while (stream->next(std::chrono::seconds(30))) {
     }
-    while (stream->next(std::chrono::milliseconds(0))) clock->tick(metrics_);
-    const RequestResult r = stream->result();
-    finished(id, strategy, r, arrived);
-    if (r.state != RequestState::Finished) throw engine_error(r);
-    return send_json(res, 200, final_json(kind, false, id, created, model_.name, r, true, *clock, logprobs));
+    finished(c.id, c.strategy, stream->result(), c.clock->arrived);
+    GuardedHttpServer::close_after_response();
+    return send_error(res, ApiError(499, "the client closed the connection", "invalid_request_error"));
   }
+  while (stream->next(std::chrono::milliseconds(0))) c.clock->tick(metrics_);
+  const RequestResult r = stream->result();
+  finished(c.id, c.strategy, r, c.clock->arrived);
+  if (r.state != RequestState::Finished) throw engine_error(r);
+  send_json(res, 200, final_json(c.kind, false, c.id, c.created, model_.name, r, true, *c.clock, c.logprobs));
+}
+
+void HttpServer::answer_streamed(const Completion& c, std::shared_ptr<void> writing, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   // A chat stream opens with the assistant's role, as OpenAI's does.
   auto pending = std::make_shared<std::string>(
-      kind == ApiKind::Chat ? event(completion_json(kind, true, id, created, model_.name, "", {}, {})) : "");
+      c.kind == ApiKind::Chat ? event(completion_json(c.kind, true, c.id, c.created, model_.name, "", {}, {}))
+                              : "");
   // Something is written at least every second, so a client that went away
   // is noticed (the write fails) and its request cancelled, even while it
   // waits for its first token: an SSE comment.
   set_chunked_body(
       res, "text/event-stream",
-      [this, stream, id, strategy, created, kind, include_usage, logprobs, clock, pending,
-       writing](ChunkWriter& sink) {
+      [this, c, pending, writing](ChunkWriter& sink) {
+        const std::shared_ptr<RequestStream>& stream = c.stream;
         std::string out = std::exchange(*pending, {});
         const auto until = Clock::now() + std::chrono::seconds(1);
         while (out.empty() && !stream->done() && Clock::now() < until) {
           const std::optional<TokenEvent> e = stream->next(std::chrono::milliseconds(100));
           if (!e) continue;
-          clock->tick(metrics_);
-          if (!e->text.empty() || (logprobs && !e->logprobs.empty()))
-            out = event(
-                completion_json(kind, true, id, created, model_.name, e->text, {}, {},
-                                logprobs ? logprobs_json(kind, *logprobs, e->logprobs) : json(nullptr)));
+          c.clock->tick(metrics_);
+          if (!e->text.empty() || (c.logprobs && !e->logprobs.empty()))
+            out = event(completion_json(
+                c.kind, true, c.id, c.created, model_.name, e->text, {}, {},
+                c.logprobs ? logprobs_json(c.kind, *c.logprobs, e->logprobs) : json(nullptr)));
         }
         if (!stream->done()) {
           if (out.empty()) out = ": waiting\n\n";
           return sink.write(out);  // false: the client is gone
         }
         const RequestResult r = stream->result();
-        finished(id, strategy, r, clock->arrived);
-        clock->reported = true;
+        finished(c.id, c.strategy, r, c.clock->arrived);
+        c.clock->reported = true;
         // The status is sent; a failure this late is told in the stream.
-        out += event(r.state == RequestState::Finished ? final_json(kind, true, id, created, model_.name, r,
-                                                                    include_usage, *clock, logprobs)
-                                                       : error_body(engine_error(r)));
+        out +=
+            event(r.state == RequestState::Finished ? final_json(c.kind, true, c.id, c.created, model_.name,
+                                                                 r, c.include_usage, *c.clock, c.logprobs)
+                                                    : error_body(engine_error(r)));
         out += "data: [DONE]\n\n";
         return sink.write(out) && sink.finish();
       },
-      [this, stream, id, strategy, arrived, clock](bool success) {
-        if (success || clock->reported) return;
-        loop_->cancel(stream);  // the client went away: free its rows and pins
-        while (stream->next(std::chrono::seconds(30))) {
+      [this, c](bool success) {
+        if (success || c.clock->reported) return;
+        loop_->cancel(c.stream);  // the client went away: free its rows and pins
+        while (c.stream->next(std::chrono::seconds(30))) {
         }
-        finished(id, strategy, stream->result(), arrived);
+        finished(c.id, c.strategy, c.stream->result(), c.clock->arrived);
       });
 }
 

@@ -36,6 +36,9 @@
 
 namespace depcache {
 
+struct PromptRequest;
+struct PromptSources;
+
 // A key a client may present (Authorization: Bearer KEY), and the cache
 // namespace its requests reuse KV within.
 struct ApiKey {
@@ -128,6 +131,14 @@ class HttpServer {
   void stop_listening();
   // Both completion endpoints: parse, build the prompt, run, respond.
   void complete(const CompletionRequest& cr, httplib::Response& res, Clock::time_point arrived);
+  // complete()'s steps, on the completion they share (defined in the .cpp):
+  // submit it to the engine (through a corpus search, a query batch or
+  // directly), then answer it whole or as a stream of events.
+  struct Completion;
+  void submit(const CompletionRequest& cr, const PromptRequest& prompt, const PromptSources& sources,
+              Completion& c);
+  void answer_whole(const Completion& c, httplib::Response& res);
+  void answer_streamed(const Completion& c, std::shared_ptr<void> writing, httplib::Response& res);
   // The cache scope of a request: its key's namespace and its cache_salt.
   uint64_t cache_scope(const httplib::Request& req, const std::string& cache_salt) const;
   // A request that ran on the engine ended: its metrics and its log line.

@@ -205,13 +205,8 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
   return out;
 }
 
-// What both endpoints share: model, streaming, sampling, the RAG extension.
-void parse_common(const json& j, const std::string& question, CompletionRequest& r, uint64_t random_seed) {
-  for (const auto& [key, value] : j.items())
-    if (!known_parameter(r.kind, key))
-      throw bad_request(
-          key, fmt::format("unknown parameter '{}' (this server refuses what it would not honour)", key));
-  refuse_unserved(j, r.kind);
+// model, n, stream and stream_options.
+void parse_delivery(const json& j, CompletionRequest& r) {
   if (const auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) throw bad_request("model", "'model' must be a string");
     r.model = it->get<std::string>();
@@ -235,7 +230,10 @@ void parse_common(const json& j, const std::string& question, CompletionRequest&
     if (const auto u = it->find("include_usage"); u != it->end() && u->is_boolean())
       r.include_usage = u->get<bool>();
   }
-  // Metadata that changes nothing: accepted once it has the documented type.
+}
+
+// Metadata that changes nothing: accepted once it has the documented type.
+void check_metadata(const json& j) {
   for (const char* key : {"user", "service_tier", "prompt_cache_key", "safety_identifier"})
     if (const auto it = j.find(key); it != j.end() && !it->is_null() && !it->is_string())
       throw bad_request(key, fmt::format("'{}' must be a string", key));
@@ -243,7 +241,32 @@ void parse_common(const json& j, const std::string& question, CompletionRequest&
     throw bad_request("metadata", "'metadata' must be an object");
   if (const auto it = j.find("store"); it != j.end() && !it->is_null() && *it != false)
     throw bad_request("store", "'store' is not supported by this server: completions are not stored");
-  SamplingParams& s = r.sampling;
+}
+
+// The number of most likely tokens listed per token, or -1 for no logprobs.
+int parse_logprobs(const json& j, ApiKind kind) {
+  const int max_top = SamplingParams::kMaxTopLogprobs;
+  if (kind == ApiKind::Completion) {
+    // The legacy API's logprobs: N, the number of most likely tokens listed.
+    const auto it = j.find("logprobs");
+    return it == j.end() || it->is_null()
+               ? -1
+               : static_cast<int>(count(j, "logprobs", "logprobs", 0, static_cast<size_t>(max_top), 0));
+  }
+  bool wanted = false;
+  if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) throw bad_request("logprobs", "'logprobs' must be true or false");
+    wanted = it->get<bool>();
+  }
+  const auto top = j.find("top_logprobs");
+  const bool top_given = top != j.end() && !top->is_null();
+  if (top_given && !wanted) throw bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  return wanted
+             ? static_cast<int>(count(j, "top_logprobs", "top_logprobs", 0, static_cast<size_t>(max_top), 0))
+             : -1;
+}
+
+void parse_sampling(const json& j, ApiKind kind, SamplingParams& s, uint64_t random_seed) {
   s.max_tokens = 16;
   for (const char* key : {"max_tokens", "max_completion_tokens"})
     s.max_tokens = static_cast<int>(count(j, key, key, 1, 1 << 20, static_cast<size_t>(s.max_tokens)));
@@ -262,27 +285,7 @@ void parse_common(const json& j, const std::string& question, CompletionRequest&
     if (!it->is_number_integer()) throw bad_request("seed", "'seed' must be an integer");
     s.sampler.seed = static_cast<uint64_t>(it->get<int64_t>());
   }
-  const int max_top = SamplingParams::kMaxTopLogprobs;
-  if (r.kind == ApiKind::Completion) {
-    // The legacy API's logprobs: N, the number of most likely tokens listed.
-    const auto it = j.find("logprobs");
-    s.logprobs = it == j.end() || it->is_null()
-                     ? -1
-                     : static_cast<int>(count(j, "logprobs", "logprobs", 0, static_cast<size_t>(max_top), 0));
-  } else {
-    bool wanted = false;
-    if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
-      if (!it->is_boolean()) throw bad_request("logprobs", "'logprobs' must be true or false");
-      wanted = it->get<bool>();
-    }
-    const auto top = j.find("top_logprobs");
-    const bool top_given = top != j.end() && !top->is_null();
-    if (top_given && !wanted) throw bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    s.logprobs =
-        wanted
-            ? static_cast<int>(count(j, "top_logprobs", "top_logprobs", 0, static_cast<size_t>(max_top), 0))
-            : -1;
-  }
+  s.logprobs = parse_logprobs(j, kind);
   // Not an OpenAI parameter; vLLM and llama.cpp's server take it too: generate
   // max_tokens whatever the model emits (benchmarks, comparisons with `run`).
   if (const auto it = j.find("ignore_eos"); it != j.end() && !it->is_null()) {
@@ -299,6 +302,18 @@ void parse_common(const json& j, const std::string& question, CompletionRequest&
       throw bad_request("stop", "'stop' must be a string or an array of at most 4 strings");
     }
   }
+}
+
+// What both endpoints share: model, streaming, sampling, the RAG extension.
+void parse_common(const json& j, const std::string& question, CompletionRequest& r, uint64_t random_seed) {
+  for (const auto& [key, value] : j.items())
+    if (!known_parameter(r.kind, key))
+      throw bad_request(
+          key, fmt::format("unknown parameter '{}' (this server refuses what it would not honour)", key));
+  refuse_unserved(j, r.kind);
+  parse_delivery(j, r);
+  check_metadata(j);
+  parse_sampling(j, r.kind, r.sampling, random_seed);
   if (const auto it = j.find("cache_salt"); it != j.end() && !it->is_null()) {
     if (!it->is_string() || it->get_ref<const std::string&>().empty() ||
         it->get_ref<const std::string&>().size() > 1024)

@@ -60,6 +60,37 @@ std::optional<int64_t> load_of(const json& j, const char* field) {
   return v;
 }
 
+// One event of a batch: keys the replica stored, or removed.
+struct KeyChange {
+  bool stored;
+  std::vector<uint64_t> keys;
+};
+
+// A batch's events, read whole into `changes`; the reason they are refused,
+// or empty.
+std::string read_changes(const json& events, std::vector<KeyChange>& changes) {
+  size_t n_keys = 0;
+  for (const json& e : events) {
+    if (!e.is_object()) return "an event is not an object";
+    const auto type = e.find("type");
+    const auto hashes = e.find("block_hashes");
+    if (type == e.end() || !type->is_string() || hashes == e.end() || !hashes->is_array())
+      return "an event needs type and block_hashes";
+    const std::string& t = type->get_ref<const std::string&>();
+    if (t != "BlockStored" && t != "BlockRemoved") return fmt::format("unknown event type {}", type->dump());
+    n_keys += hashes->size();
+    if (n_keys > kMaxKeys) return "too many keys in one batch";
+    KeyChange c{t == "BlockStored", {}};
+    for (const json& h : *hashes) {
+      const auto k = parse_key(h);
+      if (!k) return "a block hash is not 16 hex digits";
+      c.keys.push_back(*k);
+    }
+    changes.push_back(std::move(c));
+  }
+  return {};
+}
+
 }  // namespace
 
 ReplicaAddress parse_replica(const std::string& s) {
@@ -121,65 +152,22 @@ EventOutcome ReplicaRouter::apply_events(std::string_view message, std::string* 
   if (!running || !waiting)
     return refuse(fmt::format("running and waiting must be whole numbers from 0 to {}", kMaxLoad));
   // Checked whole before anything is applied.
-  struct Change {
-    bool stored;
-    std::vector<uint64_t> keys;
-  };
-  std::vector<Change> changes;
-  size_t n_keys = 0;
-  for (const json& e : *events) {
-    if (!e.is_object()) return refuse("an event is not an object");
-    const auto type = e.find("type");
-    const auto hashes = e.find("block_hashes");
-    if (type == e.end() || !type->is_string() || hashes == e.end() || !hashes->is_array())
-      return refuse("an event needs type and block_hashes");
-    const std::string& t = type->get_ref<const std::string&>();
-    if (t != "BlockStored" && t != "BlockRemoved")
-      return refuse(fmt::format("unknown event type {}", type->dump()));
-    n_keys += hashes->size();
-    if (n_keys > kMaxKeys) return refuse("too many keys in one batch");
-    Change c{t == "BlockStored", {}};
-    for (const json& h : *hashes) {
-      const auto k = parse_key(h);
-      if (!k) return refuse("a block hash is not 16 hex digits");
-      c.keys.push_back(*k);
-    }
-    changes.push_back(std::move(c));
-  }
+  std::vector<KeyChange> changes;
+  if (std::string bad = read_changes(*events, changes); !bad.empty()) return refuse(std::move(bad));
   const std::string& ep = epoch->get_ref<const std::string&>();
-  EventOutcome o = EventOutcome::Applied;
   std::string w;
+  EventOutcome o;
   {
     std::lock_guard lk(mu_);
     Replica& rep = replicas_[r];
-    // Only a batch that follows what is held says anything of the replica
-    // now (a replay is a true batch of the past: its load and liveness are
-    // old, its keys may be gone).
-    if (!rep.synced) {
-      o = EventOutcome::Resync;
-      w = "the replica is being read from its summary";
-    } else if (ep != rep.epoch) {
-      // A restart, or a batch of a past epoch replayed: the replica's own
-      // summary tells which. It stays routed to meanwhile, so replays
-      // cannot take it out of service.
-      rep.epoch_doubt = true;
-      o = EventOutcome::Resync;
-      w = fmt::format("epoch {} is not the one held ({})", ep, rep.epoch);
-    } else if (*seq <= rep.seq) {
-      o = EventOutcome::Stale;
-      w = fmt::format("batch {} of replica '{}' is not after {} (a replay, or overtaken by a summary)", *seq,
-                      addresses_[r].name, rep.seq);
-    } else if (*seq != rep.seq + 1) {
-      rep.synced = false;  // a batch was lost: the keys held may be wrong
-      o = EventOutcome::Resync;
-      w = fmt::format("batch {} after {}: one was lost", *seq, rep.seq);
-    } else {
+    o = batch_order(rep, r, ep, *seq, &w);
+    if (o == EventOutcome::Applied) {
       rep.seq = *seq;
       rep.seen = Clock::now();
       rep.running = *running;
       rep.waiting = *waiting;
       rep.routed = 0;
-      for (const Change& c : changes)
+      for (const KeyChange& c : changes)
         for (const uint64_t k : c.keys) {
           if (c.stored)
             rep.keys.insert(k);
@@ -189,6 +177,36 @@ EventOutcome ReplicaRouter::apply_events(std::string_view message, std::string* 
     }
   }
   return outcome(o, std::move(w));
+}
+
+// Only a batch that follows what is held says anything of the replica now (a
+// replay is a true batch of the past: its load and liveness are old, its keys
+// may be gone).
+EventOutcome ReplicaRouter::batch_order(Replica& rep, int r, const std::string& epoch, int64_t seq,
+                                        std::string* why) {
+  if (!rep.synced) {
+    *why = "the replica is being read from its summary";
+    return EventOutcome::Resync;
+  }
+  if (epoch != rep.epoch) {
+    // A restart, or a batch of a past epoch replayed: the replica's own
+    // summary tells which. It stays routed to meanwhile, so replays
+    // cannot take it out of service.
+    rep.epoch_doubt = true;
+    *why = fmt::format("epoch {} is not the one held ({})", epoch, rep.epoch);
+    return EventOutcome::Resync;
+  }
+  if (seq <= rep.seq) {
+    *why = fmt::format("batch {} of replica '{}' is not after {} (a replay, or overtaken by a summary)", seq,
+                       addresses_[r].name, rep.seq);
+    return EventOutcome::Stale;
+  }
+  if (seq != rep.seq + 1) {
+    rep.synced = false;  // a batch was lost: the keys held may be wrong
+    *why = fmt::format("batch {} after {}: one was lost", seq, rep.seq);
+    return EventOutcome::Resync;
+  }
+  return EventOutcome::Applied;
 }
 
 std::array<int64_t, kEventOutcomes> ReplicaRouter::event_counts() const {

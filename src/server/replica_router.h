@@ -105,6 +105,10 @@ class ReplicaRouter {
     std::chrono::steady_clock::time_point seen{}, synced_at{};
   };
   int find(std::string_view name) const;
+  // Whether a batch of replica r (epoch, seq) follows what is held of it:
+  // Applied, or the outcome and *why. Marks the replica for its summary where
+  // the batch says it is out of step. Under mu_.
+  EventOutcome batch_order(Replica& rep, int r, const std::string& epoch, int64_t seq, std::string* why);
   struct Chain {
     std::vector<uint64_t> keys;  // chain_keys of a lookup
     int64_t tokens = 0;
