@@ -472,7 +472,7 @@ Engine::StepBatch Engine::schedule() {
     // Prompt logits: of the final pass of the prompt alone (nothing generated yet).
     const bool all_logits =
         s.sampling.prompt_logits && s.execution->final_pass() && results_.at(s.id).tokens.empty();
-    b.pieces.push_back({&s, end, end == n_q, all_logits});
+    b.pieces.push_back({&s, s.id, s.prefilled, end, end == n_q, all_logits});
     budget -= end - s.prefilled;
   }
   // One plan for all of it, each sequence its own visibility group. Rows are
@@ -492,7 +492,7 @@ Engine::StepBatch Engine::schedule() {
   std::vector<BatchHook> hooks;
   for (const StepBatch::Piece& piece : b.pieces) {
     const PrefillPlan& p = piece.s->execution->prefill();
-    const int64_t begin = piece.s->prefilled, row0 = piece.s->rows.row0();
+    const int64_t begin = piece.begin, row0 = piece.s->rows.row0();
     const auto q0 = static_cast<int64_t>(b.plan.tokens.size());
     append_shifted(groups, slice_queries(p.visibility, begin, piece.end), q0, row0);
     for (int64_t q = begin; q < piece.end; ++q) {

@@ -263,8 +263,9 @@ class Engine {
   struct StepBatch {
     struct Piece {
       Sequence* s;
-      int64_t end;  // queries [s->prefilled, end) of its prefill
-      bool last;
+      RequestId id;
+      int64_t begin, end;       // queries [begin, end) of its prefill (begin: what was prefilled)
+      bool last;                // its prefill's last piece
       bool all_logits = false;  // every query's logits (SamplingParams::prompt_logits)
     };
     std::vector<Piece> pieces;

@@ -3,6 +3,7 @@
 // a request answered on an engine of its own (nothing reused from other
 // requests), the reference batched runs are compared with.
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "engine/engine.h"
@@ -13,6 +14,17 @@ namespace depcache {
 // tiers and stores of their own making, and persist, through it.
 struct EngineTestPeer {
   static RadixIndex& index(Engine& e) { return e.index_; }
+  // A step's phases one by one (Engine::step runs them in this order).
+  using StepBatch = Engine::StepBatch;
+  using StepOutput = Engine::StepOutput;
+  static Engine::StepBatch schedule(Engine& e) {
+    e.prepare_step();
+    return e.schedule();
+  }
+  static std::optional<Engine::StepOutput> run(Engine& e, const Engine::StepBatch& b) { return e.run(b); }
+  static void commit(Engine& e, const Engine::StepBatch& b, const Engine::StepOutput& out) {
+    e.commit(b, out);
+  }
 };
 
 }  // namespace depcache
