@@ -5,42 +5,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <numeric>
 
-#include "compute/dot.h"
-#include "engine/chunk_fusion.h"
-#include "engine/engine.h"
-#include "engine/engine_loop.h"
-#include "engine/engine_tiers.h"
-#include "eval/engine_bench.h"
-#include "eval/eval_report.h"
-#include "eval/plot.h"
-#include "eval/replay.h"
-#include "eval/report.h"
 #include "eval/stats.h"
 #include "eval/strategy_run.h"
 #include "eval/stream.h"
-#include "model/model.h"
-#include "model/model_writer.h"
-#include "model/tokenizer.h"
 #include "model/vocab.h"
-#include "prompt/prompt_parts.h"
-#include "retrieval/corpus.h"
 #include "retrieval/synthetic_kg.h"
-#include "retrieval/wordnet.h"
-#include "retrieval/workload.h"
-#include "server/speculation.h"
-#include "strategy/simulator.h"
-#include "strategy/subgcache.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 #include "util/timing.h"
 
 namespace depcache::experiments {
@@ -197,6 +169,28 @@ Summary summarize(const StrategyRun& run) {
   return s;
 }
 
+void FigureRow::add(std::string cell, double figure) {
+  cells_.push_back(std::move(cell));
+  line_ += fmt::format(" {:.2f}", figure);
+}
+
+void FigureRow::append_to(std::vector<std::vector<std::string>>& rows, std::string& dat) && {
+  rows.push_back(std::move(cells_));
+  dat += line_ + "\n";
+}
+
+PrefillCostTable prefill_cost_table(const std::shared_ptr<const Model>& model, EngineOptions eo) {
+  eo.cache_bytes = 0;
+  return Engine(model, eo).profile_prefill_cost(2048);
+}
+
+PrefillCostTable speed_cost_table(const EvalContext& c) {
+  EngineOptions eo;
+  eo.pool_rows = 2048;
+  eo.threads = c.o.threads;
+  return prefill_cost_table(c.speed, eo);
+}
+
 // A shipped QA model's file in `models_dir`; NotFound, naming it, if missing.
 fs::path shipped_model_path(const std::string& models_dir, const std::string& name) {
   const fs::path p = fs::path(models_dir) / name;
@@ -229,7 +223,8 @@ DocStream document_stream(const EvalContext& c, const Tokenizer& tok, size_t n, 
   return {ask(world(21), a), "documents of a made-up world (MuSiQue not found under --data)", {}};
 }
 
-DocStream warm_document_stream(const EvalContext& c, const Tokenizer& tok, size_t n, size_t chunk_tokens) {
+DocStream warm_document_stream(const EvalContext& c, size_t n, size_t chunk_tokens) {
+  const Tokenizer tok(Vocab::from_gguf(c.speed->file()));
   DocStream s = document_stream(c, tok, n, chunk_tokens);
   s.warmup = document_stream(c, tok, n, chunk_tokens, 8).requests;
   return s;

@@ -6,12 +6,15 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/engine.h"
 #include "engine/engine_args.h"
 #include "eval/eval_report.h"
 #include "eval/eval_run.h"
 #include "eval/replay.h"
+#include "kv/cost_table.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "retrieval/corpus.h"
@@ -80,8 +83,9 @@ struct DocStream {
 // made-up world.
 DocStream document_stream(const EvalContext& c, const Tokenizer& tok, size_t n, size_t chunk_tokens,
                           uint64_t seed = 7);
-// The same, with another draw of it as warm-up.
-DocStream warm_document_stream(const EvalContext& c, const Tokenizer& tok, size_t n, size_t chunk_tokens);
+// The same tokenized as the speed model reads it, with another draw of it as
+// warm-up.
+DocStream warm_document_stream(const EvalContext& c, size_t n, size_t chunk_tokens);
 
 // ---- Runs -------------------------------------------------------------------
 
@@ -113,6 +117,28 @@ std::shared_ptr<const Model> load_shipped(const EvalContext& c, const std::strin
 
 // What every line plot of the report starts with.
 inline constexpr const char* kLinePlot = "set key outside right; set grid; ";
+
+// A table row and the same figures as a line of a plot's data: the row
+// starts with `labels`, the line with `key`; each figure adds its cell to the
+// row and its value to the line.
+class FigureRow {
+ public:
+  FigureRow(std::vector<std::string> labels, std::string key)
+      : cells_(std::move(labels)), line_(std::move(key)) {}
+  void add(std::string cell, double figure);
+  // The row appended to `rows`, the line (ended) to `dat`.
+  void append_to(std::vector<std::vector<std::string>>& rows, std::string& dat) &&;
+
+ private:
+  std::vector<std::string> cells_;
+  std::string line_;
+};
+
+// PGDSF's prefill cost table, profiled up to 2048 tokens on `model` by an
+// engine of `eo` without a cache.
+PrefillCostTable prefill_cost_table(const std::shared_ptr<const Model>& model, EngineOptions eo);
+// The same on the speed model, with a pool of 2048 rows.
+PrefillCostTable speed_cost_table(const EvalContext& c);
 
 // ---- The sections, one file per seed paper ------------------------------------
 

@@ -3,48 +3,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <map>
-#include <numeric>
+#include <memory>
+#include <string>
+#include <vector>
 
-#include "compute/dot.h"
 #include "engine/chunk_fusion.h"
 #include "engine/engine.h"
-#include "engine/engine_loop.h"
 #include "engine/engine_tiers.h"
-#include "eval/engine_bench.h"
-#include "eval/eval_report.h"
 #include "eval/experiments.h"
-#include "eval/plot.h"
-#include "eval/replay.h"
-#include "eval/report.h"
-#include "eval/stats.h"
-#include "eval/strategy_run.h"
-#include "eval/stream.h"
-#include "model/model.h"
-#include "model/model_writer.h"
-#include "model/tokenizer.h"
 #include "model/vocab.h"
-#include "prompt/prompt_parts.h"
-#include "retrieval/corpus.h"
-#include "retrieval/synthetic_kg.h"
-#include "retrieval/wordnet.h"
-#include "retrieval/workload.h"
-#include "server/speculation.h"
-#include "strategy/simulator.h"
-#include "strategy/subgcache.h"
-#include "util/error.h"
-#include "util/thread_pool.h"
-#include "util/timing.h"
 
 namespace depcache::experiments {
 
 namespace fs = std::filesystem;
+
+namespace {
 
 // FusionRAG's offline step (`chunks fuse`): the chunks of reqs fused into a
 // fresh disk tier under --work, each after its nearest chunks of `pool`
@@ -71,82 +46,53 @@ std::string fuse_into_disk_tier(const EvalContext& c, const std::shared_ptr<cons
   return dir.string();
 }
 
-void chunk_quality(EvalContext& c) {
-  EvalReport& r = c.report;
-  r.section("Chunk reuse: quality against recomputation (CacheBlend, FusionRAG, Cache-Craft)");
-  const auto model = load_shipped(c, "depcache-qa.gguf");
-  const KnowledgeGraph kg = world(9001);
-  const size_t n = c.n(40, 200);
-  AskOptions a;
-  a.documents = true;
-  a.each_once = false;
-  a.requests = n;
-  a.seed = 31;
-  const std::vector<RagRequest> reqs = ask(kg, a);
-  stage(fmt::format("chunk-quality: {} requests, full attention's answers", n));
-  const std::vector<FullAnswer> full = reference_answers(reqs, model, 12, c.o.threads);
-  // FusionRAG's offline step's neighbours: every document of the world (the
-  // corpus, as the paper takes them), or the stream's own chunks.
-  enum class Fused { No, FromCorpus, FromStream };
-  struct Variant {
-    std::string strategy;
-    double ratio;  // < 0: none
-    Fused fused = Fused::No;
-  };
-  std::vector<Variant> variants = {{"full", -1}, {"prefix", -1}, {"fullreuse", -1}, {"cachecraft", -1}};
+// FusionRAG's offline step's neighbours: every document of the world (the
+// corpus, as the paper takes them), or the stream's own chunks.
+enum class Fused { No, FromCorpus, FromStream };
+
+struct ChunkVariant {
+  std::string strategy;
+  double ratio;  // < 0: none
+  Fused fused = Fused::No;
+};
+
+std::vector<ChunkVariant> chunk_variants(bool quick) {
+  std::vector<ChunkVariant> variants = {{"full", -1}, {"prefix", -1}, {"fullreuse", -1}, {"cachecraft", -1}};
   const std::vector<double> ratios =
-      c.o.quick ? std::vector<double>{0.05, 0.15, 0.5} : std::vector<double>{0.05, 0.10, 0.15, 0.30, 0.50};
+      quick ? std::vector<double>{0.05, 0.15, 0.5} : std::vector<double>{0.05, 0.10, 0.15, 0.30, 0.50};
   for (const char* s : {"cacheblend", "fusionrag"})
     for (double x : ratios) variants.push_back({s, x});
   variants.push_back({"fusionrag", 0.15, Fused::FromCorpus});
   variants.push_back({"fusionrag", 0.15, Fused::FromStream});
-  AskOptions every;
-  every.documents = true;
-  every.requests = 300;
-  every.entities = 1;
-  every.seed = 31;
-  const std::vector<RagRequest> corpus = ask(kg, every);
-  const Tokenizer tok(Vocab::from_gguf(model->file()));
-  std::vector<std::vector<std::string>> rows;
-  std::map<std::string, std::string> dat;
-  std::map<std::string, Summary> got;
-  for (const Variant& v : variants) {
-    EngineArgs args = c.args();
-    if (v.ratio >= 0) args.chunk.recompute_ratio = v.ratio;
-    std::string label = v.ratio >= 0 ? fmt::format("{} {:.0f}%", v.strategy, 100 * v.ratio) : v.strategy;
-    if (v.fused != Fused::No) {
-      const bool from_corpus = v.fused == Fused::FromCorpus;
-      label += from_corpus ? ", fused with corpus neighbours" : ", fused with stream neighbours";
-      args.tiers.cache_dir =
-          fuse_into_disk_tier(c, model, tok, reqs, from_corpus ? corpus : std::vector<RagRequest>{},
-                              from_corpus ? "fusion-corpus" : "fusion-stream");
-    }
-    stage(fmt::format("chunk-quality: {}", label));
-    const Summary s = summarize(serve(v.strategy, reqs, model, args, 12, true, &full));
-    got[label] = s;
-    rows.push_back({label, r.num(s.exact) + "%", r.num(s.f1, 3), r.num(s.rouge, 3),
-                    r.num(100 * s.computed / std::max(s.prompt, 1.0)) + "%", r.num(s.p50, 2)});
-    if (v.ratio >= 0 && v.fused == Fused::No)
-      dat[v.strategy] += fmt::format("{} {}\n", 100 * v.ratio, s.exact);
+  return variants;
+}
+
+// What every variant is served: the model, the stream, full attention's
+// answers to it, and the world's documents as a corpus.
+struct ChunkStream {
+  std::shared_ptr<const Model> model;
+  std::vector<RagRequest> reqs, corpus;
+  std::vector<FullAnswer> full;
+};
+
+// The variant's label and its engine arguments, its fused disk tier made
+// first where it has one.
+std::string prepare_variant(const EvalContext& c, const ChunkStream& s, const Tokenizer& tok,
+                            const ChunkVariant& v, EngineArgs& args) {
+  if (v.ratio >= 0) args.chunk.recompute_ratio = v.ratio;
+  std::string label = v.ratio >= 0 ? fmt::format("{} {:.0f}%", v.strategy, 100 * v.ratio) : v.strategy;
+  if (v.fused != Fused::No) {
+    const bool from_corpus = v.fused == Fused::FromCorpus;
+    label += from_corpus ? ", fused with corpus neighbours" : ", fused with stream neighbours";
+    args.tiers.cache_dir =
+        fuse_into_disk_tier(c, s.model, tok, s.reqs, from_corpus ? s.corpus : std::vector<RagRequest>{},
+                            from_corpus ? "fusion-corpus" : "fusion-stream");
   }
-  r.text(fmt::format(
-      "{} Zipf requests over a held-out world's documents (3 entities per request, one document of fact "
-      "sentences each; 1-hop cloze questions), the shipped causal QA model `depcache-qa.gguf`, 12 greedy "
-      "tokens, one request at a time. Exact match and token F1 against the reference answer; ROUGE-L of the "
-      "continuation against full attention's (Cache-Craft's measure); computed: tokens run through the model "
-      "over prompt tokens. FusionRAG runs without its offline step, and at 15% with it: each chunk also "
-      "stored computed after its 10 BM25-nearest chunks, from the corpus (every document of the world) "
-      "or from the stream's own chunks.",
-      n));
-  r.table({"strategy", "exact match", "F1", "ROUGE-L vs full", "computed", "TTFT p50 ms"}, rows);
+  return label;
+}
+
+void chunk_versus(EvalReport& r, std::map<std::string, Summary>& got) {
   const double fr = got["fullreuse"].exact, fa = got["full"].exact;
-  r.plot(
-      "chunk-quality", dat["cacheblend"] + "\n\n" + dat["fusionrag"] + "\n\n",
-      std::string(kLinePlot) +
-          fmt::format("set xlabel 'recomputed (%)'; set ylabel 'exact match (%)'; set yrange [0:100]; plot "
-                      "$DATA index 0 with linespoints title 'cacheblend', '' index 1 with linespoints title "
-                      "'fusionrag', {} title 'full', {} title 'fullreuse'",
-                      fa, fr));
   auto norm = [&](const std::string& label) {
     return fa != fr ? fmt::format("{:.2f}", (got[label].exact - fr) / (fa - fr))
                     : std::string("- (full = fullreuse)");
@@ -172,6 +118,65 @@ void chunk_quality(EvalContext& c) {
         "CacheBlend picks its tokens after the second layer, the last of this 2-layer model: it "
         "recomputes every token (computed above 100% with chunks seen for the first time), so it "
         "answers as full does whatever the ratio"}});
+}
+
+}  // namespace
+
+void chunk_quality(EvalContext& c) {
+  EvalReport& r = c.report;
+  r.section("Chunk reuse: quality against recomputation (CacheBlend, FusionRAG, Cache-Craft)");
+  ChunkStream s;
+  s.model = load_shipped(c, "depcache-qa.gguf");
+  const KnowledgeGraph kg = world(9001);
+  const size_t n = c.n(40, 200);
+  AskOptions a;
+  a.documents = true;
+  a.each_once = false;
+  a.requests = n;
+  a.seed = 31;
+  s.reqs = ask(kg, a);
+  stage(fmt::format("chunk-quality: {} requests, full attention's answers", n));
+  s.full = reference_answers(s.reqs, s.model, 12, c.o.threads);
+  AskOptions every;
+  every.documents = true;
+  every.requests = 300;
+  every.entities = 1;
+  every.seed = 31;
+  s.corpus = ask(kg, every);
+  const Tokenizer tok(Vocab::from_gguf(s.model->file()));
+  std::vector<std::vector<std::string>> rows;
+  std::map<std::string, std::string> dat;
+  std::map<std::string, Summary> got;
+  for (const ChunkVariant& v : chunk_variants(c.o.quick)) {
+    EngineArgs args = c.args();
+    const std::string label = prepare_variant(c, s, tok, v, args);
+    stage(fmt::format("chunk-quality: {}", label));
+    const Summary sum = summarize(serve(v.strategy, s.reqs, s.model, args, 12, true, &s.full));
+    got[label] = sum;
+    rows.push_back({label, r.num(sum.exact) + "%", r.num(sum.f1, 3), r.num(sum.rouge, 3),
+                    r.num(100 * sum.computed / std::max(sum.prompt, 1.0)) + "%", r.num(sum.p50, 2)});
+    if (v.ratio >= 0 && v.fused == Fused::No)
+      dat[v.strategy] += fmt::format("{} {}\n", 100 * v.ratio, sum.exact);
+  }
+  r.text(fmt::format(
+      "{} Zipf requests over a held-out world's documents (3 entities per request, one document of fact "
+      "sentences each; 1-hop cloze questions), the shipped causal QA model `depcache-qa.gguf`, 12 greedy "
+      "tokens, one request at a time. Exact match and token F1 against the reference answer; ROUGE-L of the "
+      "continuation against full attention's (Cache-Craft's measure); computed: tokens run through the model "
+      "over prompt tokens. FusionRAG runs without its offline step, and at 15% with it: each chunk also "
+      "stored computed after its 10 BM25-nearest chunks, from the corpus (every document of the world) "
+      "or from the stream's own chunks.",
+      n));
+  r.table({"strategy", "exact match", "F1", "ROUGE-L vs full", "computed", "TTFT p50 ms"}, rows);
+  const double fr = got["fullreuse"].exact, fa = got["full"].exact;
+  r.plot(
+      "chunk-quality", dat["cacheblend"] + "\n\n" + dat["fusionrag"] + "\n\n",
+      std::string(kLinePlot) +
+          fmt::format("set xlabel 'recomputed (%)'; set ylabel 'exact match (%)'; set yrange [0:100]; plot "
+                      "$DATA index 0 with linespoints title 'cacheblend', '' index 1 with linespoints title "
+                      "'fusionrag', {} title 'full', {} title 'fullreuse'",
+                      fa, fr));
+  chunk_versus(r, got);
 }
 
 }  // namespace depcache::experiments

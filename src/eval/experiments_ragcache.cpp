@@ -3,48 +3,197 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <ctime>
+#include <chrono>
+#include <exception>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <map>
-#include <numeric>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
-#include "compute/dot.h"
-#include "engine/chunk_fusion.h"
 #include "engine/engine.h"
 #include "engine/engine_loop.h"
 #include "engine/engine_tiers.h"
-#include "eval/engine_bench.h"
-#include "eval/eval_report.h"
 #include "eval/experiments.h"
-#include "eval/plot.h"
-#include "eval/replay.h"
-#include "eval/report.h"
 #include "eval/stats.h"
-#include "eval/strategy_run.h"
-#include "eval/stream.h"
-#include "model/model.h"
-#include "model/model_writer.h"
-#include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "prompt/prompt_parts.h"
-#include "retrieval/corpus.h"
-#include "retrieval/synthetic_kg.h"
-#include "retrieval/wordnet.h"
 #include "retrieval/workload.h"
 #include "server/speculation.h"
 #include "strategy/simulator.h"
-#include "strategy/subgcache.h"
+#include "strategy/strategy.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 #include "util/timing.h"
 
 namespace depcache::experiments {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The speculation experiment's search stages per question.
+constexpr size_t kSearchStages = 8;
+
+// One stage latency and mode: every question's TTFT, and the search's
+// figures (times as means over the questions).
+struct SpeculationRow {
+  std::vector<double> ttft;
+  double search = 0, overlapped = 0;
+  int speculations = 0, accepted = 0;
+};
+
+// A stream of questions, each searched in stages over the corpus (on its own
+// thread, as the server does) while the engine computes, plain or
+// speculative, at a retriever latency per stage.
+class SpeculationBench {
+ public:
+  SpeculationBench(const EvalContext& c, const ChunkIndex& index, std::shared_ptr<const Tokenizer> tok,
+                   std::vector<QaItem> questions, std::vector<double> arrivals)
+      : c_(c),
+        index_(index),
+        tok_(std::move(tok)),
+        questions_(std::move(questions)),
+        arrivals_(std::move(arrivals)),
+        tmpl_(c.speed->config().prompt),
+        re_(resolve_engine(c.args(), "ragcache", c.speed->config(), 8192, false)) {
+    // One PGDSF cost table for every run, so that plain and speculative rank alike.
+    if (re_.engine.policy == "pgdsf") costs_ = prefill_cost_table(c.speed, re_.engine);
+  }
+
+  SpeculationRow measure(int latency_ms, bool speculate) const;
+
+ private:
+  // Question i, asked at its arrival: its TTFT as a client sees it, its
+  // search's report, or what went wrong.
+  void client(SpeculativeSearch& search, const SamplingParams& sampling, size_t i, Clock::time_point t0,
+              double& ttft, RetrievalReport& report, std::string& error) const;
+
+  const EvalContext& c_;
+  const ChunkIndex& index_;
+  std::shared_ptr<const Tokenizer> tok_;
+  std::vector<QaItem> questions_;
+  std::vector<double> arrivals_;
+  RagWrapper tmpl_;
+  ResolvedEngine re_;
+  std::optional<PrefillCostTable> costs_;
+};
+
+void SpeculationBench::client(SpeculativeSearch& search, const SamplingParams& sampling, size_t i,
+                              Clock::time_point t0, double& ttft, RetrievalReport& report,
+                              std::string& error) const {
+  std::this_thread::sleep_until(
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals_[i])));
+  const auto at = Clock::now();
+  try {
+    SpeculativeSearch::Submitted got = search.submit(
+        questions_[i].question, 2,
+        [&](const std::vector<RequestDocument>& docs) {
+          RagRequest q;
+          q.question = questions_[i].question;
+          q.documents = docs;
+          return make_prompt_parts(*tok_, q, tmpl_);
+        },
+        "ragcache", sampling);
+    // TTFT as a client sees it: the stream holds a speculation's token
+    // back until the search has confirmed it.
+    const bool first = got.stream->next().has_value();
+    ttft = ms_since(at);
+    while (got.stream->next()) {
+    }
+    const RequestResult result = got.stream->result();
+    if (!first || result.state != RequestState::Finished)
+      error = fmt::format("ended {} before a token{}", request_state_name(result.state),
+                          result.error.empty() ? "" : ": " + result.error);
+    report = got.report;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+}
+
+SpeculationRow SpeculationBench::measure(int latency_ms, bool speculate) const {
+  const size_t n = questions_.size();
+  EngineOptions eo = re_.engine;
+  eo.tokenizer = tok_;
+  std::unique_ptr<EngineTiers> tiers;
+  EngineLoop loop(c_.speed, eo, [&](Engine& e) {
+    tiers = std::make_unique<EngineTiers>(e, re_.tiers, "[ragcache] ");
+    if (costs_) e.set_cache_cost_model(*costs_);
+  });
+  SpeculationOptions so;
+  so.stages = kSearchStages;
+  so.speculate = speculate;
+  so.stage_latency = std::chrono::milliseconds(latency_ms);
+  SpeculativeSearch search(loop, index_, so);
+  SamplingParams sampling;
+  sampling.max_tokens = 1;
+  SpeculationRow row;
+  row.ttft.resize(n);
+  std::vector<RetrievalReport> reports(n);
+  std::vector<std::string> errors(n);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < n; ++i)
+    clients.emplace_back([&, i] { client(search, sampling, i, t0, row.ttft[i], reports[i], errors[i]); });
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i].empty()) fail(ErrorKind::Internal, "speculation: request {} {}", i, errors[i]);
+    row.search += reports[i].search_ms / static_cast<double>(n);
+    row.overlapped += (reports[i].search_ms - reports[i].non_overlapped_ms) / static_cast<double>(n);
+    row.speculations += reports[i].speculations;
+    row.accepted += reports[i].accepted ? 1 : 0;
+  }
+  return row;
+}
+
+// The speculation table and its comparison with the paper's.
+struct SpeculationTable {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> gains, non_overlapped;  // per stage latency
+
+  void add(EvalReport& r, int latency, size_t n, const SpeculationRow& plain, const SpeculationRow& spec) {
+    for (const auto& [mode, row] :
+         {std::pair<const char*, const SpeculationRow&>{"plain", plain}, {"speculative", spec}})
+      rows.push_back({fmt::format("{} ms, {}", latency, mode), r.num(percentile(row.ttft, 50)),
+                      r.num(percentile(row.ttft, 99)), r.num(row.search), r.num(row.search - row.overlapped),
+                      std::to_string(row.speculations),
+                      row.speculations ? fmt::format("{}/{}", row.accepted, n) : "-"});
+    gains.push_back(
+        fmt::format("{} ms: {}", latency, r.ratio(percentile(plain.ttft, 50), percentile(spec.ttft, 50))));
+    non_overlapped.push_back(fmt::format(
+        "{} ms: {}", latency, r.ratio(plain.search - plain.overlapped, spec.search - spec.overlapped)));
+  }
+};
+
+void report_speculation(EvalContext& c, size_t n, double rate, const SpeculationTable& t) {
+  EvalReport& r = c.report;
+  const SpeculationOptions defaults;
+  r.text(fmt::format(
+      "{} Zipf-drawn MuSiQue questions at Poisson {} req/s, each searched by the engine's BM25 over the "
+      "corpus in chunks of 512 tokens (top-2) in {} stages by documents, each stage made to take 50 or 150 "
+      "ms (a "
+      "retriever slower than in-memory BM25); RAGCache with its profile on `{}`, one token generated; "
+      "speculative prefills of {} tokens per step. TTFT from the question's arrival, the search included; "
+      "non-overlapped: search time before the prefill that answered was submitted.",
+      n, rate, kSearchStages, c.speed_path, defaults.piece_tokens));
+  r.table({"stage latency, mode", "TTFT p50 ms", "TTFT p99 ms", "search mean ms", "non-overlapped mean ms",
+           "speculative prefills", "accepted"},
+          t.rows);
+  r.versus(
+      {{"TTFT from speculative pipelining", "up to 1.6x lower (Fig. 22)",
+        fmt::format("p50 lower by {}", fmt::join(t.gains, ", ")),
+        fmt::format("a CPU engine step cannot stop midway, so a discarded speculation holds the cores for "
+                    "its {}-token piece",
+                    defaults.piece_tokens)},
+       {"search time no prefill overlaps", "1.5-4.3x less (Table 3)",
+        fmt::format("less by {}", fmt::join(t.non_overlapped, ", ")),
+        "how early the top-2 settles bounds it: on MuSiQue by documents, before the last of 8 stages for 88% "
+        "of questions, from 58% of the stages on average (256-token chunks, docs/ragcache.md)"}});
+}
+
+}  // namespace
 
 void ragcache_policies(EvalContext& c) {
   EvalReport& r = c.report;
@@ -53,12 +202,7 @@ void ragcache_policies(EvalContext& c) {
   const size_t n = c.n(400, 2000);
   const DocStream stream = document_stream(c, tok, n, 256);
   stage(fmt::format("ragcache-policies: {} requests", n));
-  EngineOptions eo;
-  eo.pool_rows = 2048;
-  eo.cache_bytes = 0;
-  eo.threads = c.o.threads;
-  Engine profiler(c.speed, eo);
-  const PrefillCostTable cost = profiler.profile_prefill_cost(2048);
+  const PrefillCostTable cost = speed_cost_table(c);
   std::vector<PromptParts> parts;
   for (const RagRequest& q : stream.requests)
     parts.push_back(make_prompt_parts(tok, q, c.speed->config().prompt));
@@ -72,8 +216,7 @@ void ragcache_policies(EvalContext& c) {
   double lo_gdsf = 1e9, hi_gdsf = 0, lo_size = 1e9, hi_size = 0, lo_lru = 1e9, hi_lru = 0;
   for (double h : hosts) {
     std::map<std::string, double> hit;
-    std::vector<std::string> row = {fmt::format("{:.0f}%", 100 * h)};
-    dat += fmt::format("{}", 100 * h);
+    FigureRow row({fmt::format("{:.0f}%", 100 * h)}, fmt::format("{}", 100 * h));
     for (const std::string& p : policies) {
       SimulationOptions so;
       so.policy = p;
@@ -82,11 +225,9 @@ void ragcache_policies(EvalContext& c) {
       so.swap_out_once = true;
       so.cost_model = cost;
       hit[p] = 100 * simulate(prompts, so).item_hit_rate;
-      row.push_back(r.num(hit[p]));
-      dat += fmt::format(" {:.2f}", hit[p]);
+      row.add(r.num(hit[p]), hit[p]);
     }
-    dat += "\n";
-    rows.push_back(row);
+    std::move(row).append_to(rows, dat);
     lo_gdsf = std::min(lo_gdsf, hit["pgdsf"] / hit["gdsf"]);
     hi_gdsf = std::max(hi_gdsf, hit["pgdsf"] / hit["gdsf"]);
     lo_size = std::min(lo_size, hit["pgdsf"] / hit["gdsf-size"]);
@@ -123,13 +264,11 @@ void ragcache_policies(EvalContext& c) {
 void ragcache_ttft(EvalContext& c) {
   EvalReport& r = c.report;
   r.section("RAGCache: TTFT under load, with and without reordering");
-  const Tokenizer tok(Vocab::from_gguf(c.speed->file()));
   const size_t n = c.n(30, 80);
-  const DocStream stream = warm_document_stream(c, tok, n, 512);
-  const std::vector<RagRequest>& warm = stream.warmup;
+  const DocStream stream = warm_document_stream(c, n, 512);
   stage(fmt::format("ragcache-ttft: {} requests", n));
-  const Summary alone =
-      summarize(serve("ragcache", stream.requests, c.speed, c.args(), 1, true, nullptr, nullptr, warm));
+  const Summary alone = summarize(
+      serve("ragcache", stream.requests, c.speed, c.args(), 1, true, nullptr, nullptr, stream.warmup));
   // Offered load: 1.5x what RAGCache serves one at a time, so a queue forms.
   const double rate = 1.5 * 1000.0 / std::max(alone.mean, 1e-3);
   const std::vector<RagRequest> loaded = with_arrivals(stream.requests, rate, 5);
@@ -145,7 +284,8 @@ void ragcache_ttft(EvalContext& c) {
   for (const Variant& v : variants) {
     EngineArgs args = c.args();
     args.scheduler = v.scheduler;
-    const Summary s = summarize(serve(v.strategy, loaded, c.speed, args, 1, false, nullptr, nullptr, warm));
+    const Summary s =
+        summarize(serve(v.strategy, loaded, c.speed, args, 1, false, nullptr, nullptr, stream.warmup));
     got[v.label] = s;
     rows.push_back({v.label, r.num(s.mean), r.num(s.p50), r.num(s.p99), r.num(s.computed, 0)});
   }
@@ -153,7 +293,7 @@ void ragcache_ttft(EvalContext& c) {
       "{} requests of {}, `{}`, Poisson arrivals at {:.2f} req/s (1.5x RAGCache's one-at-a-time rate), "
       "after {} other requests of the stream served unmeasured (warm caches); RAGCache with its profile "
       "(PGDSF, host tier, swap-out-once).",
-      n, stream.what, c.speed_path, rate, warm.size()));
+      n, stream.what, c.speed_path, rate, stream.warmup.size()));
   r.table({"system", "TTFT mean ms", "p50 ms", "p99 ms", "tokens computed per request"}, rows);
   const Summary& full = got["full (no reuse)"];
   const Summary& rc = got["ragcache, reordering"];
@@ -183,123 +323,16 @@ void ragcache_speculation(EvalContext& c) {
   const auto tok = std::make_shared<const Tokenizer>(Vocab::from_gguf(c.speed->file()));
   const ChunkIndex index = chunk_corpus(d / "musique_train_corpus.json", *tok, 512);
   const size_t n = c.n(10, 24);
-  const std::vector<QaItem> questions = zipf_questions(d / "musique_train.json", n, 11);
-  constexpr size_t kStages = 8;
   const double rate = 0.5;  // light load: the search, not a queue, is what speculation hides
-  const std::vector<double> arrivals = poisson_arrivals(n, rate, 13);
-  const RagWrapper tmpl = c.speed->config().prompt;
-  const ResolvedEngine re = resolve_engine(c.args(), "ragcache", c.speed->config(), 8192, false);
-  // One PGDSF cost table for every run, so that plain and speculative rank alike.
-  std::optional<PrefillCostTable> costs;
-  if (re.engine.policy == "pgdsf") {
-    EngineOptions po = re.engine;
-    po.cache_bytes = 0;
-    costs = Engine(c.speed, po).profile_prefill_cost(2048);
-  }
-  const SpeculationOptions defaults;
-  struct Row {
-    std::vector<double> ttft;
-    double search = 0, overlapped = 0;
-    int speculations = 0, accepted = 0;
-  };
-  const auto measure = [&](int latency_ms, bool speculate) {
-    EngineOptions eo = re.engine;
-    eo.tokenizer = tok;
-    std::unique_ptr<EngineTiers> tiers;
-    EngineLoop loop(c.speed, eo, [&](Engine& e) {
-      tiers = std::make_unique<EngineTiers>(e, re.tiers, "[ragcache] ");
-      if (costs) e.set_cache_cost_model(*costs);
-    });
-    SpeculationOptions so = defaults;
-    so.stages = kStages;
-    so.speculate = speculate;
-    so.stage_latency = std::chrono::milliseconds(latency_ms);
-    SpeculativeSearch search(loop, index, so);
-    SamplingParams sampling;
-    sampling.max_tokens = 1;
-    Row row;
-    row.ttft.resize(n);
-    std::vector<RetrievalReport> reports(n);
-    std::vector<std::string> errors(n);
-    const auto t0 = Clock::now();
-    std::vector<std::thread> clients;
-    for (size_t i = 0; i < n; ++i)
-      clients.emplace_back([&, i] {
-        std::this_thread::sleep_until(
-            t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
-        const auto at = Clock::now();
-        try {
-          SpeculativeSearch::Submitted got = search.submit(
-              questions[i].question, 2,
-              [&](const std::vector<RequestDocument>& docs) {
-                RagRequest q;
-                q.question = questions[i].question;
-                q.documents = docs;
-                return make_prompt_parts(*tok, q, tmpl);
-              },
-              "ragcache", sampling);
-          // TTFT as a client sees it: the stream holds a speculation's token
-          // back until the search has confirmed it.
-          const bool first = got.stream->next().has_value();
-          row.ttft[i] = ms_since(at);
-          while (got.stream->next()) {
-          }
-          const RequestResult result = got.stream->result();
-          if (!first || result.state != RequestState::Finished)
-            errors[i] = fmt::format("ended {} before a token{}", request_state_name(result.state),
-                                    result.error.empty() ? "" : ": " + result.error);
-          reports[i] = got.report;
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-        }
-      });
-    for (std::thread& t : clients) t.join();
-    for (size_t i = 0; i < n; ++i) {
-      if (!errors[i].empty()) fail(ErrorKind::Internal, "speculation: request {} {}", i, errors[i]);
-      row.search += reports[i].search_ms / static_cast<double>(n);
-      row.overlapped += (reports[i].search_ms - reports[i].non_overlapped_ms) / static_cast<double>(n);
-      row.speculations += reports[i].speculations;
-      row.accepted += reports[i].accepted ? 1 : 0;
-    }
-    return row;
-  };
-  std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> gains, non_overlapped;
+  const SpeculationBench bench(c, index, tok, zipf_questions(d / "musique_train.json", n, 11),
+                               poisson_arrivals(n, rate, 13));
+  SpeculationTable table;
   for (const int latency : {50, 150}) {
     stage(fmt::format("ragcache-speculation: {} questions, {} ms per search stage", n, latency));
-    const Row plain = measure(latency, false), spec = measure(latency, true);
-    for (const auto& [mode, row] :
-         {std::pair<const char*, const Row&>{"plain", plain}, {"speculative", spec}})
-      rows.push_back({fmt::format("{} ms, {}", latency, mode), r.num(percentile(row.ttft, 50)),
-                      r.num(percentile(row.ttft, 99)), r.num(row.search), r.num(row.search - row.overlapped),
-                      std::to_string(row.speculations),
-                      row.speculations ? fmt::format("{}/{}", row.accepted, n) : "-"});
-    gains.push_back(
-        fmt::format("{} ms: {}", latency, r.ratio(percentile(plain.ttft, 50), percentile(spec.ttft, 50))));
-    non_overlapped.push_back(fmt::format(
-        "{} ms: {}", latency, r.ratio(plain.search - plain.overlapped, spec.search - spec.overlapped)));
+    const SpeculationRow plain = bench.measure(latency, false), spec = bench.measure(latency, true);
+    table.add(r, latency, n, plain, spec);
   }
-  r.text(fmt::format(
-      "{} Zipf-drawn MuSiQue questions at Poisson {} req/s, each searched by the engine's BM25 over the "
-      "corpus in chunks of 512 tokens (top-2) in {} stages by documents, each stage made to take 50 or 150 "
-      "ms (a "
-      "retriever slower than in-memory BM25); RAGCache with its profile on `{}`, one token generated; "
-      "speculative prefills of {} tokens per step. TTFT from the question's arrival, the search included; "
-      "non-overlapped: search time before the prefill that answered was submitted.",
-      n, rate, kStages, c.speed_path, defaults.piece_tokens));
-  r.table({"stage latency, mode", "TTFT p50 ms", "TTFT p99 ms", "search mean ms", "non-overlapped mean ms",
-           "speculative prefills", "accepted"},
-          rows);
-  r.versus(
-      {{"TTFT from speculative pipelining", "up to 1.6x lower (Fig. 22)",
-        fmt::format("p50 lower by {}", fmt::join(gains, ", ")),
-        fmt::format("a CPU engine step cannot stop midway, so a discarded speculation holds the cores for "
-                    "its {}-token piece",
-                    defaults.piece_tokens)},
-       {"search time no prefill overlaps", "1.5-4.3x less (Table 3)",
-        fmt::format("less by {}", fmt::join(non_overlapped, ", ")),
-        "how early the top-2 settles bounds it: on MuSiQue by documents, before the last of 8 stages for 88% "
-        "of questions, from 58% of the stages on average (256-token chunks, docs/ragcache.md)"}});
+  report_speculation(c, n, rate, table);
 }
 
 }  // namespace depcache::experiments

@@ -2,45 +2,17 @@
 // prompt and generation speed by weight type.
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <numeric>
+#include <string>
+#include <vector>
 
-#include "compute/dot.h"
-#include "engine/chunk_fusion.h"
-#include "engine/engine.h"
-#include "engine/engine_loop.h"
-#include "engine/engine_tiers.h"
+#include "compute/dtype.h"
 #include "eval/engine_bench.h"
-#include "eval/eval_report.h"
 #include "eval/experiments.h"
-#include "eval/plot.h"
-#include "eval/replay.h"
 #include "eval/report.h"
-#include "eval/stats.h"
-#include "eval/strategy_run.h"
-#include "eval/stream.h"
-#include "model/model.h"
 #include "model/model_writer.h"
-#include "model/tokenizer.h"
-#include "model/vocab.h"
-#include "prompt/prompt_parts.h"
-#include "retrieval/corpus.h"
-#include "retrieval/synthetic_kg.h"
-#include "retrieval/wordnet.h"
-#include "retrieval/workload.h"
-#include "server/speculation.h"
-#include "strategy/simulator.h"
-#include "strategy/subgcache.h"
-#include "util/error.h"
-#include "util/thread_pool.h"
-#include "util/timing.h"
 
 namespace depcache::experiments {
 
@@ -49,10 +21,8 @@ namespace fs = std::filesystem;
 void throughput(EvalContext& c) {
   EvalReport& r = c.report;
   r.section("Throughput within an SLO (RAGCache, Cache-Craft)");
-  const Tokenizer tok(Vocab::from_gguf(c.speed->file()));
   const size_t n = c.n(24, 60);
-  const DocStream stream = warm_document_stream(c, tok, n, 512);
-  const std::vector<RagRequest>& warm = stream.warmup;
+  const DocStream stream = warm_document_stream(c, n, 512);
   // RAGCache's definition: the rate whose mean TTFT stays under 5x that at
   // the lowest rate. One threshold for every system, full's (its sweep sets
   // it), so that the rates compare.
@@ -64,7 +34,7 @@ void throughput(EvalContext& c) {
     const RateSweep sweep = sweep_rate(
         stream.requests, slo, 3,
         [&](const std::vector<RagRequest>& at, bool serial) {
-          return serve(s, at, c.speed, c.args(), 1, serial, nullptr, nullptr, warm);
+          return serve(s, at, c.speed, c.args(), 1, serial, nullptr, nullptr, stream.warmup);
         },
         SloStatistic::Mean);
     slo = sweep.slo;
@@ -80,7 +50,7 @@ void throughput(EvalContext& c) {
       "within {:.0f} ms (5x full prefill's unloaded mean), and the most requests completed per second at "
       "them (the throughput compared; the search stops doubling the rate once the completed rate stops "
       "growing); each system at its own defaults, its caches warmed by {} other requests of the stream.",
-      n, stream.what, c.speed_path, slo, warm.size()));
+      n, stream.what, c.speed_path, slo, stream.warmup.size()));
   r.table({"system", "unloaded TTFT mean ms", "p50 ms", "p99 ms",
            "highest offered req/s found within the SLO", "completed req/s"},
           rows);

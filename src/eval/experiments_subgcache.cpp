@@ -2,146 +2,86 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <ctime>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <numeric>
+#include <memory>
+#include <string>
+#include <vector>
 
-#include "compute/dot.h"
-#include "engine/chunk_fusion.h"
-#include "engine/engine.h"
-#include "engine/engine_loop.h"
-#include "engine/engine_tiers.h"
-#include "eval/engine_bench.h"
-#include "eval/eval_report.h"
 #include "eval/experiments.h"
-#include "eval/plot.h"
-#include "eval/replay.h"
-#include "eval/report.h"
-#include "eval/stats.h"
-#include "eval/strategy_run.h"
-#include "eval/stream.h"
-#include "model/model.h"
-#include "model/model_writer.h"
-#include "model/tokenizer.h"
-#include "model/vocab.h"
-#include "prompt/prompt_parts.h"
-#include "retrieval/corpus.h"
-#include "retrieval/synthetic_kg.h"
-#include "retrieval/wordnet.h"
 #include "retrieval/workload.h"
-#include "server/speculation.h"
-#include "strategy/simulator.h"
 #include "strategy/subgcache.h"
-#include "util/error.h"
-#include "util/thread_pool.h"
-#include "util/timing.h"
 
 namespace depcache::experiments {
 
-namespace fs = std::filesystem;
+namespace {
 
-void subgcache(EvalContext& c) {
+// (query, key) pairs per layer and request, averaged over the run.
+double attention_pairs(const StrategyRun& run) {
+  double p = 0;
+  for (const RequestRow& row : run.rows) p += static_cast<double>(row.report.attention_pairs);
+  return p / static_cast<double>(std::max<size_t>(run.rows.size(), 1));
+}
+
+// Per-query prompts, then SubGCache at each cluster count over one batch:
+// the table's rows, a plot's data, and the best TTFT and token gains and the
+// range of exact-match changes.
+struct ClusterSweep {
+  std::vector<std::vector<std::string>> rows;
+  std::string dat;
+  double best_gain = 0, best_tokens = 0, em_lo = 100, em_hi = -100;
+};
+
+// The sweep over `reqs`, the graph in `format`, at each count of `clusters`.
+ClusterSweep sweep_clusters(EvalContext& c, const std::vector<RagRequest>& reqs,
+                            const std::shared_ptr<const Model>& model, const std::string& format,
+                            const std::vector<size_t>& clusters) {
   EvalReport& r = c.report;
-  r.section("SubGCache: clusters of queries, one prefill per cluster");
-  const KnowledgeGraph kg = world(9002);
-  const size_t n = c.n(32, 100);
-  std::vector<size_t> clusters =
-      c.o.quick ? std::vector<size_t>{1, 4, 8, 16} : std::vector<size_t>{1, 2, 4, 8, 16, 32, 64};
-  clusters.push_back(n);
-  auto pairs = [](const StrategyRun& run) {
-    double p = 0;
-    for (const RequestRow& row : run.rows) p += static_cast<double>(row.report.attention_pairs);
-    return p / static_cast<double>(std::max<size_t>(run.rows.size(), 1));
-  };
-  // Per-query prompts, then SubGCache at each cluster count over one batch
-  // of `reqs`, the graph in `format`: the table's rows, a plot's data, and
-  // the best TTFT and token gains and the range of exact-match changes.
-  struct Sweep {
-    std::vector<std::vector<std::string>> rows;
-    std::string dat;
-    double best_gain = 0, best_tokens = 0, em_lo = 100, em_hi = -100;
-  };
-  auto sweep = [&](const std::vector<RagRequest>& reqs, const std::shared_ptr<const Model>& model,
-                   const std::string& format) {
-    Sweep w;
-    stage(fmt::format("subgcache: {} queries, graph as {}", reqs.size(), format));
-    const StrategyRun per_query_run =
-        serve("full", reqs, model, c.args(), 12, false, nullptr, nullptr, {}, format);
-    const Summary per_query = summarize(per_query_run);
-    w.rows.push_back({"per-query prompts (full)", "-", r.num(per_query.mean), r.num(per_query.computed, 0),
-                      r.num(pairs(per_query_run) / 1e3), r.num(per_query.exact) + "%"});
-    for (size_t k : clusters) {
-      SubgcacheOptions so;
-      so.clusters = k;
-      so.batch = reqs.size();
-      const StrategyRun run = serve("subgcache", reqs, model, c.args(), 12, false, nullptr, &so, {}, format);
-      const Summary s = summarize(run);
-      w.rows.push_back(
-          {fmt::format("subgcache, {} of {} queries per cluster",
-                       k == reqs.size() ? std::string("1") : fmt::format("~{}", (reqs.size() + k - 1) / k),
-                       reqs.size()),
-           std::to_string(k), r.num(s.mean), r.num(s.computed, 0), r.num(pairs(run) / 1e3),
-           r.num(s.exact) + "%"});
-      w.dat += fmt::format("{} {} {}\n", k, s.mean, s.exact);
-      w.best_gain = std::max(w.best_gain, per_query.mean / s.mean);
-      w.best_tokens = std::max(w.best_tokens, per_query.computed / std::max(s.computed, 1.0));
-      w.em_lo = std::min(w.em_lo, s.exact - per_query.exact);
-      w.em_hi = std::max(w.em_hi, s.exact - per_query.exact);
-    }
-    return w;
-  };
-  const std::vector<std::string> header = {
+  ClusterSweep w;
+  stage(fmt::format("subgcache: {} queries, graph as {}", reqs.size(), format));
+  const StrategyRun per_query_run =
+      serve("full", reqs, model, c.args(), 12, false, nullptr, nullptr, {}, format);
+  const Summary per_query = summarize(per_query_run);
+  w.rows.push_back({"per-query prompts (full)", "-", r.num(per_query.mean), r.num(per_query.computed, 0),
+                    r.num(attention_pairs(per_query_run) / 1e3), r.num(per_query.exact) + "%"});
+  for (size_t k : clusters) {
+    SubgcacheOptions so;
+    so.clusters = k;
+    so.batch = reqs.size();
+    const StrategyRun run = serve("subgcache", reqs, model, c.args(), 12, false, nullptr, &so, {}, format);
+    const Summary s = summarize(run);
+    w.rows.push_back(
+        {fmt::format("subgcache, {} of {} queries per cluster",
+                     k == reqs.size() ? std::string("1") : fmt::format("~{}", (reqs.size() + k - 1) / k),
+                     reqs.size()),
+         std::to_string(k), r.num(s.mean), r.num(s.computed, 0), r.num(attention_pairs(run) / 1e3),
+         r.num(s.exact) + "%"});
+    w.dat += fmt::format("{} {} {}\n", k, s.mean, s.exact);
+    w.best_gain = std::max(w.best_gain, per_query.mean / s.mean);
+    w.best_tokens = std::max(w.best_tokens, per_query.computed / std::max(s.computed, 1.0));
+    w.em_lo = std::min(w.em_lo, s.exact - per_query.exact);
+    w.em_hi = std::max(w.em_hi, s.exact - per_query.exact);
+  }
+  return w;
+}
+
+const std::vector<std::string>& sweep_header() {
+  static const std::vector<std::string> header = {
       "serving",    "clusters", "TTFT mean ms", "tokens computed per query", "attention pairs (k)",
       "exact match"};
-  const std::string plot_script =
-      std::string(kLinePlot) +
-      "set logscale x; set xlabel 'clusters'; set ylabel 'mean TTFT (ms)'; set y2label 'exact match "
-      "(%)'; set y2tics; plot $DATA using 1:2 with linespoints title 'TTFT', '' using 1:3 axes x1y2 with "
-      "linespoints title 'exact match'";
+  return header;
+}
 
-  // SubGCache's own form: each query's subgraph, and a cluster's
-  // representative, as G-Retriever's CSV, read by the QA model trained on it.
-  const auto csv_model = load_shipped(c, "depcache-qa-csv.gguf");
-  AskOptions ca;
-  ca.each_once = false;
-  ca.requests = n;
-  ca.seed = 29;
-  ca.entities = 1;
-  ca.context_hops = 1;
-  ca.form = QuestionForm::Words;
-  const Sweep csv = sweep(ask(kg, ca), csv_model, "csv");
-  r.text(fmt::format(
-      "One batch of {} Zipf queries over a held-out world, all arriving at once, 12 greedy tokens. First "
-      "SubGCache's own form: each query's subgraph (the asked entity with its direct facts; the question in "
-      "words, \"What is the r of A?\") and each cluster's representative (the union "
-      "of its members' subgraphs) as G-Retriever's CSV, read by `depcache-qa-csv.gguf`, the QA model trained "
-      "on CSV contexts of 1 to 4 entities (docs/training.md). TTFT: mean from arrival; attention pairs: "
-      "(query, key) pairs per layer and request, in thousands.",
-      n));
-  r.table(header, csv.rows);
-  r.plot("subgcache-csv", csv.dat, plot_script);
+std::string sweep_plot() {
+  return std::string(kLinePlot) +
+         "set logscale x; set xlabel 'clusters'; set ylabel 'mean TTFT (ms)'; set y2label 'exact match "
+         "(%)'; set y2tics; plot $DATA using 1:2 with linespoints title 'TTFT', '' using 1:3 axes x1y2 with "
+         "linespoints title 'exact match'";
+}
 
-  // The same comparison over relation paths, with the shipped causal model.
-  const auto model = load_shipped(c, "depcache-qa.gguf");
-  AskOptions a;
-  a.each_once = false;
-  a.requests = n;
-  a.seed = 29;
-  const std::vector<RagRequest> reqs = ask(kg, a);
-  const Sweep paths = sweep(reqs, model, "paths");
-  r.text(
-      "Then the graph as relation paths (`--graph-format paths`), the form the shipped causal QA model "
-      "`depcache-qa.gguf` reads: 3 entities of 9 relation paths each per query, 1-hop cloze questions; a "
-      "cluster's representative is the union of its members' relation paths.");
-  r.table(header, paths.rows);
-  r.plot("subgcache", paths.dat, plot_script);
-  // Why the answers fall with fewer clusters: how the model answers when a
-  // query alone carries as many entities as a merged cluster does.
+// Why the answers fall with fewer clusters: how the model answers when a
+// query alone carries as many entities as a merged cluster does.
+void entity_width_table(EvalContext& c, const KnowledgeGraph& kg, const AskOptions& a,
+                        const std::shared_ptr<const Model>& model) {
+  EvalReport& r = c.report;
   std::vector<std::vector<std::string>> width;
   for (size_t e : {3, 5, 8, 12}) {
     AskOptions w = a;
@@ -153,6 +93,9 @@ void subgcache(EvalContext& c) {
       "The relation-path model under full attention, each query with more context entities of its own (it "
       "was trained on 1 to 3):");
   r.table({"entities per query", "prompt tokens", "exact match"}, width);
+}
+
+void subgcache_versus(EvalReport& r, const ClusterSweep& csv, const ClusterSweep& paths) {
   r.versus(
       {{"TTFT reduction", "up to 6.68x (Table 2; Llama-2-7B, Scene Graph)",
         fmt::format("CSV: up to {:.2f}x (mean), tokens computed up to {:.2f}x fewer; paths: up to {:.2f}x, "
@@ -167,6 +110,56 @@ void subgcache(EvalContext& c) {
         "a merged cluster holds several entities: the CSV model reads them far less well than one "
         "(docs/training.md) and never saw more than 4 in one context, the paths model more than 3 (table "
         "above); the paper's 3-7B models read long subgraphs"}});
+}
+
+}  // namespace
+
+void subgcache(EvalContext& c) {
+  EvalReport& r = c.report;
+  r.section("SubGCache: clusters of queries, one prefill per cluster");
+  const KnowledgeGraph kg = world(9002);
+  const size_t n = c.n(32, 100);
+  std::vector<size_t> clusters =
+      c.o.quick ? std::vector<size_t>{1, 4, 8, 16} : std::vector<size_t>{1, 2, 4, 8, 16, 32, 64};
+  clusters.push_back(n);
+
+  // SubGCache's own form: each query's subgraph, and a cluster's
+  // representative, as G-Retriever's CSV, read by the QA model trained on it.
+  const auto csv_model = load_shipped(c, "depcache-qa-csv.gguf");
+  AskOptions ca;
+  ca.each_once = false;
+  ca.requests = n;
+  ca.seed = 29;
+  ca.entities = 1;
+  ca.context_hops = 1;
+  ca.form = QuestionForm::Words;
+  const ClusterSweep csv = sweep_clusters(c, ask(kg, ca), csv_model, "csv", clusters);
+  r.text(fmt::format(
+      "One batch of {} Zipf queries over a held-out world, all arriving at once, 12 greedy tokens. First "
+      "SubGCache's own form: each query's subgraph (the asked entity with its direct facts; the question in "
+      "words, \"What is the r of A?\") and each cluster's representative (the union "
+      "of its members' subgraphs) as G-Retriever's CSV, read by `depcache-qa-csv.gguf`, the QA model trained "
+      "on CSV contexts of 1 to 4 entities (docs/training.md). TTFT: mean from arrival; attention pairs: "
+      "(query, key) pairs per layer and request, in thousands.",
+      n));
+  r.table(sweep_header(), csv.rows);
+  r.plot("subgcache-csv", csv.dat, sweep_plot());
+
+  // The same comparison over relation paths, with the shipped causal model.
+  const auto model = load_shipped(c, "depcache-qa.gguf");
+  AskOptions a;
+  a.each_once = false;
+  a.requests = n;
+  a.seed = 29;
+  const ClusterSweep paths = sweep_clusters(c, ask(kg, a), model, "paths", clusters);
+  r.text(
+      "Then the graph as relation paths (`--graph-format paths`), the form the shipped causal QA model "
+      "`depcache-qa.gguf` reads: 3 entities of 9 relation paths each per query, 1-hop cloze questions; a "
+      "cluster's representative is the union of its members' relation paths.");
+  r.table(sweep_header(), paths.rows);
+  r.plot("subgcache", paths.dat, sweep_plot());
+  entity_width_table(c, kg, a, model);
+  subgcache_versus(r, csv, paths);
 }
 
 }  // namespace depcache::experiments

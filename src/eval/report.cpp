@@ -55,68 +55,69 @@ nlohmann::json request_row_json(const std::string& strategy, const RequestRow& r
   return j;
 }
 
-std::string summary_report(const std::vector<StrategyRun>& runs, bool verify, bool fidelity) {
-  std::string out;
+namespace {
+
+// The summary's column heads.
+void append_summary_header(std::string& out, bool verify, bool fidelity) {
   fmt::format_to(
       std::back_inserter(out),
       "\n{:<10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>10} {:>10} {:>9} {:>13}{}{}\n",
       "strategy", "requests", "TTFT p50", "TTFT p99", "TTFT mean", "e2e p50", "req/s", "tok/s", "prompt",
       "computed", "reused", "hit rate", "attn pairs", verify ? "  max |dlogit|  top-1 agree" : "",
       fidelity ? "  1st token   KL mean  identical  ROUGE-L" : "");
-  for (const StrategyRun& run : runs) {
-    const std::vector<double> ttft = ttfts(run);
-    std::vector<double> e2e;
-    double hit = 0, max_diff = 0;
-    int64_t prompt = 0, computed = 0, reused = 0, pairs = 0, agree = 0, generated = 0;
-    for (const RequestRow& r : run.rows) {
-      e2e.push_back(r.total_ms);
-      generated += static_cast<int64_t>(r.output.size());
-      prompt += r.report.prompt_tokens;
-      computed += r.report.computed_tokens;
-      reused += r.report.reused_tokens;
-      pairs += r.report.attention_pairs;
-      hit += static_cast<double>(r.report.reused_tokens) / static_cast<double>(r.report.prompt_tokens);
-      max_diff = std::max(max_diff, r.logit_diff);
-      agree += r.top1_agrees;
-    }
-    const auto n = static_cast<double>(run.rows.size());
-    double mean = 0;
-    for (double t : ttft) mean += t / n;
-    fmt::format_to(
-        std::back_inserter(out),
-        "{:<10} {:>8} {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.2f} {:>8.1f} {:>9} {:>10} {:>10} "
-        "{:>8.1f}% "
-        "{:>13}",
-        run.name, run.rows.size(), percentile(ttft, 50), percentile(ttft, 99), mean, percentile(e2e, 50),
-        n / run.wall_s, static_cast<double>(generated) / run.wall_s, prompt, computed, reused,
-        100.0 * hit / n, pairs);
-    if (verify)
-      fmt::format_to(std::back_inserter(out), "  {:>13.2e}  {:>5}/{}", max_diff, agree, run.rows.size());
-    if (fidelity) {
-      int64_t first = 0, identical = 0;
-      double kl = 0, rouge = 0;
-      for (const RequestRow& r : run.rows) {
-        first += r.fidelity->first_token_agrees;
-        identical += r.fidelity->identical;
-        kl += r.fidelity->kl_first_token / n;
-        rouge += r.fidelity->rouge_l / n;
-      }
-      fmt::format_to(std::back_inserter(out), "  {:>6}/{:<3} {:>9.2e} {:>6}/{:<3} {:>8.3f}", first,
-                     run.rows.size(), kl, identical, run.rows.size(), rouge);
-    }
-    fmt::format_to(std::back_inserter(out), "\n");
+}
+
+// The fidelity columns of a run's summary row.
+void append_fidelity_columns(std::string& out, const StrategyRun& run) {
+  const auto n = static_cast<double>(run.rows.size());
+  int64_t first = 0, identical = 0;
+  double kl = 0, rouge = 0;
+  for (const RequestRow& r : run.rows) {
+    first += r.fidelity->first_token_agrees;
+    identical += r.fidelity->identical;
+    kl += r.fidelity->kl_first_token / n;
+    rouge += r.fidelity->rouge_l / n;
   }
+  fmt::format_to(std::back_inserter(out), "  {:>6}/{:<3} {:>9.2e} {:>6}/{:<3} {:>8.3f}", first,
+                 run.rows.size(), kl, identical, run.rows.size(), rouge);
+}
+
+// One run's row of the summary.
+void append_summary_row(std::string& out, const StrategyRun& run, bool verify, bool fidelity) {
+  const std::vector<double> ttft = ttfts(run);
+  std::vector<double> e2e;
+  double hit = 0, max_diff = 0;
+  int64_t prompt = 0, computed = 0, reused = 0, pairs = 0, agree = 0, generated = 0;
+  for (const RequestRow& r : run.rows) {
+    e2e.push_back(r.total_ms);
+    generated += static_cast<int64_t>(r.output.size());
+    prompt += r.report.prompt_tokens;
+    computed += r.report.computed_tokens;
+    reused += r.report.reused_tokens;
+    pairs += r.report.attention_pairs;
+    hit += static_cast<double>(r.report.reused_tokens) / static_cast<double>(r.report.prompt_tokens);
+    max_diff = std::max(max_diff, r.logit_diff);
+    agree += r.top1_agrees;
+  }
+  const auto n = static_cast<double>(run.rows.size());
+  double mean = 0;
+  for (double t : ttft) mean += t / n;
   fmt::format_to(
       std::back_inserter(out),
-      "TTFT and e2e (end-to-end latency) from each request's arrival; req/s and tok/s (generated) over the "
-      "replay's wall time. hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) "
-      "pairs per layer.\n");
-  if (fidelity)
-    fmt::format_to(
-        std::back_inserter(out),
-        "fidelity, against full attention on the flat prompt: same first token; KL(full || strategy) of the "
-        "first-token distributions (mean); identical greedy continuations; token ROUGE-L of the "
-        "continuations (mean).\n");
+      "{:<10} {:>8} {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.1f}ms {:>8.2f} {:>8.1f} {:>9} {:>10} {:>10} "
+      "{:>8.1f}% "
+      "{:>13}",
+      run.name, run.rows.size(), percentile(ttft, 50), percentile(ttft, 99), mean, percentile(e2e, 50),
+      n / run.wall_s, static_cast<double>(generated) / run.wall_s, prompt, computed, reused, 100.0 * hit / n,
+      pairs);
+  if (verify)
+    fmt::format_to(std::back_inserter(out), "  {:>13.2e}  {:>5}/{}", max_diff, agree, run.rows.size());
+  if (fidelity) append_fidelity_columns(out, run);
+  fmt::format_to(std::back_inserter(out), "\n");
+}
+
+// A line per run that judged answers; returns each such run's token F1.
+std::map<std::string, double> append_answer_lines(std::string& out, const std::vector<StrategyRun>& runs) {
   std::map<std::string, double> f1_of;
   for (const StrategyRun& run : runs) {
     int64_t asked = 0, right = 0;
@@ -135,68 +136,101 @@ std::string summary_report(const std::vector<StrategyRun>& runs, bool verify, bo
         "generation\n",
         run.name, right, asked, 100.0 * static_cast<double>(right) / static_cast<double>(asked), f1);
   }
-  // FusionRAG's normalized F1: where a strategy sits between full reuse (0)
-  // and full attention (1). Undefined when the two are closer than
-  // kMinF1Gap: the ratio would be noise (bench/experiments/chunks.sh applies the same
-  // rule to its separate runs).
+  return f1_of;
+}
+
+// FusionRAG's normalized F1: where a strategy sits between full reuse (0)
+// and full attention (1). Undefined when the two are closer than
+// kMinF1Gap: the ratio would be noise (bench/experiments/chunks.sh applies the same
+// rule to its separate runs).
+void append_normalized_f1(std::string& out, std::map<std::string, double> f1_of) {
   constexpr double kMinF1Gap = 0.01;
-  if (f1_of.count("full") && f1_of.count("fullreuse")) {
-    const double span = f1_of["full"] - f1_of["fullreuse"];
-    for (const auto& [name, f1] : f1_of) {
-      if (name == "full" || name == "fullreuse") continue;
-      if (std::abs(span) < kMinF1Gap)
-        fmt::format_to(std::back_inserter(out),
-                       "{:<10} normalized F1: undefined (full and fullreuse are within {} F1)\n", name,
-                       kMinF1Gap);
-      else
-        fmt::format_to(std::back_inserter(out),
-                       "{:<10} normalized F1 (F1 - F1 fullreuse) / (F1 full - F1 fullreuse): {:.3f}\n", name,
-                       (f1 - f1_of["fullreuse"]) / span);
-    }
-  }
-  for (const StrategyRun& run : runs) {
-    const RadixIndex::Stats& s = run.stats;
-    const int64_t nonfinite =
-        std::count_if(run.rows.begin(), run.rows.end(), [](const RequestRow& r) { return !r.finite; });
-    if (nonfinite > 0)
+  if (!f1_of.count("full") || !f1_of.count("fullreuse")) return;
+  const double span = f1_of["full"] - f1_of["fullreuse"];
+  for (const auto& [name, f1] : f1_of) {
+    if (name == "full" || name == "fullreuse") continue;
+    if (std::abs(span) < kMinF1Gap)
       fmt::format_to(std::back_inserter(out),
-                     "{:<10} warning: {} of {} requests gave non-finite logits (NaN or Inf)\n", run.name,
-                     nonfinite, run.rows.size());
-    if (s.oversized[0] > 0)
-      fmt::format_to(
-          std::back_inserter(out),
-          "{:<10} warning: {} spans were not cached: each alone is larger than the hot tier (--cache-mib)\n",
-          run.name, s.oversized[0]);
-    if (s.oversized[2] > 0)
-      fmt::format_to(
-          std::back_inserter(out),
-          "{:<10} warning: {} spans were dropped instead of written: each alone is larger than the disk tier "
-          "(--disk-mib)\n",
-          run.name, s.oversized[2]);
-    if (s.disk_write_failures > 0)
-      fmt::format_to(
-          std::back_inserter(out),
-          "{:<10} warning: {} spans could not be written to the disk tier (disk full or not writable)\n",
-          run.name, s.disk_write_failures);
-    if (run.preemptions > 0)
-      fmt::format_to(
-          std::back_inserter(out),
-          "{:<10} note: the KV pool ({} rows) ran out {} times; the latest admitted requests gave their rows "
-          "back and were prefilled again (-c/--ctx-size raises it)\n",
-          run.name, run.pool_rows, run.preemptions);
-    if (!run.tiered) continue;
+                     "{:<10} normalized F1: undefined (full and fullreuse are within {} F1)\n", name,
+                     kMinF1Gap);
+    else
+      fmt::format_to(std::back_inserter(out),
+                     "{:<10} normalized F1 (F1 - F1 fullreuse) / (F1 full - F1 fullreuse): {:.3f}\n", name,
+                     (f1 - f1_of["fullreuse"]) / span);
+  }
+}
+
+// A run's warnings and notes: non-finite logits, spans not kept, preemptions.
+void append_run_warnings(std::string& out, const StrategyRun& run) {
+  const RadixIndex::Stats& s = run.stats;
+  const int64_t nonfinite =
+      std::count_if(run.rows.begin(), run.rows.end(), [](const RequestRow& r) { return !r.finite; });
+  if (nonfinite > 0)
+    fmt::format_to(std::back_inserter(out),
+                   "{:<10} warning: {} of {} requests gave non-finite logits (NaN or Inf)\n", run.name,
+                   nonfinite, run.rows.size());
+  if (s.oversized[0] > 0)
     fmt::format_to(
         std::back_inserter(out),
-        "{:<10} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} "
-        "ms ({} spans layer by layer, {:.1f} ms waited for layers); "
-        "demoted hot {} host {}; swapped out {:.1f} MiB ({} evictions found a host copy); bad records "
-        "dropped "
-        "{}; blocks published {}; prefetched {} tokens; disk "
-        "write failures {}; oversized spans hot {} disk {}\n",
-        run.name, s.hit_tokens[0], s.hit_tokens[1], s.hit_tokens[2], s.hit_tokens[3],
-        s.promoted_bytes / 1048576.0, s.load_ms, s.layered_loads, s.layer_wait_ms, s.demoted[0], s.demoted[1],
-        s.swapped_out_bytes / 1048576.0, s.swap_outs_saved, s.dropped_bad, s.remote_published, run.prefetched,
-        s.disk_write_failures, s.oversized[0], s.oversized[2]);
+        "{:<10} warning: {} spans were not cached: each alone is larger than the hot tier (--cache-mib)\n",
+        run.name, s.oversized[0]);
+  if (s.oversized[2] > 0)
+    fmt::format_to(
+        std::back_inserter(out),
+        "{:<10} warning: {} spans were dropped instead of written: each alone is larger than the disk tier "
+        "(--disk-mib)\n",
+        run.name, s.oversized[2]);
+  if (s.disk_write_failures > 0)
+    fmt::format_to(
+        std::back_inserter(out),
+        "{:<10} warning: {} spans could not be written to the disk tier (disk full or not writable)\n",
+        run.name, s.disk_write_failures);
+  if (run.preemptions > 0)
+    fmt::format_to(
+        std::back_inserter(out),
+        "{:<10} note: the KV pool ({} rows) ran out {} times; the latest admitted requests gave their rows "
+        "back and were prefilled again (-c/--ctx-size raises it)\n",
+        run.name, run.pool_rows, run.preemptions);
+}
+
+// A tiered run's line of tier counters.
+void append_tier_line(std::string& out, const StrategyRun& run) {
+  const RadixIndex::Stats& s = run.stats;
+  fmt::format_to(
+      std::back_inserter(out),
+      "{:<10} tiers: matched tokens hot {} / host {} / disk {} / remote {}; loaded {:.1f} MiB in {:.1f} "
+      "ms ({} spans layer by layer, {:.1f} ms waited for layers); "
+      "demoted hot {} host {}; swapped out {:.1f} MiB ({} evictions found a host copy); bad records "
+      "dropped "
+      "{}; blocks published {}; prefetched {} tokens; disk "
+      "write failures {}; oversized spans hot {} disk {}\n",
+      run.name, s.hit_tokens[0], s.hit_tokens[1], s.hit_tokens[2], s.hit_tokens[3],
+      s.promoted_bytes / 1048576.0, s.load_ms, s.layered_loads, s.layer_wait_ms, s.demoted[0], s.demoted[1],
+      s.swapped_out_bytes / 1048576.0, s.swap_outs_saved, s.dropped_bad, s.remote_published, run.prefetched,
+      s.disk_write_failures, s.oversized[0], s.oversized[2]);
+}
+
+}  // namespace
+
+std::string summary_report(const std::vector<StrategyRun>& runs, bool verify, bool fidelity) {
+  std::string out;
+  append_summary_header(out, verify, fidelity);
+  for (const StrategyRun& run : runs) append_summary_row(out, run, verify, fidelity);
+  fmt::format_to(
+      std::back_inserter(out),
+      "TTFT and e2e (end-to-end latency) from each request's arrival; req/s and tok/s (generated) over the "
+      "replay's wall time. hit rate: reused / prompt tokens per request, averaged. attn pairs: (query, key) "
+      "pairs per layer.\n");
+  if (fidelity)
+    fmt::format_to(
+        std::back_inserter(out),
+        "fidelity, against full attention on the flat prompt: same first token; KL(full || strategy) of the "
+        "first-token distributions (mean); identical greedy continuations; token ROUGE-L of the "
+        "continuations (mean).\n");
+  append_normalized_f1(out, append_answer_lines(out, runs));
+  for (const StrategyRun& run : runs) {
+    append_run_warnings(out, run);
+    if (run.tiered) append_tier_line(out, run);
   }
   return out;
 }

@@ -64,6 +64,85 @@ int64_t distinct_kv_tokens(const std::vector<DepPrompt>& prompts, PositionScheme
   return distinct_kv_tokens(depcache_requests(prompts, scheme));
 }
 
+namespace {
+
+// Each request's runs as lookups, and the rows of each of its context items.
+std::vector<Prepared> prepare(const std::vector<SimulatedRequest>& requests) {
+  std::vector<Prepared> reqs(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::map<int32_t, std::set<int64_t>> items;
+    for (const CacheRun& run : requests[i].runs) {
+      reqs[i].lookups.push_back({run.ns, run.tokens, run.stops});
+      if (run.segment >= 0) items[run.segment].insert(run.rows.begin(), run.rows.end());
+    }
+    for (const auto& [segment, rows] : items) reqs[i].items.emplace_back(rows.begin(), rows.end());
+    for (const auto& [begin, end] : requests[i].item_rows) {
+      reqs[i].items.emplace_back();
+      for (int64_t row = begin; row < end; ++row) reqs[i].items.back().push_back(row);
+    }
+  }
+  return reqs;
+}
+
+// Picks the next request of `queue` as the engine admits one and takes it
+// out of the queue; returns its id.
+size_t admit_next(const Admission& admission, const RadixIndex& index, std::vector<size_t>& queue,
+                  const std::vector<Prepared>& reqs, const std::vector<SimulatedRequest>& requests,
+                  std::vector<int>& passed_over) {
+  std::vector<WaitingRequest> waiting;
+  for (size_t q : queue) waiting.push_back({&reqs[q].lookups, requests[q].tokens, &passed_over[q]});
+  const size_t pick = admission.pick(waiting, index);
+  Admission::admitted(waiting, pick);
+  const size_t id = queue[pick];
+  queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
+  return id;
+}
+
+struct Served {
+  int64_t cached = 0;  // prompt tokens found cached
+  int64_t items = 0, items_hit = 0;
+};
+
+// Serves one request: matches every run (what is cached), then inserts what
+// was not; `refresh_lookahead` runs once its nodes are in, while they are
+// still pinned.
+template <class Refresh>
+Served serve_request(RadixIndex& index, const SimulatedRequest& req, const Prepared& prepared,
+                     const Refresh& refresh_lookahead) {
+  Served out;
+  PinLease lease(index);
+  std::vector<bool> cached_row(static_cast<size_t>(req.tokens), false);
+  const uint64_t tick = index.begin_request();  // a node shared by the request's paths counts once
+  for (const CacheRun& run : req.runs) {
+    RadixIndex::Match m = match_run(index, run, tick);
+    for (int64_t t = 0; t < m.length; ++t) cached_row[run.rows[t]] = true;
+    lease.hold(m);
+  }
+  int64_t cached = 0;
+  for (bool c : cached_row) cached += c;
+  cached = std::min(cached, req.tokens - 1);  // the last token always runs
+  for (const std::vector<int64_t>& rows : prepared.items) {
+    ++out.items;
+    out.items_hit += std::all_of(rows.begin(), rows.end(), [&](int64_t row) { return cached_row[row]; });
+  }
+  // The request's cost per computed token, from the profiled table.
+  const double cost = index.cost_per_token(cached, req.tokens - cached, 1.0);
+  // The request's own runs stay pinned until all are in (it is using
+  // them); then the index goes back to its budget.
+  for (const CacheRun& run : req.runs) {
+    if (run.insert == RunInsert::Never) continue;  // looked up only
+    RadixIndex::Match path;
+    insert_run(index, run, nullptr, kBytesPerToken, cost, &path);
+    lease.hold(path);
+  }
+  refresh_lookahead();
+  lease.release();
+  out.cached = cached;
+  return out;
+}
+
+}  // namespace
+
 SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const SimulationOptions& o) {
   const Admission admission({o.scheduler, o.window, policy_reads_lookahead(o.policy)});
   if (o.capacity_tokens < 0 || o.host_tokens < 0)
@@ -78,20 +157,7 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
     index.attach_host(static_cast<size_t>(o.host_tokens) * kBytesPerToken, o.swap_out_once);
   if (o.cost_model) index.set_cost_model(o.cost_model);
 
-  std::vector<Prepared> reqs(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    std::map<int32_t, std::set<int64_t>> items;
-    for (const CacheRun& run : requests[i].runs) {
-      reqs[i].lookups.push_back({run.ns, run.tokens, run.stops});
-      if (run.segment >= 0) items[run.segment].insert(run.rows.begin(), run.rows.end());
-    }
-    for (const auto& [segment, rows] : items) reqs[i].items.emplace_back(rows.begin(), rows.end());
-    for (const auto& [begin, end] : requests[i].item_rows) {
-      reqs[i].items.emplace_back();
-      for (int64_t row = begin; row < end; ++row) reqs[i].items.back().push_back(row);
-    }
-  }
-
+  const std::vector<Prepared> reqs = prepare(requests);
   SimulationResult r;
   r.n_requests = requests.size();
   double hit_sum = 0;
@@ -102,14 +168,7 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
   while (r.order.size() < requests.size()) {
     while (queue.size() < admission.window() && next_arrival < requests.size())
       queue.push_back(next_arrival++);
-    // Pick the next request as the engine admits one.
-    std::vector<WaitingRequest> waiting;
-    for (size_t q : queue) waiting.push_back({&reqs[q].lookups, requests[q].tokens, &passed_over[q]});
-    const size_t pick = admission.pick(waiting, index);
-    Admission::admitted(waiting, pick);
-    const size_t id = queue[pick];
-    queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
-
+    const size_t id = admit_next(admission, index, queue, reqs, requests, passed_over);
     // DepCache's future priority from the requests still waiting, refreshed
     // before serving and again once this request's nodes are in.
     const auto refresh_lookahead = [&] {
@@ -118,40 +177,13 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
       admission.refresh_lookahead(index, pending);
     };
     refresh_lookahead();
-
-    // Serve it: match every run (what is cached), then insert what was not.
     const SimulatedRequest& req = requests[id];
-    PinLease lease(index);
-    std::vector<bool> cached_row(static_cast<size_t>(req.tokens), false);
-    const uint64_t tick = index.begin_request();  // a node shared by the request's paths counts once
-    for (const CacheRun& run : req.runs) {
-      RadixIndex::Match m = match_run(index, run, tick);
-      for (int64_t t = 0; t < m.length; ++t) cached_row[run.rows[t]] = true;
-      lease.hold(m);
-    }
-    int64_t cached = 0;
-    for (bool c : cached_row) cached += c;
-    cached = std::min(cached, req.tokens - 1);  // the last token always runs
-    for (const std::vector<int64_t>& rows : reqs[id].items) {
-      ++items;
-      items_hit += std::all_of(rows.begin(), rows.end(), [&](int64_t row) { return cached_row[row]; });
-    }
-    // The request's cost per computed token, from the profiled table.
-    const double cost = index.cost_per_token(cached, req.tokens - cached, 1.0);
-    // The request's own runs stay pinned until all are in (it is using
-    // them); then the index goes back to its budget.
-    for (const CacheRun& run : req.runs) {
-      if (run.insert == RunInsert::Never) continue;  // looked up only
-      RadixIndex::Match path;
-      insert_run(index, run, nullptr, kBytesPerToken, cost, &path);
-      lease.hold(path);
-    }
-    refresh_lookahead();
-    lease.release();
-
+    const Served served = serve_request(index, req, reqs[id], refresh_lookahead);
+    items += served.items;
+    items_hit += served.items_hit;
     r.prompt_tokens += req.tokens;
-    r.cached_tokens += cached;
-    hit_sum += static_cast<double>(cached) / static_cast<double>(std::max<int64_t>(req.tokens, 1));
+    r.cached_tokens += served.cached;
+    hit_sum += static_cast<double>(served.cached) / static_cast<double>(std::max<int64_t>(req.tokens, 1));
     r.order.push_back(id);
   }
   r.token_hit_rate = requests.empty() ? 0 : hit_sum / static_cast<double>(requests.size());

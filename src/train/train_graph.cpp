@@ -243,12 +243,10 @@ void TrainGraph::attention_backward(const LayerActs& a, const float* d_attn, flo
   });
 }
 
-LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> batch, ParamSet* grads) {
-  shape_ = params.shape();
-  const ModelShape& s = shape_;
-  const int64_t d = s.n_embd, H = s.n_head, hd = d / H, dq = H * hd, dkv = int64_t{s.n_head_kv} * hd,
-                ff = s.n_ff, V = s.n_vocab;
-  // The batch as one sequence of sequences, each seeing only its own rows.
+// The batch as one sequence of sequences, each seeing only its own rows;
+// returns every token's RoPE position.
+std::vector<int32_t> TrainGraph::pack_batch(std::span<const TrainSequence> batch) {
+  const int64_t V = shape_.n_vocab;
   seq_begin_.assign(1, 0);
   tokens_.clear();
   targets_.clear();
@@ -274,7 +272,11 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
   n_ = seq_begin_.back();
   if (n_ == 0) fail(ErrorKind::InvalidInput, "an empty training batch");
   vis_ = Visibility(std::move(groups));
-  // Each sequence's visibility as an additive mask over its L x L block.
+  return positions;
+}
+
+// Each sequence's visibility as an additive mask over its L x L block.
+void TrainGraph::build_masks() {
   mask_begin_.assign(1, 0);
   for (size_t q = 0; q + 1 < seq_begin_.size(); ++q) {
     const int64_t L = seq_begin_[q + 1] - seq_begin_[q];
@@ -288,50 +290,58 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
         std::fill(masks_.begin() + mask_begin_[q] + i * L + (r.begin - b),
                   masks_.begin() + mask_begin_[q] + i * L + (r.end - b), 0.0f);
   }
-  rope_.build(positions.data(), n_, static_cast<int>(hd), s.rope_base);
-  unrope_ = rope_;
-  for (float& v : unrope_.sin) v = -v;  // the inverse rotation
+}
 
-  // Forward.
+// Layer il on the residual stream x, keeping its activations; tmp: (n, max(d, ff)).
+void TrainGraph::forward_layer(const ParamSet& params, int il, std::vector<float>& x,
+                               std::vector<float>& tmp) {
+  const ModelShape& s = shape_;
+  const int64_t d = s.n_embd, H = s.n_head, hd = d / H, dq = H * hd, dkv = int64_t{s.n_head_kv} * hd,
+                ff = s.n_ff;
+  const ParamSet::LayerIndex& w = params.layer(il);
+  LayerActs& a = acts_[il];
+  a.x_in = x;
+  a.inv_rms1.resize(n_);
+  a.xn1.resize(n_ * d);
+  rms_norm_forward(pool_, x.data(), params.data(w.attn_norm), a.xn1.data(), a.inv_rms1.data(), n_, d,
+                   s.rms_eps);
+  a.q.resize(n_ * dq);
+  a.k.resize(n_ * dkv);
+  a.v.resize(n_ * dkv);
+  forward_product(pool_, a.xn1.data(), params.data(w.wq), a.q.data(), n_, d, dq);
+  forward_product(pool_, a.xn1.data(), params.data(w.wk), a.k.data(), n_, d, dkv);
+  forward_product(pool_, a.xn1.data(), params.data(w.wv), a.v.data(), n_, d, dkv);
+  rope(a.q.data(), n_, static_cast<int>(H), static_cast<int>(hd), rope_, false);
+  rope(a.k.data(), n_, s.n_head_kv, static_cast<int>(hd), rope_, false);
+  attention_forward(a);
+  forward_product(pool_, a.attn.data(), params.data(w.wo), tmp.data(), n_, dq, d);
+  for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
+  a.x_mid = x;
+  a.inv_rms2.resize(n_);
+  a.xn2.resize(n_ * d);
+  rms_norm_forward(pool_, x.data(), params.data(w.ffn_norm), a.xn2.data(), a.inv_rms2.data(), n_, d,
+                   s.rms_eps);
+  a.gate.resize(n_ * ff);
+  a.up.resize(n_ * ff);
+  forward_product(pool_, a.xn2.data(), params.data(w.w_gate), a.gate.data(), n_, d, ff);
+  forward_product(pool_, a.xn2.data(), params.data(w.w_up), a.up.data(), n_, d, ff);
+  std::vector<float> h(n_ * ff), sg(n_ * ff);
+  for_rows(pool_, n_,
+           [&](int64_t r) { swiglu_row(&a.gate[r * ff], &a.up[r * ff], &sg[r * ff], &h[r * ff], ff); });
+  forward_product(pool_, h.data(), params.data(w.w_down), tmp.data(), n_, ff, d);
+  for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
+}
+
+// Embedding, every layer, the final norm and the logits.
+void TrainGraph::forward(const ParamSet& params) {
+  const ModelShape& s = shape_;
+  const int64_t d = s.n_embd, ff = s.n_ff, V = s.n_vocab;
   acts_.resize(s.n_layer);
   std::vector<float> x(n_ * d);
   const float* embd = params.data(params.tok_embd());
   for (int64_t t = 0; t < n_; ++t) std::memcpy(&x[t * d], embd + int64_t{tokens_[t]} * d, d * sizeof(float));
   std::vector<float> tmp(n_ * std::max(d, ff));
-  for (int il = 0; il < s.n_layer; ++il) {
-    const ParamSet::LayerIndex& w = params.layer(il);
-    LayerActs& a = acts_[il];
-    a.x_in = x;
-    a.inv_rms1.resize(n_);
-    a.xn1.resize(n_ * d);
-    rms_norm_forward(pool_, x.data(), params.data(w.attn_norm), a.xn1.data(), a.inv_rms1.data(), n_, d,
-                     s.rms_eps);
-    a.q.resize(n_ * dq);
-    a.k.resize(n_ * dkv);
-    a.v.resize(n_ * dkv);
-    forward_product(pool_, a.xn1.data(), params.data(w.wq), a.q.data(), n_, d, dq);
-    forward_product(pool_, a.xn1.data(), params.data(w.wk), a.k.data(), n_, d, dkv);
-    forward_product(pool_, a.xn1.data(), params.data(w.wv), a.v.data(), n_, d, dkv);
-    rope(a.q.data(), n_, static_cast<int>(H), static_cast<int>(hd), rope_, false);
-    rope(a.k.data(), n_, s.n_head_kv, static_cast<int>(hd), rope_, false);
-    attention_forward(a);
-    forward_product(pool_, a.attn.data(), params.data(w.wo), tmp.data(), n_, dq, d);
-    for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
-    a.x_mid = x;
-    a.inv_rms2.resize(n_);
-    a.xn2.resize(n_ * d);
-    rms_norm_forward(pool_, x.data(), params.data(w.ffn_norm), a.xn2.data(), a.inv_rms2.data(), n_, d,
-                     s.rms_eps);
-    a.gate.resize(n_ * ff);
-    a.up.resize(n_ * ff);
-    forward_product(pool_, a.xn2.data(), params.data(w.w_gate), a.gate.data(), n_, d, ff);
-    forward_product(pool_, a.xn2.data(), params.data(w.w_up), a.up.data(), n_, d, ff);
-    std::vector<float> h(n_ * ff), sg(n_ * ff);
-    for_rows(pool_, n_,
-             [&](int64_t r) { swiglu_row(&a.gate[r * ff], &a.up[r * ff], &sg[r * ff], &h[r * ff], ff); });
-    forward_product(pool_, h.data(), params.data(w.w_down), tmp.data(), n_, ff, d);
-    for (int64_t i = 0; i < n_ * d; ++i) x[i] += tmp[i];
-  }
+  for (int il = 0; il < s.n_layer; ++il) forward_layer(params, il, x, tmp);
   x_final_ = x;
   inv_rms_final_.resize(n_);
   xn_final_.resize(n_ * d);
@@ -339,14 +349,16 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
                    inv_rms_final_.data(), n_, d, s.rms_eps);
   logits_.resize(n_ * V);
   forward_product(pool_, xn_final_.data(), params.data(params.output()), logits_.data(), n_, d, V);
+}
 
-  // The loss, and its gradient w.r.t. the logits (softmax − one-hot, over
-  // the batch's target count).
+// The loss, and with `gradient` its gradient w.r.t. the logits into dlogits
+// (n, V): softmax − one-hot, over the batch's target count.
+LossSum TrainGraph::compute_loss(bool gradient, std::vector<float>& dlogits) {
+  const int64_t V = shape_.n_vocab;
   LossSum loss;
   for (int32_t t : targets_) loss.n_targets += t >= 0;
   std::vector<double> row_loss(n_, 0.0);
   correct_.assign(n_, 0);
-  std::vector<float> dlogits(grads ? n_ * V : 0);
   const float inv_targets = loss.n_targets ? 1.0f / static_cast<float>(loss.n_targets) : 0.0f;
   for_rows(pool_, n_, [&](int64_t r) {
     const int32_t target = targets_[r];
@@ -354,70 +366,118 @@ LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> b
     const float* l = logits_.data() + r * V;
     const float m = max_of(l, V);
     thread_local std::vector<float> scratch;
-    float* e = grads ? dlogits.data() + r * V : (scratch.resize(V), scratch.data());
+    float* e = gradient ? dlogits.data() + r * V : (scratch.resize(V), scratch.data());
     const float z = exp_shifted(l, m, e, V);
     row_loss[r] = double(m) + std::log(double(z)) - l[target];
     correct_[r] = l[target] == m;
-    if (!grads) return;
+    if (!gradient) return;
     vec::scale(e, inv_targets / z, V);  // softmax / targets
     e[target] -= inv_targets;
   });
   for (int64_t r = 0; r < n_; ++r) loss.sum += row_loss[r], loss.n_correct += correct_[r];
-  if (!grads) return loss;
-  if (!std::isfinite(loss.sum)) return loss;  // the caller reports it; no gradient from it
+  return loss;
+}
 
-  // Backward.
-  ParamSet& g = *grads;
+TrainGraph::BackwardBuffers::BackwardBuffers(const ModelShape& s, int64_t n, std::vector<float> dx_,
+                                             std::vector<float> dxn_)
+    : dx(std::move(dx_)), dxn(std::move(dxn_)) {
+  const int64_t hd = s.n_embd / s.n_head, dq = int64_t{s.n_head} * hd, dkv = int64_t{s.n_head_kv} * hd;
+  dh.resize(n * s.n_ff);
+  dgate.resize(n * s.n_ff);
+  dup.resize(n * s.n_ff);
+  h.resize(n * s.n_ff);
+  sg.resize(n * s.n_ff);
+  d_attn.resize(n * dq);
+  dqv.resize(n * dq);
+  dkv_k.resize(n * dkv);
+  dkv_v.resize(n * dkv);
+}
+
+// Layer il's gradients into g, b.dx carrying the residual stream's gradient
+// from the layer's output to its input.
+void TrainGraph::backward_layer(const ParamSet& params, int il, ParamSet& g, BackwardBuffers& b) {
+  const ModelShape& s = shape_;
+  const int64_t d = s.n_embd, H = s.n_head, hd = d / H, dq = H * hd, dkv = int64_t{s.n_head_kv} * hd,
+                ff = s.n_ff;
+  const ParamSet::LayerIndex& w = params.layer(il);
+  const LayerActs& a = acts_[il];
+  std::vector<float>& dx = b.dx;
+  std::vector<float>& dxn = b.dxn;
+  std::vector<float>& dh = b.dh;
+  std::vector<float>& dgate = b.dgate;
+  std::vector<float>& dup = b.dup;
+  std::vector<float>& h = b.h;
+  std::vector<float>& sg = b.sg;
+  // FFN: x += (silu(gate)·up) W_downᵀ.
+  for_rows(pool_, n_,
+           [&](int64_t r) { swiglu_row(&a.gate[r * ff], &a.up[r * ff], &sg[r * ff], &h[r * ff], ff); });
+  input_gradient(pool_, dx.data(), params.data(w.w_down), dh.data(), n_, d, ff, false);
+  weight_gradient(pool_, dx.data(), h.data(), g.data(w.w_down), n_, d, ff);
+  for_rows(pool_, n_, [&](int64_t r) {
+    for (int64_t i = r * ff; i < (r + 1) * ff; ++i) {
+      const float gt = a.gate[i], s_i = sg[i];
+      dup[i] = dh[i] * gt * s_i;
+      dgate[i] = dh[i] * a.up[i] * s_i * (1.0f + gt * (1.0f - s_i));
+    }
+  });
+  input_gradient(pool_, dgate.data(), params.data(w.w_gate), dxn.data(), n_, ff, d, false);
+  input_gradient(pool_, dup.data(), params.data(w.w_up), dxn.data(), n_, ff, d, true);
+  weight_gradient(pool_, dgate.data(), a.xn2.data(), g.data(w.w_gate), n_, ff, d);
+  weight_gradient(pool_, dup.data(), a.xn2.data(), g.data(w.w_up), n_, ff, d);
+  rms_norm_backward(pool_, a.x_mid.data(), params.data(w.ffn_norm), a.inv_rms2.data(), dxn.data(), dx.data(),
+                    g.data(w.ffn_norm), n_, d, true);
+  // Attention: x += attn W_oᵀ.
+  std::vector<float>& d_attn = b.d_attn;
+  std::vector<float>& dqv = b.dqv;
+  std::vector<float>& dkv_k = b.dkv_k;
+  std::vector<float>& dkv_v = b.dkv_v;
+  input_gradient(pool_, dx.data(), params.data(w.wo), d_attn.data(), n_, d, dq, false);
+  weight_gradient(pool_, dx.data(), a.attn.data(), g.data(w.wo), n_, d, dq);
+  attention_backward(a, d_attn.data(), dqv.data(), dkv_k.data(), dkv_v.data());
+  rope(dqv.data(), n_, static_cast<int>(H), static_cast<int>(hd), unrope_, false);
+  rope(dkv_k.data(), n_, s.n_head_kv, static_cast<int>(hd), unrope_, false);
+  input_gradient(pool_, dqv.data(), params.data(w.wq), dxn.data(), n_, dq, d, false);
+  input_gradient(pool_, dkv_k.data(), params.data(w.wk), dxn.data(), n_, dkv, d, true);
+  input_gradient(pool_, dkv_v.data(), params.data(w.wv), dxn.data(), n_, dkv, d, true);
+  weight_gradient(pool_, dqv.data(), a.xn1.data(), g.data(w.wq), n_, dq, d);
+  weight_gradient(pool_, dkv_k.data(), a.xn1.data(), g.data(w.wk), n_, dkv, d);
+  weight_gradient(pool_, dkv_v.data(), a.xn1.data(), g.data(w.wv), n_, dkv, d);
+  rms_norm_backward(pool_, a.x_in.data(), params.data(w.attn_norm), a.inv_rms1.data(), dxn.data(), dx.data(),
+                    g.data(w.attn_norm), n_, d, true);
+}
+
+// From the logits' gradient (released once used) back to the embedding.
+void TrainGraph::backward(const ParamSet& params, std::vector<float>& dlogits, ParamSet& g) {
+  const int64_t d = shape_.n_embd, V = shape_.n_vocab;
   std::vector<float> dx(n_ * d), dxn(n_ * d);
   input_gradient(pool_, dlogits.data(), params.data(params.output()), dxn.data(), n_, V, d, false);
   weight_gradient(pool_, dlogits.data(), xn_final_.data(), g.data(params.output()), n_, V, d);
   dlogits = {};
   rms_norm_backward(pool_, x_final_.data(), params.data(params.output_norm()), inv_rms_final_.data(),
                     dxn.data(), dx.data(), g.data(params.output_norm()), n_, d, false);
-  std::vector<float> dh(n_ * ff), dgate(n_ * ff), dup(n_ * ff), h(n_ * ff), sg(n_ * ff), d_attn(n_ * dq),
-      dqv(n_ * dq), dkv_k(n_ * dkv), dkv_v(n_ * dkv);
-  for (int il = s.n_layer - 1; il >= 0; --il) {
-    const ParamSet::LayerIndex& w = params.layer(il);
-    const LayerActs& a = acts_[il];
-    // FFN: x += (silu(gate)·up) W_downᵀ.
-    for_rows(pool_, n_,
-             [&](int64_t r) { swiglu_row(&a.gate[r * ff], &a.up[r * ff], &sg[r * ff], &h[r * ff], ff); });
-    input_gradient(pool_, dx.data(), params.data(w.w_down), dh.data(), n_, d, ff, false);
-    weight_gradient(pool_, dx.data(), h.data(), g.data(w.w_down), n_, d, ff);
-    for_rows(pool_, n_, [&](int64_t r) {
-      for (int64_t i = r * ff; i < (r + 1) * ff; ++i) {
-        const float gt = a.gate[i], s_i = sg[i];
-        dup[i] = dh[i] * gt * s_i;
-        dgate[i] = dh[i] * a.up[i] * s_i * (1.0f + gt * (1.0f - s_i));
-      }
-    });
-    input_gradient(pool_, dgate.data(), params.data(w.w_gate), dxn.data(), n_, ff, d, false);
-    input_gradient(pool_, dup.data(), params.data(w.w_up), dxn.data(), n_, ff, d, true);
-    weight_gradient(pool_, dgate.data(), a.xn2.data(), g.data(w.w_gate), n_, ff, d);
-    weight_gradient(pool_, dup.data(), a.xn2.data(), g.data(w.w_up), n_, ff, d);
-    rms_norm_backward(pool_, a.x_mid.data(), params.data(w.ffn_norm), a.inv_rms2.data(), dxn.data(),
-                      dx.data(), g.data(w.ffn_norm), n_, d, true);
-    // Attention: x += attn W_oᵀ.
-    input_gradient(pool_, dx.data(), params.data(w.wo), d_attn.data(), n_, d, dq, false);
-    weight_gradient(pool_, dx.data(), a.attn.data(), g.data(w.wo), n_, d, dq);
-    attention_backward(a, d_attn.data(), dqv.data(), dkv_k.data(), dkv_v.data());
-    rope(dqv.data(), n_, static_cast<int>(H), static_cast<int>(hd), unrope_, false);
-    rope(dkv_k.data(), n_, s.n_head_kv, static_cast<int>(hd), unrope_, false);
-    input_gradient(pool_, dqv.data(), params.data(w.wq), dxn.data(), n_, dq, d, false);
-    input_gradient(pool_, dkv_k.data(), params.data(w.wk), dxn.data(), n_, dkv, d, true);
-    input_gradient(pool_, dkv_v.data(), params.data(w.wv), dxn.data(), n_, dkv, d, true);
-    weight_gradient(pool_, dqv.data(), a.xn1.data(), g.data(w.wq), n_, dq, d);
-    weight_gradient(pool_, dkv_k.data(), a.xn1.data(), g.data(w.wk), n_, dkv, d);
-    weight_gradient(pool_, dkv_v.data(), a.xn1.data(), g.data(w.wv), n_, dkv, d);
-    rms_norm_backward(pool_, a.x_in.data(), params.data(w.attn_norm), a.inv_rms1.data(), dxn.data(),
-                      dx.data(), g.data(w.attn_norm), n_, d, true);
-  }
+  BackwardBuffers b(shape_, n_, std::move(dx), std::move(dxn));
+  for (int il = shape_.n_layer - 1; il >= 0; --il) backward_layer(params, il, g, b);
   float* dembd = g.data(params.tok_embd());
   for (int64_t t = 0; t < n_; ++t) {
     float* row = dembd + int64_t{tokens_[t]} * d;
-    for (int64_t i = 0; i < d; ++i) row[i] += dx[t * d + i];
+    for (int64_t i = 0; i < d; ++i) row[i] += b.dx[t * d + i];
   }
-  return loss;
+}
+
+LossSum TrainGraph::run(const ParamSet& params, std::span<const TrainSequence> batch, ParamSet* grads) {
+  shape_ = params.shape();
+  const std::vector<int32_t> positions = pack_batch(batch);
+  build_masks();
+  rope_.build(positions.data(), n_, static_cast<int>(shape_.n_embd / shape_.n_head), shape_.rope_base);
+  unrope_ = rope_;
+  for (float& v : unrope_.sin) v = -v;  // the inverse rotation
+  forward(params);
+  std::vector<float> dlogits(grads ? n_ * shape_.n_vocab : 0);
+  const LossSum sum = compute_loss(grads != nullptr, dlogits);
+  if (!grads) return sum;
+  if (!std::isfinite(sum.sum)) return sum;  // the caller reports it; no gradient from it
+  backward(params, dlogits, *grads);
+  return sum;
 }
 
 }  // namespace depcache

@@ -61,6 +61,18 @@ class TrainGraph {
   struct LayerActs {
     std::vector<float> x_in, inv_rms1, xn1, q, k, v, attn, lse, x_mid, inv_rms2, xn2, gate, up;
   };
+  // The backward pass's per-layer gradients, allocated once for all layers.
+  struct BackwardBuffers {
+    BackwardBuffers(const ModelShape& s, int64_t n, std::vector<float> dx_, std::vector<float> dxn_);
+    std::vector<float> dx, dxn, dh, dgate, dup, h, sg, d_attn, dqv, dkv_k, dkv_v;
+  };
+  std::vector<int32_t> pack_batch(std::span<const TrainSequence> batch);
+  void build_masks();
+  void forward(const ParamSet& params);
+  void forward_layer(const ParamSet& params, int il, std::vector<float>& x, std::vector<float>& tmp);
+  LossSum compute_loss(bool gradient, std::vector<float>& dlogits);
+  void backward(const ParamSet& params, std::vector<float>& dlogits, ParamSet& g);
+  void backward_layer(const ParamSet& params, int il, ParamSet& g, BackwardBuffers& b);
   void attention_forward(LayerActs& a);
   void attention_backward(const LayerActs& a, const float* d_attn, float* dq, float* dk, float* dv);
 
