@@ -105,11 +105,31 @@ PrefillResult Forward::prefill(const PrefillPlan& plan, KvAssembly& kv) {
 void Forward::layer(int il, const PrefillPlan& plan, KvAssembly& kv, PrefillResult& result) {
   const ModelConfig& c = model_->config();
   const LayerWeights& w = model_->layers[il];
-  const bool neox = c.rope_style == RopeStyle::Neox;
   const auto n = static_cast<int64_t>(active_.size());
-  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
   result.active_per_layer.push_back(n);
+  size_buffers(plan, n);
+  project_qkv(il, w, n);
+  const Visibility& vis = c.windowed(il) && windowed_ ? *windowed_ : plan.visibility;
+  std::vector<int64_t> next = tokens_going_on(il, plan, kv, result);
+  write_kv(il, kv, n);
+  if (!plan.stats_queries.empty() && il >= plan.stats_from_layer)
+    score_attention_mass(il, plan, vis, kv, result);
 
+  // Attention and the FFN for the tokens that go on only.
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
+  compact_rows(q_, q_width, active_, next);
+  compact_rows(x_, c.n_embd, active_, next);
+  active_ = std::move(next);
+  const auto m = static_cast<int64_t>(active_.size());
+  if (m == 0) return;
+  for (int64_t id : active_) result.attention_pairs += vis.n_visible(id);
+  attention_block(il, w, vis, kv, m);
+  feed_forward_block(w, m);
+}
+
+void Forward::size_buffers(const PrefillPlan& plan, int64_t n) {
+  const ModelConfig& c = model_->config();
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
   xn_.resize(std::max<size_t>(xn_.size(), n * c.n_embd));
   q_.resize(n * q_width);
   attn_.resize(n * q_width);
@@ -124,8 +144,12 @@ void Forward::layer(int il, const PrefillPlan& plan, KvAssembly& kv, PrefillResu
     active_rows_[i] = plan.rows[active_[i]];
     active_pos_[i] = plan.positions[active_[i]];
   }
+}
 
-  // Q, K, V of every active token.
+void Forward::project_qkv(int il, const LayerWeights& w, int64_t n) {
+  const ModelConfig& c = model_->config();
+  const bool neox = c.rope_style == RopeStyle::Neox;
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
   rms_norm(x_.data(), w.attn_norm.data(), xn_.data(), n, c.n_embd, c.rms_eps);
   const MatmulOut qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
   matmul(qkv, xn_.data(), n, pool_, matmul_scratch_);
@@ -151,10 +175,11 @@ void Forward::layer(int il, const PrefillPlan& plan, KvAssembly& kv, PrefillResu
       if (f != 1.0f)
         for (int64_t j = 0; j < q_width; ++j) q_[i * q_width + j] *= f;
     }
-  const Visibility& vis = c.windowed(il) && windowed_ ? *windowed_ : plan.visibility;
+}
 
-  // Which tokens go on: the hook's choice, then the plan's last layers; in
-  // the last layer only the tokens whose logits are wanted.
+std::vector<int64_t> Forward::tokens_going_on(int il, const PrefillPlan& plan, KvAssembly& kv,
+                                              PrefillResult& result) {
+  const ModelConfig& c = model_->config();
   std::vector<int64_t> next = active_;
   if (plan.hook) {
     next = plan.hook(LayerKv{il, active_, k_.data(), v_.data(), &kv, plan.rows,
@@ -174,56 +199,61 @@ void Forward::layer(int il, const PrefillPlan& plan, KvAssembly& kv, PrefillResu
   } else if (!plan.last_layer.empty()) {
     std::erase_if(next, [&](int64_t i) { return plan.last_layer[i] <= il; });
   }
+  return next;
+}
 
-  // Fresh K/V of every active token, written in runs of consecutive rows.
+void Forward::write_kv(int il, KvAssembly& kv, int64_t n) {
+  const ModelConfig& c = model_->config();
   for (int64_t i = 0; i < n;) {
     int64_t j = i + 1;
     while (j < n && active_rows_[j] == active_rows_[j - 1] + 1) ++j;
     kv.write(il, active_rows_[i], k_.data() + i * c.n_embd_kv(), v_.data() + i * c.n_embd_kv(), j - i);
     i = j;
   }
+}
 
-  if (!plan.stats_queries.empty() && il >= plan.stats_from_layer) {
-    auto& mass = result.attention_mass[il];
-    mass.assign(plan.stats_queries.size(), {});  // empty: not computed in this layer
-    const auto n_stats = static_cast<int64_t>(plan.stats_queries.size());
-    // The layer's keys decoded once for every query scored (each would decode
-    // what it sees, over and over): rows up to the last any of them sees.
-    KvLayerView keys = kv.layer(il);
-    if (keys.type != DType::F32) {
-      int64_t n_rows = 0;
-      for (int64_t query : plan.stats_queries)
-        for (const RowRange& r : vis.visible(query)) n_rows = std::max(n_rows, r.end);
-      stats_keys_.resize(static_cast<size_t>(n_rows * c.n_embd_kv()));
-      dequantize_rows(keys.type, keys.k, keys.row_bytes, n_rows, c.n_embd_kv(), stats_keys_.data());
-      keys = {stats_keys_.data(), nullptr, DType::F32, static_cast<size_t>(c.n_embd_kv()) * sizeof(float)};
-    }
-    constexpr int64_t kPerTask = 16;
-    pool_.parallel_for((n_stats + kPerTask - 1) / kPerTask, [&](int64_t task, int) {
-      for (int64_t s = task * kPerTask; s < std::min(n_stats, (task + 1) * kPerTask); ++s) {
-        const int64_t query = plan.stats_queries[s];
-        const auto it = std::lower_bound(active_.begin(), active_.end(), query);
-        if (it == active_.end() || *it != query) continue;
-        mass[s] = attention_mass(q_.data() + (it - active_.begin()) * q_width, vis.visible(query),
-                                 plan.stats_targets, keys, c.n_head, c.n_head_kv, c.head_dim, c.attn_softcap);
-      }
-    });
+void Forward::score_attention_mass(int il, const PrefillPlan& plan, const Visibility& vis, KvAssembly& kv,
+                                   PrefillResult& result) {
+  const ModelConfig& c = model_->config();
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
+  auto& mass = result.attention_mass[il];
+  mass.assign(plan.stats_queries.size(), {});  // empty: not computed in this layer
+  const auto n_stats = static_cast<int64_t>(plan.stats_queries.size());
+  // The layer's keys decoded once for every query scored (each would decode
+  // what it sees, over and over): rows up to the last any of them sees.
+  KvLayerView keys = kv.layer(il);
+  if (keys.type != DType::F32) {
+    int64_t n_rows = 0;
+    for (int64_t query : plan.stats_queries)
+      for (const RowRange& r : vis.visible(query)) n_rows = std::max(n_rows, r.end);
+    stats_keys_.resize(static_cast<size_t>(n_rows * c.n_embd_kv()));
+    dequantize_rows(keys.type, keys.k, keys.row_bytes, n_rows, c.n_embd_kv(), stats_keys_.data());
+    keys = {stats_keys_.data(), nullptr, DType::F32, static_cast<size_t>(c.n_embd_kv()) * sizeof(float)};
   }
+  constexpr int64_t kPerTask = 16;
+  pool_.parallel_for((n_stats + kPerTask - 1) / kPerTask, [&](int64_t task, int) {
+    for (int64_t s = task * kPerTask; s < std::min(n_stats, (task + 1) * kPerTask); ++s) {
+      const int64_t query = plan.stats_queries[s];
+      const auto it = std::lower_bound(active_.begin(), active_.end(), query);
+      if (it == active_.end() || *it != query) continue;
+      mass[s] = attention_mass(q_.data() + (it - active_.begin()) * q_width, vis.visible(query),
+                               plan.stats_targets, keys, c.n_head, c.n_head_kv, c.head_dim, c.attn_softcap);
+    }
+  });
+}
 
-  // Attention and the FFN for the tokens that go on only.
-  compact_rows(q_, q_width, active_, next);
-  compact_rows(x_, c.n_embd, active_, next);
-  active_ = std::move(next);
-  const auto m = static_cast<int64_t>(active_.size());
-  if (m == 0) return;
-  for (int64_t id : active_) result.attention_pairs += vis.n_visible(id);
+void Forward::attention_block(int il, const LayerWeights& w, const Visibility& vis, KvAssembly& kv,
+                              int64_t m) {
+  const ModelConfig& c = model_->config();
   attention(q_.data(), m, active_, vis, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim, attn_.data(), pool_,
             c.attn_softcap);
   matmul(w.wo, attn_.data(), m, proj_.data(), pool_, matmul_scratch_);
   if (c.post_norms) rms_norm(proj_.data(), w.attn_post_norm.data(), proj_.data(), m, c.n_embd, c.rms_eps);
   for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
+}
 
-  // Feed-forward block (SwiGLU or GeGLU).
+void Forward::feed_forward_block(const LayerWeights& w, int64_t m) {
+  const ModelConfig& c = model_->config();
   rms_norm(x_.data(), w.ffn_norm.data(), xn_.data(), m, c.n_embd, c.rms_eps);
   const MatmulOut gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};
   matmul(gate_up, xn_.data(), m, pool_, matmul_scratch_);

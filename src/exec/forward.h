@@ -92,6 +92,19 @@ class Forward {
 
  private:
   void layer(int il, const PrefillPlan& plan, KvAssembly& kv, PrefillResult& result);
+  // The phases of a layer, over the n active tokens (m after the layer drops
+  // those that stop).
+  void size_buffers(const PrefillPlan& plan, int64_t n);
+  void project_qkv(int il, const LayerWeights& w, int64_t n);  // Q, K, V with biases, norms, RoPE, scale
+  // Which tokens go on: the hook's choice, then the plan's last layers; in
+  // the last layer only the tokens whose logits are wanted.
+  std::vector<int64_t> tokens_going_on(int il, const PrefillPlan& plan, KvAssembly& kv,
+                                       PrefillResult& result);
+  void write_kv(int il, KvAssembly& kv, int64_t n);  // fresh K/V, in runs of consecutive rows
+  void score_attention_mass(int il, const PrefillPlan& plan, const Visibility& vis, KvAssembly& kv,
+                            PrefillResult& result);
+  void attention_block(int il, const LayerWeights& w, const Visibility& vis, KvAssembly& kv, int64_t m);
+  void feed_forward_block(const LayerWeights& w, int64_t m);  // SwiGLU or GeGLU
 
   std::shared_ptr<const Model> model_;
   ThreadPool& pool_;

@@ -257,105 +257,131 @@ bool RedisClusterStore::refresh() {
   return refresh_locked(steady_now_ms() + o_.timeout_ms);
 }
 
+// A key's command on its way: the node it goes to next.
+struct RedisClusterStore::Op {
+  size_t key;
+  int node;
+  bool asking;  // the node is importing the slot: ASKING first
+};
+
+// One node's pipeline in a round of run().
+struct RedisClusterStore::Batch {
+  int node;
+  std::vector<const Op*> mine;
+  size_t n_commands;
+};
+
+std::vector<RedisClusterStore::Op> RedisClusterStore::ops_by_owner(const std::vector<RedisCommand>& commands,
+                                                                   size_t n_keys) {
+  std::vector<Op> ops;
+  for (size_t i = 0; i < n_keys; ++i) {
+    const int o = owner_[redis_cluster_slot(commands[i][1])];
+    if (o < 0) {
+      ++stats_.unserved;
+      stale_ = true;
+    } else {
+      ops.push_back({i, o, false});
+    }
+  }
+  return ops;
+}
+
+void RedisClusterStore::pipeline_failed(Node& n, const char* what, size_t n_keys) {
+  node_failed(n, fmt::format("Redis Cluster {} at {}:{} failed: {}", what, n.address.host, n.address.port,
+                             n.conn->error()));
+  stats_.unserved += static_cast<int64_t>(n_keys);
+}
+
+std::vector<RedisClusterStore::Batch> RedisClusterStore::send_round(const std::vector<Op>& pending,
+                                                                    const std::vector<RedisCommand>& commands,
+                                                                    const char* what, bool last_round,
+                                                                    int64_t deadline) {
+  std::vector<int> order;  // nodes in first-use order
+  for (const Op& p : pending)
+    if (std::find(order.begin(), order.end(), p.node) == order.end()) order.push_back(p.node);
+  std::vector<Batch> sent;
+  for (const int id : order) {
+    Node& n = *nodes_[id];
+    std::vector<const Op*> mine;
+    std::vector<RedisCommand> cmds;
+    for (const Op& p : pending) {
+      if (p.node != id) continue;
+      mine.push_back(&p);
+      if (p.asking) cmds.push_back({"ASKING"});
+      cmds.push_back(commands[p.key]);
+    }
+    if (last_round || !reachable(n, deadline)) {
+      stats_.unserved += static_cast<int64_t>(mine.size());
+      continue;
+    }
+    if (!n.conn->send(cmds, deadline)) {
+      pipeline_failed(n, what, mine.size());
+      continue;
+    }
+    sent.push_back({id, std::move(mine), cmds.size()});
+  }
+  return sent;
+}
+
+bool RedisClusterStore::follow_redirect(std::string_view e, const Node& n, size_t key,
+                                        std::vector<Op>& next) {
+  const bool moved = starts_with(e, "MOVED "), ask = starts_with(e, "ASK ");
+  if (!moved && !ask) return false;
+  const auto redirect = parse_redirect(e, n.address);
+  if (!redirect) return false;
+  const int16_t to_id = node_id(redirect->second);
+  if (moved) {
+    ++stats_.moved;
+    owner_[redirect->first] = to_id;
+    stale_ = true;  // more slots moved, likely: read the whole map soon
+    refresh_at_ms_ = 0;
+  } else {
+    ++stats_.asked;
+  }
+  next.push_back({key, to_id, ask});
+  return true;
+}
+
+void RedisClusterStore::read_batch(const Batch& batch, const char* what, int64_t deadline,
+                                   size_t max_reply_bytes, std::vector<RedisReply>& out,
+                                   std::vector<Op>& next) {
+  Node& n = *nodes_[batch.node];
+  std::vector<RedisReply> replies = n.conn->replies(batch.n_commands, deadline, max_reply_bytes);
+  if (replies.empty()) {
+    pipeline_failed(n, what, batch.mine.size());
+    return;
+  }
+  size_t r = 0;
+  for (const Op* p : batch.mine) {
+    if (p->asking) ++r;  // ASKING's +OK
+    RedisReply& reply = replies[r++];
+    if (reply->type != REDIS_REPLY_ERROR) {
+      out[p->key] = std::move(reply);
+      continue;
+    }
+    const std::string_view e = text(*reply);
+    if (follow_redirect(e, n, p->key, next)) continue;
+    last_error_ = fmt::format("Redis Cluster {} at {}:{}: {}", what, n.address.host, n.address.port, e);
+    ++stats_.failures;
+    if (starts_with(e, "CLUSTERDOWN") || starts_with(e, "TRYAGAIN")) stale_ = true;
+  }
+}
+
 std::vector<RedisReply> RedisClusterStore::run(std::span<const uint64_t> keys,
                                                const std::vector<RedisCommand>& commands, const char* what,
                                                size_t max_reply_bytes) {
   std::vector<RedisReply> out(keys.size());
   refresh_if_due();
   const int64_t deadline = steady_now_ms() + o_.timeout_ms;
-  struct Pending {
-    size_t key;
-    int node;
-    bool asking;  // the node is importing the slot: ASKING first
-  };
-  std::vector<Pending> pending;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const int o = owner_[redis_cluster_slot(commands[i][1])];
-    if (o < 0) {
-      ++stats_.unserved;
-      stale_ = true;
-    } else {
-      pending.push_back({i, o, false});
-    }
-  }
+  std::vector<Op> pending = ops_by_owner(commands, keys.size());
   // Redirects are followed twice at most: MOVED to the new master, which may
   // still answer ASK while the slot migrates.
   for (int round = 0; round < 3 && !pending.empty(); ++round) {
-    std::vector<Pending> next;
-    std::vector<int> order;  // nodes in first-use order
-    for (const Pending& p : pending)
-      if (std::find(order.begin(), order.end(), p.node) == order.end()) order.push_back(p.node);
     // Every master's pipeline is sent before any is read, so the masters
     // work on theirs at once and a fetch waits for the slowest, not the sum.
-    struct Sent {
-      int node;
-      std::vector<const Pending*> mine;
-      size_t n_commands;
-    };
-    std::vector<Sent> sent;
-    const auto failed = [&](Node& n, size_t n_keys) {
-      node_failed(n, fmt::format("Redis Cluster {} at {}:{} failed: {}", what, n.address.host, n.address.port,
-                                 n.conn->error()));
-      stats_.unserved += static_cast<int64_t>(n_keys);
-    };
-    for (const int id : order) {
-      Node& n = *nodes_[id];
-      std::vector<const Pending*> mine;
-      std::vector<RedisCommand> cmds;
-      for (const Pending& p : pending) {
-        if (p.node != id) continue;
-        mine.push_back(&p);
-        if (p.asking) cmds.push_back({"ASKING"});
-        cmds.push_back(commands[p.key]);
-      }
-      if (round == 2 || !reachable(n, deadline)) {
-        stats_.unserved += static_cast<int64_t>(mine.size());
-        continue;
-      }
-      if (!n.conn->send(cmds, deadline)) {
-        failed(n, mine.size());
-        continue;
-      }
-      sent.push_back({id, std::move(mine), cmds.size()});
-    }
-    for (Sent& batch : sent) {
-      Node& n = *nodes_[batch.node];
-      const std::vector<const Pending*>& mine = batch.mine;
-      std::vector<RedisReply> replies = n.conn->replies(batch.n_commands, deadline, max_reply_bytes);
-      if (replies.empty()) {
-        failed(n, mine.size());
-        continue;
-      }
-      size_t r = 0;
-      for (const Pending* p : mine) {
-        if (p->asking) ++r;  // ASKING's +OK
-        RedisReply& reply = replies[r++];
-        if (reply->type == REDIS_REPLY_ERROR) {
-          const std::string_view e = text(*reply);
-          const bool moved = starts_with(e, "MOVED "), ask = starts_with(e, "ASK ");
-          if (moved || ask) {
-            if (const auto redirect = parse_redirect(e, n.address)) {
-              const int16_t to_id = node_id(redirect->second);
-              if (moved) {
-                ++stats_.moved;
-                owner_[redirect->first] = to_id;
-                stale_ = true;  // more slots moved, likely: read the whole map soon
-                refresh_at_ms_ = 0;
-              } else {
-                ++stats_.asked;
-              }
-              next.push_back({p->key, to_id, ask});
-              continue;
-            }
-          }
-          last_error_ = fmt::format("Redis Cluster {} at {}:{}: {}", what, n.address.host, n.address.port, e);
-          ++stats_.failures;
-          if (starts_with(e, "CLUSTERDOWN") || starts_with(e, "TRYAGAIN")) stale_ = true;
-          continue;
-        }
-        out[p->key] = std::move(reply);
-      }
-    }
+    const std::vector<Batch> sent = send_round(pending, commands, what, round == 2, deadline);
+    std::vector<Op> next;
+    for (const Batch& batch : sent) read_batch(batch, what, deadline, max_reply_bytes, out, next);
     pending = std::move(next);
   }
   return out;

@@ -92,6 +92,18 @@ class RedisClusterStore final : public RemoteStore {
   // Each reply holds at most max_reply_bytes.
   std::vector<RedisReply> run(std::span<const uint64_t> keys, const std::vector<RedisCommand>& commands,
                               const char* what, size_t max_reply_bytes = kDefaultMaxValueBytes);
+  // run()'s steps: the keys' first destinations; one round's pipelines sent
+  // (none in the last round: its keys go unserved); one pipeline's replies
+  // read into `out`, its redirected keys into `next`.
+  struct Batch;
+  std::vector<Op> ops_by_owner(const std::vector<RedisCommand>& commands, size_t n_keys);
+  std::vector<Batch> send_round(const std::vector<Op>& pending, const std::vector<RedisCommand>& commands,
+                                const char* what, bool last_round, int64_t deadline);
+  void read_batch(const Batch& batch, const char* what, int64_t deadline, size_t max_reply_bytes,
+                  std::vector<RedisReply>& out, std::vector<Op>& next);
+  // Follows a MOVED or ASK error (queueing the key in `next`); false for any other error.
+  bool follow_redirect(std::string_view error, const Node& n, size_t key, std::vector<Op>& next);
+  void pipeline_failed(Node& n, const char* what, size_t n_keys);
   int16_t node_id(const RedisAddress& a);  // finds or adds
   bool reachable(Node& n, int64_t deadline);
   void node_failed(Node& n, const std::string& why);

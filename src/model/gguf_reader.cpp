@@ -153,6 +153,90 @@ GgufValue read_value(Cursor& c, uint32_t version, GgufType type, const std::stri
   return v;
 }
 
+// The metadata section: n_kv entries, each key once.
+void read_metadata(Cursor& c, uint32_t version, uint64_t n_kv,
+                   std::vector<std::pair<std::string, GgufValue>>& out) {
+  std::unordered_set<std::string> keys;
+  out.reserve(n_kv);
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    std::string key = c.read_string(version, "metadata key");
+    if (!keys.insert(key).second) c.corrupt(key, "duplicate metadata key");
+    const uint32_t raw_type = c.read<uint32_t>(key);
+    if (!valid_value_type(raw_type)) c.corrupt(key, fmt::format("unknown value type {}", raw_type));
+    GgufValue v = read_value(c, version, static_cast<GgufType>(raw_type), key, 0);
+    out.emplace_back(std::move(key), std::move(v));
+  }
+}
+
+// A tensor's dimensions into t.dims; returns their product.
+int64_t read_dims(Cursor& c, uint32_t version, GgufTensor& t) {
+  const uint32_t n_dims = c.read<uint32_t>(t.name);
+  if (n_dims == 0 || n_dims > kMaxDims)
+    c.corrupt(t.name, fmt::format("{} dimensions (1 to {} allowed)", n_dims, kMaxDims));
+  int64_t n_elements = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    const uint64_t dim = c.read_size(version, t.name);
+    if (dim == 0 || dim > (uint64_t{1} << 40))
+      c.corrupt(t.name, fmt::format("dimension {} has size {}", d, dim));
+    if (n_elements > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dim))
+      c.corrupt(t.name, "element count overflows");
+    n_elements *= static_cast<int64_t>(dim);
+    t.dims.push_back(static_cast<int64_t>(dim));
+  }
+  return n_elements;
+}
+
+// One tensor's header entry: name (not in `names` yet), dimensions, type and
+// data offset.
+GgufTensor read_tensor_info(Cursor& c, uint32_t version, size_t alignment,
+                            std::unordered_set<std::string>& names) {
+  GgufTensor t;
+  t.name = c.read_string(version, "tensor name");
+  if (!names.insert(t.name).second) c.corrupt(t.name, "duplicate tensor name");
+  const int64_t n_elements = read_dims(c, version, t);
+  const uint32_t raw_type = c.read<uint32_t>(t.name);
+  const auto info = dtype_info(raw_type);
+  if (!info) c.corrupt(t.name, fmt::format("unknown tensor type {}", raw_type));
+  t.type = static_cast<DType>(raw_type);
+  if (t.dims[0] % info->block_size != 0)
+    c.corrupt(t.name, fmt::format("row length {} is not a multiple of the {} block size {}", t.dims[0],
+                                  info->name, info->block_size));
+  t.n_bytes = static_cast<size_t>(n_elements / info->block_size) * info->block_bytes;
+  t.offset = c.read<uint64_t>(t.name);
+  if (t.offset % alignment != 0)
+    c.corrupt(t.name, fmt::format("data offset {} is not aligned to {}", t.offset, alignment));
+  return t;
+}
+
+// The tensor infos section: n_tensors entries, each name once.
+void read_tensor_infos(Cursor& c, uint32_t version, uint64_t n_tensors, size_t alignment,
+                       std::vector<GgufTensor>& out) {
+  const size_t min_tensor_info = min_encoded_size(GgufType::String, version) + 4 + 4 + 8;
+  if (n_tensors > c.remaining() / min_tensor_info)
+    c.corrupt("tensor count", fmt::format("{} tensors cannot fit in the file", n_tensors));
+  std::unordered_set<std::string> names;
+  out.reserve(n_tensors);
+  for (uint64_t i = 0; i < n_tensors; ++i) out.push_back(read_tensor_info(c, version, alignment, names));
+}
+
+// Points each tensor at its bytes. The data section starts at the next
+// alignment boundary after the header, which ends at header_end.
+void place_tensor_data(std::span<const uint8_t> bytes, size_t header_end, size_t alignment,
+                       const std::string& source, std::vector<GgufTensor>& tensors) {
+  const size_t data_start = (header_end + alignment - 1) / alignment * alignment;
+  if (!tensors.empty() && data_start > bytes.size())
+    fail(ErrorKind::InvalidInput, "{}: truncated GGUF: data section would start at byte {} of {}", source,
+         data_start, bytes.size());
+  for (GgufTensor& t : tensors) {
+    const size_t avail = bytes.size() - data_start;
+    if (t.offset > avail || t.n_bytes > avail - t.offset)
+      fail(ErrorKind::InvalidInput,
+           "{}: truncated GGUF: tensor '{}' needs bytes {}..{} of the data section but it has {}", source,
+           t.name, t.offset, t.offset + t.n_bytes, avail);
+    t.data = bytes.data() + data_start + t.offset;
+  }
+}
+
 struct Unmapper {
   size_t size;
   void operator()(const void* p) const { munmap(const_cast<void*>(p), size); }
@@ -199,17 +283,7 @@ GgufFile GgufFile::parse(std::span<const uint8_t> bytes, std::string source_name
   // Each key-value pair needs at least a key length and a type tag.
   if (n_kv > c.remaining() / (min_encoded_size(GgufType::String, f.version_) + 4))
     c.corrupt("metadata count", fmt::format("{} entries cannot fit in the file", n_kv));
-
-  std::unordered_set<std::string> keys;
-  f.metadata_.reserve(n_kv);
-  for (uint64_t i = 0; i < n_kv; ++i) {
-    std::string key = c.read_string(f.version_, "metadata key");
-    if (!keys.insert(key).second) c.corrupt(key, "duplicate metadata key");
-    const uint32_t raw_type = c.read<uint32_t>(key);
-    if (!valid_value_type(raw_type)) c.corrupt(key, fmt::format("unknown value type {}", raw_type));
-    GgufValue v = read_value(c, f.version_, static_cast<GgufType>(raw_type), key, 0);
-    f.metadata_.emplace_back(std::move(key), std::move(v));
-  }
+  read_metadata(c, f.version_, n_kv, f.metadata_);
 
   if (const GgufValue* a = f.find("general.alignment")) {
     const int64_t align = a->as_int("general.alignment");
@@ -218,55 +292,8 @@ GgufFile GgufFile::parse(std::span<const uint8_t> bytes, std::string source_name
     f.alignment_ = static_cast<size_t>(align);
   }
 
-  const size_t min_tensor_info = min_encoded_size(GgufType::String, f.version_) + 4 + 4 + 8;
-  if (n_tensors > c.remaining() / min_tensor_info)
-    c.corrupt("tensor count", fmt::format("{} tensors cannot fit in the file", n_tensors));
-  std::unordered_set<std::string> names;
-  f.tensors_.reserve(n_tensors);
-  for (uint64_t i = 0; i < n_tensors; ++i) {
-    GgufTensor t;
-    t.name = c.read_string(f.version_, "tensor name");
-    if (!names.insert(t.name).second) c.corrupt(t.name, "duplicate tensor name");
-    const uint32_t n_dims = c.read<uint32_t>(t.name);
-    if (n_dims == 0 || n_dims > kMaxDims)
-      c.corrupt(t.name, fmt::format("{} dimensions (1 to {} allowed)", n_dims, kMaxDims));
-    int64_t n_elements = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      const uint64_t dim = c.read_size(f.version_, t.name);
-      if (dim == 0 || dim > (uint64_t{1} << 40))
-        c.corrupt(t.name, fmt::format("dimension {} has size {}", d, dim));
-      if (n_elements > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dim))
-        c.corrupt(t.name, "element count overflows");
-      n_elements *= static_cast<int64_t>(dim);
-      t.dims.push_back(static_cast<int64_t>(dim));
-    }
-    const uint32_t raw_type = c.read<uint32_t>(t.name);
-    const auto info = dtype_info(raw_type);
-    if (!info) c.corrupt(t.name, fmt::format("unknown tensor type {}", raw_type));
-    t.type = static_cast<DType>(raw_type);
-    if (t.dims[0] % info->block_size != 0)
-      c.corrupt(t.name, fmt::format("row length {} is not a multiple of the {} block size {}", t.dims[0],
-                                    info->name, info->block_size));
-    t.n_bytes = static_cast<size_t>(n_elements / info->block_size) * info->block_bytes;
-    t.offset = c.read<uint64_t>(t.name);
-    if (t.offset % f.alignment_ != 0)
-      c.corrupt(t.name, fmt::format("data offset {} is not aligned to {}", t.offset, f.alignment_));
-    f.tensors_.push_back(std::move(t));
-  }
-
-  // The data section starts at the next alignment boundary after the header.
-  const size_t data_start = (c.pos() + f.alignment_ - 1) / f.alignment_ * f.alignment_;
-  if (n_tensors > 0 && data_start > bytes.size())
-    fail(ErrorKind::InvalidInput, "{}: truncated GGUF: data section would start at byte {} of {}", f.source_,
-         data_start, bytes.size());
-  for (GgufTensor& t : f.tensors_) {
-    const size_t avail = bytes.size() - data_start;
-    if (t.offset > avail || t.n_bytes > avail - t.offset)
-      fail(ErrorKind::InvalidInput,
-           "{}: truncated GGUF: tensor '{}' needs bytes {}..{} of the data section but it has {}", f.source_,
-           t.name, t.offset, t.offset + t.n_bytes, avail);
-    t.data = bytes.data() + data_start + t.offset;
-  }
+  read_tensor_infos(c, f.version_, n_tensors, f.alignment_, f.tensors_);
+  place_tensor_data(bytes, c.pos(), f.alignment_, f.source_, f.tensors_);
   return f;
 }
 

@@ -76,6 +76,100 @@ class TensorLoader {
   mutable std::set<std::string> used_;
 };
 
+// Layer il's weights; Phi-3's fused QKV and gate-up are viewed as row ranges.
+void load_layer(const TensorLoader& ld, const GgufFile& f, const ModelConfig& c, int il, LayerWeights& l) {
+  const int64_t n_q = int64_t{c.n_head} * c.head_dim;
+  const int64_t n_kv = c.n_embd_kv();
+  const std::string p = fmt::format("blk.{}.", il);
+  l.attn_norm = ld.vector(p + "attn_norm.weight", c.n_embd);
+  if (c.fused_qkv && f.find_tensor(p + "attn_qkv.weight")) {
+    const std::string qkv = p + "attn_qkv.weight";
+    l.wq = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, 0, n_q);
+    l.wk = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, n_q, n_kv);
+    l.wv = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, n_q + n_kv, n_kv);
+  } else {
+    l.wq = ld.matrix(p + "attn_q.weight", c.n_embd, n_q);
+    l.wk = ld.matrix(p + "attn_k.weight", c.n_embd, n_kv);
+    l.wv = ld.matrix(p + "attn_v.weight", c.n_embd, n_kv);
+  }
+  l.wo = ld.matrix(p + "attn_output.weight", n_q, c.n_embd);
+  if (c.qkv_bias) {
+    l.bq = ld.vector(p + "attn_q.bias", n_q);
+    l.bk = ld.vector(p + "attn_k.bias", n_kv);
+    l.bv = ld.vector(p + "attn_v.bias", n_kv);
+  }
+  if (c.qk_norm) {
+    l.q_norm = ld.vector(p + "attn_q_norm.weight", c.head_dim);
+    l.k_norm = ld.vector(p + "attn_k_norm.weight", c.head_dim);
+  }
+  if (c.post_norms) {
+    l.attn_post_norm = ld.vector(p + "post_attention_norm.weight", c.n_embd);
+    l.ffn_post_norm = ld.vector(p + "post_ffw_norm.weight", c.n_embd);
+  }
+  l.ffn_norm = ld.vector(p + "ffn_norm.weight", c.n_embd);
+  if (c.fused_qkv && !f.find_tensor(p + "ffn_gate.weight")) {  // gate rows, then up rows
+    l.w_gate = ld.rows(p + "ffn_up.weight", c.n_embd, 2 * c.n_ff, 0, c.n_ff);
+    l.w_up = ld.rows(p + "ffn_up.weight", c.n_embd, 2 * c.n_ff, c.n_ff, c.n_ff);
+  } else {
+    l.w_gate = ld.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    l.w_up = ld.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+  }
+  l.w_down = ld.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+}
+
+// Per-pair frequency divisors from a tensor, on top of linear scaling.
+void divide_frequencies(const TensorLoader& ld, const GgufFile& f, ModelConfig& c, const std::string& name) {
+  const std::vector<float> factors = ld.vector(name, c.n_rot / 2);
+  if (c.rope_divisors.empty()) c.rope_divisors.assign(factors.size(), 1.0f);
+  for (size_t i = 0; i < factors.size(); ++i) {
+    if (!(factors[i] > 0) || !std::isfinite(factors[i]))
+      fail(ErrorKind::InvalidInput, "{}: {}[{}] = {} must be a positive number", f.source(), name, i,
+           factors[i]);
+    c.rope_divisors[i] *= factors[i];
+  }
+}
+
+// The RoPE frequency tensors: Llama 3's scaling and Phi-3's LongRoPE.
+void load_rope_factors(const TensorLoader& ld, const GgufFile& f, ModelConfig& c, const ModelLoadOptions& o) {
+  // Llama 3's RoPE scaling: one frequency divisor per rotary pair.
+  if (f.find_tensor("rope_freqs.weight")) {
+    if (c.arch != Arch::Llama && c.arch != Arch::Mistral3)
+      fail(ErrorKind::InvalidInput, "{}: rope_freqs.weight in a '{}' model is not implemented", f.source(),
+           c.arch_name);
+    divide_frequencies(ld, f, c, "rope_freqs.weight");
+  }
+  // Phi-3's LongRoPE: short factors up to the original context, long ones
+  // for a caller that runs longer contexts (ModelLoadOptions).
+  if (f.find_tensor("rope_factors_short.weight") || f.find_tensor("rope_factors_long.weight")) {
+    if (c.arch != Arch::Phi3)
+      fail(ErrorKind::InvalidInput, "{}: rope_factors_short/long in a '{}' model is not implemented",
+           f.source(), c.arch_name);
+    const std::string key = c.arch_name + ".rope.scaling.original_context_length";
+    const int64_t original = f.find(key) ? f.get_int(key) : c.n_ctx_train;
+    if (original <= 0)
+      fail(ErrorKind::InvalidInput, "{}: {} = {} is out of range", f.source(), key, original);
+    const bool long_context = o.n_ctx > original;
+    ld.vector(long_context ? "rope_factors_short.weight" : "rope_factors_long.weight",
+              c.n_rot / 2);  // checked
+    divide_frequencies(ld, f, c, long_context ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    if (!long_context) c.n_ctx_train = std::min<int>(c.n_ctx_train, static_cast<int>(original));
+  }
+}
+
+// The matmul weights get their panel copy; the embedding table keeps rows
+// (a lookup reads one row) in the file mapping.
+// Packing touches every weight once; one matrix per task over all cores.
+void pack_matmul_weights(std::vector<LayerWeights>& layers, WeightMatrix& output, ThreadPool& pool) {
+  std::vector<WeightMatrix*> to_pack;
+  for (LayerWeights& l : layers)
+    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      if (packable(w->type)) to_pack.push_back(w);
+  if (packable(output.type)) to_pack.push_back(&output);
+  pool.parallel_for(static_cast<int64_t>(to_pack.size()), [&](int64_t i, int) {
+    to_pack[i]->packed = std::make_shared<const PackedMatrix>(*to_pack[i]);
+  });
+}
+
 }  // namespace
 
 uint64_t model_fingerprint(const GgufFile& file, const ModelConfig& c, ThreadPool& pool) {
@@ -159,103 +253,21 @@ std::shared_ptr<const Model> Model::from_file(GgufFile file, const ModelLoadOpti
   c.n_vocab = static_cast<int>(embd.dims[1]);
   m->tok_embd = ld.view(embd, c.n_embd, c.n_vocab);
 
-  const int64_t n_q = int64_t{c.n_head} * c.head_dim;
-  const int64_t n_kv = c.n_embd_kv();
   // A layer's weights are 6 tensors or more (Phi-3's fused ones): a block
   // count the file cannot hold is refused before anything is allocated for it.
   if (static_cast<size_t>(c.n_layer) > m->file_.tensors().size() / 6)
     fail(ErrorKind::InvalidInput, "{}: block_count {} needs more tensors than the file's {}",
          m->file_.source(), c.n_layer, m->file_.tensors().size());
   m->layers.resize(c.n_layer);
-  for (int il = 0; il < c.n_layer; ++il) {
-    LayerWeights& l = m->layers[il];
-    const std::string p = fmt::format("blk.{}.", il);
-    l.attn_norm = ld.vector(p + "attn_norm.weight", c.n_embd);
-    if (c.fused_qkv && m->file_.find_tensor(p + "attn_qkv.weight")) {
-      const std::string qkv = p + "attn_qkv.weight";
-      l.wq = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, 0, n_q);
-      l.wk = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, n_q, n_kv);
-      l.wv = ld.rows(qkv, c.n_embd, n_q + 2 * n_kv, n_q + n_kv, n_kv);
-    } else {
-      l.wq = ld.matrix(p + "attn_q.weight", c.n_embd, n_q);
-      l.wk = ld.matrix(p + "attn_k.weight", c.n_embd, n_kv);
-      l.wv = ld.matrix(p + "attn_v.weight", c.n_embd, n_kv);
-    }
-    l.wo = ld.matrix(p + "attn_output.weight", n_q, c.n_embd);
-    if (c.qkv_bias) {
-      l.bq = ld.vector(p + "attn_q.bias", n_q);
-      l.bk = ld.vector(p + "attn_k.bias", n_kv);
-      l.bv = ld.vector(p + "attn_v.bias", n_kv);
-    }
-    if (c.qk_norm) {
-      l.q_norm = ld.vector(p + "attn_q_norm.weight", c.head_dim);
-      l.k_norm = ld.vector(p + "attn_k_norm.weight", c.head_dim);
-    }
-    if (c.post_norms) {
-      l.attn_post_norm = ld.vector(p + "post_attention_norm.weight", c.n_embd);
-      l.ffn_post_norm = ld.vector(p + "post_ffw_norm.weight", c.n_embd);
-    }
-    l.ffn_norm = ld.vector(p + "ffn_norm.weight", c.n_embd);
-    if (c.fused_qkv && !m->file_.find_tensor(p + "ffn_gate.weight")) {  // gate rows, then up rows
-      l.w_gate = ld.rows(p + "ffn_up.weight", c.n_embd, 2 * c.n_ff, 0, c.n_ff);
-      l.w_up = ld.rows(p + "ffn_up.weight", c.n_embd, 2 * c.n_ff, c.n_ff, c.n_ff);
-    } else {
-      l.w_gate = ld.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
-      l.w_up = ld.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
-    }
-    l.w_down = ld.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
-  }
+  for (int il = 0; il < c.n_layer; ++il) load_layer(ld, m->file_, c, il, m->layers[il]);
   m->output_norm = ld.vector("output_norm.weight", c.n_embd);
-  // Per-pair frequency divisors from a tensor, on top of linear scaling.
-  const auto divide_frequencies = [&](const std::string& name) {
-    const std::vector<float> f = ld.vector(name, c.n_rot / 2);
-    if (c.rope_divisors.empty()) c.rope_divisors.assign(f.size(), 1.0f);
-    for (size_t i = 0; i < f.size(); ++i) {
-      if (!(f[i] > 0) || !std::isfinite(f[i]))
-        fail(ErrorKind::InvalidInput, "{}: {}[{}] = {} must be a positive number", m->file_.source(), name, i,
-             f[i]);
-      c.rope_divisors[i] *= f[i];
-    }
-  };
-  // Llama 3's RoPE scaling: one frequency divisor per rotary pair.
-  if (m->file_.find_tensor("rope_freqs.weight")) {
-    if (c.arch != Arch::Llama && c.arch != Arch::Mistral3)
-      fail(ErrorKind::InvalidInput, "{}: rope_freqs.weight in a '{}' model is not implemented",
-           m->file_.source(), c.arch_name);
-    divide_frequencies("rope_freqs.weight");
-  }
-  // Phi-3's LongRoPE: short factors up to the original context, long ones
-  // for a caller that runs longer contexts (ModelLoadOptions).
-  if (m->file_.find_tensor("rope_factors_short.weight") || m->file_.find_tensor("rope_factors_long.weight")) {
-    if (c.arch != Arch::Phi3)
-      fail(ErrorKind::InvalidInput, "{}: rope_factors_short/long in a '{}' model is not implemented",
-           m->file_.source(), c.arch_name);
-    const std::string key = c.arch_name + ".rope.scaling.original_context_length";
-    const int64_t original = m->file_.find(key) ? m->file_.get_int(key) : c.n_ctx_train;
-    if (original <= 0)
-      fail(ErrorKind::InvalidInput, "{}: {} = {} is out of range", m->file_.source(), key, original);
-    const bool long_context = o.n_ctx > original;
-    ld.vector(long_context ? "rope_factors_short.weight" : "rope_factors_long.weight",
-              c.n_rot / 2);  // checked
-    divide_frequencies(long_context ? "rope_factors_long.weight" : "rope_factors_short.weight");
-    if (!long_context) c.n_ctx_train = std::min<int>(c.n_ctx_train, static_cast<int>(original));
-  }
+  load_rope_factors(ld, m->file_, c, o);
   // Tied embeddings: models without output.weight reuse the token embedding.
   m->output =
       m->file_.find_tensor("output.weight") ? ld.matrix("output.weight", c.n_embd, c.n_vocab) : m->tok_embd;
   ld.check_all_used();
-  // The matmul weights get their panel copy; the embedding table keeps rows
-  // (a lookup reads one row) in the file mapping.
-  // Packing touches every weight once; one matrix per task over all cores.
-  std::vector<WeightMatrix*> to_pack;
-  for (LayerWeights& l : m->layers)
-    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      if (packable(w->type)) to_pack.push_back(w);
-  if (packable(m->output.type)) to_pack.push_back(&m->output);
   ThreadPool pool(0);
-  pool.parallel_for(static_cast<int64_t>(to_pack.size()), [&](int64_t i, int) {
-    to_pack[i]->packed = std::make_shared<const PackedMatrix>(*to_pack[i]);
-  });
+  pack_matmul_weights(m->layers, m->output, pool);
   m->fingerprint_ = model_fingerprint(m->file_, c, pool);
   return m;
 }

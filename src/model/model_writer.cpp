@@ -102,28 +102,186 @@ void pad_vocab(std::vector<std::pair<std::string, GgufValue>>& md, int n) {
 
 }  // namespace
 
+namespace {
+
+// A named preset: how it changes the default (tiny) shape.
+struct Preset {
+  std::string_view name;
+  void (*apply)(ModelShape& s);
+};
+
+// In the order model_preset_names() lists them.
+const Preset kPresets[] = {
+    {"tiny", [](ModelShape&) {}},
+    {"tiny-qwen2",
+     [](ModelShape& s) {
+       s.arch = Arch::Qwen2;
+       s.rope_base = 1e6f;
+       s.rms_eps = 1e-6f;
+     }},
+    // Qwen2.5's YaRN configuration, scaled down: the original context 64
+    // stretched four times, so the ramp between kept and divided frequencies
+    // falls inside the tiny model's 16 rotary pairs.
+    {"tiny-qwen2-yarn",
+     [](ModelShape& s) {
+       s.arch = Arch::Qwen2;
+       s.rope_base = 1e6f, s.rms_eps = 1e-6f, s.n_ctx = 256;
+       s.yarn_factor = 4.0f, s.yarn_original_context = 64;
+     }},
+    // Ministral 3's YaRN (mscale_all_dim 1) and attention temperature,
+    // scaled down: an original context of 8, so that a short prompt's later
+    // queries are sharpened.
+    {"tiny-ministral3",
+     [](ModelShape& s) {
+       s.arch = Arch::Mistral3;
+       s.n_ctx = 256;
+       s.rope_base = 1e6f;
+       s.yarn_factor = 4.0f, s.yarn_original_context = 8, s.yarn_log_multiplier = 1.0f;
+       s.attn_temp_scale = 0.5f;
+     }},
+    // Partial rotary: half of each head rotates, the other half carries no
+    // position (the engine and the float64 reference both read
+    // rope.dimension_count; the other engine asserts full rotary for llama).
+    {"tiny-partial-rope", [](ModelShape& s) { s.n_rot = 8; }},
+    // Tiny with Llama 3's RoPE scaling, its context scaled to the tiny one's.
+    {"tiny-llama3",
+     [](ModelShape& s) {
+       s.llama3_rope = ModelShape::Llama3Rope{8.0f, 1.0f, 4.0f, 64};
+     }},
+    // Tiny with Qwen3's per-head Q/K norms and heads wider than embd/heads.
+    {"tiny-qwen3",
+     [](ModelShape& s) {
+       s.arch = Arch::Qwen3;
+       s.head_dim = 32;
+       s.rope_base = 1e6f;
+       s.rms_eps = 1e-6f;
+     }},
+    // Four layers: windowed (8 positions) and global in turn. Caps low enough
+    // to bend the tiny model's scores and logits, so a test sees whether they
+    // are applied.
+    {"tiny-gemma2",
+     [](ModelShape& s) {
+       s.arch = Arch::Gemma2;
+       s.n_layer = 4, s.n_head_kv = 1, s.head_dim = 32;
+       s.rms_eps = 1e-6f;
+       s.sliding_window = 8;
+       s.attn_softcap = 0.5f, s.final_softcap = 3.0f;
+       s.tied_embeddings = true;
+     }},
+    // Six layers: five windowed (8 positions), one global.
+    {"tiny-gemma3",
+     [](ModelShape& s) {
+       s.arch = Arch::Gemma3;
+       s.n_layer = 6, s.n_head_kv = 1, s.head_dim = 32;
+       s.rope_base = 1e6f, s.rope_base_local = 10000.0f, s.rms_eps = 1e-6f;
+       s.sliding_window = 8;
+       s.tied_embeddings = true;
+     }},
+    // Fused QKV and gate-up, a window of 16 positions on every layer.
+    {"tiny-phi3",
+     [](ModelShape& s) {
+       s.arch = Arch::Phi3;
+       s.sliding_window = 16;
+     }},
+    // Phi-3.5's LongRoPE, scaled down: short factors up to 32 positions, long
+    // ones (each pair turning up to 8 times slower) beyond.
+    {"tiny-phi3-longrope",
+     [](ModelShape& s) {
+       s.arch = Arch::Phi3;
+       s.n_ctx = 256;
+       s.longrope_original_context = 32;
+       for (int i = 0; i < head_dim_of(s) / 2; ++i) {
+         s.longrope_short.push_back(1.0f + 0.05f * i);
+         s.longrope_long.push_back(1.0f + 7.0f * i / (head_dim_of(s) / 2 - 1));
+       }
+     }},
+    // Four layers: the fourth without RoPE.
+    {"tiny-smollm3",
+     [](ModelShape& s) {
+       s.arch = Arch::SmolLM3;
+       s.n_layer = 4;
+     }},
+    {"qwen2-0.5b",
+     [](ModelShape& s) {
+       s.arch = Arch::Qwen2;
+       s.n_layer = 24, s.n_embd = 896, s.n_head = 14, s.n_head_kv = 2, s.n_ff = 4864;
+       s.n_ctx = 32768, s.n_vocab = 32000, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
+       s.tied_embeddings = true;  // as the released Qwen2-0.5B
+     }},
+    // Qwen3-0.6B.
+    {"qwen3-0.6b",
+     [](ModelShape& s) {
+       s.arch = Arch::Qwen3;
+       s.n_layer = 28, s.n_embd = 1024, s.n_head = 16, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 3072;
+       s.n_ctx = 40960, s.n_vocab = 151936, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
+       s.tied_embeddings = true;
+     }},
+    {"llama-1b",
+     [](ModelShape& s) {
+       s.n_layer = 16, s.n_embd = 2048, s.n_head = 32, s.n_head_kv = 8, s.n_ff = 8192;
+       s.n_ctx = 8192, s.n_vocab = 32000, s.rope_base = 500000.0f;
+     }},
+    // Llama-3.2-1B: tied embeddings, Llama 3 RoPE scaling.
+    {"llama3.2-1b",
+     [](ModelShape& s) {
+       s.n_layer = 16, s.n_embd = 2048, s.n_head = 32, s.n_head_kv = 8, s.n_ff = 8192;
+       s.n_ctx = 131072, s.n_vocab = 128256, s.rope_base = 500000.0f;
+       s.tied_embeddings = true;
+       s.llama3_rope = ModelShape::Llama3Rope{32.0f, 1.0f, 4.0f, 8192};
+     }},
+    // Ministral-3-3B.
+    {"ministral3-3b",
+     [](ModelShape& s) {
+       s.arch = Arch::Mistral3;
+       s.n_layer = 26, s.n_embd = 3072, s.n_head = 32, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 9216;
+       s.n_ctx = 262144, s.n_vocab = 131072, s.rope_base = 1e6f, s.rms_eps = 1e-5f;
+       s.yarn_factor = 16.0f, s.yarn_original_context = 16384, s.yarn_log_multiplier = 1.0f;
+       s.attn_temp_scale = 0.1f;
+       s.tied_embeddings = true;
+     }},
+    // Gemma-2-2B.
+    {"gemma2-2b",
+     [](ModelShape& s) {
+       s.arch = Arch::Gemma2;
+       s.n_layer = 26, s.n_embd = 2304, s.n_head = 8, s.n_head_kv = 4, s.head_dim = 256, s.n_ff = 9216;
+       s.n_ctx = 8192, s.n_vocab = 256000, s.rms_eps = 1e-6f;
+       s.sliding_window = 4096;
+       s.attn_softcap = 50.0f, s.final_softcap = 30.0f;
+       s.tied_embeddings = true;
+     }},
+    // Gemma-3-1B.
+    {"gemma3-1b",
+     [](ModelShape& s) {
+       s.arch = Arch::Gemma3;
+       s.n_layer = 26, s.n_embd = 1152, s.n_head = 4, s.n_head_kv = 1, s.head_dim = 256, s.n_ff = 6912;
+       s.n_ctx = 32768, s.n_vocab = 262144, s.rope_base = 1e6f, s.rope_base_local = 10000.0f,
+       s.rms_eps = 1e-6f;
+       s.sliding_window = 512;
+       s.tied_embeddings = true;
+     }},
+    // Phi-3.5-mini's width, 8 of its 32 layers, its 4k context.
+    {"phi3.5-mini-8l",
+     [](ModelShape& s) {
+       s.arch = Arch::Phi3;
+       s.n_layer = 8, s.n_embd = 3072, s.n_head = 32, s.n_head_kv = 32, s.n_ff = 8192;
+       s.n_ctx = 4096, s.n_vocab = 32064, s.sliding_window = 262144;
+     }},
+    // SmolLM3-3B's width, 12 of its 36 layers.
+    {"smollm3-3b-12l",
+     [](ModelShape& s) {
+       s.arch = Arch::SmolLM3;
+       s.n_layer = 12, s.n_embd = 2048, s.n_head = 16, s.n_head_kv = 4, s.n_ff = 11008;
+       s.n_ctx = 65536, s.n_vocab = 128256, s.rope_base = 5e6f, s.rms_eps = 1e-6f;
+       s.tied_embeddings = true;
+     }},
+};
+
+}  // namespace
+
 std::vector<std::string> model_preset_names() {
-  return {"tiny",
-          "tiny-qwen2",
-          "tiny-qwen2-yarn",
-          "tiny-ministral3",
-          "tiny-partial-rope",
-          "tiny-llama3",
-          "tiny-qwen3",
-          "tiny-gemma2",
-          "tiny-gemma3",
-          "tiny-phi3",
-          "tiny-phi3-longrope",
-          "tiny-smollm3",
-          "qwen2-0.5b",
-          "qwen3-0.6b",
-          "llama-1b",
-          "llama3.2-1b",
-          "ministral3-3b",
-          "gemma2-2b",
-          "gemma3-1b",
-          "phi3.5-mini-8l",
-          "smollm3-3b-12l"};
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
 }
 
 std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, float low_freq_factor,
@@ -148,157 +306,11 @@ std::vector<float> llama3_rope_factors(int n_rot, float base, float factor, floa
 }
 
 std::optional<ModelShape> model_preset(const std::string& name) {
-  ModelShape s;
-  s.preset = name;
-  if (name == "tiny") return s;
-  if (name == "tiny-qwen3") {  // tiny with Qwen3's per-head Q/K norms and heads wider than embd/heads
-    s.arch = Arch::Qwen3;
-    s.head_dim = 32;
-    s.rope_base = 1e6f;
-    s.rms_eps = 1e-6f;
-    return s;
-  }
-  if (name == "qwen3-0.6b") {  // Qwen3-0.6B
-    s.arch = Arch::Qwen3;
-    s.n_layer = 28, s.n_embd = 1024, s.n_head = 16, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 3072;
-    s.n_ctx = 40960, s.n_vocab = 151936, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
-    s.tied_embeddings = true;
-    return s;
-  }
-  // Caps low enough to bend the tiny model's scores and logits, so a test
-  // sees whether they are applied.
-  if (name == "tiny-gemma2") {  // four layers: windowed (8 positions) and global in turn
-    s.arch = Arch::Gemma2;
-    s.n_layer = 4, s.n_head_kv = 1, s.head_dim = 32;
-    s.rms_eps = 1e-6f;
-    s.sliding_window = 8;
-    s.attn_softcap = 0.5f, s.final_softcap = 3.0f;
-    s.tied_embeddings = true;
-    return s;
-  }
-  if (name == "gemma2-2b") {  // Gemma-2-2B
-    s.arch = Arch::Gemma2;
-    s.n_layer = 26, s.n_embd = 2304, s.n_head = 8, s.n_head_kv = 4, s.head_dim = 256, s.n_ff = 9216;
-    s.n_ctx = 8192, s.n_vocab = 256000, s.rms_eps = 1e-6f;
-    s.sliding_window = 4096;
-    s.attn_softcap = 50.0f, s.final_softcap = 30.0f;
-    s.tied_embeddings = true;
-    return s;
-  }
-  // Ministral 3's YaRN (mscale_all_dim 1) and attention temperature,
-  // scaled down: an original context of 8, so that a short prompt's later
-  // queries are sharpened.
-  if (name == "tiny-ministral3") {
-    s.arch = Arch::Mistral3;
-    s.n_ctx = 256;
-    s.rope_base = 1e6f;
-    s.yarn_factor = 4.0f, s.yarn_original_context = 8, s.yarn_log_multiplier = 1.0f;
-    s.attn_temp_scale = 0.5f;
-    return s;
-  }
-  if (name == "ministral3-3b") {  // Ministral-3-3B
-    s.arch = Arch::Mistral3;
-    s.n_layer = 26, s.n_embd = 3072, s.n_head = 32, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 9216;
-    s.n_ctx = 262144, s.n_vocab = 131072, s.rope_base = 1e6f, s.rms_eps = 1e-5f;
-    s.yarn_factor = 16.0f, s.yarn_original_context = 16384, s.yarn_log_multiplier = 1.0f;
-    s.attn_temp_scale = 0.1f;
-    s.tied_embeddings = true;
-    return s;
-  }
-  if (name == "tiny-gemma3") {  // six layers: five windowed (8 positions), one global
-    s.arch = Arch::Gemma3;
-    s.n_layer = 6, s.n_head_kv = 1, s.head_dim = 32;
-    s.rope_base = 1e6f, s.rope_base_local = 10000.0f, s.rms_eps = 1e-6f;
-    s.sliding_window = 8;
-    s.tied_embeddings = true;
-    return s;
-  }
-  if (name == "gemma3-1b") {  // Gemma-3-1B
-    s.arch = Arch::Gemma3;
-    s.n_layer = 26, s.n_embd = 1152, s.n_head = 4, s.n_head_kv = 1, s.head_dim = 256, s.n_ff = 6912;
-    s.n_ctx = 32768, s.n_vocab = 262144, s.rope_base = 1e6f, s.rope_base_local = 10000.0f, s.rms_eps = 1e-6f;
-    s.sliding_window = 512;
-    s.tied_embeddings = true;
-    return s;
-  }
-  if (name == "tiny-phi3") {  // fused QKV and gate-up, a window of 16 positions on every layer
-    s.arch = Arch::Phi3;
-    s.sliding_window = 16;
-    return s;
-  }
-  // Phi-3.5's LongRoPE, scaled down: short factors up to 32 positions, long
-  // ones (each pair turning up to 8 times slower) beyond.
-  if (name == "tiny-phi3-longrope") {
-    s.arch = Arch::Phi3;
-    s.n_ctx = 256;
-    s.longrope_original_context = 32;
-    for (int i = 0; i < head_dim_of(s) / 2; ++i) {
-      s.longrope_short.push_back(1.0f + 0.05f * i);
-      s.longrope_long.push_back(1.0f + 7.0f * i / (head_dim_of(s) / 2 - 1));
-    }
-    return s;
-  }
-  if (name == "phi3.5-mini-8l") {  // Phi-3.5-mini's width, 8 of its 32 layers, its 4k context
-    s.arch = Arch::Phi3;
-    s.n_layer = 8, s.n_embd = 3072, s.n_head = 32, s.n_head_kv = 32, s.n_ff = 8192;
-    s.n_ctx = 4096, s.n_vocab = 32064, s.sliding_window = 262144;
-    return s;
-  }
-  if (name == "tiny-smollm3") {  // four layers: the fourth without RoPE
-    s.arch = Arch::SmolLM3;
-    s.n_layer = 4;
-    return s;
-  }
-  if (name == "smollm3-3b-12l") {  // SmolLM3-3B's width, 12 of its 36 layers
-    s.arch = Arch::SmolLM3;
-    s.n_layer = 12, s.n_embd = 2048, s.n_head = 16, s.n_head_kv = 4, s.n_ff = 11008;
-    s.n_ctx = 65536, s.n_vocab = 128256, s.rope_base = 5e6f, s.rms_eps = 1e-6f;
-    s.tied_embeddings = true;
-    return s;
-  }
-  if (name == "tiny-llama3") {  // tiny with Llama 3's RoPE scaling, its context scaled to the tiny one's
-    s.llama3_rope = ModelShape::Llama3Rope{8.0f, 1.0f, 4.0f, 64};
-    return s;
-  }
-  if (name == "tiny-qwen2") {
-    s.arch = Arch::Qwen2;
-    s.rope_base = 1e6f;
-    s.rms_eps = 1e-6f;
-    return s;
-  }
-  // Partial rotary: half of each head rotates, the other half carries no
-  // position (the engine and the float64 reference both read
-  // rope.dimension_count; the other engine asserts full rotary for llama).
-  if (name == "tiny-partial-rope") {
-    s.n_rot = 8;
-    return s;
-  }
-  // Qwen2.5's YaRN configuration, scaled down: the original context 64
-  // stretched four times, so the ramp between kept and divided frequencies
-  // falls inside the tiny model's 16 rotary pairs.
-  if (name == "tiny-qwen2-yarn") {
-    s.arch = Arch::Qwen2;
-    s.rope_base = 1e6f, s.rms_eps = 1e-6f, s.n_ctx = 256;
-    s.yarn_factor = 4.0f, s.yarn_original_context = 64;
-    return s;
-  }
-  if (name == "qwen2-0.5b") {
-    s.arch = Arch::Qwen2;
-    s.n_layer = 24, s.n_embd = 896, s.n_head = 14, s.n_head_kv = 2, s.n_ff = 4864;
-    s.n_ctx = 32768, s.n_vocab = 32000, s.rope_base = 1e6f, s.rms_eps = 1e-6f;
-    s.tied_embeddings = true;  // as the released Qwen2-0.5B
-    return s;
-  }
-  if (name == "llama3.2-1b") {  // Llama-3.2-1B: tied embeddings, Llama 3 RoPE scaling
-    s.n_layer = 16, s.n_embd = 2048, s.n_head = 32, s.n_head_kv = 8, s.n_ff = 8192;
-    s.n_ctx = 131072, s.n_vocab = 128256, s.rope_base = 500000.0f;
-    s.tied_embeddings = true;
-    s.llama3_rope = ModelShape::Llama3Rope{32.0f, 1.0f, 4.0f, 8192};
-    return s;
-  }
-  if (name == "llama-1b") {
-    s.n_layer = 16, s.n_embd = 2048, s.n_head = 32, s.n_head_kv = 8, s.n_ff = 8192;
-    s.n_ctx = 8192, s.n_vocab = 32000, s.rope_base = 500000.0f;
+  for (const Preset& p : kPresets) {
+    if (p.name != name) continue;
+    ModelShape s;
+    s.preset = name;
+    p.apply(s);
     return s;
   }
   return std::nullopt;
@@ -367,22 +379,8 @@ void check_shape(const ModelShape& s) {
     fail(ErrorKind::InvalidInput, "head size must be even for RoPE");
 }
 
-}  // namespace
-
-RandomModelReport write_model(const std::filesystem::path& path, const ModelFileSpec& spec,
-                              const TensorRowSource& rows) {
-  const ModelShape& s = spec.shape;
-  check_shape(s);
-  file_type_code(spec.type);
-  RandomModelReport report;
-  report.n_vocab = s.n_vocab;
-  const std::string arch = arch_name(s.arch);
-  GgufWriter w;
-  w.set("general.architecture", GgufValue::string(arch));
-  w.set("general.name", GgufValue::string(spec.name));
-  w.set("general.file_type", GgufValue::u32(file_type_code(spec.type)));
-  w.set("general.quantization_version", GgufValue::u32(2));
-  w.set("general.alignment", GgufValue::u32(32));
+// The shape's sizes, norms, windows and caps under the architecture's keys.
+void set_shape_metadata(GgufWriter& w, const ModelShape& s, const std::string& arch) {
   w.set(arch + ".context_length", GgufValue::u32(s.n_ctx));
   w.set(arch + ".embedding_length", GgufValue::u32(s.n_embd));
   w.set(arch + ".block_count", GgufValue::u32(s.n_layer));
@@ -405,6 +403,10 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
   }
   if (s.attn_softcap > 0) w.set(arch + ".attn_logit_softcapping", GgufValue::f32(s.attn_softcap));
   if (s.final_softcap > 0) w.set(arch + ".final_logit_softcapping", GgufValue::f32(s.final_softcap));
+}
+
+// YaRN, the attention temperature and linear RoPE scaling.
+void set_rope_scaling_metadata(GgufWriter& w, const ModelShape& s, const std::string& arch) {
   if (s.yarn_factor > 0) {
     w.set(arch + ".rope.scaling.type", GgufValue::string("yarn"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.yarn_factor));
@@ -417,43 +419,53 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
     w.set(arch + ".rope.scaling.type", GgufValue::string("linear"));
     w.set(arch + ".rope.scaling.factor", GgufValue::f32(s.rope_linear_factor));
   }
+}
+
+// rope_freqs.weight: the shape's own factors, else Llama 3's computed ones.
+void add_rope_freqs_tensor(GgufWriter& w, const ModelShape& s) {
   std::vector<float> freq_factors = s.rope_freq_factors;
   if (freq_factors.empty() && s.llama3_rope) {
     const ModelShape::Llama3Rope& l = *s.llama3_rope;
     freq_factors = llama3_rope_factors(head_dim_of(s), s.rope_base, l.factor, l.low_freq_factor,
                                        l.high_freq_factor, l.original_context);
   }
-  if (!freq_factors.empty()) {
-    const int half = head_dim_of(s) / 2;
-    if ((s.arch != Arch::Llama && s.arch != Arch::Mistral3) || static_cast<int>(freq_factors.size()) != half)
-      fail(ErrorKind::InvalidInput,
-           "rope frequency factors: a Llama model with {} of them (one per rotary pair)", half);
-    w.add_tensor("rope_freqs.weight", DType::F32, {half}, [f = freq_factors](uint8_t* dst, size_t) {
-      std::memcpy(dst, f.data(), f.size() * sizeof(float));
-    });
-  }
-  if (!s.longrope_short.empty()) {
-    const int half = head_dim_of(s) / 2;
-    if (s.arch != Arch::Phi3 || static_cast<int>(s.longrope_short.size()) != half ||
-        s.longrope_long.size() != s.longrope_short.size() || s.longrope_original_context <= 0)
-      fail(ErrorKind::InvalidInput, "LongRoPE factors: a Phi-3 model with {} short and {} long ones", half,
-           half);
-    for (const auto& named : {std::pair{"rope_factors_short.weight", &s.longrope_short},
-                              std::pair{"rope_factors_long.weight", &s.longrope_long}}) {
-      const std::vector<float>* f = named.second;
-      w.add_tensor(named.first, DType::F32, {half},
-                   [f](uint8_t* dst, size_t) { std::memcpy(dst, f->data(), f->size() * sizeof(float)); });
-    }
-    w.set(arch + ".rope.scaling.original_context_length", GgufValue::u32(s.longrope_original_context));
-    const double ratio = double(s.n_ctx) / s.longrope_original_context;
-    w.set(arch + ".rope.scaling.attn_factor",
-          GgufValue::f32(
-              static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(s.longrope_original_context)))));
-  }
-  for (const auto& [k, v] : spec.metadata) w.set(k, v);
+  if (freq_factors.empty()) return;
+  const int half = head_dim_of(s) / 2;
+  if ((s.arch != Arch::Llama && s.arch != Arch::Mistral3) || static_cast<int>(freq_factors.size()) != half)
+    fail(ErrorKind::InvalidInput,
+         "rope frequency factors: a Llama model with {} of them (one per rotary pair)", half);
+  w.add_tensor("rope_freqs.weight", DType::F32, {half}, [f = freq_factors](uint8_t* dst, size_t) {
+    std::memcpy(dst, f.data(), f.size() * sizeof(float));
+  });
+}
 
+// Phi-3's LongRoPE factor tensors and the keys that go with them.
+void add_longrope_tensors(GgufWriter& w, const ModelShape& s, const std::string& arch) {
+  if (s.longrope_short.empty()) return;
+  const int half = head_dim_of(s) / 2;
+  if (s.arch != Arch::Phi3 || static_cast<int>(s.longrope_short.size()) != half ||
+      s.longrope_long.size() != s.longrope_short.size() || s.longrope_original_context <= 0)
+    fail(ErrorKind::InvalidInput, "LongRoPE factors: a Phi-3 model with {} short and {} long ones", half,
+         half);
+  for (const auto& named : {std::pair{"rope_factors_short.weight", &s.longrope_short},
+                            std::pair{"rope_factors_long.weight", &s.longrope_long}}) {
+    const std::vector<float>* f = named.second;
+    w.add_tensor(named.first, DType::F32, {half},
+                 [f](uint8_t* dst, size_t) { std::memcpy(dst, f->data(), f->size() * sizeof(float)); });
+  }
+  w.set(arch + ".rope.scaling.original_context_length", GgufValue::u32(s.longrope_original_context));
+  const double ratio = double(s.n_ctx) / s.longrope_original_context;
+  w.set(arch + ".rope.scaling.attn_factor",
+        GgufValue::f32(
+            static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(s.longrope_original_context)))));
+}
+
+// The model's weights, their values from `rows`; matrices in spec.type where
+// their rows fit its blocks.
+void add_weight_tensors(GgufWriter& w, const ModelFileSpec& spec, const TensorRowSource& rows,
+                        RandomModelReport& report) {
   auto pool = std::make_shared<ThreadPool>(spec.n_threads);
-  const std::vector<ModelTensor> tensors = model_tensors(s, s.n_vocab);
+  const std::vector<ModelTensor> tensors = model_tensors(spec.shape, spec.shape.n_vocab);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ModelTensor& t = tensors[i];
     report.n_params += t.size();
@@ -476,6 +488,30 @@ RandomModelReport write_model(const std::filesystem::path& path, const ModelFile
       });
     });
   }
+}
+
+}  // namespace
+
+RandomModelReport write_model(const std::filesystem::path& path, const ModelFileSpec& spec,
+                              const TensorRowSource& rows) {
+  const ModelShape& s = spec.shape;
+  check_shape(s);
+  file_type_code(spec.type);
+  RandomModelReport report;
+  report.n_vocab = s.n_vocab;
+  const std::string arch = arch_name(s.arch);
+  GgufWriter w;
+  w.set("general.architecture", GgufValue::string(arch));
+  w.set("general.name", GgufValue::string(spec.name));
+  w.set("general.file_type", GgufValue::u32(file_type_code(spec.type)));
+  w.set("general.quantization_version", GgufValue::u32(2));
+  w.set("general.alignment", GgufValue::u32(32));
+  set_shape_metadata(w, s, arch);
+  set_rope_scaling_metadata(w, s, arch);
+  add_rope_freqs_tensor(w, s);
+  add_longrope_tensors(w, s, arch);
+  for (const auto& [k, v] : spec.metadata) w.set(k, v);
+  add_weight_tensors(w, spec, rows, report);
   w.write(path);
   report.file_bytes = std::filesystem::file_size(path);
   return report;

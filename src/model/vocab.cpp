@@ -76,49 +76,53 @@ constexpr std::string_view kBuiltinSuffixes = "ing ed er ly tion s es est ment n
 constexpr std::string_view kBuiltinChars =
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()";
 
-}  // namespace
-
-Vocab Vocab::from_gguf(const GgufFile& f) {
-  Vocab v;
+// The tokenizer algorithm named by tokenizer.ggml.model.
+VocabKind read_kind(const GgufFile& f) {
   const std::optional<std::string> model = f.get_string_or("tokenizer.ggml.model");
   if (!model) fail(ErrorKind::InvalidInput, "{}: no tokenizer (tokenizer.ggml.model is missing)", f.source());
-  if (*model == "llama")
-    v.kind = VocabKind::Spm;
-  else if (*model == "gpt2")
-    v.kind = VocabKind::Bpe;
-  else if (*model == "gemma4")
-    v.kind = VocabKind::BpeSpm;
-  else
-    fail(ErrorKind::InvalidInput,
-         "{}: unsupported tokenizer model '{}' (tokenizer.ggml.model); supported: 'llama' (SentencePiece), "
-         "'gpt2' (byte-level BPE), 'gemma4' (SentencePiece-style BPE)",
-         f.source(), *model);
-  v.pre = f.get_string_or("tokenizer.ggml.pre").value_or(v.kind == VocabKind::BpeSpm ? "gemma4" : "default");
+  if (*model == "llama") return VocabKind::Spm;
+  if (*model == "gpt2") return VocabKind::Bpe;
+  if (*model == "gemma4") return VocabKind::BpeSpm;
+  fail(ErrorKind::InvalidInput,
+       "{}: unsupported tokenizer model '{}' (tokenizer.ggml.model); supported: 'llama' (SentencePiece), "
+       "'gpt2' (byte-level BPE), 'gemma4' (SentencePiece-style BPE)",
+       f.source(), *model);
+}
 
+std::vector<std::string> read_tokens(const GgufFile& f) {
   const std::vector<GgufValue>* tokens = find_array(f, kTokens);
   if (!tokens || tokens->empty())
     fail(ErrorKind::InvalidInput, "{}: {} is missing or empty", f.source(), kTokens);
   if (tokens->size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
     fail(ErrorKind::InvalidInput, "{}: too many tokens ({})", kTokens, tokens->size());
   const size_t n = tokens->size();
-  v.tokens.reserve(n);
+  std::vector<std::string> out;
+  out.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const auto* s = std::get_if<std::string>(&(*tokens)[i].data);
     if (!s) fail(ErrorKind::InvalidInput, "{}[{}] is not a string", kTokens, i);
-    v.tokens.push_back(*s);
+    out.push_back(*s);
   }
+  return out;
+}
 
-  v.scores.assign(n, 0.0f);
+// The n tokens' scores; 0 without the key.
+std::vector<float> read_scores(const GgufFile& f, size_t n) {
+  std::vector<float> out(n, 0.0f);
   if (const std::vector<GgufValue>* scores = find_array(f, kScores)) {
     if (scores->size() != n)
       fail(ErrorKind::InvalidInput, "{} has {} entries but {} has {}", kScores, scores->size(), kTokens, n);
     for (size_t i = 0; i < n; ++i) {
       if (!(*scores)[i].is_number()) fail(ErrorKind::InvalidInput, "{}[{}] is not a number", kScores, i);
-      v.scores[i] = static_cast<float>((*scores)[i].as_float(kScores));
+      out[i] = static_cast<float>((*scores)[i].as_float(kScores));
     }
   }
+  return out;
+}
 
-  v.types.assign(n, TokenType::Normal);
+// The n tokens' types; Normal without the key (and for type 0).
+std::vector<TokenType> read_types(const GgufFile& f, size_t n) {
+  std::vector<TokenType> out(n, TokenType::Normal);
   if (const std::vector<GgufValue>* types = find_array(f, kTypes)) {
     if (types->size() != n)
       fail(ErrorKind::InvalidInput, "{} has {} entries but {} has {}", kTypes, types->size(), kTokens, n);
@@ -127,24 +131,41 @@ Vocab Vocab::from_gguf(const GgufFile& f) {
       const int64_t t = (*types)[i].as_int(kTypes);
       if (t < 0 || t > 6)
         fail(ErrorKind::InvalidInput, "{}[{}] = {} is not a token type (1 normal .. 6 byte)", kTypes, i, t);
-      v.types[i] = t == 0 ? TokenType::Normal : static_cast<TokenType>(t);
+      out[i] = t == 0 ? TokenType::Normal : static_cast<TokenType>(t);
     }
   }
+  return out;
+}
 
-  // SentencePiece files sometimes carry merges too; its algorithm uses scores instead.
-  const std::vector<GgufValue>* merges = v.kind != VocabKind::Spm ? find_array(f, kMerges) : nullptr;
-  if (merges) {
-    v.merges.reserve(merges->size());
-    for (size_t i = 0; i < merges->size(); ++i) {
-      const auto* s = std::get_if<std::string>(&(*merges)[i].data);
-      if (!s) fail(ErrorKind::InvalidInput, "{}[{}] is not a string", kMerges, i);
-      // The separator is the first space after position 0: a left part never starts with it.
-      const size_t sp = s->size() > 1 ? s->find(' ', 1) : std::string::npos;
-      if (sp == std::string::npos || sp + 1 >= s->size())
-        fail(ErrorKind::InvalidInput, "{}[{}] = '{}' is not of the form 'left right'", kMerges, i, *s);
-      v.merges.emplace_back(s->substr(0, sp), s->substr(sp + 1));
-    }
+// The BPE merges, split into their left and right parts; none without the key.
+std::vector<std::pair<std::string, std::string>> read_merges(const GgufFile& f) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::vector<GgufValue>* merges = find_array(f, kMerges);
+  if (!merges) return out;
+  out.reserve(merges->size());
+  for (size_t i = 0; i < merges->size(); ++i) {
+    const auto* s = std::get_if<std::string>(&(*merges)[i].data);
+    if (!s) fail(ErrorKind::InvalidInput, "{}[{}] is not a string", kMerges, i);
+    // The separator is the first space after position 0: a left part never starts with it.
+    const size_t sp = s->size() > 1 ? s->find(' ', 1) : std::string::npos;
+    if (sp == std::string::npos || sp + 1 >= s->size())
+      fail(ErrorKind::InvalidInput, "{}[{}] = '{}' is not of the form 'left right'", kMerges, i, *s);
+    out.emplace_back(s->substr(0, sp), s->substr(sp + 1));
   }
+  return out;
+}
+
+}  // namespace
+
+Vocab Vocab::from_gguf(const GgufFile& f) {
+  Vocab v;
+  v.kind = read_kind(f);
+  v.pre = f.get_string_or("tokenizer.ggml.pre").value_or(v.kind == VocabKind::BpeSpm ? "gemma4" : "default");
+  v.tokens = read_tokens(f);
+  v.scores = read_scores(f, v.tokens.size());
+  v.types = read_types(f, v.tokens.size());
+  // SentencePiece files sometimes carry merges too; its algorithm uses scores instead.
+  if (v.kind != VocabKind::Spm) v.merges = read_merges(f);
 
   v.bos = read_id(f, "tokenizer.ggml.bos_token_id");
   v.eos = read_id(f, "tokenizer.ggml.eos_token_id");

@@ -59,85 +59,93 @@ std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+namespace {
+
+// Each family's Jinja template.
+constexpr std::pair<ChatFamily, std::string_view> kTemplates[] = {
+    {ChatFamily::ChatML,
+     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
+     "}}"
+     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {ChatFamily::Qwen2,
+     "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful "
+     "assistant.<|im_end|>\\n' }}{% endif %}"
+     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
+     "}}"
+     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {ChatFamily::Qwen25,
+     "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, created by "
+     "Alibaba "
+     "Cloud. You are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
+     "}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {ChatFamily::Qwen3,
+     "{%- for m in messages %}{%- set c = m['content'] %}{%- if m['role'] == 'assistant' and "
+     "'</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+     "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
+     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+     "{#- reasoning_content: an earlier reply's reasoning is left out #}"},
+    {ChatFamily::Qwen35,
+     "{%- for m in messages %}{%- set c = m['content'] %}{%- if m['role'] == 'assistant' and "
+     "'</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+     "{{- '<|im_start|>' + m['role'] + '\\n' + c | trim + '<|im_end|>\\n' }}{%- endfor %}"
+     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{{- '<think>\\n' }}{%- endif "
+     "%}"},
+    {ChatFamily::Llama3,
+     "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+     "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% "
+     "endif %}"},
+    {ChatFamily::Llama2,
+     "{% set sys = messages[0]['content'] if messages[0]['role'] == 'system' else '' %}"
+     "{% for m in messages if m['role'] != 'system' %}{% if m['role'] == 'user' %}"
+     "{% set text = '<<SYS>>\\n' + sys + '\\n<</SYS>>\\n\\n' + m['content'] if loop.first and sys "
+     "else m['content'] %}{{ bos_token + '[INST] ' + text | trim + ' [/INST]' }}"
+     "{% else %}{{ ' ' + m['content'] | trim + ' ' + eos_token }}{% endif %}{% endfor %}"},
+    {ChatFamily::Mistral,
+     "{{ bos_token }}{% set sys = messages[0]['content'] if messages[0]['role'] == 'system' else '' "
+     "%}"
+     "{% for m in messages if m['role'] != 'system' %}{% if m['role'] == 'user' %}"
+     "{% set text = sys + '\\n\\n' + m['content'] if loop.first and sys else m['content'] %}"
+     "{{ '[INST] ' + text | trim + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}{% endif %}"
+     "{% endfor %}"},
+    {ChatFamily::Zephyr,
+     "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' }}"
+     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"},
+    {ChatFamily::Llama31,
+     "{{ bos_token }}{% if not date_string is defined %}{% set date_string = '26 Jul 2024' %}{% "
+     "endif %}"
+     "{% set sys = messages[0]['content'] | trim if messages[0]['role'] == 'system' else '' %}"
+     "{{ '<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\n"
+     "Today Date: ' + date_string + '\\n\\n' + sys + '<|eot_id|>' }}"
+     "{% for m in messages if m['role'] != 'system' %}{{ '<|start_header_id|>' + m['role'] + "
+     "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% "
+     "endif %}"},
+    {ChatFamily::MistralNemo,
+     "{{ bos_token }}{% set system_message = messages[0]['content'] if messages[0]['role'] == "
+     "'system' "
+     "else none %}{% set turns = messages[1:] if system_message is not none else messages %}"
+     "{% for m in turns %}{% if m['role'] == 'user' %}{{ '[INST]' + (system_message + '\\n\\n' if "
+     "loop.last and system_message is not none else '') + m['content'] + '[/INST]' }}"
+     "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"},
+    {ChatFamily::Phi3,
+     "{% for m in messages %}{% if m['role'] != 'system' or m['content'] %}{{ '<|' + m['role'] + "
+     "'|>\\n' + m['content'] + '<|end|>\\n' }}{% endif %}{% endfor %}"
+     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"},
+    {ChatFamily::Gemma,
+     "{{ bos_token }}{% set pre = messages[0]['content'] + '\\n\\n' if messages[0]['role'] == "
+     "'system' else '' %}{% for m in messages if m['role'] != 'system' %}{{ '<start_of_turn>' + "
+     "('model' if m['role'] == 'assistant' else m['role']) + '\\n' + (pre if loop.first else '') + "
+     "m['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"},
+};
+
+}  // namespace
+
 std::string chat_template_jinja(ChatFamily f) {
-  switch (f) {
-    case ChatFamily::ChatML:
-      return "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
-             "}}"
-             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-    case ChatFamily::Qwen2:
-      return "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful "
-             "assistant.<|im_end|>\\n' }}{% endif %}"
-             "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
-             "}}"
-             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-    case ChatFamily::Qwen25:
-      return "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, created by "
-             "Alibaba "
-             "Cloud. You are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
-             "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' "
-             "}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-    case ChatFamily::Qwen3:
-      return "{%- for m in messages %}{%- set c = m['content'] %}{%- if m['role'] == 'assistant' and "
-             "'</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
-             "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
-             "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-             "{#- reasoning_content: an earlier reply's reasoning is left out #}";
-    case ChatFamily::Qwen35:
-      return "{%- for m in messages %}{%- set c = m['content'] %}{%- if m['role'] == 'assistant' and "
-             "'</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
-             "{{- '<|im_start|>' + m['role'] + '\\n' + c | trim + '<|im_end|>\\n' }}{%- endfor %}"
-             "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{{- '<think>\\n' }}{%- endif "
-             "%}";
-    case ChatFamily::Llama3:
-      return "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
-             "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
-             "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% "
-             "endif %}";
-    case ChatFamily::Llama2:
-      return "{% set sys = messages[0]['content'] if messages[0]['role'] == 'system' else '' %}"
-             "{% for m in messages if m['role'] != 'system' %}{% if m['role'] == 'user' %}"
-             "{% set text = '<<SYS>>\\n' + sys + '\\n<</SYS>>\\n\\n' + m['content'] if loop.first and sys "
-             "else m['content'] %}{{ bos_token + '[INST] ' + text | trim + ' [/INST]' }}"
-             "{% else %}{{ ' ' + m['content'] | trim + ' ' + eos_token }}{% endif %}{% endfor %}";
-    case ChatFamily::Mistral:
-      return "{{ bos_token }}{% set sys = messages[0]['content'] if messages[0]['role'] == 'system' else '' "
-             "%}"
-             "{% for m in messages if m['role'] != 'system' %}{% if m['role'] == 'user' %}"
-             "{% set text = sys + '\\n\\n' + m['content'] if loop.first and sys else m['content'] %}"
-             "{{ '[INST] ' + text | trim + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}{% endif %}"
-             "{% endfor %}";
-    case ChatFamily::Zephyr:
-      return "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' }}"
-             "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
-    case ChatFamily::Llama31:
-      return "{{ bos_token }}{% if not date_string is defined %}{% set date_string = '26 Jul 2024' %}{% "
-             "endif %}"
-             "{% set sys = messages[0]['content'] | trim if messages[0]['role'] == 'system' else '' %}"
-             "{{ '<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\n"
-             "Today Date: ' + date_string + '\\n\\n' + sys + '<|eot_id|>' }}"
-             "{% for m in messages if m['role'] != 'system' %}{{ '<|start_header_id|>' + m['role'] + "
-             "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
-             "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% "
-             "endif %}";
-    case ChatFamily::MistralNemo:
-      return "{{ bos_token }}{% set system_message = messages[0]['content'] if messages[0]['role'] == "
-             "'system' "
-             "else none %}{% set turns = messages[1:] if system_message is not none else messages %}"
-             "{% for m in turns %}{% if m['role'] == 'user' %}{{ '[INST]' + (system_message + '\\n\\n' if "
-             "loop.last and system_message is not none else '') + m['content'] + '[/INST]' }}"
-             "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}";
-    case ChatFamily::Phi3:
-      return "{% for m in messages %}{% if m['role'] != 'system' or m['content'] %}{{ '<|' + m['role'] + "
-             "'|>\\n' + m['content'] + '<|end|>\\n' }}{% endif %}{% endfor %}"
-             "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
-    case ChatFamily::Gemma:
-      return "{{ bos_token }}{% set pre = messages[0]['content'] + '\\n\\n' if messages[0]['role'] == "
-             "'system' else '' %}{% for m in messages if m['role'] != 'system' %}{{ '<start_of_turn>' + "
-             "('model' if m['role'] == 'assistant' else m['role']) + '\\n' + (pre if loop.first else '') + "
-             "m['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
-             "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
-  }
+  for (const auto& [family, jinja] : kTemplates)
+    if (family == f) return std::string(jinja);
   return {};
 }
 

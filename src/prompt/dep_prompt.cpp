@@ -13,6 +13,89 @@ void check_room(size_t have, size_t more, const std::string& label) {
   if (more > static_cast<size_t>(INT32_MAX) - have)
     fail(ErrorKind::LimitExceeded, "segment '{}': prompt would exceed {} tokens", label, INT32_MAX);
 }
+
+// A tree placed after a linear segment that saw an earlier tree would
+// depend on that tree through the linear segment's KV without attending to
+// it: a dependency neither visibility nor cache keys would show.
+void check_tree_placement(const std::vector<PromptSegment>& segments, const std::string& label) {
+  bool after_tree = false;
+  for (const PromptSegment& seg : segments) {
+    if (seg.kind == SegmentKind::Tree) after_tree = true;
+    if (seg.kind == SegmentKind::Linear && after_tree && seg.tokens.size() > 0)
+      fail(ErrorKind::InvalidInput,
+           "tree segment '{}' cannot follow linear segment '{}', which follows a tree segment", label,
+           seg.label);
+  }
+}
+
+struct TrieNode {
+  int32_t token = -1;
+  std::vector<int32_t> children;
+};
+
+// The paths' prefix trie; node 0 is a virtual root. n_flat: the paths' tokens
+// before merging.
+std::vector<TrieNode> path_trie(std::span<const std::vector<int32_t>> paths, const std::string& label,
+                                int64_t& n_flat) {
+  std::vector<TrieNode> trie(1);
+  std::unordered_map<uint64_t, int32_t> child_of;  // (parent << 32 | token) -> trie node
+  n_flat = 0;
+  for (const auto& path : paths) {
+    if (path.empty()) fail(ErrorKind::InvalidInput, "tree segment '{}': empty relation path", label);
+    n_flat += static_cast<int64_t>(path.size());
+    int32_t at = 0;
+    for (int32_t tok : path) {
+      const uint64_t key = (static_cast<uint64_t>(at) << 32) | static_cast<uint32_t>(tok);
+      auto [it, inserted] = child_of.try_emplace(key, static_cast<int32_t>(trie.size()));
+      if (inserted) {
+        trie.push_back({tok, {}});
+        trie[at].children.push_back(it->second);
+      }
+      at = it->second;
+    }
+  }
+  return trie;
+}
+
+// Appends the trie's tokens to segment `segment` in an iterative pre-order
+// walk, its roots under `anchor`. The only child of a real token extends that
+// token's run (it follows it directly in pre-order); any other trie node
+// opens a new prompt node.
+void append_preorder(const std::vector<TrieNode>& trie, int32_t segment, int32_t anchor,
+                     std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
+                     std::vector<int32_t>& token_node, std::vector<PromptNode>& nodes) {
+  struct Frame {
+    int32_t trie_node;
+    int32_t parent_token;
+    int32_t parent_node;  // -1 under the virtual root
+    bool only_child;
+  };
+  std::vector<Frame> stack;
+  const auto push_children = [&](int32_t trie_node, int32_t parent_token, int32_t parent_node) {
+    const auto& kids = trie[trie_node].children;
+    const bool only = parent_node >= 0 && kids.size() == 1;
+    for (auto it = kids.rbegin(); it != kids.rend(); ++it)
+      stack.push_back({*it, parent_token, parent_node, only});
+  };
+  push_children(0, anchor, -1);
+  while (!stack.empty()) {
+    const Frame f = stack.back();
+    stack.pop_back();
+    const auto index = static_cast<int32_t>(tokens.size());
+    int32_t node = f.parent_node;
+    if (f.only_child) {
+      nodes[node].tokens.end = index + 1;
+    } else {
+      node = static_cast<int32_t>(nodes.size());
+      nodes.push_back({segment, f.parent_node, {index, index + 1}});
+    }
+    tokens.push_back(trie[f.trie_node].token);
+    parents.push_back(f.parent_token);
+    token_node.push_back(node);
+    push_children(f.trie_node, index, node);
+  }
+}
+
 }  // namespace
 
 int32_t DepPrompt::add_linear(std::string label, std::span<const int32_t> tokens) {
@@ -48,45 +131,15 @@ int32_t DepPrompt::segment_anchor(int32_t segment) const {
 
 int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32_t>> paths,
                             TreeContext context) {
-  // A tree placed after a linear segment that saw an earlier tree would
-  // depend on that tree through the linear segment's KV without attending to
-  // it: a dependency neither visibility nor cache keys would show.
-  bool after_tree = false;
-  for (const PromptSegment& seg : segments_) {
-    if (seg.kind == SegmentKind::Tree) after_tree = true;
-    if (seg.kind == SegmentKind::Linear && after_tree && seg.tokens.size() > 0)
-      fail(ErrorKind::InvalidInput,
-           "tree segment '{}' cannot follow linear segment '{}', which follows a tree segment", label,
-           seg.label);
-  }
+  check_tree_placement(segments_, label);
   size_t n_path_tokens = 0;
   for (const auto& path : paths) {
     check_room(n_path_tokens, path.size(), label);
     n_path_tokens += path.size();
   }
   check_room(tokens_.size(), n_path_tokens, label);
-  // Prefix trie; node 0 is a virtual root.
-  struct TrieNode {
-    int32_t token = -1;
-    std::vector<int32_t> children;
-  };
-  std::vector<TrieNode> trie(1);
-  std::unordered_map<uint64_t, int32_t> child_of;  // (parent << 32 | token) -> trie node
   int64_t n_flat = 0;
-  for (const auto& path : paths) {
-    if (path.empty()) fail(ErrorKind::InvalidInput, "tree segment '{}': empty relation path", label);
-    n_flat += static_cast<int64_t>(path.size());
-    int32_t at = 0;
-    for (int32_t tok : path) {
-      const uint64_t key = (static_cast<uint64_t>(at) << 32) | static_cast<uint32_t>(tok);
-      auto [it, inserted] = child_of.try_emplace(key, static_cast<int32_t>(trie.size()));
-      if (inserted) {
-        trie.push_back({tok, {}});
-        trie[at].children.push_back(it->second);
-      }
-      at = it->second;
-    }
-  }
+  const std::vector<TrieNode> trie = path_trie(paths, label, n_flat);
 
   PromptSegment seg;
   seg.kind = SegmentKind::Tree;
@@ -102,40 +155,7 @@ int32_t DepPrompt::add_tree(std::string label, std::span<const std::vector<int32
   if (context == TreeContext::None) s.depends_on.clear();  // the root still hangs under the anchor
   s.tokens.begin = static_cast<int32_t>(tokens_.size());
   s.first_node = static_cast<int32_t>(nodes_.size());
-
-  // Iterative pre-order walk. The only child of a real token extends that
-  // token's run (it follows it directly in pre-order); any other trie node
-  // opens a new prompt node.
-  struct Frame {
-    int32_t trie_node;
-    int32_t parent_token;
-    int32_t parent_node;  // -1 under the virtual root
-    bool only_child;
-  };
-  std::vector<Frame> stack;
-  const auto push_children = [&](int32_t trie_node, int32_t parent_token, int32_t parent_node) {
-    const auto& kids = trie[trie_node].children;
-    const bool only = parent_node >= 0 && kids.size() == 1;
-    for (auto it = kids.rbegin(); it != kids.rend(); ++it)
-      stack.push_back({*it, parent_token, parent_node, only});
-  };
-  push_children(0, anchor, -1);
-  while (!stack.empty()) {
-    const Frame f = stack.back();
-    stack.pop_back();
-    const auto index = static_cast<int32_t>(tokens_.size());
-    int32_t node = f.parent_node;
-    if (f.only_child) {
-      nodes_[node].tokens.end = index + 1;
-    } else {
-      node = static_cast<int32_t>(nodes_.size());
-      nodes_.push_back({id, f.parent_node, {index, index + 1}});
-    }
-    tokens_.push_back(trie[f.trie_node].token);
-    parents_.push_back(f.parent_token);
-    token_node_.push_back(node);
-    push_children(f.trie_node, index, node);
-  }
+  append_preorder(trie, id, anchor, tokens_, parents_, token_node_, nodes_);
   s.tokens.end = static_cast<int32_t>(tokens_.size());
   s.n_nodes = static_cast<int32_t>(nodes_.size()) - s.first_node;
   return id;

@@ -260,6 +260,117 @@ std::string read_file(const std::filesystem::path& path, const char* what) {
   return data;
 }
 
+uint64_t u64_at(const std::string& data, size_t off) {
+  uint64_t v;
+  std::memcpy(&v, data.data() + off, 8);
+  return v;
+}
+
+// The header's magic, version, declared size and checksum.
+void check_kg_header(const std::string& data, const std::string& file) {
+  if (data.empty()) fail(ErrorKind::InvalidInput, "{}: empty file, not a depcache KG file", file);
+  if (data.size() < sizeof kKgMagic && std::memcmp(data.data(), kKgMagic, data.size()) == 0)
+    fail(ErrorKind::InvalidInput, "{}: truncated KG file: {} bytes", file, data.size());
+  if (data.size() < sizeof kKgMagic || std::memcmp(data.data(), kKgMagic, sizeof kKgMagic) != 0)
+    fail(ErrorKind::InvalidInput, "{}: not a depcache KG file (bad magic)", file);
+  if (data.size() < kHeaderSize)
+    fail(ErrorKind::InvalidInput, "{}: truncated KG file: {} bytes, the header alone is {}", file,
+         data.size(), kHeaderSize);
+  uint32_t version;
+  std::memcpy(&version, data.data() + 4, 4);
+  if (version != kVersion)
+    fail(ErrorKind::InvalidInput,
+         "{}: unsupported KG file version {} (this build reads version {}; import the graph again with `kg "
+         "import`)",
+         file, version, kVersion);
+  const uint64_t declared_size = u64_at(data, 16);
+  if (declared_size > data.size())
+    fail(ErrorKind::InvalidInput, "{}: truncated KG file: header says {} bytes, file has {}", file,
+         declared_size, data.size());
+  if (declared_size < data.size())
+    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: header says {} bytes, file has {} (trailing data?)",
+         file, declared_size, data.size());
+  const uint64_t stored_sum = u64_at(data, 8);
+  const uint64_t sum = hash_bytes(data.data() + kChecksumStart, data.size() - kChecksumStart);
+  if (sum != stored_sum)
+    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: checksum mismatch (stored {:016x}, computed {:016x})",
+         file, stored_sum, sum);
+}
+
+struct KgCounts {
+  uint64_t n_entities, n_relations, n_triples, n_aliases;
+};
+
+// The header's item counts, each checked against the bytes after the header.
+KgCounts read_kg_counts(const std::string& data, const Reader& r, const std::string& file) {
+  const KgCounts n{u64_at(data, 24), u64_at(data, 32), u64_at(data, 40), u64_at(data, 48)};
+  // Minimum bytes per item: a name and a label length plus an alias count per
+  // entity; a length per relation; 12 bytes per triple; a length per alias.
+  r.check_count(n.n_entities, 12, "entities");
+  r.check_count(n.n_relations, 4, "relations");
+  r.check_count(n.n_triples, 12, "triples");
+  r.check_count(n.n_aliases, 4, "aliases");
+  if (n.n_entities > std::numeric_limits<EntityId>::max() ||
+      n.n_relations > std::numeric_limits<RelationId>::max())
+    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: {} entities / {} relations exceed 32-bit ids", file,
+         n.n_entities, n.n_relations);
+  return n;
+}
+
+// n names (read as `what`), each non-empty and unique; ids maps each to its
+// index. `noun` names the kind in errors.
+template <typename NameMap>
+void read_kg_names(Reader& r, uint64_t n, const char* what, std::string_view noun, const std::string& file,
+                   std::vector<std::string>& names, NameMap& ids) {
+  names.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string name = r.str(what);
+    if (name.empty())
+      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: {} {} has an empty name", file, noun, i);
+    names.push_back(std::move(name));
+    if (!ids.emplace(names.back(), static_cast<uint32_t>(i)).second)
+      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: duplicate {} name '{}'", file, noun, names.back());
+  }
+}
+
+// Each entity's aliases; they must add up to the header's n_aliases.
+std::vector<std::vector<std::string>> read_kg_aliases(Reader& r, uint64_t n_entities, uint64_t n_aliases,
+                                                      const std::string& file) {
+  std::vector<std::vector<std::string>> aliases(n_entities);
+  uint64_t n_read_aliases = 0;
+  for (uint64_t i = 0; i < n_entities; ++i) {
+    const uint32_t count = r.u32("alias count");
+    n_read_aliases += count;
+    if (n_read_aliases > n_aliases)
+      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: more aliases than the {} the header declares", file,
+           n_aliases);
+    auto& list = aliases[i];
+    list.reserve(count);
+    for (uint32_t k = 0; k < count; ++k) list.push_back(r.str("alias"));
+  }
+  if (n_read_aliases != n_aliases)
+    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: {} aliases, the header declares {}", file,
+         n_read_aliases, n_aliases);
+  return aliases;
+}
+
+// The triples, every id within the header's counts.
+std::vector<Triple> read_kg_triples(Reader& r, const KgCounts& n, const std::string& file) {
+  r.check_count(n.n_triples, 12, "triples");
+  std::vector<Triple> triples(n.n_triples);
+  for (uint64_t i = 0; i < n.n_triples; ++i) {
+    Triple& t = triples[i];
+    t.head = r.u32("triple");
+    t.relation = r.u32("triple");
+    t.tail = r.u32("triple");
+    if (t.head >= n.n_entities || t.tail >= n.n_entities || t.relation >= n.n_relations)
+      fail(ErrorKind::InvalidInput,
+           "{}: corrupt KG file: triple {} ({}, {}, {}) has an id out of range ({} entities, {} relations)",
+           file, i, t.head, t.relation, t.tail, n.n_entities, n.n_relations);
+  }
+  return triples;
+}
+
 }  // namespace
 
 void KnowledgeGraph::save(const std::filesystem::path& path) const {
@@ -302,105 +413,19 @@ KnowledgeGraph KnowledgeGraph::load(const std::filesystem::path& path) {
 }
 
 KnowledgeGraph KnowledgeGraph::parse(const std::string& data, const std::string& file) {
-  if (data.empty()) fail(ErrorKind::InvalidInput, "{}: empty file, not a depcache KG file", file);
-  if (data.size() < sizeof kKgMagic && std::memcmp(data.data(), kKgMagic, data.size()) == 0)
-    fail(ErrorKind::InvalidInput, "{}: truncated KG file: {} bytes", file, data.size());
-  if (data.size() < sizeof kKgMagic || std::memcmp(data.data(), kKgMagic, sizeof kKgMagic) != 0)
-    fail(ErrorKind::InvalidInput, "{}: not a depcache KG file (bad magic)", file);
-  if (data.size() < kHeaderSize)
-    fail(ErrorKind::InvalidInput, "{}: truncated KG file: {} bytes, the header alone is {}", file,
-         data.size(), kHeaderSize);
-  const auto u64_at = [&](size_t off) {
-    uint64_t v;
-    std::memcpy(&v, data.data() + off, 8);
-    return v;
-  };
-  uint32_t version;
-  std::memcpy(&version, data.data() + 4, 4);
-  if (version != kVersion)
-    fail(ErrorKind::InvalidInput,
-         "{}: unsupported KG file version {} (this build reads version {}; import the graph again with `kg "
-         "import`)",
-         file, version, kVersion);
-  const uint64_t declared_size = u64_at(16);
-  if (declared_size > data.size())
-    fail(ErrorKind::InvalidInput, "{}: truncated KG file: header says {} bytes, file has {}", file,
-         declared_size, data.size());
-  if (declared_size < data.size())
-    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: header says {} bytes, file has {} (trailing data?)",
-         file, declared_size, data.size());
-  const uint64_t stored_sum = u64_at(8);
-  const uint64_t sum = hash_bytes(data.data() + kChecksumStart, data.size() - kChecksumStart);
-  if (sum != stored_sum)
-    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: checksum mismatch (stored {:016x}, computed {:016x})",
-         file, stored_sum, sum);
-
-  const uint64_t n_entities = u64_at(24), n_relations = u64_at(32), n_triples = u64_at(40),
-                 n_aliases = u64_at(48);
+  check_kg_header(data, file);
   Reader r(data, kHeaderSize, file);
-  // Minimum bytes per item: a name and a label length plus an alias count per
-  // entity; a length per relation; 12 bytes per triple; a length per alias.
-  r.check_count(n_entities, 12, "entities");
-  r.check_count(n_relations, 4, "relations");
-  r.check_count(n_triples, 12, "triples");
-  r.check_count(n_aliases, 4, "aliases");
-  if (n_entities > std::numeric_limits<EntityId>::max() ||
-      n_relations > std::numeric_limits<RelationId>::max())
-    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: {} entities / {} relations exceed 32-bit ids", file,
-         n_entities, n_relations);
+  const KgCounts n = read_kg_counts(data, r, file);
 
   KnowledgeGraph g;
-  g.entity_names_.reserve(n_entities);
-  g.entity_ids_.reserve(n_entities);
-  for (uint64_t i = 0; i < n_entities; ++i) {
-    std::string name = r.str("entity name");
-    if (name.empty())
-      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: entity {} has an empty name", file, i);
-    g.entity_names_.push_back(std::move(name));
-    if (!g.entity_ids_.emplace(g.entity_names_.back(), static_cast<EntityId>(i)).second)
-      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: duplicate entity name '{}'", file,
-           g.entity_names_.back());
-  }
-  g.entity_labels_.reserve(n_entities);
-  for (uint64_t i = 0; i < n_entities; ++i) g.entity_labels_.push_back(r.str("entity label"));
-  g.relation_names_.reserve(n_relations);
-  for (uint64_t i = 0; i < n_relations; ++i) {
-    std::string name = r.str("relation name");
-    if (name.empty())
-      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: relation {} has an empty name", file, i);
-    g.relation_names_.push_back(std::move(name));
-    if (!g.relation_ids_.emplace(g.relation_names_.back(), static_cast<RelationId>(i)).second)
-      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: duplicate relation name '{}'", file,
-           g.relation_names_.back());
-  }
-  g.aliases_.resize(n_entities);
-  uint64_t n_read_aliases = 0;
-  for (uint64_t i = 0; i < n_entities; ++i) {
-    const uint32_t count = r.u32("alias count");
-    n_read_aliases += count;
-    if (n_read_aliases > n_aliases)
-      fail(ErrorKind::InvalidInput, "{}: corrupt KG file: more aliases than the {} the header declares", file,
-           n_aliases);
-    auto& list = g.aliases_[i];
-    list.reserve(count);
-    for (uint32_t k = 0; k < count; ++k) list.push_back(r.str("alias"));
-  }
-  if (n_read_aliases != n_aliases)
-    fail(ErrorKind::InvalidInput, "{}: corrupt KG file: {} aliases, the header declares {}", file,
-         n_read_aliases, n_aliases);
-  g.n_aliases_ = n_aliases;
-  r.check_count(n_triples, 12, "triples");
-  g.triples_.resize(n_triples);
-  for (uint64_t i = 0; i < n_triples; ++i) {
-    Triple& t = g.triples_[i];
-    t.head = r.u32("triple");
-    t.relation = r.u32("triple");
-    t.tail = r.u32("triple");
-    if (t.head >= n_entities || t.tail >= n_entities || t.relation >= n_relations)
-      fail(ErrorKind::InvalidInput,
-           "{}: corrupt KG file: triple {} ({}, {}, {}) has an id out of range ({} entities, {} relations)",
-           file, i, t.head, t.relation, t.tail, n_entities, n_relations);
-  }
+  g.entity_ids_.reserve(n.n_entities);
+  read_kg_names(r, n.n_entities, "entity name", "entity", file, g.entity_names_, g.entity_ids_);
+  g.entity_labels_.reserve(n.n_entities);
+  for (uint64_t i = 0; i < n.n_entities; ++i) g.entity_labels_.push_back(r.str("entity label"));
+  read_kg_names(r, n.n_relations, "relation name", "relation", file, g.relation_names_, g.relation_ids_);
+  g.aliases_ = read_kg_aliases(r, n.n_entities, n.n_aliases, file);
+  g.n_aliases_ = n.n_aliases;
+  g.triples_ = read_kg_triples(r, n, file);
   if (r.remaining() != 0)
     fail(ErrorKind::InvalidInput, "{}: corrupt KG file: {} unexpected bytes after the triples", file,
          r.remaining());

@@ -280,40 +280,35 @@ void parse_data(std::string_view data, const std::string& file, int file_idx, Da
   });
 }
 
-}  // namespace
-
-KnowledgeGraph import_wordnet(const std::filesystem::path& dir, WordnetImportStats* stats) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    fail(ErrorKind::NotFound, "WordNet directory {} not found; {}", dir.string(), kInstallHint);
-
-  // All eight files stay in memory: words and symbols are views into them.
+// The eight files, kept in memory: words and symbols are views into them.
+struct WordnetTexts {
   std::string index_text[4], data_text[4];
   std::string index_name[4], data_name[4];
-  SenseIndex index[4];
-  DataFiles files;
+};
+
+void read_wordnet_texts(const std::filesystem::path& dir, WordnetTexts& t) {
   for (int i = 0; i < 4; ++i) {
     const std::filesystem::path ip = dir / fmt::format("index.{}", kFiles[i].suffix);
     const std::filesystem::path dp = dir / fmt::format("data.{}", kFiles[i].suffix);
-    index_name[i] = ip.string();
-    data_name[i] = dp.string();
-    index_text[i] = read_whole(ip);
-    data_text[i] = read_whole(dp);
+    t.index_name[i] = ip.string();
+    t.data_name[i] = dp.string();
+    t.index_text[i] = read_whole(ip);
+    t.data_text[i] = read_whole(dp);
   }
-  for (int i = 0; i < 4; ++i) {
-    parse_index(index_text[i], index_name[i], kFiles[i].pos, index[i]);
-    parse_data(data_text[i], data_name[i], i, files);
-  }
+}
 
-  // Entities, and (file, offset) -> entity for resolving pointers.
-  KnowledgeGraph g;
-  std::unordered_map<uint32_t, EntityId> by_offset[4];
+// (file, offset) -> entity, for resolving pointers.
+using OffsetMaps = std::unordered_map<uint32_t, EntityId>[4];
+
+// One entity per synset, named lemma.pos.sense after its first word; the
+// other words are aliases.
+void add_synset_entities(const DataFiles& files, const SenseIndex (&index)[4], const WordnetTexts& texts,
+                         KnowledgeGraph& g, OffsetMaps& by_offset) {
   size_t n_per_file[4] = {};
   for (const Synset& s : files.synsets) ++n_per_file[s.file];
   for (int i = 0; i < 4; ++i) by_offset[i].reserve(n_per_file[i]);
   for (const Synset& s : files.synsets) {
-    const Fields f({}, data_name[s.file], s.line_no);  // for errors only
+    const Fields f({}, texts.data_name[s.file], s.line_no);  // for errors only
     const std::string_view first = files.words[s.first_word];
     const std::string lemma = index_form(first);
     const SenseIndex& idx = index[s.file];
@@ -326,7 +321,7 @@ KnowledgeGraph import_wordnet(const std::filesystem::path& dir, WordnetImportSta
     }
     if (sense == 0)
       f.bad(fmt::format("synset {:08d} (first word '{}') is not listed under '{}' in {}", s.offset, first,
-                        lemma, index_name[s.file]));
+                        lemma, texts.index_name[s.file]));
     const std::string name = fmt::format("{}.{}.{:02d}", lemma, kFiles[s.file].pos, sense);
     const size_t before = g.n_entities();
     const EntityId e = g.add_entity(name);
@@ -336,8 +331,12 @@ KnowledgeGraph import_wordnet(const std::filesystem::path& dir, WordnetImportSta
     g.set_label(e, display_form(first));
     for (uint32_t w = 1; w < s.n_words; ++w) g.add_alias(e, display_form(files.words[s.first_word + w]));
   }
+}
 
-  // Triples. Lexical pointers (word to word) become synset-to-synset triples too.
+// A triple per pointer. Lexical pointers (word to word) become
+// synset-to-synset triples too. Returns how many were lexical.
+size_t add_pointer_triples(const DataFiles& files, const WordnetTexts& texts, const OffsetMaps& by_offset,
+                           KnowledgeGraph& g) {
   size_t n_lexical = 0;
   for (const Synset& s : files.synsets) {
     const EntityId head = by_offset[s.file].at(s.offset);
@@ -345,29 +344,59 @@ KnowledgeGraph import_wordnet(const std::filesystem::path& dir, WordnetImportSta
       const Pointer& p = files.pointers[s.first_pointer + k];
       const auto it = by_offset[p.target_file].find(p.target_offset);
       if (it == by_offset[p.target_file].end())
-        Fields({}, data_name[s.file], s.line_no)
+        Fields({}, texts.data_name[s.file], s.line_no)
             .bad(fmt::format("pointer '{}' to synset {:08d} which {} does not have", p.symbol,
-                             p.target_offset, data_name[p.target_file]));
+                             p.target_offset, texts.data_name[p.target_file]));
       g.add_triple(head, g.add_relation(relation_for(p.symbol, s.file)), it->second);
       n_lexical += p.lexical;
     }
   }
+  return n_lexical;
+}
+
+// Counts, with the relations by triple count (most first, then by name).
+WordnetImportStats import_stats(const KnowledgeGraph& g, const DataFiles& files, size_t n_lexical) {
+  WordnetImportStats stats{};
+  stats.n_synsets = files.synsets.size();
+  stats.n_triples = g.n_triples();
+  stats.n_pointers = files.pointers.size();
+  stats.n_lexical_pointers = n_lexical;
+  stats.n_relations = g.n_relations();
+  std::vector<size_t> counts(g.n_relations(), 0);
+  for (const Triple& t : g.triples()) ++counts[t.relation];
+  for (RelationId r = 0; r < counts.size(); ++r)
+    stats.per_relation.emplace_back(std::string(g.relation_name(r)), counts[r]);
+  std::sort(stats.per_relation.begin(), stats.per_relation.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  return stats;
+}
+
+}  // namespace
+
+KnowledgeGraph import_wordnet(const std::filesystem::path& dir, WordnetImportStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    fail(ErrorKind::NotFound, "WordNet directory {} not found; {}", dir.string(), kInstallHint);
+
+  WordnetTexts texts;
+  read_wordnet_texts(dir, texts);
+  SenseIndex index[4];
+  DataFiles files;
+  for (int i = 0; i < 4; ++i) {
+    parse_index(texts.index_text[i], texts.index_name[i], kFiles[i].pos, index[i]);
+    parse_data(texts.data_text[i], texts.data_name[i], i, files);
+  }
+
+  KnowledgeGraph g;
+  OffsetMaps by_offset;
+  add_synset_entities(files, index, texts, g, by_offset);
+  const size_t n_lexical = add_pointer_triples(files, texts, by_offset, g);
   g.finalize();
 
   if (stats) {
-    *stats = {};
-    stats->n_synsets = files.synsets.size();
-    stats->n_triples = g.n_triples();
-    stats->n_pointers = files.pointers.size();
-    stats->n_lexical_pointers = n_lexical;
-    stats->n_relations = g.n_relations();
-    std::vector<size_t> counts(g.n_relations(), 0);
-    for (const Triple& t : g.triples()) ++counts[t.relation];
-    for (RelationId r = 0; r < counts.size(); ++r)
-      stats->per_relation.emplace_back(std::string(g.relation_name(r)), counts[r]);
-    std::sort(stats->per_relation.begin(), stats->per_relation.end(), [](const auto& a, const auto& b) {
-      return a.second != b.second ? a.second > b.second : a.first < b.first;
-    });
+    *stats = import_stats(g, files, n_lexical);
     stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return g;

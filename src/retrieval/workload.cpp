@@ -310,6 +310,77 @@ std::vector<RagRequest> make_graph_workload(const KnowledgeGraph& kg, const std:
   return out;
 }
 
+namespace {
+
+// The top 20% most used items (ties broken by name for determinism); sets
+// the report's use share and cut ties.
+std::unordered_set<std::string> top_items(const std::unordered_map<std::string, size_t>& uses,
+                                          LocalityReport& rep) {
+  std::vector<std::pair<std::string, size_t>> ranked(uses.begin(), uses.end());
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  const size_t n_top = std::max<size_t>(1, (ranked.size() + 4) / 5);
+  std::unordered_set<std::string> top;
+  size_t top_uses = 0;
+  for (size_t i = 0; i < n_top; ++i) {
+    top.insert(ranked[i].first);
+    top_uses += ranked[i].second;
+  }
+  for (size_t i = n_top; i < ranked.size() && ranked[i].second == ranked[n_top - 1].second; ++i)
+    ++rep.top20_cut_ties;
+  rep.top20_use_share = static_cast<double>(top_uses) / static_cast<double>(rep.n_item_uses);
+  return top;
+}
+
+// What an infinite cache already holds of one request's context.
+struct RequestReuse {
+  bool touches_top = false;  // uses one of the top items
+  int64_t context = 0, cached = 0, prefix_cached = 0;
+};
+
+// The contents and token prefixes of the requests so far. A prefix is a
+// hash of (item, prefix): 64-bit hashes make a false match vanishingly
+// unlikely at these sizes.
+class ReuseTracker {
+ public:
+  RequestReuse add(const std::vector<ItemUse>& req, const std::unordered_set<std::string>& top) {
+    RequestReuse r;
+    std::vector<uint64_t> fresh;  // prefixes this request adds
+    for (const ItemUse& u : req) {
+      r.touches_top = r.touches_top || top.count(u.item) > 0;
+      r.context += u.tokens;
+      const bool whole_hit = !seen_.insert(u.key).second;
+      if (whole_hit) r.cached += u.tokens;
+      if (u.sequences.empty()) {
+        if (whole_hit) r.prefix_cached += u.tokens;
+        continue;
+      }
+      std::unordered_set<uint64_t> mine;  // shared prefixes inside the item count once
+      const uint64_t root = hash_string(u.item);
+      for (const auto& seq : u.sequences) {
+        uint64_t h = root;
+        for (int32_t t : seq) {
+          h = hash_bytes(&t, sizeof t, h);
+          if (!mine.insert(h).second) continue;
+          if (seen_prefixes_.count(h))
+            ++r.prefix_cached;
+          else
+            fresh.push_back(h);
+        }
+      }
+    }
+    seen_prefixes_.insert(fresh.begin(), fresh.end());
+    return r;
+  }
+
+ private:
+  std::unordered_set<uint64_t> seen_prefixes_;
+  std::unordered_set<std::string> seen_;
+};
+
+}  // namespace
+
 LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests) {
   LocalityReport rep;
   rep.n_requests = requests.size();
@@ -327,62 +398,19 @@ LocalityReport locality_report(const std::vector<std::vector<ItemUse>>& requests
   for (const auto& [key, tokens] : content) rep.distinct_tokens += tokens;
   if (rep.n_requests == 0 || rep.n_item_uses == 0) return rep;
 
-  // Top 20% most used items (ties broken by name for determinism).
-  std::vector<std::pair<std::string, size_t>> ranked(uses.begin(), uses.end());
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  });
-  const size_t n_top = std::max<size_t>(1, (ranked.size() + 4) / 5);
-  std::unordered_set<std::string> top;
-  size_t top_uses = 0;
-  for (size_t i = 0; i < n_top; ++i) {
-    top.insert(ranked[i].first);
-    top_uses += ranked[i].second;
-  }
-  for (size_t i = n_top; i < ranked.size() && ranked[i].second == ranked[n_top - 1].second; ++i)
-    ++rep.top20_cut_ties;
-  rep.top20_use_share = static_cast<double>(top_uses) / static_cast<double>(rep.n_item_uses);
-
-  // Prefix reuse: every token prefix an item has held, as a hash of (item,
-  // prefix). 64-bit hashes make a false match vanishingly unlikely at these sizes.
-  std::unordered_set<uint64_t> seen_prefixes;
-  std::unordered_set<std::string> seen;
+  const std::unordered_set<std::string> top = top_items(uses, rep);
+  // Prefix reuse: every token prefix an item has held.
+  ReuseTracker tracker;
   size_t touching = 0, n_with_context = 0;
   double hit_sum = 0, prefix_hit_sum = 0;
   int64_t prefix_cached_total = 0;
   for (const auto& req : requests) {
-    bool touches = false;
-    int64_t context = 0, cached = 0, prefix_cached = 0;
-    std::vector<uint64_t> fresh;  // prefixes this request adds
-    for (const ItemUse& u : req) {
-      touches = touches || top.count(u.item) > 0;
-      context += u.tokens;
-      const bool whole_hit = !seen.insert(u.key).second;
-      if (whole_hit) cached += u.tokens;
-      if (u.sequences.empty()) {
-        if (whole_hit) prefix_cached += u.tokens;
-        continue;
-      }
-      std::unordered_set<uint64_t> mine;  // shared prefixes inside the item count once
-      const uint64_t root = hash_string(u.item);
-      for (const auto& seq : u.sequences) {
-        uint64_t h = root;
-        for (int32_t t : seq) {
-          h = hash_bytes(&t, sizeof t, h);
-          if (!mine.insert(h).second) continue;
-          if (seen_prefixes.count(h))
-            ++prefix_cached;
-          else
-            fresh.push_back(h);
-        }
-      }
-    }
-    seen_prefixes.insert(fresh.begin(), fresh.end());
-    touching += touches;
-    prefix_cached_total += prefix_cached;
-    if (context > 0) {
-      hit_sum += static_cast<double>(cached) / static_cast<double>(context);
-      prefix_hit_sum += static_cast<double>(prefix_cached) / static_cast<double>(context);
+    const RequestReuse r = tracker.add(req, top);
+    touching += r.touches_top;
+    prefix_cached_total += r.prefix_cached;
+    if (r.context > 0) {
+      hit_sum += static_cast<double>(r.cached) / static_cast<double>(r.context);
+      prefix_hit_sum += static_cast<double>(r.prefix_cached) / static_cast<double>(r.context);
       ++n_with_context;
     }
   }
