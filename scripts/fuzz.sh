@@ -10,7 +10,7 @@
 #
 # NAME is a target without "_fuzz" (gguf, tokenizer, pretokenizer, chat_template, jinja, openai,
 # span_record, requests, kg, cluster_slots, kv_events); default all. FUZZ_BUILD=0 skips the build, FUZZ_BUILD=only
-# builds and stops. Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
+# builds and stops. FUZZ_RUNS=N also stops each target after N executions (whichever comes first). Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
 # build-asan/fuzz/findings/<name>/; reproduce one with `build-asan/fuzz/<name>_fuzz FILE`. Ends
 # with executions and findings per target, and fails if any target found something.
 set -euo pipefail
@@ -79,8 +79,10 @@ for name in "${NAMES[@]}"; do
   before=$(find "$findings" -type f | wc -l)
   echo "== ${name}_fuzz for ${SECONDS_PER_TARGET}s (log: $log)"
   status=0
+  runs=()
+  [ -z "${FUZZ_RUNS:-}" ] || runs=(-runs="$FUZZ_RUNS")
   # New inputs go to the first folder; the checked-in seeds are only read.
-  "$exe" -max_total_time="$SECONDS_PER_TARGET" -max_len="$(max_len "$name")" -timeout=10 -rss_limit_mb=2048 \
+  "$exe" -max_total_time="$SECONDS_PER_TARGET" "${runs[@]}" -max_len="$(max_len "$name")" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings/" "${dict[@]}" "$work" "$seeds" >"$log" 2>&1 || status=$?
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || true)
   # After a crash libFuzzer prints no final stats: the last progress line.
