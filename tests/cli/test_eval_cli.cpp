@@ -3,6 +3,7 @@
 // refused by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -47,49 +48,109 @@ const std::vector<Section> kSections = {
     {"engine", "The engine: prompt and generation speed", {}},
 };
 
-TEST(EvalCli, QuickReportHasEverySectionFiniteFiguresAndPlots) {
-  const auto dir = test::temp_path("eval-cli");
-  // Under a sanitizer the sections that run the shipped QA models (seconds
-  // in a Release build); the Release build runs them all.
-#ifdef DEPCACHE_SANITIZED
-  const std::string only = " --sections depcache-accuracy,subgcache,chunk-quality";
-#else
-  const std::string only;
-#endif
-  const auto r = run_cli("eval --quick -t 2 --out " + dir.string() + " --models " + DEPCACHE_MODELS_DIR +
-                         " --data " + (test::shared_dir() / "data").string() + only + " 2>&1");
-  ASSERT_EQ(r.code, 0) << r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0);
-  const std::string md = read_all(dir / "report.md");
-  EXPECT_NE(md.find("- commit: "), std::string::npos);
-  EXPECT_NE(md.find("- CPU: "), std::string::npos);
-  EXPECT_NE(md.find("- command: `depcache eval --quick"), std::string::npos);
-  size_t ran = 0;
+// `eval --quick --sections <names>` into a folder of its own: the report's
+// text, or the process's output if it failed.
+struct QuickRun {
+  std::filesystem::path dir;
+  test::CliRun r;
+  std::string md;
+};
+
+QuickRun run_quick(const std::string& sections, const std::string& label) {
+  QuickRun q;
+  q.dir = test::temp_path("eval-cli-" + label);
+  q.r = run_cli("eval --quick -t 2 --out " + q.dir.string() + " --models " + DEPCACHE_MODELS_DIR +
+                " --data " + (test::shared_dir() / "data").string() + " --sections " + sections + " 2>&1");
+  q.md = read_all(q.dir / "report.md");
+  return q;
+}
+
+// One section's checks on a report: its heading, a table of figures, what
+// the paper reports (but the engine's own section), each plot a PNG linked
+// from the section, and nothing of the next section counted as its.
+void expect_section(const QuickRun& q, const Section& s) {
+  SCOPED_TRACE(s.name);
+  const std::string& md = q.md;
+  const size_t at = md.find(std::string("\n## ") + s.title);
+  ASSERT_NE(at, std::string::npos) << md;
+  const std::string section = md.substr(at, md.find("\n## ", at + 1) - at);
+  EXPECT_NE(section.find("|---|"), std::string::npos) << section;
+  if (std::string(s.name) != "engine") {
+    EXPECT_NE(section.find("Against the paper:"), std::string::npos) << section;
+  }
+  for (const char* plot : s.plots) {
+    std::ifstream png(q.dir / (std::string(plot) + ".png"), std::ios::binary);
+    char magic[4] = {};
+    png.read(magic, 4);
+    EXPECT_EQ(std::string(magic + 1, 3), "PNG") << plot;
+    EXPECT_NE(section.find(std::string("](") + plot + ".png)"), std::string::npos) << plot;
+  }
+}
+
+// What every report has, whatever its sections: where it was measured, the
+// command, and no figure that is not finite.
+void expect_header_and_finite(const QuickRun& q) {
+  EXPECT_NE(q.md.find("- commit: "), std::string::npos);
+  EXPECT_NE(q.md.find("- CPU: "), std::string::npos);
+  EXPECT_NE(q.md.find("- command: `depcache eval --quick"), std::string::npos);
+  EXPECT_FALSE(std::regex_search(q.md, std::regex(R"(\b(NaN|nan|inf|Inf)\b)"))) << q.md;
+}
+
+// Each section alone, one test each, so that ctest spreads them over its
+// slots. Under a sanitizer, the sections that run the shipped QA models
+// (seconds in a Release build); the Release build runs them all.
+std::vector<Section> quick_sections() {
+  std::vector<Section> out;
   for (const Section& s : kSections) {
-    if (!only.empty() && only.find(s.name) == std::string::npos) continue;
-    ++ran;
-    SCOPED_TRACE(s.name);
-    const size_t at = md.find(std::string("\n## ") + s.title);
-    ASSERT_NE(at, std::string::npos);
-    // The section runs to the next heading: what a later section holds is not its.
-    const std::string section = md.substr(at, md.find("\n## ", at + 1) - at);
-    // Each section has a table of figures; the paper's sections say what the paper reports.
-    EXPECT_NE(section.find("|---|"), std::string::npos) << section;
-    if (std::string(s.name) != "engine") {
-      EXPECT_NE(section.find("Against the paper:"), std::string::npos) << section;
-    }
-    for (const char* plot : s.plots) {
-      std::ifstream png(dir / (std::string(plot) + ".png"), std::ios::binary);
-      char magic[4] = {};
-      png.read(magic, 4);
-      EXPECT_EQ(std::string(magic + 1, 3), "PNG") << plot;
-      EXPECT_NE(section.find(std::string("](") + plot + ".png)"), std::string::npos) << plot;
+#ifdef DEPCACHE_SANITIZED
+    const std::string name = s.name;
+    if (name != "depcache-accuracy" && name != "subgcache" && name != "chunk-quality") continue;
+#endif
+    out.push_back(s);
+  }
+  return out;
+}
+
+// ctest lists a parameter by what this prints.
+void PrintTo(const Section& s, std::ostream* os) { *os << s.name; }
+
+class EvalQuickSection : public testing::TestWithParam<Section> {};
+
+TEST_P(EvalQuickSection, HasItsTableFiniteFiguresAndPlots) {
+  const Section& s = GetParam();
+  const QuickRun q = run_quick(s.name, s.name);
+  ASSERT_EQ(q.r.code, 0) << q.r.out.substr(q.r.out.size() > 4000 ? q.r.out.size() - 4000 : 0);
+  expect_header_and_finite(q);
+  expect_section(q, s);
+  if (std::string(s.name) == "subgcache") {
+    // SubGCache is measured in its own form too: subgraphs as CSV, read by the CSV model.
+    EXPECT_NE(q.md.find("read by `depcache-qa-csv.gguf`"), std::string::npos) << q.md;
+  }
+  std::filesystem::remove_all(q.dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(EvalCli, EvalQuickSection, testing::ValuesIn(quick_sections()),
+                         [](const testing::TestParamInfo<Section>& info) {
+                           std::string name = info.param.name;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// Several sections in one report, in the order given: each finds its own
+// heading and stops at the next (the two quickest sections).
+TEST(EvalCli, SectionsTogetherKeepTheirOwnFigures) {
+  const QuickRun q = run_quick("engine,depcache-accuracy", "together");
+  ASSERT_EQ(q.r.code, 0) << q.r.out.substr(q.r.out.size() > 4000 ? q.r.out.size() - 4000 : 0);
+  expect_header_and_finite(q);
+  for (const Section& s : kSections) {
+    const std::string name = s.name;
+    if (name == "engine" || name == "depcache-accuracy") {
+      expect_section(q, s);
+    } else {
+      EXPECT_EQ(q.md.find(std::string("\n## ") + s.title), std::string::npos) << name;
     }
   }
-  EXPECT_GT(ran, 0u);
-  // SubGCache is measured in its own form too: subgraphs as CSV, read by the CSV model.
-  EXPECT_NE(md.find("read by `depcache-qa-csv.gguf`"), std::string::npos) << md;
-  EXPECT_FALSE(std::regex_search(md, std::regex(R"(\b(NaN|nan|inf|Inf)\b)"))) << md;
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(q.dir);
 }
 
 TEST(EvalCli, BadOptionsAreRefusedByName) {
