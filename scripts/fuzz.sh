@@ -10,7 +10,8 @@
 #
 # NAME is a target without "_fuzz" (gguf, tokenizer, pretokenizer, chat_template, jinja, openai,
 # span_record, requests, kg, cluster_slots, kv_events); default all. FUZZ_BUILD=0 skips the build, FUZZ_BUILD=only
-# builds and stops. FUZZ_RUNS=N also stops each target after N executions (whichever comes first). Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
+# builds and stops. FUZZ_RUNS=N also stops each target after N executions (whichever comes first);
+# FUZZ_JOBS=N runs N targets at a time (default: one per core). Findings (crash-*, leak-*, timeout-*, oom-* inputs) go to
 # build-asan/fuzz/findings/<name>/; reproduce one with `build-asan/fuzz/<name>_fuzz FILE`. Ends
 # with executions and findings per target, and fails if any target found something.
 set -euo pipefail
@@ -56,38 +57,32 @@ count_findings() {
 }
 
 SCRATCH=""
-if [ "$CI" = 1 ]; then
-  SCRATCH=$(mktemp -d)
-  trap 'rm -rf "$SCRATCH"' EXIT
-fi
+[ "$CI" = 1 ] && SCRATCH=$(mktemp -d)
 OUT=build-asan/fuzz
 mkdir -p $OUT/logs
-failed=0
-summary=()
-for name in "${NAMES[@]}"; do
-  exe=$OUT/${name}_fuzz
-  seeds=fuzz/corpus/$name
-  if [ ! -x "$exe" ] || [ ! -d "$seeds" ]; then
-    echo "no fuzz target or seed corpus named '$name' (targets: ${ALL[*]})" >&2
-    exit 2
-  fi
+JOBS=${FUZZ_JOBS:-$(nproc)}
+RESULTS=$(mktemp -d)
+trap 'rm -rf "$RESULTS" ${SCRATCH:+"$SCRATCH"}' EXIT
+
+# Runs one target; writes its summary line to $RESULTS/<name>.line, what it
+# found to $RESULTS/<name>.found, and "failed" to $RESULTS/<name>.failed if it
+# failed. Targets run side by side (FUZZ_JOBS, default one per core): each
+# libFuzzer process uses one core.
+run_target() {
+  local name=$1 exe=$OUT/${1}_fuzz seeds=fuzz/corpus/$1 work findings log before status=0 execs rate new
   if needs_shared "$name" && [ ! -d "$SHARED/tokenizers" ]; then
-    echo "== ${name}_fuzz: $SHARED/tokenizers not found"
-    summary+=("$(printf '%-16s %12s %8s %6s %s' "$name" - - - "not run: no $SHARED/tokenizers")")
-    [ "${DEPCACHE_STRICT:-0}" = 0 ] || failed=1
-    continue
+    printf '%-16s %12s %8s %6s %s\n' "$name" - - - "not run: no $SHARED/tokenizers" >"$RESULTS/$name.line"
+    [ "${DEPCACHE_STRICT:-0}" = 0 ] || echo failed >"$RESULTS/$name.failed"
+    return 0
   fi
   if [ "$CI" = 1 ]; then work=$SCRATCH/$name; else work=$OUT/corpus/$name; fi
   findings=$OUT/findings/$name
   mkdir -p "$work" "$findings"
-  dict=()
+  local dict=() runs=()
   [ -f "fuzz/dict/$name.dict" ] && dict=(-dict="fuzz/dict/$name.dict")
+  [ -z "${FUZZ_RUNS:-}" ] || runs=(-runs="$FUZZ_RUNS")
   log=$OUT/logs/$name.log
   before=$(count_findings "$findings")
-  echo "== ${name}_fuzz for ${SECONDS_PER_TARGET}s (log: $log)"
-  status=0
-  runs=()
-  [ -z "${FUZZ_RUNS:-}" ] || runs=(-runs="$FUZZ_RUNS")
   # New inputs go to the first folder; the checked-in seeds are only read.
   "$exe" -max_total_time="$SECONDS_PER_TARGET" "${runs[@]}" -max_len="$(max_len "$name")" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings/" "${dict[@]}" "$work" "$seeds" >"$log" 2>&1 || status=$?
@@ -96,14 +91,34 @@ for name in "${NAMES[@]}"; do
   [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#' || true)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   new=$(($(count_findings "$findings") - before))
-  summary+=("$(printf '%-16s %12s %8s %6s %s' "$name" "${execs:-?}" "${rate:--}" "$new" \
-    "$([ "$status" = 0 ] || echo "exit $status")")")
+  printf '%-16s %12s %8s %6s %s\n' "$name" "${execs:-?}" "${rate:--}" "$new" \
+    "$([ "$status" = 0 ] || echo "exit $status")" >"$RESULTS/$name.line"
   if [ "$status" != 0 ] || [ "$new" != 0 ]; then
-    failed=1
-    grep -E '^==[0-9]+==ERROR|fuzz property violated|SUMMARY|Test unit written|threw' "$log" | head -20 | sed 's/^/   /' || true
+    echo failed >"$RESULTS/$name.failed"
+    { echo "== ${name}_fuzz found something (log: $log):"
+      grep -E '^==[0-9]+==ERROR|fuzz property violated|SUMMARY|Test unit written|threw' "$log" | head -20 | sed 's/^/   /' || true
+    } >"$RESULTS/$name.found"
+  fi
+}
+
+for name in "${NAMES[@]}"; do
+  if [ ! -x "$OUT/${name}_fuzz" ] || [ ! -d "fuzz/corpus/$name" ]; then
+    echo "no fuzz target or seed corpus named '$name' (targets: ${ALL[*]})" >&2
+    exit 2
   fi
 done
+echo "== ${#NAMES[@]} targets, ${SECONDS_PER_TARGET}s each, $JOBS at a time (logs: $OUT/logs/)"
+for name in "${NAMES[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  run_target "$name" &
+done
+wait
+failed=0
 echo "== fuzzing: ${SECONDS_PER_TARGET}s per target"
 printf '%-16s %12s %8s %6s\n' target executions exec/s findings
-printf '%s\n' "${summary[@]}"
+for name in "${NAMES[@]}"; do
+  cat "$RESULTS/$name.line" 2>/dev/null || printf '%-16s %12s %8s %6s %s\n' "$name" ? - - "no result"
+  [ ! -f "$RESULTS/$name.found" ] || cat "$RESULTS/$name.found" >&2
+  if [ -f "$RESULTS/$name.failed" ] || [ ! -f "$RESULTS/$name.line" ]; then failed=1; fi
+done
 exit $failed
