@@ -137,14 +137,15 @@ INSTANTIATE_TEST_SUITE_P(EvalCli, EvalQuickSection, testing::ValuesIn(quick_sect
                          });
 
 // Several sections in one report, in the order given: each finds its own
-// heading and stops at the next (the two quickest sections).
+// heading and stops at the next (two quick sections, seconds under a
+// sanitizer too).
 TEST(EvalCli, SectionsTogetherKeepTheirOwnFigures) {
-  const QuickRun q = run_quick("engine,depcache-accuracy", "together");
+  const QuickRun q = run_quick("engine,ragcache-policies", "together");
   ASSERT_EQ(q.r.code, 0) << q.r.out.substr(q.r.out.size() > 4000 ? q.r.out.size() - 4000 : 0);
   expect_header_and_finite(q);
   for (const Section& s : kSections) {
     const std::string name = s.name;
-    if (name == "engine" || name == "depcache-accuracy") {
+    if (name == "engine" || name == "ragcache-policies") {
       expect_section(q, s);
     } else {
       EXPECT_EQ(q.md.find(std::string("\n## ") + s.title), std::string::npos) << name;
