@@ -58,7 +58,12 @@ Usage usage_of(const RequestResult& r) {
 
 std::string event(const json& j) { return "data: " + json_text(j) + "\n\n"; }
 
+}  // namespace
+
 // Times a request's tokens for the latency histograms, and its corpus search.
+// Outside the anonymous namespace: HttpServer::Completion holds one, and a
+// member of a class with linkage may not have a type without it (GCC warns
+// when a unity batch compiles this file).
 struct TokenClock {
   Clock::time_point arrived, last;
   bool any = false;
@@ -75,6 +80,8 @@ struct TokenClock {
     last = now;
   }
 };
+
+namespace {
 
 // The server's own times of a request, from its arrival at the handler (after
 // HTTP parsing): what a client's measured latency minus these spent outside
