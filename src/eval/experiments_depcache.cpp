@@ -198,12 +198,10 @@ struct PolicyStream {
   std::vector<SimulatedRequest> prompts;
   int64_t distinct = 0;  // distinct KV tokens of the stream
   const PrefillCostTable* cost = nullptr;
-  std::map<Query, double> known;  // replays already run (prefetch)
 
   // Token hit rate (%) of `policy` under `order` at `fraction` of the
   // stream's distinct KV, the scheduler seeing `window` waiting requests.
   double hit_rate(const std::string& policy, const std::string& order, double fraction, size_t window) const {
-    if (const auto k = known.find({policy, order, fraction, window}); k != known.end()) return k->second;
     SimulationOptions so;
     so.policy = policy;
     so.scheduler.order = order;
@@ -215,16 +213,16 @@ struct PolicyStream {
     return 100 * simulate(prompts, so).token_hit_rate;
   }
 
-  // Runs `queries` on `threads` threads (each replay has its own index), so
-  // that the tables read them from `known`.
-  void prefetch(const std::vector<Query>& queries, int threads) {
+  // hit_rate of each query, in order, run on `threads` threads (each replay
+  // has its own index).
+  std::vector<double> hit_rates(const std::vector<Query>& queries, int threads) const {
     std::vector<double> rates(queries.size());
     ThreadPool pool(threads);
     pool.parallel_for(static_cast<int64_t>(queries.size()), [&](int64_t i, int) {
       const auto& [policy, order, fraction, window] = queries[static_cast<size_t>(i)];
       rates[static_cast<size_t>(i)] = hit_rate(policy, order, fraction, window);
     });
-    for (size_t i = 0; i < queries.size(); ++i) known[queries[i]] = rates[i];
+    return rates;
   }
 };
 
@@ -238,7 +236,7 @@ PolicyStream policy_stream(const EvalContext& c, const Tokenizer& tok, const Kno
   std::vector<PromptParts> parts;
   for (const RagRequest& req : make_graph_workload(kg, qa, w))
     parts.push_back(make_prompt_parts(tok, req, c.speed->config().prompt));
-  PolicyStream s{simulated_requests(parts, "depcache", kDefaultPositionScheme), 0, &cost, {}};
+  PolicyStream s{simulated_requests(parts, "depcache", kDefaultPositionScheme), 0, &cost};
   s.distinct = distinct_kv_tokens(s.prompts);
   return s;
 }
@@ -260,42 +258,42 @@ struct PolicyGrid {
   }
 };
 
-// Every replay the two tables below read, in one list for prefetch.
-std::vector<PolicyStream::Query> policy_queries(const std::vector<size_t>& windows) {
+// How the schedulers' gains depend on how many requests wait (the paper
+// does not say): LPM and LACR+LPM at 20% capacity over several windows.
+void add_window_rows(EvalReport& r, const std::string& wl, const PolicyStream& s, int threads,
+                     PolicyGrid& g) {
+  // The replays, run together: LRU in arrival order, then LPM, LACR and
+  // LACR+LPM at each window.
   std::vector<PolicyStream::Query> q = {{"lru", "fifo", 0.2, 1}};
-  for (size_t window : windows) {
+  for (size_t window : g.windows) {
     q.emplace_back("lru", "lpm", 0.2, window);
     q.emplace_back("lacr", "fifo", 0.2, window);
     q.emplace_back("lacr", "lpm", 0.2, window);
   }
-  for (double f : kFractions)
-    for (const PolicySpec& spec : policy_specs())
-      q.emplace_back(spec.policy, spec.scheduler, f, SimulationOptions{}.window);
-  return q;
-}
-
-// How the schedulers' gains depend on how many requests wait (the paper
-// does not say): LPM and LACR+LPM at 20% capacity over several windows.
-void add_window_rows(EvalReport& r, const std::string& wl, const PolicyStream& s, PolicyGrid& g) {
-  const double lru = s.hit_rate("lru", "fifo", 0.2, 1);
-  for (size_t window : g.windows) {
-    const double lpm = s.hit_rate("lru", "lpm", 0.2, window), lacr = s.hit_rate("lacr", "fifo", 0.2, window),
-                 both = s.hit_rate("lacr", "lpm", 0.2, window);
-    g.window_rows.push_back({wl, std::to_string(window), r.num(lru), r.num(lpm), r.num(lacr), r.num(both),
-                             r.delta(lpm - lru), r.delta(both - lacr)});
-    g.both_gain[window] += (both - lacr) / static_cast<double>(policy_workloads().size());
+  const std::vector<double> hit = s.hit_rates(q, threads);
+  const double lru = hit[0];
+  for (size_t w = 0; w < g.windows.size(); ++w) {
+    const double lpm = hit[1 + 3 * w], lacr = hit[2 + 3 * w], both = hit[3 + 3 * w];
+    g.window_rows.push_back({wl, std::to_string(g.windows[w]), r.num(lru), r.num(lpm), r.num(lacr),
+                             r.num(both), r.delta(lpm - lru), r.delta(both - lacr)});
+    g.both_gain[g.windows[w]] += (both - lacr) / static_cast<double>(policy_workloads().size());
   }
 }
 
 // Every spec at every capacity, at the grid's window.
-void add_grid_rows(EvalReport& r, const std::string& wl, const PolicyStream& s, PolicyGrid& g) {
+void add_grid_rows(EvalReport& r, const std::string& wl, const PolicyStream& s, int threads, PolicyGrid& g) {
   const size_t grid_window = SimulationOptions{}.window;
+  std::vector<PolicyStream::Query> q;  // by capacity, then spec: the rows' order
+  for (double f : kFractions)
+    for (const PolicySpec& spec : policy_specs()) q.emplace_back(spec.policy, spec.scheduler, f, grid_window);
+  const std::vector<double> hit = s.hit_rates(q, threads);
+  auto next = hit.begin();
   for (double f : kFractions) {
     FigureRow row({wl, fmt::format("{:.0f}%", 100 * f)}, fmt::format("\"{} {:.0f}%\"", wl, 100 * f));
     for (const PolicySpec& spec : policy_specs()) {
-      const double hit = s.hit_rate(spec.policy, spec.scheduler, f, grid_window);
-      g.mean_of[{wl, spec.name}] += hit / static_cast<double>(kFractions.size());
-      row.add(r.num(hit), hit);
+      const double h = *next++;
+      g.mean_of[{wl, spec.name}] += h / static_cast<double>(kFractions.size());
+      row.add(r.num(h), h);
     }
     std::move(row).append_to(g.rows, g.dat);
   }
@@ -453,10 +451,9 @@ void depcache_policies(EvalContext& c) {
   grid.windows = policy_windows(c.o.quick);
   for (const std::string& wl : policy_workloads()) {
     stage(fmt::format("depcache-policies: {} workload, {} requests", wl, n));
-    PolicyStream stream = policy_stream(c, tok, kg, qa, wl, n, cost);
-    stream.prefetch(policy_queries(grid.windows), c.o.threads);
-    add_window_rows(c.report, wl, stream, grid);
-    add_grid_rows(c.report, wl, stream, grid);
+    const PolicyStream stream = policy_stream(c, tok, kg, qa, wl, n, cost);
+    add_window_rows(c.report, wl, stream, c.o.threads, grid);
+    add_grid_rows(c.report, wl, stream, c.o.threads, grid);
   }
   report_policy_grid(c, n, wordnet, grid);
   policies_versus(c.report, grid);
