@@ -59,7 +59,7 @@ Stats stats(const std::vector<double>& xs) {
 struct BenchOptions {
   std::string model_path, pp_list = "512", tg_list = "128", kv_type = "f16";
   int threads = 0, reps = 3, ubatch = 512;
-  bool json = false, int8 = false;
+  bool json = false, int8 = false, bf16 = false;
 };
 
 void add_bench_options(CLI::App* cmd, BenchOptions& o) {
@@ -79,11 +79,15 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   cmd->add_flag(
       "--int8-activations", o.int8,
       "Q8_0/Q4_K/Q4_0/Q6_K matmuls on int8-quantized activations (AVX-512 VNNI or AVX2; faster, not exact)");
+  cmd->add_flag("--bf16-products", o.bf16,
+                "BF16/F16 matmuls on activations (and F16 weights) rounded to bfloat16 (AVX512-BF16; faster "
+                "prefill, not exact)");
   cmd->add_flag("--json", o.json, "Print JSON lines instead of a table");
 }
 
 void run_bench(const BenchOptions& o) {
   if (o.int8) set_int8_activations(true);
+  if (o.bf16) set_bf16_products(true);
   const std::vector<int> pps = parse_list(o.pp_list, "--n-prompt");
   const std::vector<int> tgs = parse_list(o.tg_list, "--n-gen");
   parse_kv_type(o.kv_type);  // a bad name fails before the model loads

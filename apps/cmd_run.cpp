@@ -135,10 +135,12 @@ void run_command(RunOptions& o) {
     alone.kv_type = parse_kv_type(o.reference_kv_type.empty() ? o.engine.kv_type : o.reference_kv_type);
     alone.threads = o.engine.threads;
     // The reference is exact: approximate matmuls are measured against it.
-    const bool int8 = int8_activations();
+    const bool int8 = int8_activations(), bf16 = bf16_products();
     set_int8_activations(false);
+    set_bf16_products(false);
     full = full_answers(model, alone, s.parts, o.max_tokens);
     set_int8_activations(int8);
+    set_bf16_products(bf16);
   }
   if (o.sweep) return sweep_rates(names, s.requests, s.parts, model, o, n_ctx, dependency);
   std::vector<StrategyRun> runs;

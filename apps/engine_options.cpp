@@ -87,6 +87,10 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_flag("--int8-activations", a.int8_activations,
                "Approximate: Q8_0/Q4_K/Q4_0/Q6_K matmuls on activations quantized per token to int8 "
                "(AVX-512 VNNI or AVX2); faster, not exact (run --fidelity measures it against exact)");
+  cmd.add_flag(
+      "--bf16-products", a.bf16_products,
+      "Approximate: BF16/F16 matmuls on activations (and F16 weights) rounded to bfloat16, summed in "
+      "fp32 (AVX512-BF16; exact elsewhere); faster prefill, not exact (run --fidelity measures it)");
   cmd.add_flag("--no-reuse", a.no_reuse, "Never look up or insert KV (depcache: dependency attention alone)");
   cmd.add_flag("--no-realign", a.no_realign,
                "depcache and the chunk strategies: reuse cached KV at the positions it was computed at, "

@@ -4,7 +4,8 @@
 # activations (on a Q8_0 copy) against exact matmuls (full attention on the
 # flat prompt, greedy), and the report compares them: same first token, mean KL of the
 # first-token distributions, identical continuations, ROUGE-L and, for the
-# shipped QA model on a world it never saw, exact match. Calibration row:
+# shipped QA model on a world it never saw, exact match. BF16 products are
+# measured on BF16 and F16 copies against exact matmuls. Calibration row:
 # f16 against f32 KV. Prints one Markdown table.
 #   bash bench/experiments/precision.sh [requests] [tokens]
 set -euo pipefail
@@ -59,3 +60,11 @@ STORIES_Q8="$D/stories260K-q8_0.gguf" QA_Q8="$D/depcache-qa-q8_0.gguf"
 [ -f "$QA_Q8" ] || $BIN model quantize -m "$QA" -o "$QA_Q8" --type q8_0 >/dev/null
 row "stories260K Q8_0 (WordNet paths)" "$STORIES_Q8" "$PATHS" f16 f16 --int8-activations
 row "QA model Q8_0 (held-out world)" "$QA_Q8" "$QAREQ" f16 f16 --int8-activations
+# BF16 products, on BF16 and F16 copies (exact on a CPU without AVX512-BF16).
+for type in bf16 f16; do
+  upper=$(tr a-z A-Z <<<"$type")
+  [ -f "$D/stories260K-$type.gguf" ] || $BIN model quantize -m "$STORIES" -o "$D/stories260K-$type.gguf" --type "$type" >/dev/null
+  [ -f "$D/depcache-qa-$type.gguf" ] || $BIN model quantize -m "$QA" -o "$D/depcache-qa-$type.gguf" --type "$type" >/dev/null
+  row "stories260K $upper (WordNet paths)" "$D/stories260K-$type.gguf" "$PATHS" f16 f16 --bf16-products
+  row "QA model $upper (held-out world)" "$D/depcache-qa-$type.gguf" "$QAREQ" f16 f16 --bf16-products
+done

@@ -6,6 +6,7 @@
 // they run from memory, as in a real decode; tokens:12 and tokens:512 reuse
 // one matrix and show compute throughput. matmul/... runs the whole
 // multi-threaded matmul the forward pass calls, pool overhead included.
+// panel_gemm_bf16/... runs the BF16 products' kernels where the CPU has them.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -73,6 +74,26 @@ void bench_panels(benchmark::State& st, DType t, Isa isa, int64_t n_in, int64_t 
   set_counters(st, *ms[0].w.packed, n_tok, copies);
 }
 
+// BF16 products (dot.h): the same panels on activations rounded to bfloat16
+// once per call, as matmul does.
+void bench_panels_bf16(benchmark::State& st, DType t, int64_t n_in, int64_t n_out, int64_t n_tok) {
+  depcache::set_isa(depcache::best_isa());
+  const Matrix m = make_matrix(t, n_in, n_out);
+  const depcache::PackedMatrix& p = *m.w.packed;
+  const std::vector<float> x = random_floats(n_tok * n_in, 2);
+  std::vector<uint16_t> xb(n_tok * depcache::bf16_row_length(n_in));
+  std::vector<float> y(n_tok * n_out);
+  for (auto _ : st) {
+    depcache::round_activations_bf16(x.data(), n_tok, n_in, xb.data());
+    for (int64_t pi = 0; pi < p.n_panels(); ++pi)
+      depcache::panel_gemm_bf16(t, p.panel(pi), n_in, xb.data(), n_tok, y.data() + pi * 32, n_out,
+                                static_cast<int>(std::min<int64_t>(32, n_out - pi * 32)));
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(st, p, n_tok, 1);
+}
+
 void bench_matmul(benchmark::State& st, DType t, int64_t n_in, int64_t n_out, int64_t n_tok, int threads) {
   depcache::set_isa(depcache::best_isa());
   const int64_t copies = n_tok == 1 ? 8 : 1;
@@ -103,6 +124,17 @@ const bool registered = [] {
           bench_panels(st, t, isa, n_in, n_out, n_tok);
         })->Unit(benchmark::kMillisecond);
       }
+    }
+  }
+  depcache::set_isa(depcache::best_isa());
+  for (DType t : {DType::F16, DType::BF16}) {
+    if (!depcache::has_bf16_panels(t)) continue;
+    for (int64_t n_tok : {12, 512}) {
+      const std::string name =
+          "panel_gemm_bf16/" + std::string(depcache::dtype_info(t).name) + "/tokens:" + std::to_string(n_tok);
+      benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+        bench_panels_bf16(st, t, 896, 4864, n_tok);
+      })->Unit(benchmark::kMillisecond);
     }
   }
   for (DType t : kTypes) {

@@ -224,20 +224,43 @@ void set_isa(Isa isa) {
 Isa current_isa() { return detail::active().isa; }
 
 namespace {
-std::atomic<int> g_int8{-1};  // -1: not read from the environment yet
+
+// An on/off mode read from the environment ("1") at its first use unless
+// set before: -1 until then.
+class MatmulMode {
+ public:
+  explicit MatmulMode(const char* env) : env_(env) {}
+  void set(bool on) { v_.store(on ? 1 : 0, std::memory_order_relaxed); }
+  bool get() {
+    int v = v_.load(std::memory_order_relaxed);
+    if (v < 0) {
+      const char* env = std::getenv(env_);
+      v = env && std::string_view(env) == "1" ? 1 : 0;
+      int expected = -1;
+      if (!v_.compare_exchange_strong(expected, v)) v = expected;
+    }
+    return v == 1;
+  }
+
+ private:
+  const char* env_;
+  std::atomic<int> v_{-1};
+};
+
+MatmulMode g_int8("DEPCACHE_INT8_ACTIVATIONS");
+MatmulMode g_bf16("DEPCACHE_BF16_PRODUCTS");
+
 }  // namespace
 
-void set_int8_activations(bool on) { g_int8.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_int8_activations(bool on) { g_int8.set(on); }
+bool int8_activations() { return g_int8.get(); }
+void set_bf16_products(bool on) { g_bf16.set(on); }
+bool bf16_products() { return g_bf16.get(); }
 
-bool int8_activations() {
-  int v = g_int8.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* env = std::getenv("DEPCACHE_INT8_ACTIVATIONS");
-    v = env && std::string_view(env) == "1" ? 1 : 0;
-    int expected = -1;
-    if (!g_int8.compare_exchange_strong(expected, v)) v = expected;
-  }
-  return v == 1;
+std::string matmul_mode_tag() {
+  std::string tag = int8_activations() ? "int8-activations" : "";
+  if (bf16_products()) tag += tag.empty() ? "bf16-products" : "+bf16-products";
+  return tag;
 }
 
 std::string_view isa_name(Isa isa) {

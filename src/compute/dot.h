@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "compute/dtype.h"
@@ -33,6 +34,21 @@ std::optional<Isa> isa_from_name(std::string_view name);  // case-insensitive
 void set_int8_activations(bool on);
 bool int8_activations();
 
+// BF16 products: matmuls on BF16 and F16 panels round each token's input to
+// bfloat16 (and F16 weights too) and multiply pairs of bfloat16 with fp32
+// sums (AVX512-BF16's vdpbf16ps), no longer exact in the activations (nor in
+// F16 weights). Off by default; the first use reads DEPCACHE_BF16_PRODUCTS=1.
+// Only CPUs with AVX512-BF16 have the kernels: elsewhere the setting changes
+// nothing.
+void set_bf16_products(bool on);
+bool bf16_products();
+
+// What the approximate matmul modes that are on make of a model's results:
+// "" when matmuls are exact, else a name per mode ("int8-activations",
+// "bf16-products", joined by '+'). K/V computed under a mode is cached under
+// this name, so that it never mixes with exact K/V.
+std::string matmul_mode_tag();
+
 // sum_i dequant(w_row)[i] * x[i] for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K.
 // n must be a multiple of the block size, else Error(InvalidInput).
 float dot_row(DType t, const void* w_row, const float* x, int64_t n);
@@ -56,11 +72,17 @@ using PanelFn = void (*)(const uint8_t* panel, int64_t n_in, const float* x, int
 using PanelI8Fn = void (*)(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs,
                            int64_t n_tok, float* y, int64_t y_stride, int n_rows);
 
+// The same on bfloat16 activations (round_activations_bf16 in
+// packed_matrix.h): xb rows of n_in rounded up to even values, the padding 0.
+using PanelBf16Fn = void (*)(const uint8_t* panel, int64_t n_in, const uint16_t* xb, int64_t n_tok, float* y,
+                             int64_t y_stride, int n_rows);
+
 struct TypeKernels {
   DotFn dot = nullptr;
   DequantFn dequant = nullptr;
   PanelFn panel = nullptr;
-  PanelI8Fn panel_i8 = nullptr;  // only where the CPU has int8 dot products
+  PanelI8Fn panel_i8 = nullptr;      // only where the CPU has int8 dot products
+  PanelBf16Fn panel_bf16 = nullptr;  // only where the CPU has bfloat16 dot products
 };
 
 // Indexed by the DType number (all supported numbers are below 32).

@@ -36,22 +36,30 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
   for (const MatmulOut& o : outs)
     if (o.w->n_in != n_in)
       fail(ErrorKind::Internal, "matmul: matrices of {} and {} inputs share one x", n_in, o.w->n_in);
+  // The approximate modes, when chosen and the kernels have them for a
+  // type: x converted once for every matrix that reads it (int8 blocks, or
+  // bfloat16), in parallel over tokens, into `scratch`.
   const bool int8 = int8_activations() && std::any_of(outs.begin(), outs.end(), [](const MatmulOut& o) {
                       return has_int8_panels(o.w->type);
                     });
-  const int8_t* xq = nullptr;
-  const float* xs = nullptr;
-  if (int8) {
-    const int64_t q_floats = (n_tokens * n_in + 3) / 4, s_floats = n_tokens * (n_in / kQ32) * kActScales;
-    scratch.resize(q_floats + s_floats);
-    auto* q = reinterpret_cast<int8_t*>(scratch.data());
-    float* sc = scratch.data() + q_floats;
+  const bool bf16 = bf16_products() && std::any_of(outs.begin(), outs.end(), [](const MatmulOut& o) {
+                      return has_bf16_panels(o.w->type);
+                    });
+  const int64_t q_floats = int8 ? (n_tokens * n_in + 3) / 4 : 0;
+  const int64_t s_floats = int8 ? n_tokens * (n_in / kQ32) * kActScales : 0;
+  const int64_t b_floats = bf16 ? (n_tokens * bf16_row_length(n_in) + 1) / 2 : 0;
+  scratch.resize(q_floats + s_floats + b_floats);
+  auto* xq = reinterpret_cast<int8_t*>(scratch.data());
+  float* xs = scratch.data() + q_floats;
+  auto* xb = reinterpret_cast<uint16_t*>(scratch.data() + q_floats + s_floats);
+  if (int8 || bf16) {
     constexpr int64_t kTokensPerTask = 16;
     pool.parallel_for((n_tokens + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t task, int) {
       const int64_t t0 = task * kTokensPerTask, nt = std::min(kTokensPerTask, n_tokens - t0);
-      quantize_activations(x + t0 * n_in, nt, n_in, q + t0 * n_in, sc + t0 * (n_in / kQ32) * kActScales);
+      if (int8)
+        quantize_activations(x + t0 * n_in, nt, n_in, xq + t0 * n_in, xs + t0 * (n_in / kQ32) * kActScales);
+      if (bf16) round_activations_bf16(x + t0 * n_in, nt, n_in, xb + t0 * bf16_row_length(n_in));
     });
-    xq = q, xs = sc;
   }
   int64_t n_panels = 0;
   for (const MatmulOut& o : outs) n_panels += o.w->packed->n_panels();
@@ -68,14 +76,16 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
     const PackedMatrix* w;
     float* y;
     int64_t p0, p1;
-    bool i8;
+    enum { kExact, kInt8, kBf16 } mode;
   };
   std::vector<Run> runs;
   for (const MatmulOut& o : outs) {
     const PackedMatrix& w = *o.w->packed;
-    const bool i8 = int8 && has_int8_panels(w.type());
+    const auto mode = int8 && has_int8_panels(w.type())   ? Run::kInt8
+                      : bf16 && has_bf16_panels(w.type()) ? Run::kBf16
+                                                          : Run::kExact;
     for (int64_t p = 0; p < w.n_panels(); p += panels_per_run)
-      runs.push_back({&w, o.y, p, std::min(w.n_panels(), p + panels_per_run), i8});
+      runs.push_back({&w, o.y, p, std::min(w.n_panels(), p + panels_per_run), mode});
   }
   const int64_t chunk = (n_tokens + n_chunks - 1) / n_chunks;
   pool.parallel_for(static_cast<int64_t>(runs.size()) * n_chunks, [&](int64_t task, int) {
@@ -87,9 +97,11 @@ void matmul_panels(std::span<const MatmulOut> outs, const float* x, int64_t n_to
     for (int64_t p = r.p0; p < r.p1; ++p) {
       const int rows = static_cast<int>(std::min(kPanelRows, w.n_out() - p * kPanelRows));
       float* y = r.y + t0 * w.n_out() + p * kPanelRows;
-      if (r.i8)
+      if (r.mode == Run::kInt8)
         panel_gemm_i8(w.type(), w.panel(p), n_in, xq + t0 * n_in, xs + t0 * (n_in / kQ32) * kActScales, nt, y,
                       w.n_out(), rows);
+      else if (r.mode == Run::kBf16)
+        panel_gemm_bf16(w.type(), w.panel(p), n_in, xb + t0 * bf16_row_length(n_in), nt, y, w.n_out(), rows);
       else
         panel_gemm(w.type(), w.panel(p), n_in, x + t0 * n_in, n_in, nt, y, w.n_out(), rows);
     }

@@ -30,7 +30,7 @@ struct WeightMatrix {
 // x: (n_tokens, n_in) row-major floats; y: (n_tokens, n_out).
 // A packed matrix runs the panel kernels for any token count, in parallel
 // over panels (and token blocks when there are few panels); `scratch` holds
-// the int8 activations when those are on. A matrix without panels (only
+// the activations as the approximate modes convert them (dot.h), when on. A matrix without panels (only
 // ever built by hand, e.g. in tests) runs the per-row dot kernels.
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             std::vector<float>& scratch);

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -314,6 +315,38 @@ void panel_gemm_i8(DType t, const uint8_t* panel, int64_t n_in, const int8_t* xq
     fail(ErrorKind::InvalidInput, "no int8 kernel for tensor type {} on {}", dtype_info(t).name,
          isa_name(current_isa()));
   kernels_of(t)->panel_i8(panel, n_in, xq, xs, n_tok, y, y_stride, n_rows);
+}
+
+int64_t bf16_row_length(int64_t n_in) { return n_in + (n_in & 1); }
+
+void round_activations_bf16(const float* x, int64_t n_tok, int64_t n_in, uint16_t* xb) {
+  const int64_t len = bf16_row_length(n_in);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t k = 0; k < n_in; ++k) xb[t * len + k] = fp32_to_bf16(x[t * n_in + k]);
+    if (len > n_in) xb[t * len + n_in] = 0;
+  }
+}
+
+float bf16_product_operand(float v) {
+  const float b = bf16_to_fp32(fp32_to_bf16(v));
+  return std::fabs(b) < FLT_MIN ? 0.0f : b;
+}
+
+float panel_value_bf16(DType t, const uint8_t* panel, int64_t r, int64_t k) {
+  return bf16_product_operand(panel_value(t, panel, r, k));
+}
+
+bool has_bf16_panels(DType t) {
+  const detail::TypeKernels* k = kernels_of(t);
+  return k && k->panel_bf16;
+}
+
+void panel_gemm_bf16(DType t, const uint8_t* panel, int64_t n_in, const uint16_t* xb, int64_t n_tok, float* y,
+                     int64_t y_stride, int n_rows) {
+  if (!has_bf16_panels(t))
+    fail(ErrorKind::InvalidInput, "no bfloat16 kernel for tensor type {} on {}", dtype_info(t).name,
+         isa_name(current_isa()));
+  kernels_of(t)->panel_bf16(panel, n_in, xb, n_tok, y, y_stride, n_rows);
 }
 
 namespace detail {

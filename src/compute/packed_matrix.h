@@ -102,4 +102,23 @@ void panel_gemm_i8(DType t, const uint8_t* panel, int64_t n_in, const int8_t* xq
 // Whether the current ISA has an int8 kernel for t.
 bool has_int8_panels(DType t);
 
+// BF16 products for the F16 and BF16 panels: each token's input rounded to
+// bfloat16 (nearest even), a row of n_in rounded up to even values with a 0
+// after an odd n_in, so that the kernels read inputs in pairs.
+int64_t bf16_row_length(int64_t n_in);
+void round_activations_bf16(const float* x, int64_t n_tok, int64_t n_in, uint16_t* xb);
+// What the BF16 kernels compute, for any CPU to check them against: weight
+// (r, k) rounded to bfloat16 (F16 weights round; BF16 ones are kept), times
+// the rounded activation, the products exact in fp32 and summed in fp32;
+// subnormal operands and sums count as zero (the instruction flushes them).
+// bf16_product_operand: v as a product sees it (rounded, subnormal to zero).
+float bf16_product_operand(float v);
+float panel_value_bf16(DType t, const uint8_t* panel, int64_t r, int64_t k);
+// panel_gemm on bfloat16 activations (rows of bf16_row_length(n_in)), with
+// the kernels of the current ISA; Error(InvalidInput) where there is none.
+void panel_gemm_bf16(DType t, const uint8_t* panel, int64_t n_in, const uint16_t* xb, int64_t n_tok, float* y,
+                     int64_t y_stride, int n_rows);
+// Whether the current ISA has a bfloat16 kernel for t (AVX512-BF16: F16, BF16).
+bool has_bf16_panels(DType t);
+
 }  // namespace depcache

@@ -1,6 +1,10 @@
 #include "engine/engine_args.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <vector>
 
 #include "compute/dot.h"
 #include "compute/kv_format.h"
@@ -55,9 +59,18 @@ ResolvedEngine resolve_engine(const EngineArgs& a, std::string_view strategy, co
 
 std::string apply_matmul_mode(const EngineArgs& a) {
   if (a.int8_activations) set_int8_activations(true);
-  if (!int8_activations()) return "";
-  return fmt::format("matmuls: approximate, int8 activations for Q8_0/Q4_K/Q4_0/Q6_K weights ({} kernels{})",
-                     isa_name(current_isa()), has_int8_panels(DType::Q8_0) ? "" : ": none here, exact");
+  if (a.bf16_products) set_bf16_products(true);
+  std::vector<std::string> modes;
+  if (int8_activations())
+    modes.push_back(fmt::format("int8 activations for Q8_0/Q4_K/Q4_0/Q6_K weights ({} kernels{})",
+                                isa_name(current_isa()),
+                                has_int8_panels(DType::Q8_0) ? "" : ": none here, exact"));
+  if (bf16_products())
+    modes.push_back(
+        fmt::format("bfloat16 products for BF16/F16 weights ({})",
+                    has_bf16_panels(DType::BF16) ? "AVX512-BF16" : "this CPU has no AVX512-BF16: exact"));
+  if (modes.empty()) return "";
+  return fmt::format("matmuls: approximate, {}", fmt::join(modes, "; "));
 }
 
 void profile_costs_if_needed(Engine& engine, const ResolvedEngine& r, const std::string& log_prefix) {

@@ -22,7 +22,8 @@ struct EngineArgs {
   int threads = 0;
   std::string scheme = "auto", tree_context = "auto";
   bool no_reuse = false, no_realign = false;
-  bool int8_activations = false;  // set for the whole process by apply_matmul_mode
+  bool int8_activations = false;  // these two are set for the whole process by apply_matmul_mode
+  bool bf16_products = false;
   StrategyOptions chunk;  // the chunk strategies' options (scheme, reuse and realignment set by resolve)
   TierOptions tiers;      // host_mib < 0: the profile's
   EngineArgs() { tiers.host_mib = -1; }
@@ -41,8 +42,9 @@ struct ResolvedEngine {
 ResolvedEngine resolve_engine(const EngineArgs& a, std::string_view strategy, const ModelConfig& config,
                               int64_t pool_rows, bool dependency);
 
-// --int8-activations (or DEPCACHE_INT8_ACTIVATIONS=1) for the whole process;
-// "" when matmuls are exact, else a line saying what is approximate.
+// --int8-activations and --bf16-products (or DEPCACHE_INT8_ACTIVATIONS=1,
+// DEPCACHE_BF16_PRODUCTS=1) for the whole process; "" when matmuls are
+// exact, else a line saying what is approximate.
 std::string apply_matmul_mode(const EngineArgs& a);
 
 // PGDSF's cost model timed on this machine when the engine's policy is

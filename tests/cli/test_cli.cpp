@@ -89,6 +89,9 @@ TEST_F(Cli, BenchModelPrintsTableAndJson) {
   const CliRun int8 = run("bench-model -m " + model_->string() + " -p 8 -n 2 -r 1 --int8-activations");
   ASSERT_EQ(int8.code, 0) << int8.out;
   EXPECT_NE(int8.out.find("pp8"), std::string::npos) << int8.out;
+  const CliRun bf16 = run("bench-model -m " + model_->string() + " -p 8 -n 2 -r 1 --bf16-products");
+  ASSERT_EQ(bf16.code, 0) << bf16.out;
+  EXPECT_NE(bf16.out.find("pp8"), std::string::npos) << bf16.out;
 }
 
 // Requantizing keeps the model usable: the Q8_0 test model rewritten as F16

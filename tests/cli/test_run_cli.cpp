@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 
+#include "compute/packed_matrix.h"
 #include "test_support.h"
 
 namespace depcache {
@@ -42,7 +43,9 @@ class RunCli : public ::testing::Test {
     std::filesystem::remove_all(*dir_);
     delete dir_;
   }
-  static std::string file(const char* name) { return (*dir_ / name).string(); }
+  static std::string file(const std::string& name) { return (*dir_ / name).string(); }
+  static void expect_mode_named_measured_kept_apart(const std::string& type, const std::string& flag,
+                                                    const std::string& header, bool approximate_here);
   static std::filesystem::path* dir_;
 };
 std::filesystem::path* RunCli::dir_ = nullptr;
@@ -198,27 +201,35 @@ TEST_F(RunCli, Q8KvThroughDiskAndRedis) {
   EXPECT_NE(unknown.out.find("q8_0"), std::string::npos) << unknown.out;
 }
 
-// --int8-activations (approximate matmuls on a Q8_0 model): said in the
-// header, measured by --fidelity against exact matmuls (close, not equal),
-// and its K/V kept apart: an exact run finds nothing of an int8 run's spans
-// on disk, and the next int8 run finds them.
-TEST_F(RunCli, Int8ActivationsAreNamedMeasuredAndKeptApart) {
-  const std::string q8 = file("model-q8.gguf");
-  ASSERT_EQ(run_cli("model new --preset tiny --type q8_0 --seed 3 -o " + q8).code, 0);
+// An approximate matmul mode on a model of the types it changes: said in
+// the header, measured by --fidelity against exact matmuls (close, not equal;
+// equal where `approximate_here` is false: the CPU has no kernels for it),
+// and its K/V kept apart: an exact run finds nothing of the mode's spans on
+// disk, and the next run in the mode finds them.
+void RunCli::expect_mode_named_measured_kept_apart(const std::string& type, const std::string& flag,
+                                                   const std::string& header, bool approximate_here) {
+  const std::string model = file("model-" + type + ".gguf"), tag = type + flag;
+  ASSERT_EQ(run_cli("model new --preset tiny --type " + type + " --seed 3 -o " + model).code, 0);
   const std::string base =
-      "run --serial -m " + q8 + " --requests " + file("requests.jsonl") + " -s prefix --kv-type f32 ";
-  const auto f = run_cli(base + "--int8-activations --fidelity -n 4 --json " + file("int8-fidelity.jsonl"));
+      "run --serial -m " + model + " --requests " + file("requests.jsonl") + " -s prefix --kv-type f32 ";
+  const auto f = run_cli(base + flag + " --fidelity -n 4 --json " + file(tag + "-fidelity.jsonl"));
   ASSERT_EQ(f.code, 0) << f.out;
-  EXPECT_NE(f.out.find("matmuls: approximate, int8 activations"), std::string::npos) << f.out;
-  std::ifstream in(file("int8-fidelity.jsonl"));
+  EXPECT_NE(f.out.find(header), std::string::npos) << f.out;
+  std::ifstream in(file(tag + "-fidelity.jsonl"));
   double kl = 0;
-  for (std::string line; std::getline(in, line);)
+  int rows = 0;
+  for (std::string line; std::getline(in, line); ++rows)
     kl += nlohmann::json::parse(line)["fidelity"]["kl_first_token"].get<double>();
-  EXPECT_GT(kl, 0.0) << "int8 activations gave the exact logits?\n" << f.out;
-  EXPECT_LT(kl, 0.1) << f.out;
-  const std::string dir = file("kv-cache-int8");
-  ASSERT_EQ(run_cli(base + "--int8-activations --cache-dir " + dir).code, 0);
-  auto found_on_disk = [&](const std::string& extra, const char* json) {
+  EXPECT_EQ(rows, 3) << f.out;
+  if (approximate_here) {
+    EXPECT_GT(kl, 0.0) << flag << " gave the exact logits?\n" << f.out;
+    EXPECT_LT(kl, 0.1) << f.out;
+  } else {
+    EXPECT_EQ(kl, 0.0) << flag << " without its kernels is exact\n" << f.out;
+  }
+  const std::string dir = file("kv-cache-" + tag);
+  ASSERT_EQ(run_cli(base + flag + " --cache-dir " + dir).code, 0);
+  auto found_on_disk = [&](const std::string& extra, const std::string& json) {
     const auto r = run_cli(base + extra + " --cache-dir " + dir + " --json " + file(json));
     EXPECT_EQ(r.code, 0) << r.out;
     int64_t n = 0;
@@ -227,8 +238,23 @@ TEST_F(RunCli, Int8ActivationsAreNamedMeasuredAndKeptApart) {
       n += nlohmann::json::parse(line)["found_in"]["disk"].get<int64_t>();
     return n;
   };
-  EXPECT_EQ(found_on_disk("", "int8-exact.jsonl"), 0) << "an exact run read int8 K/V";
-  EXPECT_GT(found_on_disk("--int8-activations", "int8-again.jsonl"), 0);
+  EXPECT_EQ(found_on_disk("", tag + "-exact.jsonl"), 0) << "an exact run read " << flag << " K/V";
+  EXPECT_GT(found_on_disk(flag, tag + "-again.jsonl"), 0);
+}
+
+TEST_F(RunCli, Int8ActivationsAreNamedMeasuredAndKeptApart) {
+  expect_mode_named_measured_kept_apart("q8_0", "--int8-activations",
+                                        "matmuls: approximate, int8 activations", true);
+}
+
+// BF16 products on a BF16 and on an F16 model (whose weights they round
+// too); exact on a CPU without AVX512-BF16, and said so.
+TEST_F(RunCli, Bf16ProductsAreNamedMeasuredAndKeptApart) {
+  const bool here = has_bf16_panels(DType::BF16);
+  const std::string header =
+      here ? "bfloat16 products for BF16/F16 weights (AVX512-BF16)" : "this CPU has no AVX512-BF16: exact";
+  expect_mode_named_measured_kept_apart("bf16", "--bf16-products", header, here);
+  expect_mode_named_measured_kept_apart("f16", "--bf16-products", header, here);
 }
 
 // Layer-wise preload from the command line: spans on disk read layer by

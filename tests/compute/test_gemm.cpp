@@ -4,6 +4,7 @@
 // width, inputs that are not a multiple of any vector length.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <random>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "compute/dot.h"
+#include "compute/fp16.h"
 #include "compute/matmul.h"
 #include "compute/packed_matrix.h"
 #include "compute/quant_reference.h"
@@ -58,10 +60,11 @@ struct TestMatrix {
 };
 
 // y[t][r] against the exact sum, with the bound of the dot tests (fp32
-// summation in any order: (n + 2) * FLT_EPSILON * sum|w x|), plus one
-// subnormal step per operation for products that underflow.
+// summation in any order: (n + 2) * FLT_EPSILON * sum|w x|), plus `underflow`
+// per operation for products that underflow: one subnormal step, or the
+// smallest normal where the instruction flushes subnormals to zero.
 void expect_matches(const TestMatrix& m, const float* x, int64_t xs, int64_t n_tok, const float* y,
-                    int64_t ys, const std::string& label) {
+                    int64_t ys, const std::string& label, double underflow = FLT_TRUE_MIN) {
   const int64_t n_in = m.w.n_in;
   for (int64_t t = 0; t < n_tok; ++t)
     for (int64_t r = 0; r < m.w.n_out; ++r) {
@@ -70,7 +73,7 @@ void expect_matches(const TestMatrix& m, const float* x, int64_t xs, int64_t n_t
         const double p = m.values[r * n_in + k] * x[t * xs + k];
         exact += p, mag += std::fabs(p);
       }
-      const double tol = (n_in + 2) * (double(FLT_EPSILON) * mag + double(FLT_TRUE_MIN));
+      const double tol = (n_in + 2) * (double(FLT_EPSILON) * mag + underflow);
       ASSERT_LE(std::fabs(y[t * ys + r] - exact), tol)
           << label << " token " << t << " row " << r << " got " << y[t * ys + r] << " want " << exact;
     }
@@ -240,6 +243,117 @@ void int8_kernels_match_quantized_reference(std::string_view isa) {
             for (int64_t c = n_out; c < ys; ++c) ASSERT_EQ(y[i * ys + c], -1.0f) << "wrote padding";
           if (::testing::Test::HasFatalFailure()) return;
         }
+}
+
+// BF16 products: activations rounded to the nearest even bfloat16 (nan
+// kept a nan, infinities kept), a row's odd length padded with one zero.
+TEST(Bf16Products, ActivationsRoundToNearestEven) {
+  const float one_up = std::bit_cast<float>(0x3F808000u);    // half way between two bf16: 1 + 2^-8
+  const float three_up = std::bit_cast<float>(0x3F818000u);  // half way, odd below: rounds up
+  const std::vector<float> x = {
+      1.0f, one_up, three_up, std::bit_cast<float>(0x3F808001u), -2.5f, INFINITY, -INFINITY, NAN, 1e-40f};
+  const int64_t n = static_cast<int64_t>(x.size());
+  ASSERT_EQ(bf16_row_length(n), n + 1);
+  std::vector<uint16_t> xb(2 * (n + 1), 0xFFFF);
+  std::vector<float> two(x);
+  two.insert(two.end(), x.begin(), x.end());
+  round_activations_bf16(two.data(), 2, n, xb.data());
+  for (int t = 0; t < 2; ++t) {
+    const uint16_t* b = xb.data() + t * (n + 1);
+    EXPECT_EQ(b[0], 0x3F80);
+    EXPECT_EQ(b[1], 0x3F80) << "a tie rounds to the even neighbour";
+    EXPECT_EQ(b[2], 0x3F82) << "a tie rounds to the even neighbour";
+    EXPECT_EQ(b[3], 0x3F81) << "past the tie rounds up";
+    EXPECT_EQ(bf16_to_fp32(b[4]), -2.5f);
+    EXPECT_EQ(bf16_to_fp32(b[5]), INFINITY);
+    EXPECT_EQ(bf16_to_fp32(b[6]), -INFINITY);
+    EXPECT_TRUE(std::isnan(bf16_to_fp32(b[7])));
+    EXPECT_EQ(b[n], 0) << "the padding of an odd row";
+  }
+  EXPECT_EQ(bf16_row_length(896), 896);
+}
+
+// The kernels against float64 arithmetic on the rounded values (weights
+// from panel_value_bf16, activations as rounded), up to fp32 summation, on
+// every shape of the panel tests: odd input counts included.
+TEST(Bf16Products, KernelsMatchRoundedReference) {
+  const Isa saved = current_isa();
+  if (!test::isa_available(Isa::Avx512)) DEPCACHE_SKIP_CPU(test::isa_missing_reason(Isa::Avx512));
+  set_isa(Isa::Avx512);
+  if (!has_bf16_panels(DType::BF16)) {
+    set_isa(saved);
+    DEPCACHE_SKIP_CPU("this CPU has no AVX512-BF16");
+  }
+  std::mt19937 rng(43);
+  for (DType t : {DType::BF16, DType::F16})
+    for (int64_t n_in : inputs_for(t))
+      for (int64_t n_out : {1, 17, 45})
+        for (int64_t n_tok : {1, 2, 7, 12, 13, 29}) {
+          TestMatrix m(t, n_in, n_out, rng);
+          const PackedMatrix& p = *m.w.packed;
+          for (int64_t r = 0; r < n_out; ++r)
+            for (int64_t k = 0; k < n_in; ++k) {
+              double& v = m.values[r * n_in + k];
+              v = bf16_product_operand(static_cast<float>(v));
+              ASSERT_EQ(panel_value_bf16(t, p.panel(r / kPanelRows), r % kPanelRows, k), v);
+            }
+          const std::vector<float> x = random_x(n_tok * n_in, rng);
+          const int64_t len = bf16_row_length(n_in);
+          std::vector<uint16_t> xb(n_tok * len);
+          round_activations_bf16(x.data(), n_tok, n_in, xb.data());
+          std::vector<float> xhat(x.size());
+          for (int64_t i = 0; i < n_tok; ++i)
+            for (int64_t k = 0; k < n_in; ++k)
+              xhat[i * n_in + k] = bf16_product_operand(bf16_to_fp32(xb[i * len + k]));
+          const int64_t ys = n_out + 3;
+          std::vector<float> y(n_tok * ys, -1.0f);
+          for (int64_t pi = 0; pi < p.n_panels(); ++pi)
+            panel_gemm_bf16(t, p.panel(pi), n_in, xb.data(), n_tok, y.data() + pi * kPanelRows, ys,
+                            static_cast<int>(std::min<int64_t>(kPanelRows, n_out - pi * kPanelRows)));
+          expect_matches(m, xhat.data(), n_in, n_tok, y.data(), ys,
+                         std::string(dtype_info(t).name) + " bf16 n_in " + std::to_string(n_in) + " n_out " +
+                             std::to_string(n_out) + " tokens " + std::to_string(n_tok),
+                         FLT_MIN);
+          for (int64_t i = 0; i < n_tok; ++i)
+            for (int64_t c = n_out; c < ys; ++c) ASSERT_EQ(y[i * ys + c], -1.0f) << "wrote padding";
+          if (HasFatalFailure()) return set_isa(saved);
+        }
+  set_isa(saved);
+}
+
+// Through matmul: on, BF16 and F16 matrices give the rounded products (in
+// decode and prefill splits), F32 ones stay exact; off, all are exact.
+TEST(Bf16Products, MatmulRoundsOnlyWhenOnAndOnlyItsTypes) {
+  const bool saved = bf16_products();
+  std::mt19937 rng(47);
+  ThreadPool pool(2);
+  std::vector<float> scratch;
+  for (bool on : {false, true}) {
+    set_bf16_products(on);
+    for (DType t : {DType::BF16, DType::F16, DType::F32})
+      for (int64_t n_tok : {1, 30}) {
+        TestMatrix m(t, 96, 70, rng);
+        const std::vector<float> x = random_x(n_tok * 96, rng);
+        std::vector<float> y(n_tok * 70, NAN);
+        matmul(m.w, x.data(), n_tok, y.data(), pool, scratch);
+        const bool rounds = on && has_bf16_panels(t);
+        std::vector<float> xr(x);
+        if (rounds) {
+          for (double& v : m.values) v = bf16_product_operand(static_cast<float>(v));
+          for (float& v : xr) v = bf16_product_operand(v);
+        }
+        expect_matches(m, xr.data(), 96, n_tok, y.data(), 70,
+                       std::string(dtype_info(t).name) + (rounds ? " rounded" : " exact") + " tokens " +
+                           std::to_string(n_tok),
+                       FLT_MIN);
+        if (HasFatalFailure()) return set_bf16_products(saved);
+      }
+  }
+  set_bf16_products(false);
+  EXPECT_EQ(matmul_mode_tag(), int8_activations() ? "int8-activations" : "");
+  set_bf16_products(true);
+  EXPECT_NE(matmul_mode_tag().find("bf16-products"), std::string::npos);
+  set_bf16_products(saved);
 }
 
 TEST(PanelMatmul, TypesWithoutPanelsAreRefused) {
