@@ -57,7 +57,7 @@ Stats stats(const std::vector<double>& xs) {
 }
 
 struct BenchOptions {
-  std::string model_path, pp_list = "512", tg_list = "128", kv_type = "f16";
+  std::string model_path, pp_list = "512", tg_list = "128", parallel_list = "1", kv_type = "f16";
   int threads = 0, reps = 3, ubatch = 512;
   bool json = false, int8 = false, bf16 = false;
 };
@@ -67,6 +67,10 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   cmd->add_option("-p,--n-prompt", o.pp_list, "Prompt lengths, comma-separated (0: none)")
       ->capture_default_str();
   cmd->add_option("-n,--n-gen", o.tg_list, "Generation lengths, comma-separated (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--parallel", o.parallel_list,
+                  "Sequences decoding side by side in the tg tests, comma-separated (tgN: one; tgNxP: P "
+                  "requests decoding together, P*N tokens)")
       ->capture_default_str();
   add_threads_option(*cmd, o.threads);
   cmd->add_option("-r,--repetitions", o.reps, "Timed runs per test (after one warm-up)")
@@ -90,6 +94,8 @@ void run_bench(const BenchOptions& o) {
   if (o.bf16) set_bf16_products(true);
   const std::vector<int> pps = parse_list(o.pp_list, "--n-prompt");
   const std::vector<int> tgs = parse_list(o.tg_list, "--n-gen");
+  const std::vector<int> parallels = parse_list(o.parallel_list, "--parallel");
+  if (parallels.empty()) fail(ErrorKind::InvalidInput, "--parallel: give at least one sequence count");
   parse_kv_type(o.kv_type);  // a bad name fails before the model loads
   auto model = Model::load(o.model_path);
   const ModelConfig& c = model->config();
@@ -109,17 +115,18 @@ void run_bench(const BenchOptions& o) {
                "test", "t/s");
     fmt::print("| {:-<24} | {:->10} | {:->8} | {:->7} | {:->7} | {:->20} |\n", "", ":", ":", ":", ":", ":");
   }
-  auto report = [&](const std::string& test, int n, const std::function<double(int)>& run) {
+  // `tokens` of the test (n per sequence) are generated or read per run.
+  auto report = [&](const std::string& test, int n, int tokens, const std::function<double(int)>& run) {
     if (n > c.n_ctx_train)
       fail(ErrorKind::LimitExceeded, "{} exceeds the model's context {}", test, c.n_ctx_train);
     run(n);  // warm-up
     std::vector<double> tps;
-    for (int r = 0; r < o.reps; ++r) tps.push_back(n / run(n));
+    for (int r = 0; r < o.reps; ++r) tps.push_back(tokens / run(n));
     const Stats s = stats(tps);
     if (o.json) {
       nlohmann::json j = {{"model", model_desc},  {"model_size_bytes", model->file().file_size()},
                           {"n_params", n_params}, {"n_threads", n_threads},
-                          {"test", test},         {"n_tokens", n},
+                          {"test", test},         {"n_tokens", tokens},
                           {"avg_ts", s.mean},     {"stddev_ts", s.stddev},
                           {"samples_ts", tps},    {"kv_type", o.kv_type},
                           {"ubatch", o.ubatch}};
@@ -130,8 +137,11 @@ void run_bench(const BenchOptions& o) {
     }
     std::fflush(stdout);
   };
-  for (int n : pps) report(fmt::format("pp{}", n), n, [&](int k) { return bench.pp(k); });
-  for (int n : tgs) report(fmt::format("tg{}", n), n, [&](int k) { return bench.tg(k); });
+  for (int n : pps) report(fmt::format("pp{}", n), n, n, [&](int k) { return bench.pp(k); });
+  for (int n : tgs)
+    for (int p : parallels)
+      report(p == 1 ? fmt::format("tg{}", n) : fmt::format("tg{}x{}", n, p), n, n * p,
+             [&](int k) { return bench.tg(k, p); });
 }
 
 }  // namespace

@@ -7,27 +7,37 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "util/timing.h"
 
 namespace depcache {
 
 EngineBench::EngineBench(std::shared_ptr<const Model> model, const EngineBenchOptions& o)
     : model_(std::move(model)), o_(o), pick_(0, model_->config().n_vocab - 1) {}
 
-double EngineBench::run(int64_t n_prompt, int n_tokens) {
+double EngineBench::run(int64_t n_prompt, int n_tokens, int parallel) {
   EngineOptions eo;
-  eo.pool_rows = n_prompt + n_tokens;
+  eo.pool_rows = (n_prompt + n_tokens) * parallel;
   eo.kv_type = o_.kv_type;
   eo.cache_bytes = 0;
   eo.batch_tokens = o_.ubatch;
   eo.threads = o_.threads;
   Engine engine(model_, eo);
-  PromptParts parts;
-  for (int64_t i = 0; i < n_prompt; ++i) parts.text.push_back(pick_(rng_));
   SamplingParams sampling;
   sampling.max_tokens = n_tokens;
   sampling.stop_at_eog = false;
-  const RequestResult& r = engine.wait(engine.submit("full", std::move(parts), sampling));
-  return std::chrono::duration<double>(r.done - r.submitted).count();
+  std::vector<RequestId> ids;
+  for (int s = 0; s < parallel; ++s) {
+    PromptParts parts;
+    for (int64_t i = 0; i < n_prompt; ++i) parts.text.push_back(pick_(rng_));
+    ids.push_back(engine.submit("full", std::move(parts), sampling));
+  }
+  Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+  for (RequestId id : ids) {
+    const RequestResult& r = engine.wait(id);
+    first = std::min(first, r.submitted);
+    last = std::max(last, r.done);
+  }
+  return std::chrono::duration<double>(last - first).count();
 }
 
 std::string model_description(const Model& model) {

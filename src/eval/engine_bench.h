@@ -19,15 +19,17 @@ struct EngineBenchOptions {
 // Each test runs through the engine, as every request does: one request of
 // random tokens, computed without reuse, greedy. pp n: an n-token prompt in
 // ubatch pieces, to its first token; tg n: a one-token prompt and n - 1
-// more tokens, n forward passes of one token each. Each returns seconds.
+// more tokens, n forward passes of one token each; tg n with `parallel`
+// sequences: that many such requests submitted together, decoding side by
+// side (n forward passes of `parallel` tokens). Each returns seconds.
 class EngineBench {
  public:
   EngineBench(std::shared_ptr<const Model> model, const EngineBenchOptions& o);
-  double pp(int n) { return run(n, 1); }
-  double tg(int n) { return run(1, n); }
+  double pp(int n) { return run(n, 1, 1); }
+  double tg(int n, int parallel = 1) { return run(1, n, parallel); }
 
  private:
-  double run(int64_t n_prompt, int n_tokens);
+  double run(int64_t n_prompt, int n_tokens, int parallel);
 
   std::shared_ptr<const Model> model_;
   EngineBenchOptions o_;

@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
 
 #include "model/gguf.h"
 #include "model/model_writer.h"
@@ -89,6 +92,20 @@ TEST_F(Cli, BenchModelPrintsTableAndJson) {
   const CliRun int8 = run("bench-model -m " + model_->string() + " -p 8 -n 2 -r 1 --int8-activations");
   ASSERT_EQ(int8.code, 0) << int8.out;
   EXPECT_NE(int8.out.find("pp8"), std::string::npos) << int8.out;
+  // Sequences decoding side by side: a row per count, tokens counted over all.
+  const CliRun batched = run("bench-model -m " + model_->string() + " -p 0 -n 3 -r 1 --parallel 1,4 --json");
+  ASSERT_EQ(batched.code, 0) << batched.out;
+  std::map<std::string, int64_t> tokens;
+  std::istringstream lines(batched.out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') {
+      const auto j = nlohmann::json::parse(line);
+      tokens[j["test"].get<std::string>()] = j["n_tokens"].get<int64_t>();
+    }
+  EXPECT_EQ(tokens, (std::map<std::string, int64_t>{{"tg3", 3}, {"tg3x4", 12}})) << batched.out;
+  const CliRun none = run("bench-model -m " + model_->string() + " -p 0 -n 3 -r 1 --parallel 0");
+  EXPECT_EQ(none.code, 3) << none.out;
+  EXPECT_NE(none.out.find("--parallel"), std::string::npos) << none.out;
   const CliRun bf16 = run("bench-model -m " + model_->string() + " -p 8 -n 2 -r 1 --bf16-products");
   ASSERT_EQ(bf16.code, 0) << bf16.out;
   EXPECT_NE(bf16.out.find("pp8"), std::string::npos) << bf16.out;
