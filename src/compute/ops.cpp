@@ -79,11 +79,12 @@ void RopeTable::build(const int32_t* positions, int64_t n_rows, int rot, float b
     }
 }
 
-void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& table, bool neox) {
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& table, bool neox,
+          int64_t first_row) {
   const int half = table.n_rot / 2;
   for (int64_t r = 0; r < n_rows; ++r) {
-    const float* cs = table.cos.data() + r * half;
-    const float* sn = table.sin.data() + r * half;
+    const float* cs = table.cos.data() + (first_row + r) * half;
+    const float* sn = table.sin.data() + (first_row + r) * half;
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + (r * n_heads + h) * head_dim;
       for (int i = 0; i < half; ++i) {

@@ -38,7 +38,9 @@ struct RopeTable {
 // Rotates n_rows rows, each n_heads heads of head_dim, of which the first
 // table.n_rot dimensions rotate. neox: pairs (i, i + n_rot/2); otherwise
 // adjacent pairs (2i, 2i+1).
-void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& table, bool neox);
+// x holds rows first_row .. first_row + n_rows - 1 of the table's batch.
+void rope(float* x, int64_t n_rows, int n_heads, int head_dim, const RopeTable& table, bool neox,
+          int64_t first_row = 0);
 
 // The same for a one-off rotation (builds the table itself).
 void rope(float* x, int64_t n_rows, int n_heads, int head_dim, int n_rot, const int32_t* positions,

@@ -146,35 +146,58 @@ void Forward::size_buffers(const PrefillPlan& plan, int64_t n) {
   }
 }
 
+// The row-wise steps between the matmuls (norms, biases, RoPE, SwiGLU,
+// residuals) run on the pool too: serial, they left the other threads
+// waiting, a share that grows with the thread count. A row's result does not
+// depend on the split. Fewer elements than this run inline (a decode step,
+// where a hand-out costs more than it saves).
+template <class F>
+void Forward::for_rows(int64_t n_rows, int64_t width, F&& fn) {
+  constexpr int64_t kMinElements = 1 << 15;
+  const int64_t n_tasks = std::min<int64_t>(n_rows, 4 * pool_.size());
+  if (n_rows * width < kMinElements || n_tasks < 2) return fn(int64_t{0}, n_rows);
+  pool_.parallel_for(n_tasks,
+                     [&](int64_t task, int) { fn(task * n_rows / n_tasks, (task + 1) * n_rows / n_tasks); });
+}
+
 void Forward::project_qkv(int il, const LayerWeights& w, int64_t n) {
   const ModelConfig& c = model_->config();
   const bool neox = c.rope_style == RopeStyle::Neox;
-  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
-  rms_norm(x_.data(), w.attn_norm.data(), xn_.data(), n, c.n_embd, c.rms_eps);
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim, kv_width = c.n_embd_kv();
+  for_rows(n, c.n_embd, [&](int64_t r0, int64_t r1) {
+    rms_norm(x_.data() + r0 * c.n_embd, w.attn_norm.data(), xn_.data() + r0 * c.n_embd, r1 - r0, c.n_embd,
+             c.rms_eps);
+  });
   const MatmulOut qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
   matmul(qkv, xn_.data(), n, pool_, matmul_scratch_);
-  if (c.qkv_bias) {
-    add_bias(q_.data(), w.bq.data(), n, q_width);
-    add_bias(k_.data(), w.bk.data(), n, c.n_embd_kv());
-    add_bias(v_.data(), w.bv.data(), n, c.n_embd_kv());
-  }
-  if (c.qk_norm) {  // every head of every row, in place
-    rms_norm(q_.data(), w.q_norm.data(), q_.data(), n * c.n_head, c.head_dim, c.rms_eps);
-    rms_norm(k_.data(), w.k_norm.data(), k_.data(), n * c.n_head_kv, c.head_dim, c.rms_eps);
-  }
-  if (c.rotates(il)) {
-    rope_.build(active_pos_.data(), n, c.n_rot, c.layer_rope_base(il), c.layer_rope_divisors(il));
-    rope(q_.data(), n, c.n_head, c.head_dim, rope_, neox);
-    rope(k_.data(), n, c.n_head_kv, c.head_dim, rope_, neox);
-  }
-  // One factor per query: the model's query scale, and Mistral 3's
-  // temperature (queries far past the original context attend more sharply).
-  if (c.q_scale != 1.0f || c.attn_temp_scale != 0)
-    for (int64_t i = 0; i < n; ++i) {
-      const float f = c.q_scale * attention_temperature(c, active_pos_[i]);
-      if (f != 1.0f)
-        for (int64_t j = 0; j < q_width; ++j) q_[i * q_width + j] *= f;
+  const bool rotates = c.rotates(il);
+  if (rotates) rope_.build(active_pos_.data(), n, c.n_rot, c.layer_rope_base(il), c.layer_rope_divisors(il));
+  for_rows(n, q_width + 2 * kv_width, [&](int64_t r0, int64_t r1) {
+    const int64_t rows = r1 - r0;
+    float* q = q_.data() + r0 * q_width;
+    float* k = k_.data() + r0 * kv_width;
+    if (c.qkv_bias) {
+      add_bias(q, w.bq.data(), rows, q_width);
+      add_bias(k, w.bk.data(), rows, kv_width);
+      add_bias(v_.data() + r0 * kv_width, w.bv.data(), rows, kv_width);
     }
+    if (c.qk_norm) {  // every head of every row, in place
+      rms_norm(q, w.q_norm.data(), q, rows * c.n_head, c.head_dim, c.rms_eps);
+      rms_norm(k, w.k_norm.data(), k, rows * c.n_head_kv, c.head_dim, c.rms_eps);
+    }
+    if (rotates) {
+      rope(q, rows, c.n_head, c.head_dim, rope_, neox, r0);
+      rope(k, rows, c.n_head_kv, c.head_dim, rope_, neox, r0);
+    }
+    // One factor per query: the model's query scale, and Mistral 3's
+    // temperature (queries far past the original context attend more sharply).
+    if (c.q_scale != 1.0f || c.attn_temp_scale != 0)
+      for (int64_t i = r0; i < r1; ++i) {
+        const float f = c.q_scale * attention_temperature(c, active_pos_[i]);
+        if (f != 1.0f)
+          for (int64_t j = 0; j < q_width; ++j) q_[i * q_width + j] *= f;
+      }
+  });
 }
 
 std::vector<int64_t> Forward::tokens_going_on(int il, const PrefillPlan& plan, KvAssembly& kv,
@@ -248,22 +271,36 @@ void Forward::attention_block(int il, const LayerWeights& w, const Visibility& v
   attention(q_.data(), m, active_, vis, kv.layer(il), c.n_head, c.n_head_kv, c.head_dim, attn_.data(), pool_,
             c.attn_softcap);
   matmul(w.wo, attn_.data(), m, proj_.data(), pool_, matmul_scratch_);
-  if (c.post_norms) rms_norm(proj_.data(), w.attn_post_norm.data(), proj_.data(), m, c.n_embd, c.rms_eps);
-  for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
+  add_residual(w.attn_post_norm, m);
+}
+
+void Forward::add_residual(const std::vector<float>& post_norm, int64_t m) {
+  const ModelConfig& c = model_->config();
+  for_rows(m, c.n_embd, [&](int64_t r0, int64_t r1) {
+    float* proj = proj_.data() + r0 * c.n_embd;
+    if (c.post_norms) rms_norm(proj, post_norm.data(), proj, r1 - r0, c.n_embd, c.rms_eps);
+    for (int64_t i = r0 * c.n_embd; i < r1 * c.n_embd; ++i) x_[i] += proj_[i];
+  });
 }
 
 void Forward::feed_forward_block(const LayerWeights& w, int64_t m) {
   const ModelConfig& c = model_->config();
-  rms_norm(x_.data(), w.ffn_norm.data(), xn_.data(), m, c.n_embd, c.rms_eps);
+  for_rows(m, c.n_embd, [&](int64_t r0, int64_t r1) {
+    rms_norm(x_.data() + r0 * c.n_embd, w.ffn_norm.data(), xn_.data() + r0 * c.n_embd, r1 - r0, c.n_embd,
+             c.rms_eps);
+  });
   const MatmulOut gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};
   matmul(gate_up, xn_.data(), m, pool_, matmul_scratch_);
-  if (c.ffn_act == Activation::GeluTanh)
-    geglu(gate_.data(), up_.data(), m * c.n_ff);
-  else
-    swiglu(gate_.data(), up_.data(), m * c.n_ff);
+  for_rows(m, c.n_ff, [&](int64_t r0, int64_t r1) {
+    float* gate = gate_.data() + r0 * c.n_ff;
+    const float* up = up_.data() + r0 * c.n_ff;
+    if (c.ffn_act == Activation::GeluTanh)
+      geglu(gate, up, (r1 - r0) * c.n_ff);
+    else
+      swiglu(gate, up, (r1 - r0) * c.n_ff);
+  });
   matmul(w.w_down, gate_.data(), m, proj_.data(), pool_, matmul_scratch_);
-  if (c.post_norms) rms_norm(proj_.data(), w.ffn_post_norm.data(), proj_.data(), m, c.n_embd, c.rms_eps);
-  for (int64_t i = 0; i < m * c.n_embd; ++i) x_[i] += proj_[i];
+  add_residual(w.ffn_post_norm, m);
 }
 
 void Forward::eval(std::span<const int32_t> tokens, KvAssembly& kv, Logits which,

@@ -105,6 +105,12 @@ class Forward {
                             PrefillResult& result);
   void attention_block(int il, const LayerWeights& w, const Visibility& vis, KvAssembly& kv, int64_t m);
   void feed_forward_block(const LayerWeights& w, int64_t m);  // SwiGLU or GeGLU
+  // fn(r0, r1) over rows [0, n_rows) of `width` floats, on the pool when
+  // the rows are many (forward.cpp).
+  template <class F>
+  void for_rows(int64_t n_rows, int64_t width, F&& fn);
+  // x += proj (post-normed first where the model has post-norms), row-wise.
+  void add_residual(const std::vector<float>& post_norm, int64_t m);
 
   std::shared_ptr<const Model> model_;
   ThreadPool& pool_;
