@@ -2,7 +2,9 @@
 // heads, 2 KV heads, head dim 64, f16 KV): a causal prefill of N queries
 // whose run ends at row C (so query i sees C - N + i + 1 rows), and one
 // decode query seeing C rows, and a cached request's question: 24 queries
-// over a long context, in f16 and q8_0. "pairs/s" counts (query head, key) pairs.
+// over a long context, in f16 and q8_0; and a decode step of a model with one
+// KV head (multi-query attention), whose keys are all one task's unless
+// they are split. "pairs/s" counts (query head, key) pairs.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -17,8 +19,9 @@ namespace {
 using depcache::QueryGroup;
 
 void bench_attention(benchmark::State& st, int64_t n_q, int64_t context, int threads,
-                     depcache::DType type = depcache::DType::F16) {
-  constexpr int kHeads = 14, kHeadsKv = 2, kDim = 64, kRow = kHeadsKv * kDim;
+                     depcache::DType type = depcache::DType::F16, int kHeadsKv = 2) {
+  constexpr int kHeads = 14, kDim = 64;
+  const int kRow = kHeadsKv * kDim;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> kf(context * kRow), vf(kf.size());
@@ -58,6 +61,11 @@ const bool registered = [] {
         ->UseRealTime();
     benchmark::RegisterBenchmark(("attention/decode/context:8192" + t).c_str(),
                                  [=](benchmark::State& st) { bench_attention(st, 1, 8192, threads); })
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark(
+        ("attention/decode/context:8192/kv_heads:1" + t).c_str(),
+        [=](benchmark::State& st) { bench_attention(st, 1, 8192, threads, depcache::DType::F16, 1); })
         ->Unit(benchmark::kMicrosecond)
         ->UseRealTime();
     // A cached request's question: a few queries over a long cached context.

@@ -58,12 +58,42 @@ struct SimdAvx2 {
 };
 
 // A task: KV head, a run of batch rows whose queries share one group, and
-// the range of query heads of that KV head it covers.
+// the range of query heads of that KV head it covers; the key parts its
+// lanes see (kKeyPart), and where its parts go when they run apart.
 struct Task {
   int kv_head;
   int64_t r0, r1;
   int h0, h1;
+  std::vector<int64_t> parts;
+  int64_t part_at = 0;  // floats into the buffer of parts
 };
+
+// acc (m, l, o of attend_lanes' parts) merged with the next part p: both
+// sums rescaled to the larger maximum. A part that saw nothing (m = -inf)
+// changes nothing; a NaN anywhere makes the result NaN.
+void merge_part(float* acc, const float* p, int d) {
+  const float ma = acc[0], mp = p[0];
+  if (std::isnan(ma) || std::isnan(mp)) {
+    acc[0] = acc[1] = NAN;
+    return;
+  }
+  if (mp == -INFINITY) return;
+  if (ma == -INFINITY) {
+    std::copy(p, p + d + 2, acc);
+    return;
+  }
+  const float mn = std::max(ma, mp), ca = std::exp(ma - mn), cp = std::exp(mp - mn);
+  acc[0] = mn;
+  acc[1] = acc[1] * ca + p[1] * cp;
+  for (int i = 0; i < d; ++i) acc[2 + i] = acc[2 + i] * ca + p[2 + i] * cp;
+}
+
+// The normalised output of merged parts (as the kernel normalises: 1 where
+// nothing was seen, NaN kept).
+void write_merged(const float* acc, int d, float* o) {
+  const float inv = acc[1] != 0 ? 1.0f / acc[1] : 1.0f;
+  for (int i = 0; i < d; ++i) o[i] = acc[2 + i] * inv;
+}
 
 }  // namespace
 
@@ -126,6 +156,7 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
   auto id_of = [&](int64_t r) { return ids.empty() ? r : ids[r]; };
   // Lanes per task are (query, head) pairs: as many queries as fill 64
   // lanes with all heads of a KV head (decode: one query, its heads).
+  using detail::kKeyPart;
   using detail::kMaxLanes;
   detail::AttendLanesFn kernel = nullptr;
   if (current_isa() == Isa::Avx512) kernel = detail::attend_lanes_avx512(kv.type);
@@ -133,34 +164,115 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
   if (!kernel) fail(ErrorKind::Internal, "attention: no kernel for KV type {}", dtype_info(kv.type).name);
   const int heads_per_task = std::min(group, kMaxLanes);
   const int64_t rows_per_task = std::max(1, kMaxLanes / heads_per_task);
+  auto end_of = [&](const QueryGroup& g, int64_t r) { return g.self_row + (id_of(r) - g.first) + 1; };
   std::vector<Task> tasks;
   for (int64_t r0 = 0; r0 < n_q;) {
     const QueryGroup* g = &vis.group_of(id_of(r0));
     int64_t r1 = r0 + 1;
     while (r1 < n_q && r1 - r0 < rows_per_task && &vis.group_of(id_of(r1)) == g) ++r1;
+    // The key parts the lanes see: of each context range and of the causal
+    // run up to the latest end.
+    std::vector<int64_t> parts;
+    auto add_parts = [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin / kKeyPart; begin < end && p <= (end - 1) / kKeyPart; ++p)
+        if (parts.empty() || parts.back() < p) parts.push_back(p);
+    };
+    int64_t max_end = 0;
+    for (int64_t r = r0; r < r1; ++r) max_end = std::max(max_end, end_of(*g, r));
+    for (const RowRange& r : g->context) add_parts(r.begin, r.end);
+    add_parts(g->causal_begin, max_end);
     for (int kvh = 0; kvh < n_head_kv; ++kvh)
       for (int h0 = 0; h0 < group; h0 += heads_per_task)
-        tasks.push_back({kvh, r0, r1, kvh * group + h0, kvh * group + std::min(group, h0 + heads_per_task)});
+        tasks.push_back(
+            {kvh, r0, r1, kvh * group + h0, kvh * group + std::min(group, h0 + heads_per_task), parts});
     r0 = r1;
   }
-  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
-    thread_local detail::TileScratch scratch;
+  const int64_t part_floats = int64_t{kMaxLanes} * (head_dim + 2);
+  auto prepare = [&](detail::TileScratch& scratch) {
     scratch.qt.resize(static_cast<size_t>(kMaxLanes) * head_dim);
     scratch.ot.resize(scratch.qt.size());
     scratch.kf.resize(static_cast<size_t>(detail::kKeyBlock) * head_dim);
     scratch.vf.resize(scratch.kf.size());
     scratch.p.resize(static_cast<size_t>(detail::kKeyBlock) * kMaxLanes);
-    const Task& t = tasks[ti];
+  };
+  auto lanes_of = [&](const Task& t) {
     detail::LaneSet ls;
     const QueryGroup& g = vis.group_of(id_of(t.r0));
     for (int64_t r = t.r0; r < t.r1; ++r)
       for (int h = t.h0; h < t.h1; ++h) {
         ls.row[ls.n] = r;
         ls.head[ls.n] = h;
-        ls.end[ls.n] = static_cast<int32_t>(g.self_row + (id_of(r) - g.first) + 1);
+        ls.end[ls.n] = static_cast<int32_t>(end_of(g, r));
         ++ls.n;
       }
-    kernel(ls, q, q_stride, kv, int64_t{t.kv_head} * head_dim, g, head_dim, scale, softcap, out, scratch);
+    return ls;
+  };
+  auto run = [&](const Task& t, const detail::LaneSet& ls, int64_t part, float* out_or_null, float* parts,
+                 detail::TileScratch& scratch) {
+    const int64_t lo = part < 0 ? 0 : part * kKeyPart, hi = part < 0 ? INT64_MAX : lo + kKeyPart;
+    kernel(ls, q, q_stride, kv, int64_t{t.kv_head} * head_dim, vis.group_of(id_of(t.r0)), head_dim, scale,
+           softcap, lo, hi, out_or_null, parts, scratch);
+  };
+  // The parts of a task merged in row order into its outputs.
+  auto merge = [&](const detail::LaneSet& ls, const float* parts, int64_t n_parts, float* acc) {
+    for (int lane = 0; lane < ls.n; ++lane) {
+      const int64_t at = int64_t{lane} * (head_dim + 2);
+      std::copy(parts + at, parts + at + head_dim + 2, acc);
+      for (int64_t p = 1; p < n_parts; ++p) merge_part(acc, parts + p * part_floats + at, head_dim);
+      write_merged(acc, head_dim, out + ls.row[lane] * q_stride + int64_t{ls.head[lane]} * head_dim);
+    }
+  };
+  // Tasks with long keys too few to spread evenly over the threads (a
+  // decode step of a model with one or two KV heads, a question over a long
+  // cached context) run their parts side by side, then merge; otherwise each
+  // task runs and merges its own parts, without a second hand-out. Both do
+  // the same arithmetic.
+  int64_t split_floats = 0;
+  bool split = false;
+  for (Task& t : tasks) {
+    t.part_at = split_floats;
+    split_floats += static_cast<int64_t>(t.parts.size()) * part_floats;
+    split = split || t.parts.size() > 1;
+  }
+  constexpr int64_t kMaxSplitFloats = int64_t{16} << 20;
+  const auto n_tasks = static_cast<int64_t>(tasks.size());
+  const int64_t threads = pool.size();
+  split = split && (n_tasks < threads || (n_tasks < 2 * threads && n_tasks % threads != 0)) &&
+          split_floats <= kMaxSplitFloats;
+  if (split) {
+    std::vector<std::pair<int64_t, int64_t>> items;  // (task, part index)
+    for (size_t ti = 0; ti < tasks.size(); ++ti)
+      for (size_t p = 0; p < tasks[ti].parts.size(); ++p) items.emplace_back(ti, p);
+    std::vector<float> parts(static_cast<size_t>(split_floats));
+    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int) {
+      thread_local detail::TileScratch scratch;
+      prepare(scratch);
+      const Task& t = tasks[items[i].first];
+      const int64_t p = items[i].second;
+      run(t, lanes_of(t), t.parts.size() > 1 ? t.parts[p] : -1, out,
+          t.parts.size() > 1 ? parts.data() + t.part_at + p * part_floats : nullptr, scratch);
+    });
+    pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
+      const Task& t = tasks[ti];
+      if (t.parts.size() < 2) return;
+      thread_local std::vector<float> acc;
+      acc.resize(head_dim + 2);
+      merge(lanes_of(t), parts.data() + t.part_at, static_cast<int64_t>(t.parts.size()), acc.data());
+    });
+    return;
+  }
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
+    thread_local detail::TileScratch scratch;
+    thread_local std::vector<float> parts;
+    prepare(scratch);
+    const Task& t = tasks[ti];
+    const detail::LaneSet ls = lanes_of(t);
+    const auto n_parts = static_cast<int64_t>(t.parts.size());
+    if (n_parts < 2) return run(t, ls, -1, out, nullptr, scratch);
+    parts.resize(static_cast<size_t>((n_parts + 1) * part_floats));
+    for (int64_t p = 0; p < n_parts; ++p)
+      run(t, ls, t.parts[p], out, parts.data() + p * part_floats, scratch);
+    merge(ls, parts.data(), n_parts, parts.data() + n_parts * part_floats);
   });
 }
 

@@ -17,6 +17,12 @@ namespace depcache::detail {
 
 inline constexpr int kMaxLanes = 64;
 inline constexpr int64_t kKeyBlock = 32;
+// Keys are split at every multiple of this many KV rows: each part is
+// attended on its own (possibly on another thread) and the parts are merged
+// in row order (merge_parts in attention.cpp). The cut points depend on the
+// rows alone, so a query's result does not depend on the batch, the thread
+// count or which parts ran where.
+inline constexpr int64_t kKeyPart = 1024;
 
 // The (query, head) pairs of one task. Each pair is a vector lane and every
 // lane runs the same operations in the same order whatever the other lanes
@@ -36,9 +42,13 @@ struct TileScratch {
   std::vector<float> qt, kf, vf, p, ot;
 };
 
+// Rows [lo, hi) of what the lanes see. With `part` null the outputs are
+// written normalised to `out`; else per lane, at part + lane * (d + 2), the
+// running maximum m, the sum l of exp(score - m) (m taken as 0 while it is
+// -inf) and the unnormalised output (d floats), for merge_parts.
 using AttendLanesFn = void (*)(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv,
                                int64_t kv_off, const QueryGroup& g, int d, float scale, float softcap,
-                               float* out, TileScratch& s);
+                               int64_t lo, int64_t hi, float* out, float* part, TileScratch& s);
 
 // The kernel of each ISA for a KV storage type (F32, F16, Q8_0); nullptr
 // where the compiler could not build that ISA.
@@ -101,7 +111,8 @@ void tiles(int64_t n, F& f) {
 // element.
 template <class S, typename T, int NV>
 void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv, int64_t kv_off,
-                  const QueryGroup& g, int d, float scale, float softcap, float* out, TileScratch& s) {
+                  const QueryGroup& g, int d, float scale, float softcap, int64_t lo, int64_t hi, float* out,
+                  float* part, TileScratch& s) {
   using V = typename S::V;
   constexpr int W = S::W;
   const auto* k = static_cast<const uint8_t*>(kv.k);
@@ -205,11 +216,28 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
     tiles<NV>(d, outputs);
   };
   auto range = [&](int64_t begin, int64_t end, bool causal) {
+    begin = begin > lo ? begin : lo;
+    end = end < hi ? end : hi;
     for (int64_t j0 = begin; j0 < end; j0 += kKeyBlock)
       block(j0, end - j0 < kKeyBlock ? end - j0 : kKeyBlock, causal);
   };
   for (const RowRange& r : g.context) range(r.begin, r.end, false);
   range(g.causal_begin, max_end, true);
+  if (part) {
+    float mv[kMaxLanes], lv[kMaxLanes];
+    for (int vi = 0; vi < NV; ++vi) {
+      S::store(mv + vi * W, m[vi]);
+      S::store(lv + vi * W, l[vi]);
+    }
+    for (int lane = 0; lane < ls.n; ++lane) {
+      float* p = part + static_cast<int64_t>(lane) * (d + 2);
+      p[0] = mv[lane];
+      p[1] = lv[lane];
+      const float* src = &s.ot[static_cast<size_t>(lane / W) * d * W + lane % W];
+      for (int i = 0; i < d; ++i) p[2 + i] = src[i * W];
+    }
+    return;
+  }
   float inv[kMaxLanes];
   for (int vi = 0; vi < NV; ++vi) S::store(inv + vi * W, S::inv_or_one(l[vi]));
   for (int lane = 0; lane < ls.n; ++lane) {
@@ -222,13 +250,14 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
 // The instantiation for ceil(n / W) vectors.
 template <class S, typename T, int NV = 1>
 void attend_lanes_for(const LaneSet& ls, const float* q, int64_t q_stride, const KvLayerView& kv,
-                      int64_t kv_off, const QueryGroup& g, int d, float scale, float softcap, float* out,
-                      TileScratch& s) {
+                      int64_t kv_off, const QueryGroup& g, int d, float scale, float softcap, int64_t lo,
+                      int64_t hi, float* out, float* part, TileScratch& s) {
   if constexpr (NV * S::W < kMaxLanes) {
     if (ls.n > NV * S::W)
-      return attend_lanes_for<S, T, NV + 1>(ls, q, q_stride, kv, kv_off, g, d, scale, softcap, out, s);
+      return attend_lanes_for<S, T, NV + 1>(ls, q, q_stride, kv, kv_off, g, d, scale, softcap, lo, hi, out,
+                                            part, s);
   }
-  attend_lanes<S, T, NV>(ls, q, q_stride, kv, kv_off, g, d, scale, softcap, out, s);
+  attend_lanes<S, T, NV>(ls, q, q_stride, kv, kv_off, g, d, scale, softcap, lo, hi, out, part, s);
 }
 
 // The kernel for a KV storage type, or nullptr for one it cannot read.

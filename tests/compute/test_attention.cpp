@@ -193,6 +193,66 @@ TEST(Attention, NanPropagates) {
   set_isa(saved);
 }
 
+// Keys are attended in parts of 1024 KV rows merged in row order. Queries
+// over 2,400 rows (three parts; one KV head, so a decode step is one task):
+// float64's answer, and the same bits for a query alone, in a batch whose
+// few tasks run their parts side by side, on one thread (each task merging
+// its own parts) and in a batch of many groups. A NaN key in one part makes
+// NaN only the queries that see it.
+TEST(Attention, LongKeysRunInPartsWithTheSameBitsHoweverCut) {
+  const int n_head = 4, n_head_kv = 1, hd = 32;
+  Kv kv(2400, n_head_kv, hd, 13);
+  // A decode query at row 2399 seeing [5, 1500) and its run from 2000; three
+  // queries at rows 2300.. seeing [0, 2100) and their own run.
+  const std::vector<QueryGroup> two = {{0, 1, {{5, 1500}}, 2000, 2399}, {1, 3, {{0, 2100}}, 2300, 2300}};
+  const Visibility vis(two);
+  std::vector<QueryGroup> many = two;  // and nine short groups after them
+  for (int64_t i = 0; i < 9; ++i) many.push_back({4 + i, 1, {}, 100 + 10 * i, 100 + 10 * i});
+  const Visibility vis_many(many);
+  const auto q = randn(13 * n_head * hd, 17);
+  const int64_t stride = int64_t{n_head} * hd;
+  ThreadPool two_threads(2), one_thread(1);
+  const Isa saved = current_isa();
+  for (Isa isa : {Isa::Avx2, Isa::Avx512})
+    for (DType type : kv_types()) {
+      if (!test::isa_available(isa)) continue;
+      set_isa(isa);
+      const std::string label = std::string(isa_name(isa)) + " " + kv_type_name(type);
+      std::vector<float> out(4 * stride), one(4 * stride), all(13 * stride), alone(stride);
+      attention(q.data(), 4, {}, vis, kv.view(type), n_head, n_head_kv, hd, out.data(), two_threads);
+      std::vector<double> ref;
+      for (int64_t t = 0; t < 4; ++t)
+        for (int h = 0; h < n_head; ++h) {
+          const auto r = reference(kv, type, &q[(t * n_head + h) * hd], 0, rows_of(vis.visible(t)));
+          ref.insert(ref.end(), r.begin(), r.end());
+        }
+      EXPECT_LT(test::max_abs_diff(out, ref, label), 1e-5) << label;
+      attention(q.data(), 4, {}, vis, kv.view(type), n_head, n_head_kv, hd, one.data(), one_thread);
+      EXPECT_EQ(one, out) << label << ": one thread";
+      attention(q.data(), 13, {}, vis_many, kv.view(type), n_head, n_head_kv, hd, all.data(), two_threads);
+      EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + 4 * stride), out) << label << ": many groups";
+      for (int64_t id : {0, 2}) {
+        attention(q.data() + id * stride, 1, std::vector<int64_t>{id}, vis, kv.view(type), n_head, n_head_kv,
+                  hd, alone.data(), two_threads);
+        EXPECT_EQ(alone, std::vector<float>(out.begin() + id * stride, out.begin() + (id + 1) * stride))
+            << label << ": query " << id << " alone";
+      }
+    }
+  kv.k[1800 * hd + 4] = NAN;  // seen by the three queries only
+  kv.stored.clear();
+  for (Isa isa : {Isa::Avx2, Isa::Avx512})
+    for (DType type : kv_types()) {
+      if (!test::isa_available(isa)) continue;
+      set_isa(isa);
+      std::vector<float> out(4 * stride);
+      attention(q.data(), 4, {}, vis, kv.view(type), n_head, n_head_kv, hd, out.data(), two_threads);
+      const std::string label = std::string(isa_name(isa)) + " " + kv_type_name(type);
+      for (int64_t t = 0; t < 4; ++t)
+        EXPECT_EQ(std::isnan(out[t * stride]), t > 0) << label << " query " << t;
+    }
+  set_isa(saved);
+}
+
 // Heads of 48 (a q8_0 head slice cuts blocks) and of 64 with two query heads
 // per KV head (whole blocks, each KV head's keys shared).
 TEST(Attention, MassOverTargetsIsTheSoftmaxShare) {
