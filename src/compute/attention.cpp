@@ -243,21 +243,27 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
     std::vector<std::pair<int64_t, int64_t>> items;  // (task, part index)
     for (size_t ti = 0; ti < tasks.size(); ++ti)
       for (size_t p = 0; p < tasks[ti].parts.size(); ++p) items.emplace_back(ti, p);
-    std::vector<float> parts(static_cast<size_t>(split_floats));
+    // Kept by the calling thread across layers and steps: a decode step
+    // would otherwise allocate and clear it in every layer.
+    // (A lambda names a thread_local of the thread it runs on: the workers
+    // get the buffer's address.)
+    thread_local std::vector<float> kept;
+    if (kept.size() < static_cast<size_t>(split_floats)) kept.resize(static_cast<size_t>(split_floats));
+    float* const parts = kept.data();
     pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int) {
       thread_local detail::TileScratch scratch;
       prepare(scratch);
       const Task& t = tasks[items[i].first];
       const int64_t p = items[i].second;
       run(t, lanes_of(t), t.parts.size() > 1 ? t.parts[p] : -1, out,
-          t.parts.size() > 1 ? parts.data() + t.part_at + p * part_floats : nullptr, scratch);
+          t.parts.size() > 1 ? parts + t.part_at + p * part_floats : nullptr, scratch);
     });
     pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
       const Task& t = tasks[ti];
       if (t.parts.size() < 2) return;
       thread_local std::vector<float> acc;
       acc.resize(head_dim + 2);
-      merge(lanes_of(t), parts.data() + t.part_at, static_cast<int64_t>(t.parts.size()), acc.data());
+      merge(lanes_of(t), parts + t.part_at, static_cast<int64_t>(t.parts.size()), acc.data());
     });
     return;
   }
