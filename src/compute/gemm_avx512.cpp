@@ -353,11 +353,10 @@ struct F16Pairs {
 template <class Pairs, int MR>
 void tile_bf16(const uint8_t* panel, int64_t n_in, const uint16_t* xb, float* y, int64_t ys, __mmask16 m0,
                __mmask16 m1) {
-  // One token alternates two sets of sums, as the fp32 tile does.
-  constexpr int kSets = MR == 1 ? 2 : MR;
+  // The fp32 tile's sums (one token alternating two sets) and store.
+  Tile<MR> sums{nullptr, 0, {}};
+  sums.zero();
   const int64_t xs = bf16_row_length(n_in);
-  __m512 acc[kSets][2];
-  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
   auto step = [&]<bool kOdd>(int set, int64_t k) {
     __m512i w0, w1;
     Pairs::template pair<kOdd>(panel, k, w0, w1);
@@ -365,7 +364,7 @@ void tile_bf16(const uint8_t* panel, int64_t n_in, const uint16_t* xb, float* y,
       int32_t two;
       __builtin_memcpy(&two, xb + t * xs + k, 4);
       const __m512bh x2 = as_bh(_mm512_set1_epi32(two));
-      __m512* a = acc[MR == 1 ? set : t];
+      __m512* a = sums.acc[MR == 1 ? set : t];
       a[0] = _mm512_dpbf16_ps(a[0], as_bh(w0), x2);
       a[1] = _mm512_dpbf16_ps(a[1], as_bh(w1), x2);
     }
@@ -377,15 +376,7 @@ void tile_bf16(const uint8_t* panel, int64_t n_in, const uint16_t* xb, float* y,
   }
   if (k + 2 <= n_in) step.template operator()<false>(0, k), k += 2;
   if (k < n_in) step.template operator()<true>(1, k);
-  if constexpr (MR == 1) {
-    _mm512_mask_storeu_ps(y, m0, _mm512_add_ps(acc[0][0], acc[1][0]));
-    _mm512_mask_storeu_ps(y + 16, m1, _mm512_add_ps(acc[0][1], acc[1][1]));
-  } else {
-    for (int t = 0; t < MR; ++t) {
-      _mm512_mask_storeu_ps(y + t * ys, m0, acc[t][0]);
-      _mm512_mask_storeu_ps(y + t * ys + 16, m1, acc[t][1]);
-    }
-  }
+  sums.store(y, ys, m0, m1);
 }
 
 template <class Pairs, int MR>
