@@ -64,8 +64,10 @@ struct Engine::Sequence {
 
 Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& options)
     : model_(std::move(model)),
-      cache_fingerprint_(matmul_mode_tag().empty() ? model_->fingerprint()
-                                                   : hash_string(matmul_mode_tag(), model_->fingerprint())),
+      cache_fingerprint_([&] {
+        const std::string mode = matmul_mode_tag();  // K/V of an approximate mode kept apart
+        return mode.empty() ? model_->fingerprint() : hash_string(mode, model_->fingerprint());
+      }()),
       options_(options),
       admission_({options.scheduler, options.window, policy_reads_lookahead(options.policy)}),
       threads_(options.threads),
