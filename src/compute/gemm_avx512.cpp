@@ -174,28 +174,35 @@ void tile(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, float*
   t.store(y, ys, m0, m1);
 }
 
-// The last n_tok % kTokens tokens, with a tile of exactly that many.
-template <class Walk, int MR>
-void tail(int left, const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, float* y, int64_t ys,
-          __mmask16 m0, __mmask16 m1) {
-  if constexpr (MR > 0) {
-    if (left == MR) return tile<Walk, MR>(panel, n_in, x, xs, y, ys, m0, m1);
-    tail<Walk, MR - 1>(left, panel, n_in, x, xs, y, ys, m0, m1);
+// Every panel kernel's walk over the tokens: tile.template operator()<M>(i)
+// for tiles of MR tokens from token i, then one of exactly the n_tok % MR
+// left (the tile sizes are template arguments: the accumulators stay in
+// registers).
+template <int M, class F>
+void last_tile(int left, int64_t i, F& tile) {
+  if constexpr (M > 0) {
+    if (left == M) return tile.template operator()<M>(i);
+    last_tile<M - 1>(left, i, tile);
   }
+}
+template <int MR, class F>
+void for_tiles(int64_t n_tok, F&& tile) {
+  int64_t i = 0;
+  for (; i + MR <= n_tok; i += MR) tile.template operator()<MR>(i);
+  if (i < n_tok) last_tile<MR - 1>(static_cast<int>(n_tok - i), i, tile);
+}
+
+// Masks of a panel's valid rows among 0-15 and 16-31.
+inline __mmask16 row_mask(int n) {
+  return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n < 0 ? 0 : n)) - 1);
 }
 
 template <class Walk>
 void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs, int64_t n_tok, float* y,
                   int64_t ys, int n_rows) {
-  const auto mask = [](int n) {
-    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n < 0 ? 0 : n)) - 1);
-  };
-  const __mmask16 m0 = mask(n_rows), m1 = mask(n_rows - 16);
-  constexpr int MR = Walk::kTokens;
-  int64_t i = 0;
-  for (; i + MR <= n_tok; i += MR) tile<Walk, MR>(panel, n_in, x + i * xs, xs, y + i * ys, ys, m0, m1);
-  if (i < n_tok)
-    tail<Walk, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, x + i * xs, xs, y + i * ys, ys, m0, m1);
+  const __mmask16 m0 = row_mask(n_rows), m1 = row_mask(n_rows - 16);
+  for_tiles<Walk::kTokens>(
+      n_tok, [&]<int M>(int64_t i) { tile<Walk, M>(panel, n_in, x + i * xs, xs, y + i * ys, ys, m0, m1); });
 }
 
 // ---- Int8 activations (VNNI). Per block of 32 inputs a tile of MR tokens
@@ -282,30 +289,14 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
   }
 }
 
-template <I8 kKind, int MR>
-void tail_i8(int left, const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y,
-             int64_t ys, __mmask16 k0, __mmask16 k1) {
-  if constexpr (MR > 0) {
-    if (left == MR) return tile_i8<kKind, MR>(panel, n_in, xq, xs, y, ys, k0, k1);
-    tail_i8<kKind, MR - 1>(left, panel, n_in, xq, xs, y, ys, k0, k1);
-  }
-}
-
 template <I8 kKind>
 void panel_kernel_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, int64_t n_tok,
                      float* y, int64_t ys, int n_rows) {
-  const auto mask = [](int n) {
-    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n < 0 ? 0 : n)) - 1);
-  };
-  const __mmask16 k0 = mask(n_rows), k1 = mask(n_rows - 16);
-  constexpr int MR = kKind == I8::Q4 ? 5 : 6;
+  const __mmask16 k0 = row_mask(n_rows), k1 = row_mask(n_rows - 16);
   const int64_t xs_row = n_in / 32 * kActScales;
-  int64_t i = 0;
-  for (; i + MR <= n_tok; i += MR)
-    tile_i8<kKind, MR>(panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys, ys, k0, k1);
-  if (i < n_tok)
-    tail_i8<kKind, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, xq + i * n_in, xs + i * xs_row,
-                           y + i * ys, ys, k0, k1);
+  for_tiles<kKind == I8::Q4 ? 5 : 6>(n_tok, [&]<int M>(int64_t i) {
+    tile_i8<kKind, M>(panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys, ys, k0, k1);
+  });
 }
 
 // ---- BF16 products (AVX512-BF16). A 32-bit lane holds one row's weights
@@ -379,28 +370,14 @@ void tile_bf16(const uint8_t* panel, int64_t n_in, const uint16_t* xb, float* y,
   sums.store(y, ys, m0, m1);
 }
 
-template <class Pairs, int MR>
-void tail_bf16(int left, const uint8_t* panel, int64_t n_in, const uint16_t* xb, float* y, int64_t ys,
-               __mmask16 m0, __mmask16 m1) {
-  if constexpr (MR > 0) {
-    if (left == MR) return tile_bf16<Pairs, MR>(panel, n_in, xb, y, ys, m0, m1);
-    tail_bf16<Pairs, MR - 1>(left, panel, n_in, xb, y, ys, m0, m1);
-  }
-}
-
 template <class Pairs>
 void panel_kernel_bf16(const uint8_t* panel, int64_t n_in, const uint16_t* xb, int64_t n_tok, float* y,
                        int64_t ys, int n_rows) {
-  const auto mask = [](int n) {
-    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n < 0 ? 0 : n)) - 1);
-  };
-  const __mmask16 m0 = mask(n_rows), m1 = mask(n_rows - 16);
-  constexpr int MR = Pairs::kTokens;
+  const __mmask16 m0 = row_mask(n_rows), m1 = row_mask(n_rows - 16);
   const int64_t xs = bf16_row_length(n_in);
-  int64_t i = 0;
-  for (; i + MR <= n_tok; i += MR) tile_bf16<Pairs, MR>(panel, n_in, xb + i * xs, y + i * ys, ys, m0, m1);
-  if (i < n_tok)
-    tail_bf16<Pairs, MR - 1>(static_cast<int>(n_tok - i), panel, n_in, xb + i * xs, y + i * ys, ys, m0, m1);
+  for_tiles<Pairs::kTokens>(n_tok, [&]<int M>(int64_t i) {
+    tile_bf16<Pairs, M>(panel, n_in, xb + i * xs, y + i * ys, ys, m0, m1);
+  });
 }
 
 }  // namespace
