@@ -19,7 +19,6 @@ namespace {
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-inline __m512 u8_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
 inline __m512 i8_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
 // Horizontal sum via shuffles (GCC 12's _mm512_reduce_add_ps trips -Wuninitialized).
 inline float reduce(__m512 v) {
