@@ -340,26 +340,47 @@ class Renderer {
       return;
     }
     const auto len = static_cast<int64_t>(items.size());
+    // `loop`'s keys are made once per loop; each iteration fills a copy in
+    // place (building a 12-key dict by name per item was most of a render).
+    enum Slot {
+      kIndex,
+      kIndex0,
+      kRevindex,
+      kRevindex0,
+      kFirst,
+      kLast,
+      kLength,
+      kDepth,
+      kDepth0,
+      kPrevitem,
+      kNextitem,
+      kCycle
+    };
+    Dict proto;
+    for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+                            "depth0", "previtem", "nextitem", "cycle"})
+      proto.set(key, Value::none());
+    proto.items[kLength].second = Value::integer(len);
+    proto.items[kDepth].second = Value::integer(1);
+    proto.items[kDepth0].second = Value::integer(0);
     for (int64_t i = 0; i < len; ++i) {
       step_();
       auto f = std::make_shared<Frame>();
       f->parent = frame;
       const auto k = static_cast<size_t>(i);
-      Dict loop;
-      loop.set("index", Value::integer(i + 1));
-      loop.set("index0", Value::integer(i));
-      loop.set("revindex", Value::integer(len - i));
-      loop.set("revindex0", Value::integer(len - i - 1));
-      loop.set("first", Value::boolean(i == 0));
-      loop.set("last", Value::boolean(i == len - 1));
-      loop.set("length", Value::integer(len));
-      loop.set("depth", Value::integer(1));
-      loop.set("depth0", Value::integer(0));
-      loop.set("previtem", i > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
-      loop.set("nextitem", i + 1 < len ? items[k + 1] : Value::undefined("there is no next item"));
+      Dict loop = proto;
+      const auto put = [&loop](Slot slot, Value v) { loop.items[slot].second = std::move(v); };
+      put(kIndex, Value::integer(i + 1));
+      put(kIndex0, Value::integer(i));
+      put(kRevindex, Value::integer(len - i));
+      put(kRevindex0, Value::integer(len - i - 1));
+      put(kFirst, Value::boolean(i == 0));
+      put(kLast, Value::boolean(i == len - 1));
+      put(kPrevitem, i > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
+      put(kNextitem, i + 1 < len ? items[k + 1] : Value::undefined("there is no next item"));
       auto cycle = std::make_shared<Cycle>();
       cycle->index = k;
-      loop.set("cycle", Value::function(std::move(cycle)));
+      put(kCycle, Value::function(std::move(cycle)));
       f->vars.set("loop", Value::dict(std::move(loop)));
       assign_all(n.targets, items[k], f);
       if (exec(n.body, f, out) == Flow::Break) break;

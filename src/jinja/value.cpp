@@ -146,19 +146,40 @@ const Value* Dict::find(std::string_view key) const {
 }
 
 const Value* Dict::find(const Value& key) const {
+  if (key.is_string()) return find(std::string_view(key.as_str().s));
   for (const auto& [k, v] : items)
     if (equal(k, key)) return &v;
   return nullptr;
 }
 
-void Dict::set(std::string key, Value v) { set(Value::string(std::move(key)), std::move(v)); }
-
-void Dict::set(Value key, Value v) {
+// String keys (nearly every key a template uses) are compared as bytes and
+// their Value made only when new: a loop variable is a 12-key dict built per
+// iteration, and the generic comparison made that most of a render's time.
+void Dict::set(std::string key, Value v) {
   for (auto& [k, old] : items)
-    if (equal(k, key)) {
+    if (k.is_string() && k.as_str().s == key) {
       old = std::move(v);
       return;
     }
+  ValueBudget::charge(2 * sizeof(Value));
+  items.emplace_back(Value::string(std::move(key)), std::move(v));
+}
+
+void Dict::set(Value key, Value v) {
+  if (key.is_string()) {
+    const std::string& s = key.as_str().s;
+    for (auto& [k, old] : items)
+      if (k.is_string() && k.as_str().s == s) {
+        old = std::move(v);
+        return;
+      }
+  } else {
+    for (auto& [k, old] : items)
+      if (equal(k, key)) {
+        old = std::move(v);
+        return;
+      }
+  }
   ValueBudget::charge(2 * sizeof(Value));
   items.emplace_back(std::move(key), std::move(v));
 }

@@ -216,7 +216,8 @@ TEST(Jinja, ConstructsRenderAsJinja2Does) {
       // statements
       "{% for m in messages %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.length }}/"
       "{{ loop.first }}/{{ loop.last }}/{{ loop.previtem.role if loop.previtem is defined }}/{{ "
-      "loop.cycle('a', 'b') }};"
+      "loop.cycle('a', 'b') }}/{{ loop.revindex0 }}/{{ loop.depth }}/{{ loop.depth0 }}/{{ loop.nextitem.role "
+      "if loop.nextitem is defined }};"
       "{% endfor %}",
       "{% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content }}{% endfor %}"
       "{% for x in [] %}never{% else %}empty{% endfor %}",
