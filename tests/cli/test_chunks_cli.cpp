@@ -14,7 +14,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::run_cli;
 
@@ -189,5 +189,5 @@ TEST(ChunksCli, CacheCraftVariantsOutliveTheProcess) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -15,7 +15,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::CliRun;
 CliRun run(const std::string& args, const std::string& stdin_text = "") {
@@ -225,5 +225,5 @@ TEST_F(Cli, ModelProbePrintsIdsLogitsAndAGreedyContinuation) {
   EXPECT_EQ(run("model probe -m " + model_->string() + " -n 5 -c 100000", "Once upon a time").code, 5);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

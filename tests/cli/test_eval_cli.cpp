@@ -14,7 +14,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::run_cli;
 
@@ -168,5 +168,5 @@ TEST(EvalCli, BadOptionsAreRefusedByName) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

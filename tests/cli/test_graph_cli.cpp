@@ -11,7 +11,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::run_cli;
 
@@ -182,5 +182,5 @@ TEST(ChunkWorkloadCli, MusiqueRetrievalLocality) {
   std::filesystem::remove(shuffled);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

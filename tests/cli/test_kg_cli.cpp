@@ -9,7 +9,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using KgRun = test::CliRun;
 KgRun run_kg(const std::string& args) { return test::run_cli("kg " + args); }
@@ -87,5 +87,5 @@ TEST_F(KgCli, ExitCodes) {
   EXPECT_NE(bad.out.find(":1:"), std::string::npos) << bad.out;
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -8,7 +8,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using CliResult = test::CliRun;
 CliResult retrieve(const std::string& args) { return test::run_cli("retrieve " + args); }
@@ -132,5 +132,5 @@ TEST_F(RetrieveCli, ExitCodes) {
   EXPECT_EQ(retrieve("--corpus " + corpus_.string() + " --question x --format csv").code, 2);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -13,7 +13,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::run_cli;
 
@@ -728,5 +728,5 @@ TEST_F(RunCli, Errors) {
   EXPECT_EQ(r.code, 3) << r.out;
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

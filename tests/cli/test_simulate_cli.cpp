@@ -11,7 +11,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::run_cli;
 
@@ -87,5 +87,5 @@ TEST(SimulateCli, ReplaysATraceUnderEveryPolicy) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -20,7 +20,7 @@
 #include "train/qa_sequences.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::run_cli;
 
@@ -250,5 +250,5 @@ TEST_F(TrainCli, Errors) {
             2);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -20,7 +20,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::randn;
 
@@ -300,5 +300,5 @@ TEST(Attention, MalformedVisibilityIsRejected) {
   EXPECT_NO_THROW(Visibility({{0, 2, {{0, 4}}, 10, 10}, {2, 1, {}, 0, 5}}));
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

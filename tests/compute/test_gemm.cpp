@@ -23,7 +23,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 constexpr DType kPanelTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
                                  DType::Q4_K, DType::Q4_0, DType::Q6_K};
@@ -370,5 +370,5 @@ TEST(PanelMatmul, TypesWithoutPanelsAreRefused) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -14,7 +14,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 double q8_value(const std::vector<uint8_t>& b, size_t at, double* scale = nullptr) {
   const uint8_t* blk = b.data() + (at / 32) * 34;
@@ -98,5 +98,5 @@ TEST(KvFormat, RowsOfPartialBlocksAreRefusedByName) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -18,7 +18,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::randn;
 
@@ -167,5 +167,5 @@ TEST(Swiglu, MatchesFloat64WithTails) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -25,7 +25,7 @@
 #endif
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 constexpr DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
                             DType::Q4_0, DType::Q4_K, DType::Q6_K};
@@ -465,5 +465,5 @@ TEST(Bf16, RandomValuesRoundToNearest) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

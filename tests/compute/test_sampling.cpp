@@ -11,7 +11,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 std::vector<int32_t> greedy_run(const std::vector<float>& logits, SamplerParams p, int n) {
   Sampler s(p);
@@ -111,5 +111,5 @@ TEST(Sampling, TokenLogprobIsTheLogSoftmaxOfTheLogits) {
   EXPECT_THROW(token_logprob(std::vector<float>{1, 2}, 2, 1), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

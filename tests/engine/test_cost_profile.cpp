@@ -10,7 +10,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 TEST(CostProfile, MeasuresAGridOfPositiveTimes) {
   const auto model = test::random_model("tiny", DType::F32);
@@ -53,5 +53,5 @@ TEST(CostProfile, TheEngineProfilesInItsIdlePool) {
   EXPECT_THROW(profiled.profile_prefill_cost(64), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

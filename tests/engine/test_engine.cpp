@@ -25,7 +25,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::engine_options;
 using test::entity;
@@ -889,5 +889,5 @@ TEST_F(LayerLoadEngine, ALoneRequestRunsAgainWithoutABadLayer) {
   EXPECT_EQ(disk_nodes[1], disk_nodes[0]);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -15,7 +15,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::graph_request;
 using test::greedy;
@@ -125,5 +125,5 @@ TEST(EngineLoop, CancelRejectDrainAndShutdownEndEveryStream) {
   EXPECT_THROW(EngineLoop(model, bad), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -15,7 +15,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::engine_options;
 using test::greedy;
@@ -91,5 +91,5 @@ TEST(EngineSteps, ScheduleRunAndCommitEachDoTheirPart) {
   EXPECT_EQ(e.pool().n_free(), e.pool().n_rows());
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -18,7 +18,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 struct Stories {
   std::shared_ptr<const Model> model;
@@ -240,5 +240,5 @@ TEST(EngineSampling, AStopStringEndsGenerationAtTheTokenCompletingIt) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

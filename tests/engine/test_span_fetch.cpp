@@ -23,7 +23,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
@@ -220,5 +220,5 @@ TEST(SpanFetch, ReuseFetchedAheadIsReportedByTheTierItCameFrom) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -13,7 +13,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 std::string read_all(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -71,5 +71,5 @@ TEST(EvalReport, DrawsPlotsWithGnuplotAndReportsOnesItCouldNotDraw) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

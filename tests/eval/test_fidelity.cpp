@@ -9,7 +9,7 @@
 #include "eval/fidelity.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 TEST(Fidelity, KlDivergenceOfLogits) {
   const std::vector<float> p = {1.0f, 2.0f, 3.0f}, shifted = {11.0f, 12.0f, 13.0f};
@@ -59,5 +59,5 @@ TEST(Fidelity, AgainstFullAttention) {
   EXPECT_EQ(broken.kl_first_token, INFINITY);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -11,7 +11,7 @@
 #include "eval/report.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 std::vector<RagRequest> stream(size_t n) {
   std::vector<RagRequest> reqs(n);
@@ -93,5 +93,5 @@ TEST(RateSweep, SaturationWithinTheSloEndsTheDoubling) {
   EXPECT_LE(calls, 4) << "unloaded, 10 req/s, 20 and 40 req/s (saturated)";
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -20,7 +20,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // n greedy tokens after `prompt`, one forward pass each (the pass alone, as
 // these tests check it; front ends decode through the engine).
@@ -296,5 +296,5 @@ TEST(Forward, Stories260KGreedyMatchesKnownText) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -15,7 +15,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
   std::vector<int32_t> t(n);
@@ -307,5 +307,5 @@ TEST(SparsePrefill, MalformedPlansAreRejected) {
   EXPECT_THROW(fwd.prefill(p, kv), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -6,7 +6,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::rows_seen;
 
@@ -48,5 +48,5 @@ TEST(Visibility, BlockDiagonalChunks) {
   EXPECT_EQ(v.n_pairs(), 3 * 3 + 6 + 4 * 3 + 10);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

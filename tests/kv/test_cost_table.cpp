@@ -6,7 +6,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 double bilinear(int64_t c, int64_t n) { return 1.0 + 0.02 * c + 0.3 * n + 0.001 * c * n; }
 
@@ -29,5 +29,5 @@ TEST(PrefillCostTable, NeverNegativeAndRejectsBadGrids) {
   EXPECT_THROW(PrefillCostTable({0, 1}, {1, 2}, {1, 2, 3}), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -16,7 +16,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 KvSpan make_span(int64_t n, uint32_t seed, DType type = DType::F16) {
   KvSpan s(3, 8, type, n);
@@ -359,5 +359,5 @@ TEST(LayerLoadDepth, TheLastLayerSetsHowManyToReadFirst) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

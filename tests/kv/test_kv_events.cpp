@@ -13,7 +13,7 @@
 #include "kv/span_record.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using Tokens = std::vector<int32_t>;
 
@@ -104,5 +104,5 @@ TEST(KvEvents, BatchesAsJson) {
     EXPECT_NE(json.find(part), std::string::npos) << part << " in " << json;
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -11,7 +11,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using Tokens = std::vector<int32_t>;
 constexpr size_t kTokenBytes = 100;
@@ -270,5 +270,5 @@ TEST(Policy, EveryPolicyKeepsTheIndexSound) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -12,7 +12,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using Tokens = std::vector<int32_t>;
 
@@ -241,5 +241,5 @@ TEST(RadixIndex, RandomOperationsKeepInvariants) {
   index.check_invariants();
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -21,7 +21,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -332,5 +332,5 @@ TEST(RedisClusterStore, MisconfiguredAndUnreachableSeeds) {
   EXPECT_GE(store.stats().unserved, 3);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -31,7 +31,7 @@
 #include "util/mac.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using namespace kv_rig;
 using std::chrono::steady_clock;
@@ -674,5 +674,5 @@ TEST(RemoteDeadline, BlocksReadWithoutTheLockAreAdoptedIntoTheTreeAsItIsThen) {
   index.check_invariants();
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

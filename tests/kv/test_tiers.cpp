@@ -39,7 +39,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using namespace kv_rig;
 
@@ -612,11 +612,11 @@ TEST_F(Tiers, SpansReadWithoutTheLockAreAdoptedIntoTheTreeAsItIsThen) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // The remote tier, against a real redis-server.
 RedisOptions redis_at(int port, int retry_after_ms = 2000) {
@@ -740,5 +740,5 @@ TEST(RemoteTier, CorruptRecordIsDroppedNeverServed) {
   EXPECT_FALSE(store_a.get(key).has_value());  // and it is gone for everyone
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

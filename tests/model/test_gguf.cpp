@@ -11,7 +11,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 std::vector<uint8_t> read_bytes(const std::filesystem::path& p) {
   std::ifstream is(p, std::ios::binary);
@@ -212,5 +212,5 @@ TEST(Gguf, MissingFileIsNotFound) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

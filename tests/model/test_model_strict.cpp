@@ -21,7 +21,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 std::filesystem::path write_tiny(const std::string& name, const ModelShape& shape) {
   RandomModelOptions o;
@@ -351,5 +351,5 @@ TEST(ModelStrict, WhatTheEngineDoesNotImplementIsRefusedByName) {
   for (const auto& p : {base, fine, qwen, qwen_freqs, short_freqs, zero_freqs}) std::filesystem::remove(p);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -15,7 +15,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -461,5 +461,5 @@ TEST(Tokenizer, RandomBytesRoundTrip) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -15,7 +15,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // Sentences over a small made-up world: a few relation words repeated often,
 // names less often.
@@ -195,5 +195,5 @@ TEST(VocabLearner, WrittenAndReadAsGguf) {
   EXPECT_EQ(Tokenizer(back).encode(text, true, false), Tokenizer(v).encode(text, true, false));
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -20,7 +20,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // The prompt text a family's template renders.
 std::string render_chat(ChatFamily f, std::span<const ChatMessage> messages, std::string_view bos = "<s>",
@@ -171,5 +171,5 @@ TEST(ChatTemplate, AModelWrittenWithATemplateCarriesIt) {
   std::filesystem::remove(path);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

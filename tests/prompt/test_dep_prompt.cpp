@@ -13,7 +13,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using Paths = std::vector<std::vector<int32_t>>;
 
@@ -297,5 +297,5 @@ TEST(GraphPrompt, PathsSharingTextShareTokens) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

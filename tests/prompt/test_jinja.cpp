@@ -15,7 +15,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // The chat tests' conversations, then non-ASCII text and a special token's
 // spelling in a message, and assistant prefills.
@@ -417,5 +417,5 @@ TEST(Jinja, BadAndHostileTemplatesAreRefusedByName) {
   EXPECT_EQ(e6, "chat template line 3: 'list' has no item 0") << e6;
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -11,7 +11,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // d0 = [cat sat mat] (3 terms), d1 = [cat cat dog] (3), d2 = [dog barked loudly today] (4).
 Bm25Index three_docs() {
@@ -341,5 +341,5 @@ TEST(Bm25, TenThousandDocsTopTenEqualsExhaustiveScoring) {
   EXPECT_EQ(n_hits, 200u);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -13,7 +13,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using Points = std::vector<std::vector<float>>;
 
@@ -109,5 +109,5 @@ TEST(Clustering, SeparatedGroupsAndEdges) {
   EXPECT_FALSE(parse_linkage("median").has_value());
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -11,7 +11,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // A temp file with the given content, removed when the test ends.
 struct TempFile {
@@ -324,5 +324,5 @@ TEST(RealData, HotpotqaLoadsAndRetrieves) {
   EXPECT_GT(recall, 0.65);  // measured 0.775
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

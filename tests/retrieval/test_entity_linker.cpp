@@ -6,7 +6,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 KnowledgeGraph graph() {
   KnowledgeGraph kg;
@@ -101,5 +101,5 @@ TEST(EntityLinker, Resolve) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

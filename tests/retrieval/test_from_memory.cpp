@@ -14,12 +14,9 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
-std::string slurp(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using test::slurp;
 
 TEST(KnowledgeGraphParse, BytesLoadAsTheFileDoes) {
   KnowledgeGraph g;
@@ -75,5 +72,5 @@ TEST(ReadRequestsStream, LinesOfAStreamAsOfAFile) {
   EXPECT_THROW(read_requests(empty, "memory.jsonl"), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

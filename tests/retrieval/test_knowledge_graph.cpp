@@ -14,7 +14,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 std::vector<std::string> strings(std::span<const std::string> s) { return {s.begin(), s.end()}; }
 
@@ -437,5 +437,5 @@ TEST_F(Triples, EmptyFileAndFormats) {
   EXPECT_EQ(missing.kind(), ErrorKind::NotFound);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

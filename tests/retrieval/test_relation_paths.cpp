@@ -11,7 +11,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // Alice likes Titanic (a tragedy directed by Cameron); Alice and Bob are
 // friends both ways (a cycle); Cameron has a self-loop; Tragedy is a dead end.
@@ -208,5 +208,5 @@ TEST(PathPruning, HashingEmbedderIsNormalisedAndDeterministic) {
   for (float x : emb.embed("")) EXPECT_EQ(x, 0.0f);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

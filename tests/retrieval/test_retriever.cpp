@@ -6,7 +6,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 KnowledgeGraph graph() {
   KnowledgeGraph kg;
@@ -70,5 +70,5 @@ TEST(RetrieveDocuments, TopChunksWithStableIds) {
   EXPECT_EQ(retrieve_documents(idx, "Which glacier is the largest in the Alps?", 2)[1].id, docs[1].id);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

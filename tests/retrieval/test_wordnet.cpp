@@ -13,7 +13,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 bool has_edge(const KnowledgeGraph& g, const std::string& head, const std::string& relation,
               const std::string& tail) {
@@ -200,5 +200,5 @@ TEST_F(WordnetFiles, MissingFilesAreNotFound) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

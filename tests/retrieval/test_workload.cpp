@@ -18,7 +18,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // Share of draws that hit the 20% most drawn items.
 double top20_share(const std::vector<size_t>& draws, size_t n_items) {
@@ -635,5 +635,5 @@ TEST(RequestFile, RoundTripAndErrors) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -21,15 +21,6 @@ namespace depcache::test {
 
 using nlohmann::json;
 
-namespace {
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-}  // namespace
-
 bool have_curl() { return std::system("curl --version >/dev/null 2>&1") == 0; }
 
 Reply curl(int port, const std::string& path, const std::string& args) {

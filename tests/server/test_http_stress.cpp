@@ -31,7 +31,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using nlohmann::json;
 using test::curl;
@@ -377,5 +377,5 @@ TEST(HttpStress, EveryClientGetsOnlyItsOwnBytesAndSigtermDrainsTheLoad) {
   EXPECT_EQ(server.log().find("ThreadSanitizer"), std::string::npos) << server.log();
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -28,7 +28,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using nlohmann::json;
 using test::curl;
@@ -280,5 +280,5 @@ TEST(MetricsSum, ReusedByTierSumsToReusedThroughRedis) {
   EXPECT_EQ(t.each[0].from[3] + t.each[0].from[0], t.each[0].placed) << "remote";
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

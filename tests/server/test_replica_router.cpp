@@ -14,7 +14,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using json = nlohmann::json;
 
@@ -219,5 +219,5 @@ TEST(ReplicaRouter, AnotherEpochAsksTheSummaryWithoutTakingTheReplicaOut) {
   EXPECT_TRUE(router.needing_sync().empty());
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

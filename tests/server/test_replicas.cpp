@@ -29,7 +29,7 @@
 extern char** environ;
 
 namespace depcache::test {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using json = nlohmann::json;
 
@@ -467,5 +467,5 @@ TEST(Replicas, KeyedTenantsSeeOnlyTheirOwnScopeAndUnsealedBatchesMoveNothing) {
   for (const auto& f : {keys, op, cache_key}) std::filesystem::remove(f);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache::test

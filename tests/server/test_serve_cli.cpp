@@ -22,7 +22,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using nlohmann::json;
 using test::curl;
@@ -381,5 +381,5 @@ TEST(ServeCli, RedisKilledUnderLoadAnswersContinue) {
   std::filesystem::remove(requests);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -25,7 +25,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using nlohmann::json;
 
@@ -1162,5 +1162,5 @@ TEST(Server, TheOfficialOpenAIClientGetsLogprobsPenaltiesBiasAndStop) {
   EXPECT_EQ(out["json_mode"]["param"], "response_format") << out;
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -30,7 +30,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using nlohmann::json;
 using test::curl;
@@ -860,5 +860,5 @@ TEST(ServerHostile, KeysComeFromAFileOrTheEnvironment) {
             200);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -18,7 +18,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // Sentences over a small vocabulary with Zipf-like word frequencies, so query
 // terms differ in IDF and an early stage's top-k is sometimes the final one.
@@ -213,5 +213,5 @@ TEST(Speculation, StageLatencyIsHiddenWhenASpeculationIsAccepted) {
   EXPECT_TRUE(seen);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -23,7 +23,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::doc_request;
 using test::kBark;
@@ -278,5 +278,5 @@ TEST(CacheCraft, RejectsBadOptions) {
   EXPECT_THROW(make_strategy("cachecraft", *rig.model, DType::F32, o), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -21,7 +21,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::doc_request;
 using test::kBark;
@@ -274,5 +274,5 @@ TEST(ChunkReuse, RejectsARatioOutsideZeroToOne) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -30,7 +30,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 // The meaning of dependency attention over a request, built independently of
 // DepPrompt: a token trie per context item (children in first-insertion
@@ -386,5 +386,5 @@ INSTANTIATE_TEST_SUITE_P(Offset, DependencyReference, kOffsetCases,
 INSTANTIATE_TEST_SUITE_P(Offset, OffsetSchemes, kOffsetCases,
                          [](const auto& info) { return case_name(info.param); });
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -9,7 +9,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::rows_seen;
 
@@ -57,5 +57,5 @@ TEST(DependencyVisibility, NeedsNodeSuffixes) {
   EXPECT_THROW(dependency_dag(p, rows), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

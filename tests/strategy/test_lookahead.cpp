@@ -11,7 +11,7 @@
 #include "strategy/lookahead.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 TEST(Lookahead, WeightsEqualABruteForceCountOncePerRequest) {
   RadixIndex index(1 << 20);
@@ -41,5 +41,5 @@ TEST(Lookahead, WeightsEqualABruteForceCountOncePerRequest) {
   EXPECT_DOUBLE_EQ(weights.at(index.peek(1, Tokens{1}).pieces.front().node), 1.0 + 0.5);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

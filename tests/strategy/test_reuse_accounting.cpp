@@ -22,7 +22,7 @@
 #include "test_support.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::graph_request;
 using test::kCat;
@@ -190,5 +190,5 @@ TEST(ReuseAccounting, RemoteTier) {
   EXPECT_EQ(tier_sum(all), all.reused_tokens);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

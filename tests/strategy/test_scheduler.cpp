@@ -8,7 +8,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using Tokens = std::vector<int32_t>;
 
@@ -139,5 +139,5 @@ TEST(Admission, LookaheadFromTheWindowOnly) {
   EXPECT_EQ(seen.size(), 2u);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -10,7 +10,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 DepPrompt prompt_with(const Tokenizer& tok, const std::vector<std::string>& entities,
                       const std::string& q = "Q?") {
@@ -140,5 +140,5 @@ TEST(Simulator, SchedulersServeEveryRequestOnce) {
   EXPECT_THROW(simulate(prompts, bad), Error);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

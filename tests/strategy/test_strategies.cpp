@@ -19,7 +19,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 using test::entity;
 using test::graph_request;
@@ -405,5 +405,5 @@ TEST(Strategies, ErrorsAreClear) {
   }
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -9,7 +9,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 RagRequest graph_query(const std::string& id, std::vector<RequestEntity> entities, double arrival = 0) {
   RagRequest r;
@@ -119,5 +119,5 @@ TEST(Subgcache, RepresentativesAsRelationPathsHoldEveryMembersPaths) {
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(own.requests[i].entities, reqs[i].entities);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -282,6 +282,11 @@ std::filesystem::path temp_path(const std::string& stem) {
          (stem + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
 }
 
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 CliRun run_cli(const std::string& args, const std::string& stdin_text) {
   const auto in = temp_path("stdin");
   std::ofstream(in, std::ios::binary) << stdin_text;

@@ -85,6 +85,9 @@ std::filesystem::path llama_cpp_dir();
 // remove what they make. Returns a unique path under the system temp dir.
 std::filesystem::path temp_path(const std::string& stem);
 
+// A file's bytes (empty when it cannot be read).
+std::string slurp(const std::filesystem::path& path);
+
 // The depcache binary run through the shell: `args` is a shell fragment,
 // stdin holds stdin_text, stdout and stderr are merged into out.
 struct CliRun {

@@ -10,7 +10,7 @@
 #include "util/error.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 RagRequest two_entity_request() {
   RagRequest r;
@@ -215,5 +215,5 @@ TEST(AnswerJudge, TokenF1IsSquadStyleAgainstTheBestAnswer) {
   EXPECT_DOUBLE_EQ(answer_f1("Kirat Kirat", {"Kirat"}), 2.0 / 3.0);  // bags: one of two words matches
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -22,7 +22,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 ModelShape tiny_shape(int n_vocab) {
   ModelShape s;
@@ -346,5 +346,5 @@ TEST(Train, BadSequencesAreRefused) {
   EXPECT_THROW(ParamSet(ModelShape{}), Error) << "no vocabulary";
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

@@ -10,14 +10,9 @@
 #include "util/file_io.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 TEST(FileIo, WritesAndReplacesWithoutLeavingAPartialFile) {
   const auto dir = test::temp_path("file-io");
@@ -47,5 +42,5 @@ TEST(FileIo, FailuresSayWhereAndLeaveNothing) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

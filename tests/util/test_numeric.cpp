@@ -10,7 +10,7 @@
 #include "util/numeric.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -49,5 +49,5 @@ TEST(Numeric, TestHelpersReportNonFiniteAsInfinite) {
   EXPECT_EQ(test::max_abs_diff(good, std::vector<float>{0.5f}, "short"), INFINITY);
 }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache

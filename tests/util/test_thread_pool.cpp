@@ -9,7 +9,7 @@
 #include "util/thread_pool.h"
 
 namespace depcache {
-namespace {
+namespace DEPCACHE_TEST_FILE {
 
 TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
   for (int threads : {1, 2, 3}) {
@@ -77,5 +77,5 @@ TEST(ThreadPool, ShutdownNeverHangs) {
 
 TEST(ThreadPool, DefaultsToOnePerCore) { EXPECT_EQ(ThreadPool(0).size(), ThreadPool::default_threads()); }
 
-}  // namespace
+}  // namespace DEPCACHE_TEST_FILE
 }  // namespace depcache
