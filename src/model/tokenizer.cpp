@@ -50,6 +50,7 @@ Tokenizer::Tokenizer(Vocab vocab) {
   // Control tokens that end a turn in common chat vocabularies, besides eos/eot.
   const std::string_view end_of_turn[] = {"<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<|end|>",
                                           "<end_of_turn>"};
+  impl->piece_id.reserve(v.tokens.size());
   for (int32_t id = 0; id < v.n_tokens(); ++id) {
     const std::string& text = v.tokens[id];
     switch (v.type(id)) {
@@ -93,9 +94,12 @@ Tokenizer::Tokenizer(Vocab vocab) {
       impl->char_byte[cp] = static_cast<int16_t>(b);
       impl->byte_char_id[b] = impl->find_piece(impl->byte_chars[b]);
     }
+    impl->merge.reserve(v.merges.size());
+    std::string joined;
     for (size_t rank = 0; rank < v.merges.size(); ++rank) {
       const auto& [l, r] = v.merges[rank];
-      const int32_t a = impl->find_piece(l), b = impl->find_piece(r), c = impl->find_piece(l + r);
+      joined.assign(l).append(r);
+      const int32_t a = impl->find_piece(l), b = impl->find_piece(r), c = impl->find_piece(joined);
       if (a < 0 || b < 0 || c < 0) continue;  // involves a non-normal token: never reachable
       const uint64_t key = (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
       impl->merge.emplace(key, std::pair<int32_t, int32_t>(static_cast<int32_t>(rank), c));

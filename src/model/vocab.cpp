@@ -206,12 +206,17 @@ void Vocab::validate() const {
     fail(ErrorKind::InvalidInput, "tokenizer.ggml.add_eos_token is true but there is no eos_token_id");
 
   if (!merges.empty()) {
-    std::unordered_set<std::string_view> known(tokens.begin(), tokens.end());
+    std::unordered_set<std::string_view> known;
+    known.reserve(tokens.size());
+    known.insert(tokens.begin(), tokens.end());
+    std::string joined;
     for (size_t i = 0; i < merges.size(); ++i) {
       const auto& [left, right] = merges[i];
       if (left.empty() || right.empty())
         fail(ErrorKind::InvalidInput, "{}[{}] = '{} {}' has an empty side", kMerges, i, left, right);
-      for (const std::string& part : {left, right, left + right})
+      joined.assign(left).append(right);
+      for (std::string_view part :
+           {std::string_view(left), std::string_view(right), std::string_view(joined)})
         if (!known.count(part))
           fail(ErrorKind::InvalidInput, "{}[{}] = '{} {}': '{}' is not a token", kMerges, i, left, right,
                part);
