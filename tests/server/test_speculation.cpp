@@ -52,6 +52,10 @@ std::vector<std::string> questions(size_t n, uint32_t seed) {
   return out;
 }
 
+// Questions per stream: fewer in a sanitizer build (each is a prefill; the
+// first twelve already bring accepted, rejected and stopped speculations).
+constexpr size_t kQuestions = test::kSanitized ? 12 : 24;
+
 std::vector<uint32_t> ids(const std::vector<ScoredDoc>& top) {
   std::vector<uint32_t> out;
   for (const ScoredDoc& d : top) out.push_back(d.doc);
@@ -133,7 +137,7 @@ TEST(Speculation, FollowsTheStagesAndAnswersAsTheFinalListDoes) {
     SpeculativeSearch speculative(*s.loop, s.index, spec_options);
 
     int accepted = 0, rejected = 0, discarded = 0;
-    for (const std::string& q : questions(24, 11)) {
+    for (const std::string& q : questions(kQuestions, 11)) {
       SCOPED_TRACE(q);
       const SpeculativeSearch::Submitted base = plain.submit(q, 2, s.prompt(q), "full", sampling);
       EXPECT_EQ(base.report.speculations, 0);
@@ -200,7 +204,7 @@ TEST(Speculation, StageLatencyIsHiddenWhenASpeculationIsAccepted) {
   o.stage_latency = std::chrono::milliseconds(20);
   SpeculativeSearch spec(*s.loop, s.index, o);
   bool seen = false;
-  for (const std::string& q : questions(24, 11)) {
+  for (const std::string& q : questions(kQuestions, 11)) {
     const SpeculativeSearch::Submitted r = spec.submit(q, 2, s.prompt(q), "full", sampling);
     answer(r.stream);
     // Stages are clamped to the query's distinct terms.
