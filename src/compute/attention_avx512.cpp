@@ -46,8 +46,9 @@ struct SimdAvx512 {
     __m512 p = set1(1.f / 5040);
     for (float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
       p = _mm512_fmadd_ps(p, r, set1(c));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+    // p * 2^n by vscalefps: the same value as building 2^n's bits and
+    // multiplying (n >= -126 here), in one instruction instead of four.
+    return _mm512_maskz_scalef_ps(keep, p, n);
   }
   static void widen(const float* src, float* dst, int d) {
     for (int i = 0; i < d; i += 16) {

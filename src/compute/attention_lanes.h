@@ -178,7 +178,7 @@ void attend_lanes(const LaneSet& ls, const float* q, int64_t q_stride, const KvL
         // Lanes whose causal run ends at or before this row do not see it.
         if (causal) a = S::hide_past(a, static_cast<int32_t>(j0 + j + 1), endv[vi]);
         bm = S::max(bm, a);
-        S::store(pj, a);
+        if (causal || softcap > 0) S::store(pj, a);  // else the scores are as stored
       }
       const V m_new = S::max(m[vi], bm);
       // A lane that has seen nothing yet keeps m = -inf; subtracting 0
