@@ -139,20 +139,25 @@ TEST(Server, EndpointsAnswerAndGreedyTextEqualsGenerate) {
   EXPECT_EQ(sample(scrape, "depcache_kv_pool_free_rows"), sample(scrape, "depcache_kv_pool_rows"));
   EXPECT_GT(sample(scrape, "depcache_kv_tier_bytes{tier=\"hot\"}"), 0);
 
-  // ignore_eos: max_tokens however early the model would end. First a sampled
-  // request the model ends early, then the same one with ignore_eos.
-  const auto sampled = [&](int seed, bool ignore_eos) {
+  // ignore_eos: max_tokens however early the model would end. A bias that
+  // makes the end-of-text token certain ends a request at its first token;
+  // with ignore_eos the same request runs on to max_tokens.
+  const std::string eos = std::to_string(s.tok->eos());
+  const auto ended_by_bias = [&](bool ignore_eos) {
     return curl(s.port, "/v1/completions",
-                post({{"prompt", "Once"}, {"max_tokens", 200}, {"seed", seed}, {"ignore_eos", ignore_eos}}));
+                post({{"prompt", "Once"},
+                      {"max_tokens", 16},
+                      {"logit_bias", {{eos, 100}}},
+                      {"ignore_eos", ignore_eos}}));
   };
-  int seed = 1;
-  for (; seed <= 40; ++seed)
-    if (sampled(seed, false).j()["usage"]["completion_tokens"] < 200) break;
-  ASSERT_LE(seed, 40) << "no sampled answer ended early: nothing to test";
-  Reply ig = sampled(seed, true);
+  const Reply ended = ended_by_bias(false);
+  ASSERT_EQ(ended.status, 200) << ended.body;
+  EXPECT_LE(ended.j()["usage"]["completion_tokens"], 1) << ended.body;
+  EXPECT_EQ(ended.j()["choices"][0]["finish_reason"], "stop") << ended.body;
+  const Reply ig = ended_by_bias(true);
   ASSERT_EQ(ig.status, 200) << ig.body;
-  EXPECT_EQ(ig.j()["usage"]["completion_tokens"], 200) << "seed " << seed;
-  EXPECT_EQ(ig.j()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(ig.j()["usage"]["completion_tokens"], 16) << ig.body;
+  EXPECT_EQ(ig.j()["choices"][0]["finish_reason"], "length") << ig.body;
 }
 
 TEST(Server, BadRequestsGetOpenAIErrorsAndTheServerStaysUp) {
