@@ -190,7 +190,8 @@ std::unique_ptr<KvEventPublisher> start_publisher(const ServeArgs& a, const Tier
   po.key = deployment_key(a.engine_args.tiers);
   auto publisher = std::make_unique<KvEventPublisher>(kv_log, po, [&loop] {
     const EngineSnapshot s = loop.snapshot();
-    return std::pair<int64_t, int64_t>(static_cast<int64_t>(s.running), static_cast<int64_t>(s.waiting));
+    return ReplicaLoad{static_cast<int64_t>(s.running), static_cast<int64_t>(s.waiting),
+                       s.finished + s.cancelled + s.failed};
   });
   fmt::print(stderr, "depcache serve: KV events of replica '{}' (epoch {}) on channel {}, {}\n", a.so.replica,
              a.so.epoch, po.channel, po.key ? "sealed with the cache key" : "unsealed (no --cache-key-file)");

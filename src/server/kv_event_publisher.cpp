@@ -16,7 +16,7 @@ std::string new_epoch() {
 }
 
 KvEventPublisher::KvEventPublisher(std::shared_ptr<KvEventLog> log, KvEventPublisherOptions o,
-                                   std::function<std::pair<int64_t, int64_t>()> load)
+                                   std::function<ReplicaLoad()> load)
     : log_(std::move(log)), o_(std::move(o)), load_(std::move(load)) {
   for (const RedisAddress& a : o_.nodes)
     conns_.push_back(std::make_unique<RedisConnection>(a.host, a.port, o_.redis));
@@ -70,7 +70,7 @@ bool KvEventPublisher::send(const std::string& message) {
 
 void KvEventPublisher::run() {
   auto last = std::chrono::steady_clock::now();
-  std::pair<int64_t, int64_t> last_load{-1, -1};
+  ReplicaLoad last_load{-1, -1, -1};
   for (bool stopping = false; !stopping;) {
     {
       std::unique_lock lk(mu_);
@@ -78,14 +78,15 @@ void KvEventPublisher::run() {
       stopping = stop_;
     }
     const auto now = std::chrono::steady_clock::now();
-    // News: events, a change of load (a router counts what it sent here
-    // until the next report), or a heartbeat due.
-    const std::pair<int64_t, int64_t> load = load_();
+    // News: events, a change of load or a request ended (a router counts
+    // what it sent here until the next report), or a heartbeat due.
+    const ReplicaLoad load = load_();
     if (!log_->has_pending() && load == last_load && now - last < o_.heartbeat && !stopping) continue;
     last = now;
     last_load = load;
     KvEventHeader h = o_.header;
-    std::tie(h.running, h.waiting) = load;
+    h.running = load.running;
+    h.waiting = load.waiting;
     const bool ok = send(seal_kv_events(o_.key.get(), kv_events_json(h, log_->take())));
     std::lock_guard lk(mu_);
     ++(ok ? published_ : lost_);

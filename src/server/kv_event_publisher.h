@@ -21,6 +21,15 @@
 
 namespace depcache {
 
+// A replica's load as its batches report it: requests running and waiting,
+// and how many have ended so far. A request that starts and ends between two
+// ticks leaves running and waiting as they were, yet is news: a router counts
+// what it sent here until the next batch.
+struct ReplicaLoad {
+  int64_t running = 0, waiting = 0, ended = 0;
+  bool operator==(const ReplicaLoad&) const = default;
+};
+
 struct KvEventPublisherOptions {
   std::vector<RedisAddress> nodes;  // one Redis, or nodes of a cluster (any takes the PUBLISH)
   RedisOptions redis;               // credentials and deadline
@@ -34,7 +43,7 @@ class KvEventPublisher {
  public:
   // load(): the replica's running and waiting requests, from any thread.
   KvEventPublisher(std::shared_ptr<KvEventLog> log, KvEventPublisherOptions o,
-                   std::function<std::pair<int64_t, int64_t>()> load);
+                   std::function<ReplicaLoad()> load);
   ~KvEventPublisher();  // publishes what is left, then stops
   KvEventPublisher(const KvEventPublisher&) = delete;
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;
@@ -47,7 +56,7 @@ class KvEventPublisher {
 
   std::shared_ptr<KvEventLog> log_;
   KvEventPublisherOptions o_;
-  std::function<std::pair<int64_t, int64_t>()> load_;
+  std::function<ReplicaLoad()> load_;
   std::vector<std::unique_ptr<class RedisConnection>> conns_;
   size_t next_ = 0;  // the node to try first
   mutable std::mutex mu_;

@@ -23,6 +23,7 @@
 
 #include "kv/redis_connection.h"
 #include "kv/remote_store.h"
+#include "server/kv_event_publisher.h"
 #include "server_client.h"
 #include "test_support.h"
 
@@ -141,6 +142,46 @@ void start_replicas(const std::string& model, const std::string& redis_at,
     route_args.push_back("--replica");
     route_args.push_back(fmt::format("{}=http://127.0.0.1:{}", name, replicas.back()->port()));
   }
+}
+
+// A request that starts and ends between two of the publisher's ticks leaves
+// running and waiting as they were, yet is news: a router counts what it
+// sent to a replica until that replica's next batch. The batch comes at the
+// next tick, not at the heartbeat (here an hour away).
+TEST(KvEventPublisher, ARequestThatEndedIsPublishedAtTheNextTick) {
+  DEPCACHE_REQUIRE_REDIS(redis);
+  RedisOptions ro;
+  ro.timeout_ms = 1000;
+  RedisConnection sub("127.0.0.1", redis.port(), ro);
+  ASSERT_TRUE(sub.open(steady_now_ms() + 1000)) << sub.error();
+  const RedisReply subscribed = sub.command({"SUBSCRIBE", "test-kv-events"}, steady_now_ms() + 1000);
+  ASSERT_TRUE(subscribed && subscribed->type == REDIS_REPLY_ARRAY) << sub.error();
+  // The next batch's header within `ms`, or null.
+  const auto next_batch = [&](int64_t ms) {
+    bool timed_out = false;
+    const RedisReply m = sub.receive(steady_now_ms() + ms, &timed_out);
+    if (!m || m->type != REDIS_REPLY_ARRAY || m->elements != 3) return json();
+    return json::parse(std::string(m->element[2]->str, m->element[2]->len), nullptr, false);
+  };
+
+  KvEventPublisherOptions po;
+  po.nodes = {{"127.0.0.1", redis.port()}};
+  po.channel = "test-kv-events";
+  po.header = {"r1", "e1", 16};
+  po.heartbeat = std::chrono::hours(1);
+  std::atomic<int64_t> ended{0};
+  KvEventPublisher publisher(std::make_shared<KvEventLog>(16), po, [&] {
+    return ReplicaLoad{0, 0, ended.load()};
+  });
+  const json first = next_batch(3000);  // its first load is news
+  ASSERT_TRUE(first.is_object()) << "no first batch";
+  EXPECT_FALSE(next_batch(300).is_object()) << "a batch with nothing new before the heartbeat";
+  ended = 1;
+  const json after = next_batch(3000);
+  ASSERT_TRUE(after.is_object()) << "a request that ended was not published before the heartbeat";
+  EXPECT_EQ(after["running"], 0);
+  EXPECT_EQ(after["waiting"], 0);
+  EXPECT_GT(after["seq"].get<int64_t>(), first["seq"].get<int64_t>());
 }
 
 // Tokens of an answer still being computed when its replica is killed.
