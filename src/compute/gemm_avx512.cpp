@@ -2,7 +2,9 @@
 // the 32 rows of a panel lives in 2*MR accumulators; each input column is
 // decoded into two 16-row vectors once and multiplied into every token of the
 // tile with a broadcast. Quantized columns are decoded to fp32 with the
-// format's formula (one rounding), so x is used exactly as given.
+// format's formula (one rounding), so x is used exactly as given; the
+// one-token Q8_0/Q6_K tile instead scales each block's sum once (exact
+// products, fp32 sums: the same error bound).
 //
 // As in dot_avx512.cpp, only intrinsics and plain structs come from headers.
 #include <cstdint>
@@ -115,8 +117,57 @@ inline __m512 slot(__m512i v, int shift, int mask, __m512 a, __m512 m) {
 template <size_t kBlockBytes, int kOffset, bool kHalves>
 struct WalkBytes {
   static constexpr int kTokens = 10;
+
+  // One token (decode), where the column decode is the cost: per run of
+  // inputs under one scale, sum q * x with q = u - kOffset as an exact float,
+  // then multiply the sum by the scale once. q comes from the byte's bits
+  // placed in the mantissa of 2^23 (2^23 + u exactly) minus 2^23 + kOffset:
+  // a logic op and a subtraction instead of a mask, a conversion and a fused
+  // multiply-subtract. Error within fp32 summation's bound, as q * a is exact.
+  static void run_one(const uint8_t* panel, int64_t n_in, Tile<1>& tile) {
+    const __m512i magic = _mm512_set1_epi32(0x4B000000), low = _mm512_set1_epi32(0xFF);
+    const __m512 bias = _mm512_set1_ps(8388608.0f + kOffset);
+    // (v >> 8j & 0xFF) | magic as a float, minus the bias; 0xEA: (A & B) | C.
+    auto q = [&](__m512i v, int j) {
+      const __m512i b = j == 3   ? _mm512_or_si512(_mm512_srli_epi32(v, 24), magic)
+                        : j == 0 ? _mm512_ternarylogic_epi32(v, low, magic, 0xEA)
+                                 : _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8 * j), low, magic, 0xEA);
+      return _mm512_sub_ps(_mm512_castsi512_ps(b), bias);
+    };
+    const float* x = tile.x;
+    __m512 s[2][2];
+    auto clear = [&] {
+      for (auto& a : s) a[0] = a[1] = _mm512_setzero_ps();
+    };
+    clear();
+    for (int64_t b = 0; b < n_in / 32; ++b) {
+      const uint8_t* blk = panel + b * kBlockBytes;
+      const auto* f = reinterpret_cast<const float*>(blk);
+      const uint8_t* u = blk + (kHalves ? 2 : 1) * kPanelScaleBytes;
+      for (int64_t g = 0; g < 8; ++g) {
+        const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
+        const int64_t k = 32 * b + 4 * g;
+        for (int j = 0; j < 4; ++j) {
+          const __m512 xb = _mm512_set1_ps(x[k + j]);
+          s[j & 1][0] = _mm512_fmadd_ps(q(v0, j), xb, s[j & 1][0]);
+          s[j & 1][1] = _mm512_fmadd_ps(q(v1, j), xb, s[j & 1][1]);
+        }
+        if (g == 7 || (kHalves && g == 3)) {  // the end of a scale's run
+          const float* fa = f + (kHalves && g == 7 ? 32 : 0);
+          const __m512 a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16);
+          for (int set = 0; set < 2; ++set) {
+            tile.acc[set][0] = _mm512_fmadd_ps(s[set][0], a0, tile.acc[set][0]);
+            tile.acc[set][1] = _mm512_fmadd_ps(s[set][1], a1, tile.acc[set][1]);
+          }
+          clear();
+        }
+      }
+    }
+  }
+
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, T& tile) {
+    if constexpr (T::kTokens == 1) return run_one(panel, n_in, tile);
     const __m512 off = _mm512_set1_ps(static_cast<float>(kOffset));
     for (int64_t b = 0; b < n_in / 32; ++b) {
       const uint8_t* blk = panel + b * kBlockBytes;
