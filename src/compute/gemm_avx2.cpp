@@ -144,17 +144,43 @@ struct WalkBytes {
 using WalkQ8_0 = WalkBytes<kQ8_0PanelBlock, 128, false>;
 using WalkQ6_K = WalkBytes<kQ6_KPanelBlock, 32, true>;
 
-struct WalkQ4_K {
+// Q4_K (kK) or Q4_0 sub-block s, rows 16h .. 16h+15: its scales a and
+// offsets m (a = d * sc and m = dmin * mn, exact products) and its nibbles.
+template <bool kK>
+inline const uint8_t* q4_scales(const uint8_t* panel, int64_t s, int h, __m256& a0, __m256& a1, __m256& m0,
+                                __m256& m1) {
+  auto half = [](const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
+  const uint8_t* sub = q4_sub_block(kK, panel, s);
+  if constexpr (kK) {
+    auto bytes = [](const uint8_t* p) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    };
+    const uint8_t* head = panel + (s / 8) * kQ4_KPanelBlock + 32 * h;
+    const uint8_t* sc = sub + 16 * h;
+    a0 = _mm256_mul_ps(half(head), bytes(sc));
+    a1 = _mm256_mul_ps(half(head + 16), bytes(sc + 8));
+    m0 = _mm256_mul_ps(half(head + 64), bytes(sc + 32));
+    m1 = _mm256_mul_ps(half(head + 80), bytes(sc + 40));
+  } else {
+    a0 = half(sub + 32 * h);
+    a1 = half(sub + 32 * h + 16);
+    m0 = _mm256_mul_ps(a0, _mm256_set1_ps(8.0f));
+    m1 = _mm256_mul_ps(a1, _mm256_set1_ps(8.0f));
+  }
+  return sub + 2 * kPanelRows + 64 * h;
+}
+
+template <bool kK>
+struct WalkQ4 {
   static constexpr int kTokens = 4;
   static constexpr int row_offset(int h, int part) { return 16 * h + 8 * part; }
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
     for (int64_t s = 0; s < n_in / 32; ++s) {
-      const uint8_t* sub = panel + s * kQ4PanelBlock;
-      const auto* f = reinterpret_cast<const float*>(sub) + 16 * h;
-      const __m256 a0 = _mm256_loadu_ps(f), a1 = _mm256_loadu_ps(f + 8);
-      const __m256 m0 = _mm256_loadu_ps(f + 32), m1 = _mm256_loadu_ps(f + 40);
-      const uint8_t* u = sub + 2 * kPanelScaleBytes + 64 * h;
+      __m256 a0, a1, m0, m1;
+      const uint8_t* u = q4_scales<kK>(panel, s, h, a0, a1, m0, m1);
       for (int64_t g = 0; g < 4; ++g) {
         const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
         const int64_t k = 32 * s + 8 * g;
@@ -218,7 +244,7 @@ void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs
 // 6-bit values (Q6_K) do; Q8_0's slots (q + 128) would not, so they are
 // turned back into q and multiplied as |q| by x with q's sign (|q| <= 128,
 // |x| <= 127), with m = 0.
-enum class I8 { Q8_0, Q4, Q6_K };
+enum class I8 { Q8_0, Q4_K, Q4_0, Q6_K };
 
 // Four unsigned weight bytes by four signed activations per int32 lane.
 inline __m256i dot4(__m256i u, __m256i x) {
@@ -228,9 +254,7 @@ inline __m256i dot4(__m256i u, __m256i x) {
 template <I8 kKind, int MR>
 void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const float* xs, float* y,
              int64_t ys, const __m256i* masks) {
-  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock
-                                 : kKind == I8::Q4 ? kQ4PanelBlock
-                                                   : kQ6_KPanelBlock;
+  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock : kQ6_KPanelBlock;  // not Q4
   const int64_t nb = n_in / 32;
   __m256 acc[MR][2];
   __m256i ia[MR][2];
@@ -244,8 +268,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
     return _mm256_set1_epi32(v);
   };
   // acc += d_x * (a * ia - m * sum xq), the sum from scale slot `which`.
-  auto flush = [&](int64_t b, const float* fa, __m256 m0, __m256 m1, int which) {
-    const __m256 a0 = _mm256_loadu_ps(fa), a1 = _mm256_loadu_ps(fa + 8);
+  auto flush = [&](int64_t b, __m256 a0, __m256 a1, __m256 m0, __m256 m1, int which) {
     for (int t = 0; t < MR; ++t) {
       const float* sc = xs + (t * nb + b) * kActScales;
       const __m256 dx = _mm256_set1_ps(sc[0]), dxs = _mm256_set1_ps(sc[which]);
@@ -258,10 +281,15 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
   };
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = panel + b * kBlockBytes;
+    const uint8_t* blk = panel + b * kBlockBytes;  // Q8_0, Q6_K
     const auto* f = reinterpret_cast<const float*>(blk) + 16 * h;
-    if constexpr (kKind == I8::Q4) {
-      const uint8_t* u = blk + 2 * kPanelScaleBytes + 64 * h;
+    auto scaled = [&](const float* fa, float mul, int which) {
+      const __m256 a0 = _mm256_loadu_ps(fa), a1 = _mm256_loadu_ps(fa + 8), k = _mm256_set1_ps(mul);
+      flush(b, a0, a1, _mm256_mul_ps(a0, k), _mm256_mul_ps(a1, k), which);
+    };
+    if constexpr (kKind == I8::Q4_K || kKind == I8::Q4_0) {
+      __m256 a0, a1, m0, m1;
+      const uint8_t* u = q4_scales<kKind == I8::Q4_K>(panel, b, h, a0, a1, m0, m1);
       const __m256i low4 = _mm256_set1_epi8(0x0F);
       for (int64_t g = 0; g < 4; ++g) {
         const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
@@ -275,7 +303,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
           ia[t][1] = _mm256_add_epi32(ia[t][1], _mm256_add_epi32(dot4(lo1, xl), dot4(hi1, xh)));
         }
       }
-      flush(b, f, _mm256_loadu_ps(f + 32), _mm256_loadu_ps(f + 40), 1);
+      flush(b, a0, a1, m0, m1, 1);
     } else if constexpr (kKind == I8::Q8_0) {
       const uint8_t* u = blk + kPanelScaleBytes + 64 * h;
       const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -289,7 +317,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
           ia[t][1] = _mm256_add_epi32(ia[t][1], dot4(m1, _mm256_sign_epi8(xb, q1)));
         }
       }
-      flush(b, f, zero, zero, 1);
+      flush(b, _mm256_loadu_ps(f), _mm256_loadu_ps(f + 8), zero, zero, 1);
     } else {
       const uint8_t* u = blk + 2 * kPanelScaleBytes + 64 * h;
       for (int64_t g = 0; g < 8; ++g) {
@@ -299,12 +327,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
           ia[t][0] = _mm256_add_epi32(ia[t][0], dot4(w0, xb));
           ia[t][1] = _mm256_add_epi32(ia[t][1], dot4(w1, xb));
         }
-        if (g == 3 || g == 7) {
-          const float* fa = f + (g == 3 ? 0 : 32);
-          const __m256 s32 = _mm256_set1_ps(32.f);
-          flush(b, fa, _mm256_mul_ps(_mm256_loadu_ps(fa), s32), _mm256_mul_ps(_mm256_loadu_ps(fa + 8), s32),
-                g == 3 ? 2 : 3);
-        }
+        if (g == 3 || g == 7) scaled(f + (g == 3 ? 0 : 32), 32.f, g == 3 ? 2 : 3);
       }
     }
   }
@@ -348,13 +371,13 @@ void fill_avx2_panels(KernelSet& set) {
   put(DType::F16, panel_kernel<WalkDense<F16Load>>);
   put(DType::BF16, panel_kernel<WalkDense<BF16Load>>);
   put(DType::Q8_0, panel_kernel<WalkQ8_0>);
-  put(DType::Q4_K, panel_kernel<WalkQ4_K>);
-  put(DType::Q4_0, panel_kernel<WalkQ4_K>);  // same layout
+  put(DType::Q4_K, panel_kernel<WalkQ4<true>>);
+  put(DType::Q4_0, panel_kernel<WalkQ4<false>>);
   put(DType::Q6_K, panel_kernel<WalkQ6_K>);
   auto put_i8 = [&](DType t, PanelI8Fn f) { set.by_type[static_cast<uint32_t>(t)].panel_i8 = f; };
   put_i8(DType::Q8_0, panel_kernel_i8<I8::Q8_0>);
-  put_i8(DType::Q4_K, panel_kernel_i8<I8::Q4>);
-  put_i8(DType::Q4_0, panel_kernel_i8<I8::Q4>);
+  put_i8(DType::Q4_K, panel_kernel_i8<I8::Q4_K>);
+  put_i8(DType::Q4_0, panel_kernel_i8<I8::Q4_0>);
   put_i8(DType::Q6_K, panel_kernel_i8<I8::Q6_K>);
 }
 

@@ -202,7 +202,35 @@ inline __m512 nibble(__m512i v, int shift, __m512 a, __m512 m) {
   return _mm512_fmsub_ps(q, a, m);
 }
 
-struct WalkQ4_K {
+// Q4_K (kK) or Q4_0 sub-block s: its scales a and offsets m (rows 0-15 and
+// 16-31; a = d * sc and m = dmin * mn, exact products) and its nibbles.
+template <bool kK>
+inline const uint8_t* q4_scales(const uint8_t* panel, int64_t s, __m512& a0, __m512& a1, __m512& m0,
+                                __m512& m1) {
+  auto half = [](const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  };
+  const uint8_t* sub = q4_sub_block(kK, panel, s);
+  if constexpr (kK) {
+    auto bytes = [](const uint8_t* p) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    };
+    const uint8_t* head = panel + (s / 8) * kQ4_KPanelBlock;
+    a0 = _mm512_mul_ps(half(head), bytes(sub));
+    a1 = _mm512_mul_ps(half(head + 32), bytes(sub + 16));
+    m0 = _mm512_mul_ps(half(head + 64), bytes(sub + 32));
+    m1 = _mm512_mul_ps(half(head + 96), bytes(sub + 48));
+  } else {
+    a0 = half(sub);
+    a1 = half(sub + 32);
+    m0 = _mm512_mul_ps(a0, _mm512_set1_ps(8.0f));
+    m1 = _mm512_mul_ps(a1, _mm512_set1_ps(8.0f));
+  }
+  return sub + 2 * kPanelRows;
+}
+
+template <bool kK>
+struct WalkQ4 {
   static constexpr int kTokens = 8;
   template <class T>
   static void run(const uint8_t* panel, int64_t n_in, T& tile) {
@@ -213,11 +241,8 @@ struct WalkQ4_K {
         return slot(v, shift, 0xF, a, m);
     };
     for (int64_t s = 0; s < n_in / 32; ++s) {
-      const uint8_t* sub = panel + s * kQ4PanelBlock;
-      const auto* f = reinterpret_cast<const float*>(sub);
-      const __m512 a0 = _mm512_loadu_ps(f), a1 = _mm512_loadu_ps(f + 16);
-      const __m512 m0 = _mm512_loadu_ps(f + 32), m1 = _mm512_loadu_ps(f + 48);
-      const uint8_t* u = sub + 2 * kPanelScaleBytes;
+      __m512 a0, a1, m0, m1;
+      const uint8_t* u = q4_scales<kK>(panel, s, a0, a1, m0, m1);
       for (int64_t g = 0; g < 4; ++g) {
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
         const int64_t k = 32 * s + 8 * g;
@@ -281,14 +306,13 @@ void panel_kernel(const uint8_t* panel, int64_t n_in, const float* x, int64_t xs
 // fp32: Q8_0 values are u - 128 (m = 128 a), Q6_K u - 32 per half block
 // (m = 32 a, its own scale and activation sum per half), Q4_K/Q4_0 nibbles
 // with their own m.
-enum class I8 { Q8_0, Q4, Q6_K };
+enum class I8 { Q8_0, Q4_K, Q4_0, Q6_K };
 
 template <I8 kKind, int MR>
 void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y, int64_t ys,
              __mmask16 k0, __mmask16 k1) {
-  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock
-                                 : kKind == I8::Q4 ? kQ4PanelBlock
-                                                   : kQ6_KPanelBlock;
+  constexpr bool kQ4 = kKind == I8::Q4_K || kKind == I8::Q4_0;
+  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock : kQ6_KPanelBlock;  // not Q4
   const int64_t nb = n_in / 32;
   __m512 acc[MR][2];
   for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
@@ -299,8 +323,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
     return _mm512_set1_epi32(v);
   };
   // acc += d_x * (a * ia - m * sum xq), sum taken from scale slot `which`.
-  auto flush = [&](int64_t b, const float* fa, __m512 m0, __m512 m1, int which) {
-    const __m512 a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16);
+  auto flush = [&](int64_t b, __m512 a0, __m512 a1, __m512 m0, __m512 m1, int which) {
     for (int t = 0; t < MR; ++t) {
       const float* sc = xs + (t * nb + b) * kActScales;
       const __m512 dx = _mm512_set1_ps(sc[0]), dxs = _mm512_set1_ps(sc[which]);
@@ -313,10 +336,9 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
   };
   for (auto& a : ia) a[0] = a[1] = _mm512_setzero_si512();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = panel + b * kBlockBytes;
-    const auto* f = reinterpret_cast<const float*>(blk);
-    if constexpr (kKind == I8::Q4) {
-      const uint8_t* u = blk + 2 * kPanelScaleBytes;
+    if constexpr (kQ4) {
+      __m512 a0, a1, m0, m1;
+      const uint8_t* u = q4_scales<kKind == I8::Q4_K>(panel, b, a0, a1, m0, m1);
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       for (int64_t g = 0; g < 4; ++g) {
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
@@ -330,8 +352,12 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
           ia[t][1] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[t][1], lo1, xl), hi1, xh);
         }
       }
-      flush(b, f, _mm512_loadu_ps(f + 32), _mm512_loadu_ps(f + 48), 1);
+      flush(b, a0, a1, m0, m1, 1);
     } else {
+      const uint8_t* blk = panel + b * kBlockBytes;
+      const auto* f = reinterpret_cast<const float*>(blk);
+      __m512 a0, a1;
+      auto scales = [&](const float* fa) { a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16); };
       const uint8_t* u = blk + (kKind == I8::Q8_0 ? 1 : 2) * kPanelScaleBytes;
       for (int64_t g = 0; g < 8; ++g) {
         const __m512i w0 = _mm512_loadu_si512(u + g * 128), w1 = _mm512_loadu_si512(u + g * 128 + 64);
@@ -341,15 +367,15 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
           ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
         }
         if (kKind == I8::Q6_K && (g == 3 || g == 7)) {
-          const float* fa = f + (g == 3 ? 0 : 32);
+          scales(f + (g == 3 ? 0 : 32));
           const __m512 s32 = _mm512_set1_ps(32.f);
-          flush(b, fa, _mm512_mul_ps(_mm512_loadu_ps(fa), s32), _mm512_mul_ps(_mm512_loadu_ps(fa + 16), s32),
-                g == 3 ? 2 : 3);
+          flush(b, a0, a1, _mm512_mul_ps(a0, s32), _mm512_mul_ps(a1, s32), g == 3 ? 2 : 3);
         }
       }
       if constexpr (kKind == I8::Q8_0) {
+        scales(f);
         const __m512 s128 = _mm512_set1_ps(128.f);
-        flush(b, f, _mm512_mul_ps(_mm512_loadu_ps(f), s128), _mm512_mul_ps(_mm512_loadu_ps(f + 16), s128), 1);
+        flush(b, a0, a1, _mm512_mul_ps(a0, s128), _mm512_mul_ps(a1, s128), 1);
       }
     }
   }
@@ -364,7 +390,7 @@ void panel_kernel_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const
                      float* y, int64_t ys, int n_rows) {
   const __mmask16 k0 = row_mask(n_rows), k1 = row_mask(n_rows - 16);
   const int64_t xs_row = n_in / 32 * kActScales;
-  for_tiles<kKind == I8::Q4 ? 5 : 6>(n_tok, [&]<int M>(int64_t i) {
+  for_tiles<kKind == I8::Q4_K || kKind == I8::Q4_0 ? 5 : 6>(n_tok, [&]<int M>(int64_t i) {
     tile_i8<kKind, M>(panel, n_in, xq + i * n_in, xs + i * xs_row, y + i * ys, ys, k0, k1);
   });
 }
@@ -458,15 +484,15 @@ void fill_avx512_panels(KernelSet& set) {
   put(DType::F16, panel_kernel<WalkDense<F16Load>>);
   put(DType::BF16, panel_kernel<WalkDense<BF16Load>>);
   put(DType::Q8_0, panel_kernel<WalkQ8_0>);
-  put(DType::Q4_K, panel_kernel<WalkQ4_K>);
-  put(DType::Q4_0, panel_kernel<WalkQ4_K>);  // same layout
+  put(DType::Q4_K, panel_kernel<WalkQ4<true>>);
+  put(DType::Q4_0, panel_kernel<WalkQ4<false>>);
   put(DType::Q6_K, panel_kernel<WalkQ6_K>);
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512vnni")) {
     auto put_i8 = [&](DType t, PanelI8Fn f) { set.by_type[static_cast<uint32_t>(t)].panel_i8 = f; };
     put_i8(DType::Q8_0, panel_kernel_i8<I8::Q8_0>);
-    put_i8(DType::Q4_K, panel_kernel_i8<I8::Q4>);
-    put_i8(DType::Q4_0, panel_kernel_i8<I8::Q4>);
+    put_i8(DType::Q4_K, panel_kernel_i8<I8::Q4_K>);
+    put_i8(DType::Q4_0, panel_kernel_i8<I8::Q4_0>);
     put_i8(DType::Q6_K, panel_kernel_i8<I8::Q6_K>);
   }
   if (__builtin_cpu_supports("avx512bf16")) {

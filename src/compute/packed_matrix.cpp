@@ -55,11 +55,8 @@ void pack_q8_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   }
 }
 
-// Writes a, m and the nibble of each input into a Q4_K-layout block.
-void put_q4_block(uint8_t* out, int64_t r, float a, float m, const int* q) {
-  std::memcpy(out + r * sizeof(float), &a, sizeof a);
-  std::memcpy(out + (kPanelRows + r) * sizeof(float), &m, sizeof m);
-  uint8_t* u = out + 2 * kPanelRows * sizeof(float);
+// Writes the nibble of each input of row r into a Q4 sub-block's nibbles.
+void put_q4_nibbles(uint8_t* u, int64_t r, const int* q) {
   // Inputs 8g .. 8g+3 in the low nibbles, 8g+4 .. 8g+7 in the high.
   for (int64_t i = 0; i < kQ32; ++i)
     u[slot_byte(r, q4k_slot(i))] |= static_cast<uint8_t>(q[i] << (i % 8 < 4 ? 0 : 4));
@@ -70,14 +67,19 @@ void pack_q4_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
     const auto* blocks = reinterpret_cast<const BlockQ4_K*>(w.row(r0 + r));
     for (int64_t sb = 0; sb < w.n_in / kQK; ++sb) {
       const BlockQ4_K& b = blocks[sb];
+      uint8_t* head = dst + sb * kQ4_KPanelBlock;
+      std::memcpy(head + 2 * r, &b.d, 2);
+      std::memcpy(head + 2 * (kPanelRows + r), &b.dmin, 2);
       uint8_t sc[8], mn[8];
       unpack_q4k_scales(b.scales, sc, mn);
-      const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
       for (int s = 0; s < 8; ++s) {
+        uint8_t* sub = head + kQ4_KPanelHead + s * kQ4PanelSub;
+        sub[r] = sc[s];
+        sub[kPanelRows + r] = mn[s];
         const uint8_t* src = b.qs + 32 * (s / 2);
         int q[kQ32];
         for (int64_t i = 0; i < kQ32; ++i) q[i] = (src[i] >> (4 * (s & 1))) & 0xF;
-        put_q4_block(dst + (sb * 8 + s) * kQ4PanelBlock, r, d * sc[s], dmin * mn[s], q);
+        put_q4_nibbles(sub + 2 * kPanelRows, r, q);
       }
     }
   }
@@ -87,10 +89,11 @@ void pack_q4_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     const auto* blocks = reinterpret_cast<const BlockQ4_0*>(w.row(r0 + r));
     for (int64_t b = 0; b < w.n_in / kQ32; ++b) {
+      uint8_t* sub = dst + b * kQ4PanelSub;
+      std::memcpy(sub + 2 * r, &blocks[b].d, 2);
       int q[kQ32];
       for (int i = 0; i < 16; ++i) q[i] = blocks[b].qs[i] & 0xF, q[i + 16] = blocks[b].qs[i] >> 4;
-      const float d = fp16_to_fp32(blocks[b].d);
-      put_q4_block(dst + b * kQ4PanelBlock, r, d, 8 * d, q);
+      put_q4_nibbles(sub + 2 * kPanelRows, r, q);
     }
   }
 }
@@ -176,8 +179,9 @@ size_t panel_bytes(DType t, int64_t n_in) {
     case DType::Q8_0:
       return n_in / kQ32 * kQ8_0PanelBlock;
     case DType::Q4_K:
+      return n_in / kQK * kQ4_KPanelBlock;
     case DType::Q4_0:
-      return n_in / kQ32 * kQ4PanelBlock;
+      return n_in / kQ32 * kQ4PanelSub;
     case DType::Q6_K:
       return n_in / kQ32 * kQ6_KPanelBlock;
     default:
@@ -261,11 +265,20 @@ float panel_value(DType t, const uint8_t* panel, int64_t r, int64_t k) {
     }
     case DType::Q4_0:
     case DType::Q4_K: {
-      const uint8_t* sub = panel + (k / kQ32) * kQ4PanelBlock;
+      const bool k_quants = t == DType::Q4_K;
+      const uint8_t* sub = q4_sub_block(k_quants, panel, k / kQ32);
       const int64_t i = k % kQ32;
-      const uint8_t byte = sub[2 * kPanelRows * sizeof(float) + slot_byte(r, q4k_slot(i))];
+      const uint8_t byte = sub[2 * kPanelRows + slot_byte(r, q4k_slot(i))];
       const int q = (i % 8 < 4) ? (byte & 0xF) : (byte >> 4);
-      const float a = read_f32(sub + r * sizeof(float)), m = read_f32(sub + (kPanelRows + r) * sizeof(float));
+      float a, m;
+      if (k_quants) {  // d * sc and dmin * mn: exact products, as the kernels compute them
+        const uint8_t* head = panel + (k / kQK) * kQ4_KPanelBlock;
+        a = fp16_to_fp32(read_u16(head + 2 * r)) * static_cast<float>(sub[r]);
+        m = fp16_to_fp32(read_u16(head + 2 * (kPanelRows + r))) * static_cast<float>(sub[kPanelRows + r]);
+      } else {
+        a = fp16_to_fp32(read_u16(sub + 2 * r));
+        m = 8 * a;
+      }
       return a * static_cast<float>(q) - m;
     }
     default:

@@ -15,11 +15,16 @@
 //   Q8_0: per block of 32 inputs, 1152 bytes: float a[32] (the block scale
 //         d of each row), then uint8 u[8][32 rows][4]: group g, row r holds
 //         inputs 4g .. 4g+3 as q + 128. Value = a[r] * u - 128 * a[r].
-//   Q4_K: per sub-block of 32 inputs, 768 bytes: float a[32], float m[32]
-//         (d*scale and dmin*min of each row's sub-block), then uint8
-//         u[4][32 rows][4]: group g, row r, byte b holds input 8g + b in its
-//         low nibble and 8g + 4 + b in its high nibble. Value = a[r] * q - m[r].
-//   Q4_0: the Q4_K layout with a = d and m = 8d.
+//   Q4_K: per super-block of 256 inputs, 4736 bytes: fp16 d[32], fp16
+//         dmin[32] (each row's), then 8 sub-blocks of 32 inputs, 576 bytes
+//         each: uint8 sc[32], uint8 mn[32] (each row's 6-bit scale and min),
+//         then uint8 u[4][32 rows][4]: group g, row r, byte b holds input
+//         8g + b in its low nibble and 8g + 4 + b in its high nibble.
+//         Value = a[r] * q - m[r] with a = d * sc and m = dmin * mn, both
+//         exact in fp32: the file's bytes per weight, plus 1/32 (a decode
+//         step streams them; float a and m would be a third more).
+//   Q4_0: per block of 32 inputs, 576 bytes: fp16 d[32], then the nibbles
+//         as in a Q4_K sub-block. a = d, m = 8d.
 //   Q6_K: per block of 32 inputs, 1280 bytes: float a0[32], float a1[32]
 //         (d*scale of each row's sub-blocks of 16), then uint8 u[8][32][4]
 //         as for Q8_0 holding the 6-bit q. Value = a * q - 32 * a, a = a0
@@ -42,15 +47,23 @@ inline constexpr int64_t kActScales = 4;
 
 // Quantized panels, per block of 32 inputs: the bytes of the scale arrays
 // in front (one or two float[32]) and of the whole block.
-inline constexpr size_t kPanelScaleBytes = kPanelRows * sizeof(float);                 // 128
-inline constexpr size_t kQ8_0PanelBlock = kPanelScaleBytes + kPanelRows * kQ32;        // 1152
-inline constexpr size_t kQ4PanelBlock = 2 * kPanelScaleBytes + kPanelRows * kQ32 / 2;  // 768
-inline constexpr size_t kQ6_KPanelBlock = 2 * kPanelScaleBytes + kPanelRows * kQ32;    // 1280
+inline constexpr size_t kPanelScaleBytes = kPanelRows * sizeof(float);               // 128
+inline constexpr size_t kQ8_0PanelBlock = kPanelScaleBytes + kPanelRows * kQ32;      // 1152
+inline constexpr size_t kQ4PanelNibbles = kPanelRows * kQ32 / 2;                     // 512
+inline constexpr size_t kQ4PanelSub = 2 * kPanelRows + kQ4PanelNibbles;              // 576
+inline constexpr size_t kQ4_KPanelHead = 2 * kPanelRows * 2;                         // 128
+inline constexpr size_t kQ4_KPanelBlock = kQ4_KPanelHead + 8 * kQ4PanelSub;          // 4736
+inline constexpr size_t kQ6_KPanelBlock = 2 * kPanelScaleBytes + kPanelRows * kQ32;  // 1280
 
 // Whether t has a panel layout and kernels.
 bool packable(DType t);
 // Bytes of one panel of n_in inputs (n_in a valid row length of t).
 size_t panel_bytes(DType t, int64_t n_in);
+// Q4_K/Q4_0: where sub-block s (inputs 32s .. 32s+31) of a panel starts.
+inline const uint8_t* q4_sub_block(bool k_quants, const uint8_t* panel, int64_t s) {
+  return k_quants ? panel + (s / 8) * kQ4_KPanelBlock + kQ4_KPanelHead + (s % 8) * kQ4PanelSub
+                  : panel + s * kQ4PanelSub;
+}
 
 class PackedMatrix {
  public:
