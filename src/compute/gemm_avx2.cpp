@@ -114,9 +114,31 @@ inline __m256 slot(__m256i v, int shift, int mask, __m256 a, __m256 m) {
 }
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// The scales a of block b's rows 16h .. 16h+7 and 16h+8 .. 16h+15, for its
+// inputs 0..15 (half 0) or 16..31 (half 1): Q8_0's fp16 d, or Q6_K's (kK6)
+// d * sc, an exact product. The block's bytes follow at byte_block(...) + 64.
+template <bool kK6>
+inline void byte_scales(const uint8_t* panel, int64_t b, int h, int half, __m256& a0, __m256& a1) {
+  auto wide = [](const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
+  const uint8_t* blk = byte_block(kK6, panel, b);
+  if constexpr (kK6) {
+    auto sc = [](const uint8_t* p) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    };
+    const uint8_t* head = panel + (b / 8) * kQ6_KPanelBlock + 32 * h;
+    a0 = _mm256_mul_ps(wide(head), sc(blk + 32 * half + 16 * h));
+    a1 = _mm256_mul_ps(wide(head + 16), sc(blk + 32 * half + 16 * h + 8));
+  } else {
+    a0 = wide(blk + 32 * h);
+    a1 = wide(blk + 32 * h + 16);
+  }
+}
+
 // Q8_0 (one scale per block, m = 128 a) and Q6_K (a scale per half of 16,
 // m = 32 a): eight groups of four byte slots after the scales.
-template <size_t kBlockBytes, int kOffset, bool kHalves>
+template <int kOffset, bool kHalves>
 struct WalkBytes {
   static constexpr int kTokens = 5;
   static constexpr int row_offset(int h, int part) { return 16 * h + 8 * part; }
@@ -124,12 +146,10 @@ struct WalkBytes {
   static void run(const uint8_t* panel, int64_t n_in, int h, T& tile) {
     const __m256 off = _mm256_set1_ps(static_cast<float>(kOffset));
     for (int64_t b = 0; b < n_in / 32; ++b) {
-      const uint8_t* blk = panel + b * kBlockBytes;
-      const auto* f = reinterpret_cast<const float*>(blk) + 16 * h;
-      const uint8_t* u = blk + (kHalves ? 2 : 1) * kPanelScaleBytes + 64 * h;
+      const uint8_t* u = byte_block(kHalves, panel, b) + 2 * kPanelRows + 64 * h;
       for (int64_t g = 0; g < 8; ++g) {
-        const float* fa = f + (kHalves && g >= 4 ? 32 : 0);
-        const __m256 a0 = _mm256_loadu_ps(fa), a1 = _mm256_loadu_ps(fa + 8);
+        __m256 a0, a1;  // Q6_K: the second half's scales from group 4
+        byte_scales<kHalves>(panel, b, h, kHalves && g >= 4, a0, a1);
         const __m256 m0 = _mm256_mul_ps(a0, off), m1 = _mm256_mul_ps(a1, off);
         const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
         const int64_t k = 32 * b + 4 * g;
@@ -141,8 +161,8 @@ struct WalkBytes {
     }
   }
 };
-using WalkQ8_0 = WalkBytes<kQ8_0PanelBlock, 128, false>;
-using WalkQ6_K = WalkBytes<kQ6_KPanelBlock, 32, true>;
+using WalkQ8_0 = WalkBytes<128, false>;
+using WalkQ6_K = WalkBytes<32, true>;
 
 // Q4_K (kK) or Q4_0 sub-block s, rows 16h .. 16h+15: its scales a and
 // offsets m (a = d * sc and m = dmin * mn, exact products) and its nibbles.
@@ -254,7 +274,6 @@ inline __m256i dot4(__m256i u, __m256i x) {
 template <I8 kKind, int MR>
 void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const float* xs, float* y,
              int64_t ys, const __m256i* masks) {
-  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock : kQ6_KPanelBlock;  // not Q4
   const int64_t nb = n_in / 32;
   __m256 acc[MR][2];
   __m256i ia[MR][2];
@@ -281,12 +300,8 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
   };
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = panel + b * kBlockBytes;  // Q8_0, Q6_K
-    const auto* f = reinterpret_cast<const float*>(blk) + 16 * h;
-    auto scaled = [&](const float* fa, float mul, int which) {
-      const __m256 a0 = _mm256_loadu_ps(fa), a1 = _mm256_loadu_ps(fa + 8), k = _mm256_set1_ps(mul);
-      flush(b, a0, a1, _mm256_mul_ps(a0, k), _mm256_mul_ps(a1, k), which);
-    };
+    constexpr bool kK6 = kKind == I8::Q6_K;
+    const uint8_t* bytes = byte_block(kK6, panel, b) + 2 * kPanelRows + 64 * h;  // Q8_0, Q6_K
     if constexpr (kKind == I8::Q4_K || kKind == I8::Q4_0) {
       __m256 a0, a1, m0, m1;
       const uint8_t* u = q4_scales<kKind == I8::Q4_K>(panel, b, h, a0, a1, m0, m1);
@@ -305,7 +320,7 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
       }
       flush(b, a0, a1, m0, m1, 1);
     } else if constexpr (kKind == I8::Q8_0) {
-      const uint8_t* u = blk + kPanelScaleBytes + 64 * h;
+      const uint8_t* u = bytes;
       const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
       for (int64_t g = 0; g < 8; ++g) {
         const __m256i q0 = _mm256_xor_si256(load32(u + g * 128), bias),
@@ -317,9 +332,11 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
           ia[t][1] = _mm256_add_epi32(ia[t][1], dot4(m1, _mm256_sign_epi8(xb, q1)));
         }
       }
-      flush(b, _mm256_loadu_ps(f), _mm256_loadu_ps(f + 8), zero, zero, 1);
+      __m256 a0, a1;
+      byte_scales<false>(panel, b, h, 0, a0, a1);
+      flush(b, a0, a1, zero, zero, 1);
     } else {
-      const uint8_t* u = blk + 2 * kPanelScaleBytes + 64 * h;
+      const uint8_t* u = bytes;
       for (int64_t g = 0; g < 8; ++g) {
         const __m256i w0 = load32(u + g * 128), w1 = load32(u + g * 128 + 32);
         for (int t = 0; t < MR; ++t) {
@@ -327,7 +344,12 @@ void tile_i8(const uint8_t* panel, int64_t n_in, int h, const int8_t* xq, const 
           ia[t][0] = _mm256_add_epi32(ia[t][0], dot4(w0, xb));
           ia[t][1] = _mm256_add_epi32(ia[t][1], dot4(w1, xb));
         }
-        if (g == 3 || g == 7) scaled(f + (g == 3 ? 0 : 32), 32.f, g == 3 ? 2 : 3);
+        if (g == 3 || g == 7) {
+          __m256 a0, a1;
+          byte_scales<true>(panel, b, h, g == 7, a0, a1);
+          const __m256 s32 = _mm256_set1_ps(32.f);
+          flush(b, a0, a1, _mm256_mul_ps(a0, s32), _mm256_mul_ps(a1, s32), g == 3 ? 2 : 3);
+        }
       }
     }
   }

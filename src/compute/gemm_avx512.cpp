@@ -112,9 +112,31 @@ inline __m512 slot(__m512i v, int shift, int mask, __m512 a, __m512 m) {
   return _mm512_fmsub_ps(_mm512_cvtepi32_ps(q), a, m);  // a*q - m, exact before its one rounding
 }
 
+// The scales a of block b's rows 0-15 and 16-31, for its inputs 0..15
+// (half 0) or 16..31 (half 1): Q8_0's fp16 d, or Q6_K's (kK6) d * sc, an
+// exact product. The block's bytes follow at byte_block(...) + 64.
+template <bool kK6>
+inline void byte_scales(const uint8_t* panel, int64_t b, int half, __m512& a0, __m512& a1) {
+  auto wide = [](const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  };
+  const uint8_t* blk = byte_block(kK6, panel, b);
+  if constexpr (kK6) {
+    auto sc = [](const uint8_t* p) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    };
+    const uint8_t* head = panel + (b / 8) * kQ6_KPanelBlock;
+    a0 = _mm512_mul_ps(wide(head), sc(blk + 32 * half));
+    a1 = _mm512_mul_ps(wide(head + 32), sc(blk + 32 * half + 16));
+  } else {
+    a0 = wide(blk);
+    a1 = wide(blk + 32);
+  }
+}
+
 // Q8_0 (one scale per block, m = 128 a) and Q6_K (a scale per half of 16,
 // m = 32 a): eight groups of four byte slots after the scales.
-template <size_t kBlockBytes, int kOffset, bool kHalves>
+template <int kOffset, bool kHalves>
 struct WalkBytes {
   static constexpr int kTokens = 10;
 
@@ -141,9 +163,7 @@ struct WalkBytes {
     };
     clear();
     for (int64_t b = 0; b < n_in / 32; ++b) {
-      const uint8_t* blk = panel + b * kBlockBytes;
-      const auto* f = reinterpret_cast<const float*>(blk);
-      const uint8_t* u = blk + (kHalves ? 2 : 1) * kPanelScaleBytes;
+      const uint8_t* u = byte_block(kHalves, panel, b) + 2 * kPanelRows;
       for (int64_t g = 0; g < 8; ++g) {
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
         const int64_t k = 32 * b + 4 * g;
@@ -153,8 +173,8 @@ struct WalkBytes {
           s[j & 1][1] = _mm512_fmadd_ps(q(v1, j), xb, s[j & 1][1]);
         }
         if (g == 7 || (kHalves && g == 3)) {  // the end of a scale's run
-          const float* fa = f + (kHalves && g == 7 ? 32 : 0);
-          const __m512 a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16);
+          __m512 a0, a1;
+          byte_scales<kHalves>(panel, b, kHalves && g == 7, a0, a1);
           for (int set = 0; set < 2; ++set) {
             tile.acc[set][0] = _mm512_fmadd_ps(s[set][0], a0, tile.acc[set][0]);
             tile.acc[set][1] = _mm512_fmadd_ps(s[set][1], a1, tile.acc[set][1]);
@@ -170,12 +190,10 @@ struct WalkBytes {
     if constexpr (T::kTokens == 1) return run_one(panel, n_in, tile);
     const __m512 off = _mm512_set1_ps(static_cast<float>(kOffset));
     for (int64_t b = 0; b < n_in / 32; ++b) {
-      const uint8_t* blk = panel + b * kBlockBytes;
-      const auto* f = reinterpret_cast<const float*>(blk);
-      const uint8_t* u = blk + (kHalves ? 2 : 1) * kPanelScaleBytes;
+      const uint8_t* u = byte_block(kHalves, panel, b) + 2 * kPanelRows;
       for (int64_t g = 0; g < 8; ++g) {
-        const float* fa = f + (kHalves && g >= 4 ? 32 : 0);
-        const __m512 a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16);
+        __m512 a0, a1;  // Q6_K: the second half's scales from group 4
+        byte_scales<kHalves>(panel, b, kHalves && g >= 4, a0, a1);
         const __m512 m0 = _mm512_mul_ps(a0, off), m1 = _mm512_mul_ps(a1, off);
         const __m512i v0 = _mm512_loadu_si512(u + g * 128), v1 = _mm512_loadu_si512(u + g * 128 + 64);
         const int64_t k = 32 * b + 4 * g;
@@ -187,8 +205,8 @@ struct WalkBytes {
     }
   }
 };
-using WalkQ8_0 = WalkBytes<kQ8_0PanelBlock, 128, false>;
-using WalkQ6_K = WalkBytes<kQ6_KPanelBlock, 32, true>;
+using WalkQ8_0 = WalkBytes<128, false>;
+using WalkQ6_K = WalkBytes<32, true>;
 
 // A nibble slot: vpermps reads only the low four bits of each index, so one
 // permute of the table 0..15 both masks the nibble and makes it a float
@@ -312,7 +330,6 @@ template <I8 kKind, int MR>
 void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* xs, float* y, int64_t ys,
              __mmask16 k0, __mmask16 k1) {
   constexpr bool kQ4 = kKind == I8::Q4_K || kKind == I8::Q4_0;
-  constexpr size_t kBlockBytes = kKind == I8::Q8_0 ? kQ8_0PanelBlock : kQ6_KPanelBlock;  // not Q4
   const int64_t nb = n_in / 32;
   __m512 acc[MR][2];
   for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
@@ -354,11 +371,9 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
       }
       flush(b, a0, a1, m0, m1, 1);
     } else {
-      const uint8_t* blk = panel + b * kBlockBytes;
-      const auto* f = reinterpret_cast<const float*>(blk);
+      constexpr bool kK6 = kKind == I8::Q6_K;
       __m512 a0, a1;
-      auto scales = [&](const float* fa) { a0 = _mm512_loadu_ps(fa), a1 = _mm512_loadu_ps(fa + 16); };
-      const uint8_t* u = blk + (kKind == I8::Q8_0 ? 1 : 2) * kPanelScaleBytes;
+      const uint8_t* u = byte_block(kK6, panel, b) + 2 * kPanelRows;
       for (int64_t g = 0; g < 8; ++g) {
         const __m512i w0 = _mm512_loadu_si512(u + g * 128), w1 = _mm512_loadu_si512(u + g * 128 + 64);
         for (int t = 0; t < MR; ++t) {
@@ -367,13 +382,13 @@ void tile_i8(const uint8_t* panel, int64_t n_in, const int8_t* xq, const float* 
           ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
         }
         if (kKind == I8::Q6_K && (g == 3 || g == 7)) {
-          scales(f + (g == 3 ? 0 : 32));
+          byte_scales<kK6>(panel, b, g == 7, a0, a1);
           const __m512 s32 = _mm512_set1_ps(32.f);
           flush(b, a0, a1, _mm512_mul_ps(a0, s32), _mm512_mul_ps(a1, s32), g == 3 ? 2 : 3);
         }
       }
       if constexpr (kKind == I8::Q8_0) {
-        scales(f);
+        byte_scales<kK6>(panel, b, 0, a0, a1);
         const __m512 s128 = _mm512_set1_ps(128.f);
         flush(b, a0, a1, _mm512_mul_ps(a0, s128), _mm512_mul_ps(a1, s128), 1);
       }

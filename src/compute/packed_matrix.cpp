@@ -46,10 +46,9 @@ void pack_q8_0(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(w.row(r0 + r));
     for (int64_t b = 0; b < w.n_in / kQ32; ++b) {
-      uint8_t* out = dst + b * kQ8_0PanelBlock;
-      const float d = fp16_to_fp32(blocks[b].d);
-      std::memcpy(out + r * sizeof(float), &d, sizeof d);
-      uint8_t* u = out + kPanelRows * sizeof(float);
+      uint8_t* out = dst + b * kBytePanelBlock;
+      std::memcpy(out + 2 * r, &blocks[b].d, 2);
+      uint8_t* u = out + 2 * kPanelRows;
       for (int64_t k = 0; k < kQ32; ++k) u[slot_byte(r, k)] = static_cast<uint8_t>(blocks[b].qs[k] + 128);
     }
   }
@@ -103,13 +102,13 @@ void pack_q6_k(const WeightMatrix& w, int64_t r0, int64_t rows, uint8_t* dst) {
     const auto* blocks = reinterpret_cast<const BlockQ6_K*>(w.row(r0 + r));
     for (int64_t sb = 0; sb < w.n_in / kQK; ++sb) {
       const BlockQ6_K& b = blocks[sb];
-      const float d = fp16_to_fp32(b.d);
+      uint8_t* head = dst + sb * kQ6_KPanelBlock;
+      std::memcpy(head + 2 * r, &b.d, 2);
       for (int64_t c = 0; c < 8; ++c) {
-        uint8_t* out = dst + (sb * 8 + c) * kQ6_KPanelBlock;
-        const float a0 = d * b.scales[2 * c], a1 = d * b.scales[2 * c + 1];
-        std::memcpy(out + r * sizeof(float), &a0, sizeof a0);
-        std::memcpy(out + (kPanelRows + r) * sizeof(float), &a1, sizeof a1);
-        uint8_t* u = out + 2 * kPanelRows * sizeof(float);
+        uint8_t* out = head + kQ6_KPanelHead + c * kBytePanelBlock;
+        out[r] = static_cast<uint8_t>(b.scales[2 * c]);
+        out[kPanelRows + r] = static_cast<uint8_t>(b.scales[2 * c + 1]);
+        uint8_t* u = out + 2 * kPanelRows;
         for (int64_t i = 0; i < kQ32; ++i) {
           // Element e of the super-block (layout in quant.h).
           const int64_t e = 32 * c + i, h = e / 128, l = e % 32, quarter = (e % 128) / 32;
@@ -177,13 +176,13 @@ size_t panel_bytes(DType t, int64_t n_in) {
     case DType::BF16:
       return n_in * kPanelRows * 2;
     case DType::Q8_0:
-      return n_in / kQ32 * kQ8_0PanelBlock;
+      return n_in / kQ32 * kBytePanelBlock;
     case DType::Q4_K:
       return n_in / kQK * kQ4_KPanelBlock;
     case DType::Q4_0:
       return n_in / kQ32 * kQ4PanelSub;
     case DType::Q6_K:
-      return n_in / kQ32 * kQ6_KPanelBlock;
+      return n_in / kQK * kQ6_KPanelBlock;
     default:
       fail(ErrorKind::InvalidInput, "tensor type {} has no panel layout", dtype_info(t).name);
   }
@@ -251,16 +250,17 @@ float panel_value(DType t, const uint8_t* panel, int64_t r, int64_t k) {
     case DType::BF16:
       return bf16_to_fp32(read_u16(panel + (k * kPanelRows + bf16_slot(r)) * 2));
     case DType::Q8_0: {
-      const uint8_t* blk = panel + (k / kQ32) * kQ8_0PanelBlock;
-      const int u = blk[kPanelRows * sizeof(float) + slot_byte(r, k % kQ32)];
-      const float a = read_f32(blk + r * sizeof(float));
+      const uint8_t* blk = byte_block(false, panel, k / kQ32);
+      const int u = blk[2 * kPanelRows + slot_byte(r, k % kQ32)];
+      const float a = fp16_to_fp32(read_u16(blk + 2 * r));
       return a * static_cast<float>(u) - 128 * a;
     }
     case DType::Q6_K: {
-      const uint8_t* blk = panel + (k / kQ32) * kQ6_KPanelBlock;
+      const uint8_t* blk = byte_block(true, panel, k / kQ32);
       const int64_t i = k % kQ32;
-      const int u = blk[2 * kPanelRows * sizeof(float) + slot_byte(r, i)];
-      const float a = read_f32(blk + ((i < 16 ? 0 : kPanelRows) + r) * sizeof(float));
+      const int u = blk[2 * kPanelRows + slot_byte(r, i)];
+      const float d = fp16_to_fp32(read_u16(panel + (k / kQK) * kQ6_KPanelBlock + 2 * r));
+      const float a = d * static_cast<float>(static_cast<int8_t>(blk[(i < 16 ? 0 : kPanelRows) + r]));
       return a * static_cast<float>(u) - 32 * a;
     }
     case DType::Q4_0:

@@ -12,7 +12,7 @@
 //   BF16: element (r, k) at index k * 32 + s(r), rows interleaved in fours:
 //         s(r) = 8 (r / 4) + r % 4 for r < 16, 8 ((r - 16) / 4) + 4 + r % 4
 //         after, so that unpacking a column with zeros gives rows in order.
-//   Q8_0: per block of 32 inputs, 1152 bytes: float a[32] (the block scale
+//   Q8_0: per block of 32 inputs, 1088 bytes: fp16 a[32] (the block scale
 //         d of each row), then uint8 u[8][32 rows][4]: group g, row r holds
 //         inputs 4g .. 4g+3 as q + 128. Value = a[r] * u - 128 * a[r].
 //   Q4_K: per super-block of 256 inputs, 4736 bytes: fp16 d[32], fp16
@@ -21,17 +21,21 @@
 //         then uint8 u[4][32 rows][4]: group g, row r, byte b holds input
 //         8g + b in its low nibble and 8g + 4 + b in its high nibble.
 //         Value = a[r] * q - m[r] with a = d * sc and m = dmin * mn, both
-//         exact in fp32: the file's bytes per weight, plus 1/32 (a decode
-//         step streams them; float a and m would be a third more).
+//         exact in fp32.
 //   Q4_0: per block of 32 inputs, 576 bytes: fp16 d[32], then the nibbles
 //         as in a Q4_K sub-block. a = d, m = 8d.
-//   Q6_K: per block of 32 inputs, 1280 bytes: float a0[32], float a1[32]
-//         (d*scale of each row's sub-blocks of 16), then uint8 u[8][32][4]
-//         as for Q8_0 holding the 6-bit q. Value = a * q - 32 * a, a = a0
-//         for inputs 0..15 and a1 for 16..31.
+//   Q6_K: per super-block of 256 inputs, 8768 bytes: fp16 d[32] (each
+//         row's), then 8 blocks of 32 inputs, 1088 bytes each: int8 sc0[32],
+//         int8 sc1[32] (each row's scales of inputs 0..15 and 16..31), then
+//         uint8 u[8][32][4] as for Q8_0 holding the 6-bit q. Value = a * q -
+//         32 * a, a = d * sc0 for inputs 0..15 and d * sc1 for 16..31 (exact
+//         in fp32).
 // The quantized layouts keep the weights unsigned in four-input groups per
 // row: the shape of the int8 dot-product instructions (VNNI), whose kernels
-// run on activations quantized per token to int8 in blocks of 32.
+// run on activations quantized per token to int8 in blocks of 32. They keep
+// the file's scales rather than their products in float (which would add a
+// third to Q4_K's bytes and half to Q6_K's): a decode step streams every
+// byte, and the kernels form the products in registers.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,18 +51,24 @@ inline constexpr int64_t kActScales = 4;
 
 // Quantized panels, per block of 32 inputs: the bytes of the scale arrays
 // in front (one or two float[32]) and of the whole block.
-inline constexpr size_t kPanelScaleBytes = kPanelRows * sizeof(float);               // 128
-inline constexpr size_t kQ8_0PanelBlock = kPanelScaleBytes + kPanelRows * kQ32;      // 1152
-inline constexpr size_t kQ4PanelNibbles = kPanelRows * kQ32 / 2;                     // 512
-inline constexpr size_t kQ4PanelSub = 2 * kPanelRows + kQ4PanelNibbles;              // 576
-inline constexpr size_t kQ4_KPanelHead = 2 * kPanelRows * 2;                         // 128
-inline constexpr size_t kQ4_KPanelBlock = kQ4_KPanelHead + 8 * kQ4PanelSub;          // 4736
-inline constexpr size_t kQ6_KPanelBlock = 2 * kPanelScaleBytes + kPanelRows * kQ32;  // 1280
+inline constexpr size_t kBytePanelBlock = 2 * kPanelRows + kPanelRows * kQ32;    // 1088
+inline constexpr size_t kQ6_KPanelHead = 2 * kPanelRows;                         // 64
+inline constexpr size_t kQ6_KPanelBlock = kQ6_KPanelHead + 8 * kBytePanelBlock;  // 8768
+inline constexpr size_t kQ4PanelNibbles = kPanelRows * kQ32 / 2;                 // 512
+inline constexpr size_t kQ4PanelSub = 2 * kPanelRows + kQ4PanelNibbles;          // 576
+inline constexpr size_t kQ4_KPanelHead = 2 * kPanelRows * 2;                     // 128
+inline constexpr size_t kQ4_KPanelBlock = kQ4_KPanelHead + 8 * kQ4PanelSub;      // 4736
 
 // Whether t has a panel layout and kernels.
 bool packable(DType t);
 // Bytes of one panel of n_in inputs (n_in a valid row length of t).
 size_t panel_bytes(DType t, int64_t n_in);
+// Q8_0/Q6_K (k_quants): where block b (inputs 32b .. 32b+31) of a panel
+// starts; its bytes follow its 64 bytes of scales.
+inline const uint8_t* byte_block(bool k_quants, const uint8_t* panel, int64_t b) {
+  return k_quants ? panel + (b / 8) * kQ6_KPanelBlock + kQ6_KPanelHead + (b % 8) * kBytePanelBlock
+                  : panel + b * kBytePanelBlock;
+}
 // Q4_K/Q4_0: where sub-block s (inputs 32s .. 32s+31) of a panel starts.
 inline const uint8_t* q4_sub_block(bool k_quants, const uint8_t* panel, int64_t s) {
   return k_quants ? panel + (s / 8) * kQ4_KPanelBlock + kQ4_KPanelHead + (s % 8) * kQ4PanelSub
