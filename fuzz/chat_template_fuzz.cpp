@@ -106,8 +106,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const depcache::ChatFormat format(*family);
     prompt = (own_markers ? format.render(messages, t.bos, t.eos) : format.render(messages)).text;
   } catch (const depcache::Error& e) {
-    if (e.kind() != depcache::ErrorKind::InvalidInput)
+    if (e.kind() != depcache::ErrorKind::InvalidInput) {
+      std::fprintf(stderr, "chat render failed: %s\n", e.what());
       violated("a chat render failed other than InvalidInput");
+    }
     return 0;
   }
   if (prompt.empty()) violated("empty prompt for a valid conversation");

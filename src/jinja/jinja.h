@@ -26,7 +26,7 @@ struct RenderLimits {
   // the render whatever is freed meanwhile: a bound on the memory it can
   // hold at once (values share their contents, so copies cost nothing).
   size_t max_value_bytes = size_t{256} << 20;
-  std::chrono::milliseconds max_time{2000};
+  std::chrono::milliseconds max_time{2000};  // CPU time of the rendering thread
 };
 
 class Template {

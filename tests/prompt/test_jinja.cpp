@@ -7,6 +7,7 @@
 #include <iterator>
 #include <map>
 #include <regex>
+#include <thread>
 
 #include "jinja/jinja.h"
 #include "prompt/chat_template.h"
@@ -415,6 +416,30 @@ TEST(Jinja, BadAndHostileTemplatesAreRefusedByName) {
   const auto [k6, e6] = render_error("\n\n{{ messages[0].content }}");
   EXPECT_EQ(k6, ErrorKind::InvalidInput);
   EXPECT_EQ(e6, "chat template line 3: 'list' has no item 0") << e6;
+}
+
+// The time budget counts the rendering thread's CPU time, not the wall
+// clock: a render that waits (a function that sleeps 3 ms a call, as a
+// thread descheduled on a busy machine would) runs past a 50 ms budget in
+// wall time and completes, while one that computes is stopped (above).
+TEST(Jinja, TheTimeBudgetCountsCpuTimeNotWaiting) {
+  struct Sleep : jinja::Callable {
+    std::string name() const override { return "sleep"; }
+    jinja::Value call(jinja::Args&) const override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      return jinja::Value::string("");
+    }
+  };
+  jinja::Dict globals;
+  globals.set("sleep", jinja::Value::function(std::make_shared<Sleep>()));
+  jinja::RenderLimits limits;
+  limits.max_time = std::chrono::milliseconds(50);
+  const std::tm now{};
+  const auto start = std::chrono::steady_clock::now();
+  const jinja::Str out =
+      jinja::Template("{% for i in range(100) %}{{ sleep() }}{% endfor %}done").render(globals, now, limits);
+  EXPECT_EQ(out.s, "done");
+  EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(250));  // it did wait
 }
 
 }  // namespace DEPCACHE_TEST_FILE
