@@ -49,8 +49,9 @@ struct WeightMatrix;
 inline constexpr int64_t kPanelRows = 32;
 inline constexpr int64_t kActScales = 4;
 
-// Quantized panels, per block of 32 inputs: the bytes of the scale arrays
-// in front (one or two float[32]) and of the whole block.
+// Quantized panels (layouts above): a block of 32 inputs of Q8_0/Q6_K, a
+// sub-block of Q4_K/Q4_0, and the per-row scales heading a K-quant
+// super-block of 256.
 inline constexpr size_t kBytePanelBlock = 2 * kPanelRows + kPanelRows * kQ32;    // 1088
 inline constexpr size_t kQ6_KPanelHead = 2 * kPanelRows;                         // 64
 inline constexpr size_t kQ6_KPanelBlock = kQ6_KPanelHead + 8 * kBytePanelBlock;  // 8768
