@@ -114,25 +114,30 @@ inline __m256 slot(__m256i v, int shift, int mask, __m256 a, __m256 m) {
 }
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// Eight fp16 values, or eight signed or unsigned bytes, as floats.
+inline __m256 fp16x8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 i8x8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 u8x8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // The scales a of block b's rows 16h .. 16h+7 and 16h+8 .. 16h+15, for its
 // inputs 0..15 (half 0) or 16..31 (half 1): Q8_0's fp16 d, or Q6_K's (kK6)
 // d * sc, an exact product. The block's bytes follow at byte_block(...) + 64.
 template <bool kK6>
 inline void byte_scales(const uint8_t* panel, int64_t b, int h, int half, __m256& a0, __m256& a1) {
-  auto wide = [](const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
   const uint8_t* blk = byte_block(kK6, panel, b);
   if constexpr (kK6) {
-    auto sc = [](const uint8_t* p) {
-      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-    };
     const uint8_t* head = panel + (b / 8) * kQ6_KPanelBlock + 32 * h;
-    a0 = _mm256_mul_ps(wide(head), sc(blk + 32 * half + 16 * h));
-    a1 = _mm256_mul_ps(wide(head + 16), sc(blk + 32 * half + 16 * h + 8));
+    a0 = _mm256_mul_ps(fp16x8(head), i8x8(blk + 32 * half + 16 * h));
+    a1 = _mm256_mul_ps(fp16x8(head + 16), i8x8(blk + 32 * half + 16 * h + 8));
   } else {
-    a0 = wide(blk + 32 * h);
-    a1 = wide(blk + 32 * h + 16);
+    a0 = fp16x8(blk + 32 * h);
+    a1 = fp16x8(blk + 32 * h + 16);
   }
 }
 
@@ -169,23 +174,17 @@ using WalkQ6_K = WalkBytes<32, true>;
 template <bool kK>
 inline const uint8_t* q4_scales(const uint8_t* panel, int64_t s, int h, __m256& a0, __m256& a1, __m256& m0,
                                 __m256& m1) {
-  auto half = [](const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
   const uint8_t* sub = q4_sub_block(kK, panel, s);
   if constexpr (kK) {
-    auto bytes = [](const uint8_t* p) {
-      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-    };
     const uint8_t* head = panel + (s / 8) * kQ4_KPanelBlock + 32 * h;
     const uint8_t* sc = sub + 16 * h;
-    a0 = _mm256_mul_ps(half(head), bytes(sc));
-    a1 = _mm256_mul_ps(half(head + 16), bytes(sc + 8));
-    m0 = _mm256_mul_ps(half(head + 64), bytes(sc + 32));
-    m1 = _mm256_mul_ps(half(head + 80), bytes(sc + 40));
+    a0 = _mm256_mul_ps(fp16x8(head), u8x8(sc));
+    a1 = _mm256_mul_ps(fp16x8(head + 16), u8x8(sc + 8));
+    m0 = _mm256_mul_ps(fp16x8(head + 64), u8x8(sc + 32));
+    m1 = _mm256_mul_ps(fp16x8(head + 80), u8x8(sc + 40));
   } else {
-    a0 = half(sub + 32 * h);
-    a1 = half(sub + 32 * h + 16);
+    a0 = fp16x8(sub + 32 * h);
+    a1 = fp16x8(sub + 32 * h + 16);
     m0 = _mm256_mul_ps(a0, _mm256_set1_ps(8.0f));
     m1 = _mm256_mul_ps(a1, _mm256_set1_ps(8.0f));
   }

@@ -112,25 +112,30 @@ inline __m512 slot(__m512i v, int shift, int mask, __m512 a, __m512 m) {
   return _mm512_fmsub_ps(_mm512_cvtepi32_ps(q), a, m);  // a*q - m, exact before its one rounding
 }
 
+// Sixteen fp16 values, or sixteen signed or unsigned bytes, as floats.
+inline __m512 fp16x16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 i8x16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 u8x16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
 // The scales a of block b's rows 0-15 and 16-31, for its inputs 0..15
 // (half 0) or 16..31 (half 1): Q8_0's fp16 d, or Q6_K's (kK6) d * sc, an
 // exact product. The block's bytes follow at byte_block(...) + 64.
 template <bool kK6>
 inline void byte_scales(const uint8_t* panel, int64_t b, int half, __m512& a0, __m512& a1) {
-  auto wide = [](const uint8_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  };
   const uint8_t* blk = byte_block(kK6, panel, b);
   if constexpr (kK6) {
-    auto sc = [](const uint8_t* p) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    };
     const uint8_t* head = panel + (b / 8) * kQ6_KPanelBlock;
-    a0 = _mm512_mul_ps(wide(head), sc(blk + 32 * half));
-    a1 = _mm512_mul_ps(wide(head + 32), sc(blk + 32 * half + 16));
+    a0 = _mm512_mul_ps(fp16x16(head), i8x16(blk + 32 * half));
+    a1 = _mm512_mul_ps(fp16x16(head + 32), i8x16(blk + 32 * half + 16));
   } else {
-    a0 = wide(blk);
-    a1 = wide(blk + 32);
+    a0 = fp16x16(blk);
+    a1 = fp16x16(blk + 32);
   }
 }
 
@@ -225,22 +230,16 @@ inline __m512 nibble(__m512i v, int shift, __m512 a, __m512 m) {
 template <bool kK>
 inline const uint8_t* q4_scales(const uint8_t* panel, int64_t s, __m512& a0, __m512& a1, __m512& m0,
                                 __m512& m1) {
-  auto half = [](const uint8_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  };
   const uint8_t* sub = q4_sub_block(kK, panel, s);
   if constexpr (kK) {
-    auto bytes = [](const uint8_t* p) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    };
     const uint8_t* head = panel + (s / 8) * kQ4_KPanelBlock;
-    a0 = _mm512_mul_ps(half(head), bytes(sub));
-    a1 = _mm512_mul_ps(half(head + 32), bytes(sub + 16));
-    m0 = _mm512_mul_ps(half(head + 64), bytes(sub + 32));
-    m1 = _mm512_mul_ps(half(head + 96), bytes(sub + 48));
+    a0 = _mm512_mul_ps(fp16x16(head), u8x16(sub));
+    a1 = _mm512_mul_ps(fp16x16(head + 32), u8x16(sub + 16));
+    m0 = _mm512_mul_ps(fp16x16(head + 64), u8x16(sub + 32));
+    m1 = _mm512_mul_ps(fp16x16(head + 96), u8x16(sub + 48));
   } else {
-    a0 = half(sub);
-    a1 = half(sub + 32);
+    a0 = fp16x16(sub);
+    a1 = fp16x16(sub + 32);
     m0 = _mm512_mul_ps(a0, _mm512_set1_ps(8.0f));
     m1 = _mm512_mul_ps(a1, _mm512_set1_ps(8.0f));
   }
