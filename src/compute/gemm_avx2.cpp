@@ -152,16 +152,20 @@ struct WalkBytes {
     const __m256 off = _mm256_set1_ps(static_cast<float>(kOffset));
     for (int64_t b = 0; b < n_in / 32; ++b) {
       const uint8_t* u = byte_block(kHalves, panel, b) + 2 * kPanelRows + 64 * h;
-      for (int64_t g = 0; g < 8; ++g) {
-        __m256 a0, a1;  // Q6_K: the second half's scales from group 4
-        byte_scales<kHalves>(panel, b, h, kHalves && g >= 4, a0, a1);
+      // The scales once per run of groups under them: Q6_K's halves are
+      // groups 0-3 and 4-7, Q8_0's one scale covers all eight.
+      for (int half = 0; half < (kHalves ? 2 : 1); ++half) {
+        __m256 a0, a1;
+        byte_scales<kHalves>(panel, b, h, half, a0, a1);
         const __m256 m0 = _mm256_mul_ps(a0, off), m1 = _mm256_mul_ps(a1, off);
-        const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
-        const int64_t k = 32 * b + 4 * g;
-        tile.template put<0>(k, slot(v0, 0, 0xFF, a0, m0), slot(v1, 0, 0xFF, a1, m1));
-        tile.template put<1>(k + 1, slot(v0, 8, 0xFF, a0, m0), slot(v1, 8, 0xFF, a1, m1));
-        tile.template put<0>(k + 2, slot(v0, 16, 0xFF, a0, m0), slot(v1, 16, 0xFF, a1, m1));
-        tile.template put<1>(k + 3, slot(v0, 24, 0xFF, a0, m0), slot(v1, 24, 0xFF, a1, m1));
+        for (int64_t g = 4 * half; g < (kHalves ? 4 * half + 4 : 8); ++g) {
+          const __m256i v0 = load32(u + g * 128), v1 = load32(u + g * 128 + 32);
+          const int64_t k = 32 * b + 4 * g;
+          tile.template put<0>(k, slot(v0, 0, 0xFF, a0, m0), slot(v1, 0, 0xFF, a1, m1));
+          tile.template put<1>(k + 1, slot(v0, 8, 0xFF, a0, m0), slot(v1, 8, 0xFF, a1, m1));
+          tile.template put<0>(k + 2, slot(v0, 16, 0xFF, a0, m0), slot(v1, 16, 0xFF, a1, m1));
+          tile.template put<1>(k + 3, slot(v0, 24, 0xFF, a0, m0), slot(v1, 24, 0xFF, a1, m1));
+        }
       }
     }
   }
