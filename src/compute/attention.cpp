@@ -284,31 +284,56 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
 
 namespace {
 
-// Elements [first, first + n) of every row of `ranges`, as floats, rows in
-// order: whole blocks through the ISA's row decoder, range by range; a cut
-// block row by row.
-void decode_slices(const KvLayerView& kv, std::span<const RowRange> ranges, int64_t first, int64_t n,
-                   float* dst) {
-  const DTypeInfo& info = dtype_info(kv.type);
-  const auto* base = static_cast<const uint8_t*>(kv.k);
-  if (first % info.block_size == 0 && n % info.block_size == 0) {
-    const size_t offset = static_cast<size_t>(first / info.block_size) * info.block_bytes;
-    for (const RowRange& r : ranges) {
-      dequantize_rows(kv.type, base + r.begin * kv.row_bytes + offset, kv.row_bytes, r.size(), n, dst);
-      dst += r.size() * n;
+// Scaled scores of NH query heads (q: their rows, head_dim apart) that share
+// one KV head (kt: its keys in blocks of 16) over the visible rows, by row in
+// each head's array (`room` floats apart). A block is computed whole, also
+// where a range begins or ends inside it: rows no range holds get scores
+// nobody reads.
+template <int NH>
+void mass_scores(const float* q, int hd, const float* kt, std::span<const RowRange> visible, float scale,
+                 float* out, int64_t room) {
+  const int64_t block_floats = int64_t{hd} * 16;
+  for (const RowRange& r : visible) {
+    for (int64_t j = r.begin / 16 * 16; j < r.end; j += 16) {
+      __m256 acc[NH][2];
+      for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+      const float* k = kt + j / 16 * block_floats;
+      for (int d = 0; d < hd; ++d, k += 16) {
+        const __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
+        for (int h = 0; h < NH; ++h) {
+          const __m256 qd = _mm256_broadcast_ss(q + h * hd + d);
+          acc[h][0] = _mm256_fmadd_ps(qd, k0, acc[h][0]);
+          acc[h][1] = _mm256_fmadd_ps(qd, k1, acc[h][1]);
+        }
+      }
+      const __m256 sc = _mm256_set1_ps(scale);
+      for (int h = 0; h < NH; ++h) {
+        _mm256_storeu_ps(out + h * room + j, _mm256_mul_ps(acc[h][0], sc));
+        _mm256_storeu_ps(out + h * room + j + 8, _mm256_mul_ps(acc[h][1], sc));
+      }
     }
-    return;
   }
-  for (const RowRange& r : ranges)
-    for (int64_t j = r.begin; j < r.end; ++j, dst += n)
-      kv_decode_part(kv.type, base + j * kv.row_bytes, first, n, dst);
 }
 
 }  // namespace
 
+void mass_keys(const KvLayerView& kv, int64_t n_rows, int n_head_kv, int head_dim, MassKeys& out) {
+  const int64_t width = int64_t{n_head_kv} * head_dim, n_blocks = (n_rows + 15) / 16;
+  out.n_rows = n_rows, out.n_head_kv = n_head_kv, out.head_dim = head_dim;
+  out.t.assign(static_cast<size_t>(width * n_blocks * 16), 0.0f);
+  thread_local std::vector<float> rows;
+  rows.resize(static_cast<size_t>(n_rows * width));
+  dequantize_rows(kv.type, kv.k, kv.row_bytes, n_rows, width, rows.data());
+  for (int64_t j = 0; j < n_rows; ++j)
+    for (int64_t kh = 0; kh < n_head_kv; ++kh)
+      for (int64_t d = 0; d < head_dim; ++d)
+        out.t[static_cast<size_t>(((kh * n_blocks + j / 16) * head_dim + d) * 16 + j % 16)] =
+            rows[j * width + kh * head_dim + d];
+}
+
 std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
-                                   std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
-                                   int n_head_kv, int head_dim, float softcap) {
+                                   std::span<const RowRange> targets, const MassKeys& keys, int n_head,
+                                   float softcap) {
   // Targets by where they begin, for one sweep over the ascending rows.
   std::vector<size_t> order(targets.size());
   for (size_t t = 0; t < order.size(); ++t) order[t] = t;
@@ -318,49 +343,101 @@ std::vector<double> attention_mass(const float* q_row, std::span<const RowRange>
     if (targets[order[t]].begin > targets[order[t]].end ||
         (t > 0 && targets[order[t]].begin < targets[order[t - 1]].end))
       fail(ErrorKind::Internal, "attention_mass: the targets overlap");
-  const int group = n_head / n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  std::vector<double> mass(targets.size(), 0.0);
-  std::vector<int64_t> rows;
-  for (const RowRange& r : visible)
-    for (int64_t j = r.begin; j < r.end; ++j) rows.push_back(j);
-  // F32 rows are read in place; others decoded, each KV head's keys once for
-  // the query heads that share it.
-  const bool in_place = kv.type == DType::F32;
-  std::vector<float> scores(rows.size()), keys(in_place ? 0 : rows.size() * static_cast<size_t>(head_dim));
-  for (int kh = 0; kh < n_head_kv; ++kh) {
-    if (!in_place) decode_slices(kv, visible, int64_t{kh} * head_dim, head_dim, keys.data());
-    const auto key = [&](size_t i) {
-      return in_place ? reinterpret_cast<const float*>(static_cast<const uint8_t*>(kv.k) +
-                                                       rows[i] * kv.row_bytes) +
-                            int64_t{kh} * head_dim
-                      : keys.data() + i * head_dim;
-    };
-    for (int h = kh * group; h < (kh + 1) * group; ++h) {
-      const float* q = q_row + int64_t{h} * head_dim;
-      float m = -INFINITY;
-      for (size_t i = 0; i < rows.size(); ++i) {
-        scores[i] = vec::dot(key(i), q, head_dim) * scale;
-        if (softcap > 0) scores[i] = softcap * std::tanh(scores[i] / softcap);
-        if (!(scores[i] <= m)) m = scores[i];  // a NaN score makes every mass NaN
+  // The visible rows cut where targets begin and end, each run with its
+  // target or -1.
+  struct Run {
+    int64_t begin, end;
+    int target;
+  };
+  std::vector<Run> runs;
+  int64_t n_vis = 0;
+  size_t t = 0;
+  for (const RowRange& r : visible) {
+    if (r.begin < 0 || r.end > keys.n_rows)
+      fail(ErrorKind::Internal, "attention_mass: row {} past the {} keys made", r.end, keys.n_rows);
+    for (int64_t row = r.begin; row < r.end;) {
+      while (t < order.size() && targets[order[t]].end <= row) ++t;
+      int64_t end = r.end;
+      int target = -1;
+      if (t < order.size() && targets[order[t]].begin <= row) {
+        target = static_cast<int>(order[t]);
+        end = std::min(end, targets[order[t]].end);
+      } else if (t < order.size()) {
+        end = std::min(end, targets[order[t]].begin);
       }
-      double total = 0;
-      size_t i = 0;
-      for (; i + 8 <= scores.size(); i += 8) {
-        const __m256 e = vec::exp(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + i), _mm256_set1_ps(m)));
-        _mm256_storeu_ps(scores.data() + i, e);
-        for (size_t k = i; k < i + 8; ++k) total += scores[k];  // in double: the masses sum to 1
-      }
-      for (; i < scores.size(); ++i) total += (scores[i] = std::exp(scores[i] - m));
-      size_t t = 0;
-      for (size_t i = 0; i < rows.size() && t < order.size(); ++i) {
-        while (t < order.size() && targets[order[t]].end <= rows[i]) ++t;
-        if (t < order.size() && rows[i] >= targets[order[t]].begin) mass[order[t]] += scores[i] / total;
-      }
+      runs.push_back({row, end, target});
+      row = end;
     }
+    n_vis += r.size();
+  }
+  if (n_vis == 0) return std::vector<double>(targets.size(), 0.0);
+  const int hd = keys.head_dim, group = n_head / keys.n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<double> mass(targets.size(), 0.0), part(targets.size());
+  thread_local std::vector<float> scores;
+  const int64_t n_room = (keys.n_rows + 15) / 16 * 16, block_floats = int64_t{hd} * n_room;
+  scores.resize(static_cast<size_t>(group * n_room));
+  for (int h = 0; h < n_head; ++h) {
+    if (h % group == 0)  // the scores of this KV head's query heads, its keys read once for up to four
+      for (int h0 = 0; h0 < group; h0 += 4) {
+        const float* kt = keys.t.data() + int64_t{h / group} * block_floats;
+        const float* q = q_row + int64_t{h + h0} * hd;
+        float* out = scores.data() + h0 * n_room;
+        switch (std::min(group - h0, 4)) {
+          case 1:
+            mass_scores<1>(q, hd, kt, visible, scale, out, n_room);
+            break;
+          case 2:
+            mass_scores<2>(q, hd, kt, visible, scale, out, n_room);
+            break;
+          case 3:
+            mass_scores<3>(q, hd, kt, visible, scale, out, n_room);
+            break;
+          default:
+            mass_scores<4>(q, hd, kt, visible, scale, out, n_room);
+            break;
+        }
+      }
+    float* const head_scores = scores.data() + (h % group) * n_room;
+    float m = -INFINITY;
+    bool nan = false;
+    for (const RowRange& r : visible)
+      for (int64_t i = r.begin; i < r.end; ++i) {
+        float& x = head_scores[i];
+        if (softcap > 0) x = softcap * std::tanh(x / softcap);
+        nan |= std::isnan(x);
+        m = std::max(m, x);
+      }
+    if (nan) return std::vector<double>(targets.size(), NAN);
+    // Each run's exponentials summed in fp32 vectors, the runs in double:
+    // the total is the sum of the same parts, so the masses sum to 1.
+    double total = 0;
+    std::fill(part.begin(), part.end(), 0.0);
+    const __m256 mv = _mm256_set1_ps(m);
+    for (const Run& run : runs) {
+      __m256 acc = _mm256_setzero_ps();
+      int64_t i = run.begin;
+      for (; i + 8 <= run.end; i += 8)
+        acc = _mm256_add_ps(acc, vec::exp(_mm256_sub_ps(_mm256_loadu_ps(head_scores + i), mv)));
+      double sum = vec::hsum(acc);
+      for (; i < run.end; ++i) sum += std::exp(head_scores[i] - m);
+      total += sum;
+      if (run.target >= 0) part[static_cast<size_t>(run.target)] += sum;
+    }
+    for (size_t k = 0; k < mass.size(); ++k) mass[k] += part[k] / total;
   }
   for (double& x : mass) x /= n_head;
   return mass;
+}
+
+std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
+                                   std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
+                                   int n_head_kv, int head_dim, float softcap) {
+  int64_t n_rows = 0;
+  for (const RowRange& r : visible) n_rows = std::max(n_rows, r.end);
+  MassKeys keys;
+  mass_keys(kv, n_rows, n_head_kv, head_dim, keys);
+  return attention_mass(q_row, visible, targets, keys, n_head, softcap);
 }
 
 }  // namespace depcache

@@ -72,10 +72,26 @@ void attention(const float* q, int64_t n_q, std::span<const int64_t> ids, const 
                const KvLayerView& kv, int n_head, int n_head_kv, int head_dim, float* out, ThreadPool& pool,
                float softcap = 0);
 
+// One layer's keys as attention_mass reads them: each KV head's first
+// n_rows keys in fp32, in blocks of 16 keys stored by dimension (a block's
+// last keys past n_rows zero), so that one vector load holds a dimension of
+// consecutive keys and a block is one run of memory. Made once per layer
+// for every query scored.
+struct MassKeys {
+  int64_t n_rows = 0;
+  int n_head_kv = 0, head_dim = 0;
+  std::vector<float> t;  // [kv head][block][dim][16]
+};
+void mass_keys(const KvLayerView& kv, int64_t n_rows, int n_head_kv, int head_dim, MassKeys& out);
+
 // Softmax attention mass of one query row onto each of `targets`, averaged
-// over heads, given the ranges it sees (ascending). Targets must be
-// disjoint; mass outside every target is not reported (the values sum to at
-// most 1).
+// over heads, given the ranges it sees (ascending, below keys.n_rows).
+// Targets must be disjoint; mass outside every target is not reported (the
+// values sum to at most 1). A NaN score makes every mass NaN.
+std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
+                                   std::span<const RowRange> targets, const MassKeys& keys, int n_head,
+                                   float softcap = 0);
+// The same, making the keys it needs.
 std::vector<double> attention_mass(const float* q_row, std::span<const RowRange> visible,
                                    std::span<const RowRange> targets, const KvLayerView& kv, int n_head,
                                    int n_head_kv, int head_dim, float softcap = 0);

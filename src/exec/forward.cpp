@@ -242,17 +242,12 @@ void Forward::score_attention_mass(int il, const PrefillPlan& plan, const Visibi
   auto& mass = result.attention_mass[il];
   mass.assign(plan.stats_queries.size(), {});  // empty: not computed in this layer
   const auto n_stats = static_cast<int64_t>(plan.stats_queries.size());
-  // The layer's keys decoded once for every query scored (each would decode
+  // The layer's keys made once for every query scored (each would decode
   // what it sees, over and over): rows up to the last any of them sees.
-  KvLayerView keys = kv.layer(il);
-  if (keys.type != DType::F32) {
-    int64_t n_rows = 0;
-    for (int64_t query : plan.stats_queries)
-      for (const RowRange& r : vis.visible(query)) n_rows = std::max(n_rows, r.end);
-    stats_keys_.resize(static_cast<size_t>(n_rows * c.n_embd_kv()));
-    dequantize_rows(keys.type, keys.k, keys.row_bytes, n_rows, c.n_embd_kv(), stats_keys_.data());
-    keys = {stats_keys_.data(), nullptr, DType::F32, static_cast<size_t>(c.n_embd_kv()) * sizeof(float)};
-  }
+  int64_t n_rows = 0;
+  for (int64_t query : plan.stats_queries)
+    for (const RowRange& r : vis.visible(query)) n_rows = std::max(n_rows, r.end);
+  mass_keys(kv.layer(il), n_rows, c.n_head_kv, c.head_dim, stats_keys_);
   constexpr int64_t kPerTask = 16;
   pool_.parallel_for((n_stats + kPerTask - 1) / kPerTask, [&](int64_t task, int) {
     for (int64_t s = task * kPerTask; s < std::min(n_stats, (task + 1) * kPerTask); ++s) {
@@ -260,7 +255,7 @@ void Forward::score_attention_mass(int il, const PrefillPlan& plan, const Visibi
       const auto it = std::lower_bound(active_.begin(), active_.end(), query);
       if (it == active_.end() || *it != query) continue;
       mass[s] = attention_mass(q_.data() + (it - active_.begin()) * q_width, vis.visible(query),
-                               plan.stats_targets, keys, c.n_head, c.n_head_kv, c.head_dim, c.attn_softcap);
+                               plan.stats_targets, stats_keys_, c.n_head, c.attn_softcap);
     }
   });
 }

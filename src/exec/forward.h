@@ -116,8 +116,8 @@ class Forward {
   ThreadPool& pool_;
   // Run state for the active tokens (compact rows), grown to the largest batch seen.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, proj_, matmul_scratch_;
-  std::vector<float> stats_keys_;  // a layer's keys as floats, for the queries whose attention mass is scored
-  std::vector<int64_t> active_;    // batch indices computed in the current layer
+  MassKeys stats_keys_;               // a layer's keys, for the queries whose attention mass is scored
+  std::vector<int64_t> active_;       // batch indices computed in the current layer
   std::vector<int64_t> active_rows_;  // their KV rows
   std::vector<int32_t> active_pos_;   // their positions
   RopeTable rope_;                    // angles of the active tokens' positions

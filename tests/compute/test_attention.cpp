@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 #include <tuple>
 
@@ -254,42 +255,67 @@ TEST(Attention, LongKeysRunInPartsWithTheSameBitsHoweverCut) {
   set_isa(saved);
 }
 
-// Heads of 48 (a q8_0 head slice cuts blocks) and of 64 with two query heads
-// per KV head (whole blocks, each KV head's keys shared).
+// Heads of 48 (a q8_0 head slice cuts blocks), of 64 with two query heads
+// per KV head, and seven (Qwen2's groups: scored four heads and three at a
+// time); ranges beginning and ending inside the blocks of 16 keys the
+// scores are computed in. Every target against a float64 softmax.
 TEST(Attention, MassOverTargetsIsTheSoftmaxShare) {
-  for (const auto& [n_head, n_head_kv, hd] : {std::tuple{2, 2, 48}, std::tuple{4, 2, 64}})
+  for (const auto& [n_head, n_head_kv, hd] :
+       {std::tuple{2, 2, 48}, std::tuple{4, 2, 64}, std::tuple{14, 2, 64}})
     for (DType type : kv_types()) {
       SCOPED_TRACE(fmt::format("{} heads of {} over {}", n_head, hd, kv_type_name(type)));
-      const Kv kv(20, n_head_kv, hd, 11);
+      const Kv kv(45, n_head_kv, hd, 11);
       const auto q = randn(n_head * hd, 13);
-      const std::vector<RowRange> visible = {{0, 5}, {8, 20}};
-      const std::vector<RowRange> targets = {{0, 5}, {8, 12}, {12, 20}, {5, 8}};
+      const std::vector<RowRange> visible = {{0, 5}, {8, 23}, {30, 45}};
+      const std::vector<RowRange> targets = {{0, 5}, {8, 12}, {12, 20}, {5, 8}, {33, 40}};
       const int group = n_head / n_head_kv;
       const auto mass = attention_mass(q.data(), visible, targets, kv.view(type), n_head, n_head_kv, hd);
-      ASSERT_EQ(mass.size(), 4u);
-      EXPECT_NEAR(mass[0] + mass[1] + mass[2], 1.0, 1e-9);
+      ASSERT_EQ(mass.size(), targets.size());
       EXPECT_EQ(mass[3], 0.0);  // not visible
-      // Reference for target 1, per head.
-      double want = 0;
+      std::vector<double> want(targets.size(), 0.0);
+      double covered = 0;
       for (int h = 0; h < n_head; ++h) {
         std::vector<double> s;
-        double m = -INFINITY, sum = 0, part = 0;
-        for (int64_t j : rows_of(visible)) {
+        double m = -INFINITY, sum = 0;
+        const auto rows = rows_of(visible);
+        for (int64_t j : rows) {
           double d = 0;
           for (int i = 0; i < hd; ++i) d += q[h * hd + i] * kv.key(type, j, h / group, i);
           s.push_back(d / std::sqrt(double(hd)));
           m = std::max(m, s.back());
         }
-        const auto rows = rows_of(visible);
-        for (size_t r = 0; r < rows.size(); ++r) {
-          const double e = std::exp(s[r] - m);
-          sum += e;
-          if (rows[r] >= 8 && rows[r] < 12) part += e;
-        }
-        want += part / sum / n_head;
+        for (double x : s) sum += std::exp(x - m);
+        for (size_t r = 0; r < rows.size(); ++r)
+          for (size_t t = 0; t < targets.size(); ++t)
+            if (rows[r] >= targets[t].begin && rows[r] < targets[t].end) {
+              want[t] += std::exp(s[r] - m) / sum / n_head;
+              covered += std::exp(s[r] - m) / sum / n_head;
+            }
       }
-      EXPECT_NEAR(mass[1], want, 1e-6);
+      for (size_t t = 0; t < targets.size(); ++t) EXPECT_NEAR(mass[t], want[t], 1e-6) << "target " << t;
+      EXPECT_NEAR(std::accumulate(mass.begin(), mass.end(), 0.0), covered, 1e-6);
     }
+  // Targets covering every visible row: the masses sum to 1 as the sums they
+  // are made of do.
+  const Kv kv(20, 2, 64, 5);
+  const auto q = randn(4 * 64, 3);
+  const std::vector<RowRange> visible = {{0, 20}};
+  const auto mass = attention_mass(q.data(), visible, std::vector<RowRange>{{0, 7}, {7, 20}},
+                                   kv.view(DType::F32), 4, 2, 64);
+  EXPECT_NEAR(mass[0] + mass[1], 1.0, 1e-12);
+}
+
+TEST(Attention, MassIsNanWhereAScoreIs) {
+  Kv kv(20, 2, 64, 5);
+  kv.k[10 * 2 * 64 + 3] = NAN;  // row 10, KV head 0
+  const auto q = randn(4 * 64, 3);
+  const std::vector<RowRange> targets = {{0, 5}, {12, 20}};
+  const auto seen =
+      attention_mass(q.data(), std::vector<RowRange>{{0, 20}}, targets, kv.view(DType::F32), 4, 2, 64);
+  for (double x : seen) EXPECT_TRUE(std::isnan(x));
+  const auto unseen = attention_mass(q.data(), std::vector<RowRange>{{0, 10}, {11, 20}}, targets,
+                                     kv.view(DType::F32), 4, 2, 64);
+  for (double x : unseen) EXPECT_TRUE(std::isfinite(x));
 }
 
 TEST(Attention, MalformedVisibilityIsRejected) {
