@@ -216,7 +216,8 @@ LayerHook focus_hook(std::vector<std::vector<int64_t>> fixing, size_t first_ques
 // The one pass: the system prompt rows not placed, every row of the chunks
 // computed in full, the tokens to fix of the placed ones, and the rest, each
 // seeing every row before it. Probed for the metadata of the computed chunks
-// (every layer) and for the question's attention to each chunk.
+// (every layer) and, where the focused-chunk cut runs, for the question's
+// attention to each chunk.
 PassPlan craft_pass(const CraftPlan& cp, const PassState& state) {
   const ChunkLayout& l = cp.layout;
   std::vector<int64_t> rows;
@@ -255,12 +256,17 @@ PassPlan craft_pass(const CraftPlan& cp, const PassState& state) {
   for (size_t c = 0; c < l.chunks.size(); ++c)
     if (computed[c])
       for (int64_t r = l.chunks[c].begin; r < l.chunks[c].end; ++r) pass.probe.queries.push_back(r);
+  // The question's attention feeds the focused-chunk cut only: probed where
+  // there are tokens to fix and a window to settle in.
+  const bool fixes = std::any_of(fixing.begin(), fixing.end(), [](const auto& f) { return !f.empty(); });
+  const bool focus = cp.window > 0 && fixes && l.chunks.size() >= 3;
   const size_t first_question = pass.probe.queries.size();
-  for (int64_t r = l.tail.begin; r < l.tail.end; ++r) pass.probe.queries.push_back(r);
+  if (focus)
+    for (int64_t r = l.tail.begin; r < l.tail.end; ++r) pass.probe.queries.push_back(r);
+  if (pass.probe.queries.empty()) return pass;
   pass.probe.targets = l.chunks;
   pass.probe.from_layer = 0;
-  const bool fixes = std::any_of(fixing.begin(), fixing.end(), [](const auto& f) { return !f.empty(); });
-  if (cp.window > 0 && fixes && l.chunks.size() >= 3) {
+  if (focus) {
     for (std::vector<int64_t>& f : fixing)
       for (int64_t& r : f) r = std::lower_bound(pass.rows.begin(), pass.rows.end(), r) - pass.rows.begin();
     pass.hook = focus_hook(std::move(fixing), first_question, cp.window);
