@@ -26,11 +26,18 @@ void add_eval_command(CLI::App& app) {
          "--sections", o.sections,
          fmt::format("Sections to run, comma-separated (default: all): {}", fmt::join(eval_sections(), ", ")))
       ->delimiter(',');
+  cmd->add_option(
+         "--speed-model", o.speed_model,
+         "Shape of the random-weight model the speed sections run: small (4 layers, 256 wide, where "
+         "attention over the prompt weighs most) or a preset of `model new` (qwen2-0.5b, llama3.2-1b, "
+         "...), made in --work once")
+      ->capture_default_str();
   add_threads_option(*cmd, o.threads);
   cmd->callback([] {
     const std::string command = fmt::format(
-        "depcache eval{} --out {} --models {} --data {}{}", o.quick ? " --quick" : "", o.out, o.models_dir,
-        o.data_dir, o.sections.empty() ? "" : fmt::format(" --sections {}", fmt::join(o.sections, ",")));
+        "depcache eval{} --out {} --models {} --data {}{}{}", o.quick ? " --quick" : "", o.out, o.models_dir,
+        o.data_dir, o.speed_model == "small" ? "" : " --speed-model " + o.speed_model,
+        o.sections.empty() ? "" : fmt::format(" --sections {}", fmt::join(o.sections, ",")));
     run_eval(o, command);
   });
 }

@@ -69,12 +69,22 @@ std::vector<std::string> eval_sections() {
   return names;
 }
 
+fs::path speed_model_path(const EvalOptions& o) {
+  const std::vector<std::string> presets = model_preset_names();
+  if (o.speed_model == "small") return fs::path(o.work_dir) / "speed-f16.gguf";
+  if (std::find(presets.begin(), presets.end(), o.speed_model) == presets.end())
+    fail(ErrorKind::InvalidInput, "unknown speed model '{}' (expected small or a preset: {})", o.speed_model,
+         fmt::join(presets, ", "));
+  return fs::path(o.work_dir) / fmt::format("speed-{}-f16.gguf", o.speed_model);
+}
+
 void run_eval(const EvalOptions& o, const std::string& command) {
   const std::vector<std::string> all = eval_sections();
   const std::vector<std::string>& chosen = o.sections.empty() ? all : o.sections;
   for (const std::string& s : chosen)
     if (std::find(all.begin(), all.end(), s) == all.end())
       fail(ErrorKind::InvalidInput, "unknown section '{}' (expected {})", s, fmt::join(all, ", "));
+  speed_model_path(o);  // refuses an unknown name before anything runs
   if (!gnuplot_available())
     fail(ErrorKind::NotFound, "eval draws its plots with gnuplot: install it (scripts/setup.sh does)");
   for (const char* m :
@@ -92,20 +102,26 @@ void run_eval(const EvalOptions& o, const std::string& command) {
   const auto t0 = Clock::now();
   experiments::stage(fmt::format("eval{}: writing {}/report.md", o.quick ? " --quick" : "", o.out));
 
-  // The speed model: the demo's shape, random F16 weights, made once.
-  const fs::path speed = fs::path(o.work_dir) / "speed-f16.gguf";
+  // The speed model: random F16 weights, made once; the small one has the
+  // demo's shape.
+  const fs::path speed = speed_model_path(o);
   if (!fs::exists(speed)) {
     RandomModelOptions m;
-    m.shape = *model_preset("tiny");
-    m.shape.n_layer = 4;
-    m.shape.n_embd = 256;
-    m.shape.n_head = 4;
-    m.shape.n_head_kv = 2;
-    m.shape.n_ff = 768;
-    m.shape.n_ctx = 32768;
+    if (o.speed_model == "small") {
+      m.shape = *model_preset("tiny");
+      m.shape.n_layer = 4;
+      m.shape.n_embd = 256;
+      m.shape.n_head = 4;
+      m.shape.n_head_kv = 2;
+      m.shape.n_ff = 768;
+      m.shape.n_ctx = 32768;
+    } else {
+      m.shape = *model_preset(o.speed_model);
+    }
     m.type = DType::F16;
     m.seed = 1;
     m.n_threads = o.threads;
+    experiments::stage(fmt::format("making the speed model {}", speed.string()));
     write_random_model(speed, m);
   }
   EvalReport report(o.out);

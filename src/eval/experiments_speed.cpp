@@ -87,7 +87,10 @@ void engine_table(EvalContext& c) {
     const std::string name = std::string(dtype_info(t).name);
     fs::path path = c.speed_path;
     if (t != DType::F16) {
-      path = fs::path(c.o.work_dir) / fmt::format("speed-{}.gguf", name);
+      // Beside the speed model, named after it: speed-f16.gguf -> speed-Q8_0.gguf.
+      std::string stem = fs::path(c.speed_path).stem().string();
+      if (stem.ends_with("-f16")) stem.resize(stem.size() - 4);
+      path = fs::path(c.speed_path).parent_path() / fmt::format("{}-{}.gguf", stem, name);
       if (!fs::exists(path)) quantize_model(c.speed_path, path, t, c.o.threads);
     }
     stage(fmt::format("engine: {} pp{} tg{}", name, pp, tg));

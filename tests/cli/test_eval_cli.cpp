@@ -1,6 +1,7 @@
 // `depcache eval --quick` as a user runs it: every section of the report is
 // there, every figure in it is finite, every plot is a PNG; bad options are
 // refused by name.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model_writer.h"
 #include "test_support.h"
 
 namespace depcache {
@@ -56,11 +58,12 @@ struct QuickRun {
   std::string md;
 };
 
-QuickRun run_quick(const std::string& sections, const std::string& label) {
+QuickRun run_quick(const std::string& sections, const std::string& label, const std::string& more = "") {
   QuickRun q;
   q.dir = test::temp_path("eval-cli-" + label);
-  q.r = run_cli("eval --quick -t 2 --out " + q.dir.string() + " --models " + DEPCACHE_MODELS_DIR +
-                " --data " + (test::shared_dir() / "data").string() + " --sections " + sections + " 2>&1");
+  q.r =
+      run_cli("eval --quick -t 2 --out " + q.dir.string() + " --models " + DEPCACHE_MODELS_DIR + " --data " +
+              (test::shared_dir() / "data").string() + " --sections " + sections + more + " 2>&1");
   q.md = read_all(q.dir / "report.md");
   return q;
 }
@@ -154,11 +157,36 @@ TEST(EvalCli, SectionsTogetherKeepTheirOwnFigures) {
   std::filesystem::remove_all(q.dir);
 }
 
+// A preset's shape as the speed model: made in --work under its name, its
+// quantized copies beside it, named in the header and the command.
+TEST(EvalCli, SpeedModelOfAPresetShape) {
+  const auto work = test::temp_path("eval-cli-preset-work");
+  const QuickRun q = run_quick("engine", "preset", " --speed-model tiny-qwen2 --work " + work.string());
+  ASSERT_EQ(q.r.code, 0) << q.r.out.substr(q.r.out.size() > 4000 ? q.r.out.size() - 4000 : 0);
+  expect_header_and_finite(q);
+  expect_section(q, kSections.back());
+  EXPECT_NE(q.md.find("--speed-model tiny-qwen2 --sections engine`"), std::string::npos) << q.md;
+  const auto model = work / "speed-tiny-qwen2-f16.gguf";
+  const auto shape = model_preset("tiny-qwen2");
+  ASSERT_TRUE(shape);
+  EXPECT_NE(q.md.find(fmt::format("- speed model: `{}` (random weights, {} layers, {} wide", model.string(),
+                                  shape->n_layer, shape->n_embd)),
+            std::string::npos)
+      << q.md;
+  EXPECT_TRUE(std::filesystem::exists(work / "speed-tiny-qwen2-Q8_0.gguf"));
+  EXPECT_FALSE(std::filesystem::exists(work / "speed-f16.gguf"));
+  std::filesystem::remove_all(q.dir);
+  std::filesystem::remove_all(work);
+}
+
 TEST(EvalCli, BadOptionsAreRefusedByName) {
   const auto dir = test::temp_path("eval-cli-bad");
   auto r = run_cli("eval --quick --out " + dir.string() + " --sections depcache-length,nosuch 2>&1");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("unknown section 'nosuch'"), std::string::npos) << r.out;
+  r = run_cli("eval --quick --out " + dir.string() + " --speed-model nosuch 2>&1");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("unknown speed model 'nosuch'"), std::string::npos) << r.out;
   r = run_cli("eval --quick --out " + dir.string() + " --models " + dir.string() + "/none 2>&1");
   EXPECT_EQ(r.code, 4) << r.out;
   EXPECT_NE(r.out.find("depcache-qa.gguf"), std::string::npos) << r.out;
