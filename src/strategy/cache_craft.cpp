@@ -253,7 +253,9 @@ PassPlan craft_pass(const CraftPlan& cp, const PassState& state) {
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   PassPlan pass = recompute_pass(std::move(rows), l.tail, true);
   if (l.chunks.empty()) return pass;
-  for (size_t c = 0; c < l.chunks.size(); ++c)
+  // A first chunk has no earlier one to attend to: its metadata is known
+  // without a probe (learn_variants).
+  for (size_t c = 1; c < l.chunks.size(); ++c)
     if (computed[c])
       for (int64_t r = l.chunks[c].begin; r < l.chunks[c].end; ++r) pass.probe.queries.push_back(r);
   // The question's attention feeds the focused-chunk cut only: probed where
@@ -275,10 +277,10 @@ PassPlan craft_pass(const CraftPlan& cp, const PassState& state) {
 }
 
 // The metadata of each chunk the request computed in full, from the pass's
-// probe (its queries: those chunks' rows in order, then the question).
+// probe (its queries: those chunks' rows in order but the first chunk's,
+// then the question). The first chunk's needs none: with no earlier chunk
+// its CCI is sigmoid(0) = 0.5 and no token outranks another.
 void learn_variants(const CraftPlan& cp, const PassState& state) {
-  if (state.mass == nullptr) return;
-  const AttentionMass& mass = *state.mass;
   const std::vector<bool> computed = computed_chunks(cp, state);
   size_t q0 = 0;
   for (size_t i = 0; i < cp.layout.chunks.size(); ++i) {
@@ -289,6 +291,15 @@ void learn_variants(const CraftPlan& cp, const PassState& state) {
     v.ns = cp.own[i];
     v.context.assign(cp.hashes.begin(), cp.hashes.begin() + static_cast<std::ptrdiff_t>(i));
     v.inter.assign(i, 0.0);
+    if (i == 0) {
+      v.cci = 0.5;
+      v.ranked.resize(n);
+      std::iota(v.ranked.begin(), v.ranked.end(), 0);
+      cp.store->add(cp.hashes[i], std::move(v));
+      continue;
+    }
+    if (state.mass == nullptr) return;
+    const AttentionMass& mass = *state.mass;
     std::vector<double> token_score(n, 0.0);
     double a_sum = 0, b_sum = 0;
     int layers = 0;

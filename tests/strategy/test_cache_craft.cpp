@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "chunk_documents.h"
 #include "eval/fidelity.h"
@@ -147,6 +148,36 @@ TEST(CacheCraft, ChunksComputedInContextAndReusedInTheSameContextAreExact) {
   const PromptParts parts = make_prompt_parts(rig.tok, again);
   EXPECT_EQ(b.reused_tokens, static_cast<int64_t>(parts.system.size()) + rig.chunk_tokens(again));
   EXPECT_LT(test::max_abs_diff(b.logits, rig.full(again).logits, "same context vs full"), 1e-4);
+}
+
+// The variants a request learns, as saved: a first chunk's (no earlier
+// chunk, not probed) has CCI sigmoid(0) = 0.5 and its tokens in order; a
+// later chunk's, probed, attends to the ones before it (CCI above 0.5).
+TEST(CacheCraft, VariantsLearnedFromTheProbeAndTheFirstChunkWithout) {
+  Rig rig;
+  rig.run(doc_request({kBark, kPurr, kHoot}, "Who purrs?"));
+  const auto dir = test::temp_path("cachecraft-learned");
+  std::filesystem::create_directories(dir);
+  rig.engine.save_strategy_state(dir);
+  std::ifstream in(dir / kCacheCraftStateFile);
+  int first = 0, later = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const auto ranked = j.at("ranked").get<std::vector<int32_t>>();
+    if (j.at("context").empty()) {
+      ++first;
+      EXPECT_EQ(j.at("cci").get<double>(), 0.5);
+      for (size_t i = 0; i < ranked.size(); ++i) EXPECT_EQ(ranked[i], static_cast<int32_t>(i));
+    } else {
+      ++later;
+      EXPECT_GT(j.at("cci").get<double>(), 0.5) << line;
+      EXPECT_EQ(j.at("inter").size(), j.at("context").size());
+      EXPECT_FALSE(std::is_sorted(ranked.begin(), ranked.end())) << line;
+    }
+  }
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(later, 2);
+  std::filesystem::remove_all(dir);
 }
 
 // In another context the placed variants are fixed by ceil(CFO * n) of their
