@@ -150,9 +150,15 @@ void report_length(EvalContext& c, size_t n, const LengthTable& t) {
         "1.5-3.1x lower mean TTFT than vLLM, 1.6-3.2x than SGLang (Fig. 10); DepAttn alone 1.06-1.73x and "
         "with its cache a further 1.27-2.69x over 1k-8k tokens (Fig. 12, Qwen2.5-32B)",
         fmt::format("p50 {:.2f}-{:.2f}x lower than prefix", t.gain_lo, t.gain_hi),
-        "every context tree is reused when its entity recurs (Zipf), so depcache computes a fraction of the "
-        "rows (column computed); full's attention grows with the square of the length and dominates "
-        "prefill on this 256-wide model, so the gap widens with length faster than on a 32B model"},
+        fmt::format(
+            "every context tree is reused when its entity recurs (Zipf), so depcache computes a "
+            "fraction of the rows (column computed); {}",
+            c.speed->config().n_embd <= 256
+                ? "full's attention grows with the square of the length and dominates prefill on this "
+                  "256-wide model, so the gap widens with length faster than on a 32B model"
+                : fmt::format("on this {}-wide model the matmuls weigh more than attention at these "
+                              "lengths, so the gain follows the rows computed more than the length",
+                              c.speed->config().n_embd))},
        {"Throughput within an SLO", "1.5-5.0x vLLM, 1.6-4.3x SGLang (Fig. 11; SLO not given)",
         t.tput_hi > 0 ? fmt::format("{:.2f}-{:.2f}x prefix", t.tput_lo, t.tput_hi) : std::string("-"),
         "2 CPU cores serve requests batched by one engine; the SLO here is 5x full's unloaded p50"}});
