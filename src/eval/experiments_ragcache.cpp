@@ -259,7 +259,8 @@ void ragcache_policies(EvalContext& c) {
         "with cost 1, GDSF keeps small documents and so many more of them; with cost proportional to size "
         "(the paper's) it is LFU with aging, which PGDSF's measured cost beats"},
        {"PGDSF / LRU hit rate", "1.06-1.62x (Fig. 20)", fmt::format("{:.2f}-{:.2f}x", lo_lru, hi_lru),
-        "equal-size chunks of one small corpus under Zipf here, Wikipedia documents there"}});
+        "chunks of up to 256 tokens of one small corpus under Zipf here, Wikipedia documents of ~3,700 "
+        "tokens there"}});
 }
 
 namespace {
