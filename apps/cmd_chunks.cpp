@@ -2,11 +2,14 @@
 // stream carries. Each distinct chunk is computed after its most similar
 // chunks (BM25 with the chunk as the query) and stored, in a persistent tier,
 // as its fused cache; the fusionrag strategy of a later run or server with
-// the same tiers finds it before the chunk's plain cache.
+// the same tiers finds it before the chunk's plain cache. First a check
+// (--check): fused caches that answer worse than plain ones are not stored.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "engine/chunk_fusion.h"
 #include "engine/engine.h"
 #include "engine_options.h"
+#include "eval/fusion_check.h"
 #include "kv/radix_index.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -33,12 +37,38 @@ namespace {
 
 struct FuseOptions {
   std::string model_path, requests_path, kv_type = "f16", corpus_path, corpus_format = "auto";
-  size_t neighbours = 10, limit = 0;
+  size_t neighbours = 10, limit = 0, check = 16;
   ChunkOptions chunking;
   double cache_mib = 1024;
   int threads = 0;
   TierOptions tiers;
 };
+
+// Exit code of a fusion its check refused.
+constexpr int kCheckRefused = 7;
+
+// The fusion on the stream's first requests against full attention, with the
+// fused caches and with the plain ones; exit 7, storing nothing, when the
+// fused answer worse.
+void check_before_storing(const std::shared_ptr<const Model>& model, const EngineOptions& eo,
+                          const std::vector<RagRequest>& reqs, const Tokenizer& tok,
+                          const ChunkFusionOptions& fo, size_t n) {
+  FusionCheckOptions co;
+  co.requests = n;
+  const FusionCheck c = check_fusion(model, eo, reqs, tok, fo, co);
+  const auto side = [&](const FusionAgreement& a) {
+    return fmt::format("first token {}/{}, {} tokens identical {}/{}, KL {:.3g}", a.first_token, c.requests,
+                       co.tokens, a.identical, c.requests, a.kl);
+  };
+  fmt::print("check against full attention on {} requests: fused {}; plain {}\n", c.requests, side(c.fused),
+             side(c.plain));
+  std::fflush(stdout);  // the figures before the verdict on a shared terminal
+  if (!c.fused_worse()) return;
+  fmt::print(stderr,
+             "depcache: refused: the fused caches answer worse than the plain ones on this model and stream; "
+             "nothing stored (fewer neighbours, another model, or --check 0 to store them anyway)\n");
+  throw ExitCode{kCheckRefused};
+}
 
 void fuse(const FuseOptions& o) {
   if (o.tiers.cache_dir.empty() && !o.tiers.remote())
@@ -53,8 +83,6 @@ void fuse(const FuseOptions& o) {
   eo.kv_type = parse_kv_type(o.kv_type);
   eo.cache_bytes = static_cast<size_t>(o.cache_mib * 1048576.0);
   eo.threads = o.threads;
-  Engine engine(model, eo);
-  const LowerTiers tiers(engine, o.tiers, "[chunks fuse] ");
   ChunkFusionOptions fo;
   fo.neighbours = o.neighbours;
   fo.limit = o.limit;
@@ -70,6 +98,9 @@ void fuse(const FuseOptions& o) {
     }
     if (fo.neighbour_pool.empty()) fail(ErrorKind::InvalidInput, "{}: no chunks", o.corpus_path);
   }
+  if (o.check > 0) check_before_storing(model, eo, reqs, tok, fo, o.check);
+  Engine engine(model, eo);
+  const LowerTiers tiers(engine, o.tiers, "[chunks fuse] ");
   const ChunkFusionReport r =
       fuse_chunks(engine, *model, eo.kv_type, reqs, tok, fo, [](size_t done, size_t total) {
         if (done % 50 == 0 || done == total) fmt::print(stderr, "[chunks fuse] {}/{} chunks\n", done, total);
@@ -116,6 +147,12 @@ void add_chunks_commands(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--overlap", o.chunking.overlap, "With --corpus: tokens shared by neighbouring chunks")
+      ->capture_default_str();
+  cmd->add_option(
+         "--check", o.check,
+         "Before storing: fuse the chunks of this many of the stream's first requests and serve them "
+         "with the fused and with the plain caches; fused caches that agree less with full attention "
+         "are refused (exit 7, nothing stored). 0: no check")
       ->capture_default_str();
   add_kv_storage_options(*cmd, o.kv_type, o.cache_mib, o.tiers);
   add_threads_option(*cmd, o.threads);

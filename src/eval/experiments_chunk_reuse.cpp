@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/engine_tiers.h"
 #include "eval/experiments.h"
+#include "eval/fusion_check.h"
 #include "model/vocab.h"
 
 namespace depcache::experiments {
@@ -22,25 +23,34 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// FusionRAG's offline step (`chunks fuse`): the chunks of reqs fused into a
-// fresh disk tier under --work, each after its `neighbours` nearest chunks
-// of `pool` (empty: of reqs); returns the tier's directory.
+// The engine the offline step runs on, as `chunks fuse` makes it.
+EngineOptions fusion_engine(const EvalContext& c, const Model& model) {
+  EngineOptions eo;
+  eo.pool_rows = model.config().n_ctx_train > 0 ? model.config().n_ctx_train : 4096;
+  eo.threads = c.o.threads;
+  return eo;
+}
+
+ChunkFusionOptions fusion_options(const std::vector<RagRequest>& pool, size_t neighbours) {
+  ChunkFusionOptions fo;
+  fo.neighbour_pool = pool;
+  fo.neighbours = neighbours;
+  return fo;
+}
+
+// FusionRAG's offline step (`chunks fuse`, without its check): the chunks of
+// reqs fused into a fresh disk tier under --work, as `fo` says; returns the
+// tier's directory.
 std::string fuse_into_disk_tier(const EvalContext& c, const std::shared_ptr<const Model>& model,
                                 const Tokenizer& tok, const std::vector<RagRequest>& reqs,
-                                const std::vector<RagRequest>& pool, size_t neighbours,
-                                const std::string& name) {
+                                const ChunkFusionOptions& fo, const std::string& name) {
   const fs::path dir = fs::path(c.o.work_dir) / name;
   fs::remove_all(dir);
-  EngineOptions eo;
-  eo.pool_rows = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
-  eo.threads = c.o.threads;
+  const EngineOptions eo = fusion_engine(c, *model);
   Engine engine(model, eo);
   TierOptions to;
   to.cache_dir = dir.string();
   const LowerTiers tiers(engine, to, "[fuse] ");
-  ChunkFusionOptions fo;
-  fo.neighbour_pool = pool;
-  fo.neighbours = neighbours;
   const ChunkFusionReport fr = fuse_chunks(engine, *model, eo.kv_type, reqs, tok, fo);
   engine.persist_cache();
   stage(fmt::format("chunk-quality: fused {} chunks after {:.1f} neighbours from {} candidates", fr.fused,
@@ -87,6 +97,12 @@ struct ChunkStream {
   std::vector<FullAnswer> full;
 };
 
+// Where a fused variant's neighbours come from (empty: the stream's own chunks).
+const std::vector<RagRequest>& variant_pool(const ChunkStream& s, const ChunkVariant& v) {
+  static const std::vector<RagRequest> none;
+  return v.fused == Fused::FromCorpus ? s.corpus : none;
+}
+
 // The variant's label and its engine arguments, its fused disk tier made
 // first where it has one.
 std::string prepare_variant(const EvalContext& c, const ChunkStream& s, const Tokenizer& tok,
@@ -97,9 +113,9 @@ std::string prepare_variant(const EvalContext& c, const ChunkStream& s, const To
     const bool from_corpus = v.fused == Fused::FromCorpus;
     label += fmt::format(", fused with {} {} neighbour{}", v.neighbours, from_corpus ? "corpus" : "stream",
                          v.neighbours == 1 ? "" : "s");
-    args.tiers.cache_dir = fuse_into_disk_tier(
-        c, s.model, tok, s.reqs, from_corpus ? s.corpus : std::vector<RagRequest>{}, v.neighbours,
-        fmt::format("fusion-{}-{}", from_corpus ? "corpus" : "stream", v.neighbours));
+    args.tiers.cache_dir =
+        fuse_into_disk_tier(c, s.model, tok, s.reqs, fusion_options(variant_pool(s, v), v.neighbours),
+                            fmt::format("fusion-{}-{}", from_corpus ? "corpus" : "stream", v.neighbours));
   }
   return label;
 }
@@ -177,6 +193,9 @@ void chunk_quality(EvalContext& c) {
   std::vector<std::vector<std::string>> rows;
   std::map<std::string, std::string> dat;
   std::map<std::string, Summary> got;
+  std::vector<std::vector<std::string>> checks;
+  FusionCheckOptions check;
+  check.requests = 16;
   for (const ChunkVariant& v : chunk_variants(c.o.quick)) {
     EngineArgs args = c.args();
     const std::string label = prepare_variant(c, s, tok, v, args);
@@ -187,6 +206,14 @@ void chunk_quality(EvalContext& c) {
                     r.num(100 * sum.computed / std::max(sum.prompt, 1.0)) + "%", r.num(sum.p50, 2)});
     if (v.ratio >= 0 && v.fused == Fused::No)
       dat[v.strategy] += fmt::format("{} {}\n", 100 * v.ratio, sum.exact);
+    if (v.fused != Fused::No) {
+      const FusionCheck fc = check_fusion(s.model, fusion_engine(c, *s.model), s.reqs, tok,
+                                          fusion_options(variant_pool(s, v), v.neighbours), check);
+      const auto side = [&](const FusionAgreement& a) {
+        return fmt::format("{} / {} of {}", a.first_token, a.identical, fc.requests);
+      };
+      checks.push_back({label, side(fc.fused), side(fc.plain), fc.fused_worse() ? "refused" : "stored"});
+    }
   }
   r.text(fmt::format(
       "{} Zipf requests over a held-out world's documents (3 entities per request, one document of fact "
@@ -199,6 +226,15 @@ void chunk_quality(EvalContext& c) {
       "own chunks.",
       n, fmt::join(fusion_neighbour_counts(c.o.quick), ", ")));
   r.table({"strategy", "exact match", "F1", "ROUGE-L vs full", "computed", "TTFT p50 ms"}, rows);
+  r.text(fmt::format(
+      "The offline step's check, as `chunks fuse --check {}` runs it before storing: the stream's first {} "
+      "requests served with the fused caches and with the plain ones (FusionRAG at 15%), each compared with "
+      "full attention's {} greedy tokens; fused caches that agree on fewer first tokens (or as many and "
+      "fewer whole continuations) are refused and nothing is stored.",
+      check.requests, check.requests, check.tokens));
+  r.table({"offline step", "fused: first token / continuation agree",
+           "plain: first token / continuation agree", "check"},
+          checks);
   const double fr = got["fullreuse"].exact, fa = got["full"].exact;
   r.plot(
       "chunk-quality", dat["cacheblend"] + "\n\n" + dat["fusionrag"] + "\n\n",

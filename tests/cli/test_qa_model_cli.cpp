@@ -4,6 +4,7 @@
 // attention stays above a floor, for relation paths and for documents. A
 // quality regression test: a change to the tokenizer, the forward pass or
 // the prompt layout that hurts its answers fails here.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -424,6 +425,46 @@ TEST(QaModel, RecomputationWinsBackTheAnswersFullReuseLoses) {
   r = run_cli(run + " --requests " + three + " --no-realign");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_LE(strategy_exact_match(r.out, "fullreuse"), reuse) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+// FusionRAG's offline step checked before it stores: on the QA model a
+// chunk's cache computed after even one neighbour document moves its answers
+// away from full attention's (docs/eval: exact match 98% to 5.5%), so the
+// check refuses it (exit 7) and nothing reaches the tier; with no neighbour
+// the fused cache is the plain one, the check passes and it is stored.
+TEST(QaModel, AFusionThatAnswersWorseThanThePlainCachesIsNotStored) {
+  const std::string model = shipped_model("depcache-qa.gguf");
+  ASSERT_TRUE(std::filesystem::exists(model)) << model << " is part of the repository";
+  const auto dir = test::temp_path("qa-fusion-check");
+  std::filesystem::create_directories(dir);
+  const std::string requests =
+      cloze_requests(held_out_world(dir), "documents", 16, 3, (dir / "docs.jsonl").string());
+  const auto fuse = [&](int neighbours, const std::string& cache) {
+    return run_cli(
+        fmt::format("chunks fuse -m {} --requests {} --neighbours {} --check 12 -t 2 --cache-dir {} 2>&1",
+                    model, requests, neighbours, cache));
+  };
+  const auto stored = [](const std::filesystem::path& cache) {
+    return std::filesystem::exists(cache) && !std::filesystem::is_empty(cache);
+  };
+  const std::regex sides(
+      R"(check against full attention on 12 requests: fused first token (\d+)/12, 8 tokens identical \d+/12, KL [^;]+; plain first token (\d+)/12)");
+  std::smatch m;
+  const auto refused = fuse(1, (dir / "one").string());
+  EXPECT_EQ(refused.code, 7) << refused.out;
+  EXPECT_NE(refused.out.find("refused: the fused caches answer worse than the plain ones"), std::string::npos)
+      << refused.out;
+  ASSERT_TRUE(std::regex_search(refused.out, m, sides)) << refused.out;
+  EXPECT_LT(std::stoi(m[1]), std::stoi(m[2])) << refused.out;
+  EXPECT_FALSE(stored(dir / "one")) << "a refused fusion stores nothing";
+  const auto kept = fuse(0, (dir / "none").string());
+  EXPECT_EQ(kept.code, 0) << kept.out;
+  ASSERT_TRUE(std::regex_search(kept.out, m, sides)) << kept.out;
+  EXPECT_GE(std::stoi(m[1]), std::stoi(m[2])) << kept.out;
+  EXPECT_TRUE(std::regex_search(kept.out, std::regex(R"(; fused [1-9]\d* chunks \(0 already fused\))")))
+      << kept.out;
+  EXPECT_TRUE(stored(dir / "none"));
   std::filesystem::remove_all(dir);
 }
 
