@@ -58,6 +58,16 @@ struct HeldOut {
   Summary per_query, subgcache;
 };
 
+// SubGCache over `reqs` as one batch in `clusters` clusters, 12 greedy tokens.
+StrategyRun serve_clustered(EvalContext& c, const std::vector<RagRequest>& reqs,
+                            const std::shared_ptr<const Model>& model, const std::string& format,
+                            size_t clusters) {
+  SubgcacheOptions so;
+  so.clusters = clusters;
+  so.batch = reqs.size();
+  return serve("subgcache", reqs, model, c.args(), 12, false, nullptr, &so, {}, format);
+}
+
 // The sweep over `reqs`, the graph in `format`, at each count of `clusters`.
 ClusterSweep sweep_clusters(EvalContext& c, const std::vector<RagRequest>& reqs,
                             const std::shared_ptr<const Model>& model, const std::string& format,
@@ -72,10 +82,7 @@ ClusterSweep sweep_clusters(EvalContext& c, const std::vector<RagRequest>& reqs,
   w.rows.push_back({"per-query prompts (full)", "-", r.num(per_query.mean), r.num(per_query.computed, 0),
                     r.num(attention_pairs(per_query_run) / 1e3), r.num(per_query.exact) + "%"});
   for (size_t k : clusters) {
-    SubgcacheOptions so;
-    so.clusters = k;
-    so.batch = reqs.size();
-    const StrategyRun run = serve("subgcache", reqs, model, c.args(), 12, false, nullptr, &so, {}, format);
+    const StrategyRun run = serve_clustered(c, reqs, model, format, k);
     const Summary s = summarize(run);
     w.rows.push_back(
         {fmt::format("subgcache, {} of {} queries per cluster",
@@ -100,10 +107,7 @@ HeldOut held_out(EvalContext& c, const ClusterSweep& tuned, const std::vector<Ra
   if (h.clusters == 0) return h;
   stage(fmt::format("subgcache: held-out batch, {} clusters, graph as {}", h.clusters, format));
   h.per_query = summarize(serve("full", reqs, model, c.args(), 12, false, nullptr, nullptr, {}, format));
-  SubgcacheOptions so;
-  so.clusters = h.clusters;
-  so.batch = reqs.size();
-  h.subgcache = summarize(serve("subgcache", reqs, model, c.args(), 12, false, nullptr, &so, {}, format));
+  h.subgcache = summarize(serve_clustered(c, reqs, model, format, h.clusters));
   return h;
 }
 

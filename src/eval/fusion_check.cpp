@@ -1,8 +1,7 @@
 #include "eval/fusion_check.h"
 
 #include <algorithm>
-#include <cmath>
-#include <string>
+#include <cstddef>
 
 #include "eval/replay.h"
 #include "prompt/prompt_parts.h"
