@@ -22,6 +22,7 @@ struct TrainCliOptions {
                                                           tree_context = "system";
   bool answer_loss_only = false, resume = false, pack = false;
   size_t eval_limit = 500;
+  int32_t position_gap = 0;
   int threads = 0;
 };
 
@@ -34,7 +35,11 @@ std::vector<QaSequence> sequences(const Tokenizer& tok, const std::vector<RagReq
   for (size_t begin = 0, end = 0; begin < requests.size(); begin = end) {
     end = begin + 1;
     while (pack && end < requests.size() && same_context(requests[begin], requests[end])) ++end;
-    QaSequence s = qa_sequence(tok, std::span(requests).subspan(begin, end - begin), o);
+    // Position gaps are drawn per request; ids repeat across concatenated
+    // files, so the index seeds them too.
+    QaSequenceOptions oi = o;
+    oi.position_gap_seed += begin;
+    QaSequence s = qa_sequence(tok, std::span(requests).subspan(begin, end - begin), oi);
     if (static_cast<int64_t>(s.sequence.tokens.size()) > n_ctx) {
       too_long += end - begin;
       continue;
@@ -76,6 +81,13 @@ void add_data_options(CLI::App* cmd, TrainCliOptions& c) {
                   "positions too); written into the model")
       ->capture_default_str()
       ->check(CLI::IsMember({"system", "none"}));
+  cmd->add_option("--position-gap", c.position_gap,
+                  "Under dependency attention, move each context tree and what follows it by a further random "
+                  "0..N positions (drawn per request from --seed), so that trees are trained at the varying "
+                  "distances from the system text that reuse at other offsets gives them; the held-out "
+                  "requests keep the served positions")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--answer-loss-only", c.answer_loss_only, "Loss on the answer alone (default: every token)");
   cmd->add_flag("--pack-shared-context", c.pack,
                 "Consecutive training requests over the same context form one sequence: the context once, "
@@ -120,6 +132,15 @@ QaSequenceOptions sequence_options(const TrainCliOptions& c, const Model& init) 
   return qo;
 }
 
+// The training sequences' options: sequence_options with the position gaps.
+QaSequenceOptions training_options(const TrainCliOptions& c, const TrainerOptions& t, QaSequenceOptions qo) {
+  if (c.position_gap > 0 && qo.attention != TrainAttention::Dependency)
+    fail(ErrorKind::InvalidInput, "--position-gap moves context trees: it needs --attention dependency");
+  qo.max_position_gap = c.position_gap;
+  qo.position_gap_seed = t.seed;
+  return qo;
+}
+
 // Resumes from the checkpoint when asked and there is one, saying so.
 void resume_if_asked(const TrainCliOptions& c, const TrainerOptions& t, Trainer& trainer) {
   if (!c.resume || !trainer.checkpoint_exists()) return;
@@ -158,7 +179,7 @@ void run_train(const TrainCliOptions& c, TrainerOptions t) {
   const QaSequenceOptions qo = sequence_options(c, *init);
   const int64_t n_ctx = init->config().n_ctx_train;
   const std::vector<QaSequence> train =
-      sequences(tok, read_requests(c.requests), qo, n_ctx, "training", c.pack);
+      sequences(tok, read_requests(c.requests), training_options(c, t, qo), n_ctx, "training", c.pack);
   std::vector<RagRequest> eval_requests = c.eval.empty() ? std::vector<RagRequest>{} : read_requests(c.eval);
   if (eval_requests.size() > c.eval_limit) eval_requests.resize(c.eval_limit);
   const std::vector<QaSequence> eval = sequences(tok, eval_requests, qo, n_ctx, "held-out");
@@ -183,7 +204,9 @@ void run_train(const TrainCliOptions& c, TrainerOptions t) {
              c.attention,
              qo.attention == TrainAttention::Dependency
                  ? ", " + c.scheme + " positions, trees see " +
-                       (c.tree_context == "none" ? "only themselves" : "the system text")
+                       (c.tree_context == "none" ? "only themselves" : "the system text") +
+                       (c.position_gap > 0 ? fmt::format(", gaps of 0..{} before each tree", c.position_gap)
+                                           : std::string())
                  : "",
              t.adam.total_steps, t.batch_size);
   train_until_done_or_stopped(trainer, t, train, eval);

@@ -8,6 +8,8 @@
 #include "prompt/prompt_parts.h"
 #include "strategy/dependency_visibility.h"
 #include "util/error.h"
+#include "util/hash.h"
+#include "util/random.h"
 
 namespace depcache {
 
@@ -19,6 +21,17 @@ std::vector<int32_t> answer_tokens(const Tokenizer& tok, const std::string& answ
   std::vector<int32_t> out = tok.encode(answer_text(answer, tok.vocab().add_space_prefix), false, false);
   if (tok.eos() >= 0) out.push_back(tok.eos());
   return out;
+}
+
+void add_position_gaps(const DepPrompt& p, std::vector<int32_t>& positions, int32_t max_gap, uint64_t seed) {
+  if (max_gap < 0) fail(ErrorKind::InvalidInput, "a position gap of {} is negative", max_gap);
+  uint64_t state = seed;
+  int32_t shift = 0;
+  for (const PromptSegment& seg : p.segments()) {
+    if (seg.kind == SegmentKind::Tree)
+      shift += static_cast<int32_t>(splitmix64(state) % (static_cast<uint64_t>(max_gap) + 1));
+    for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) positions[i] += shift;
+  }
 }
 
 QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const QaSequenceOptions& o) {
@@ -75,6 +88,8 @@ QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group, 
   const DepPrompt p = parts.dep_prompt(o.tree_context);
   s.tokens = p.tokens();
   s.positions = p.positions(o.scheme);
+  if (o.max_position_gap > 0)
+    add_position_gaps(p, s.positions, o.max_position_gap, hash_string(group.front().id, o.position_gap_seed));
   const auto n = static_cast<int64_t>(s.tokens.size());
   out.answer_begin = n - n_asked + first_answer;
   std::vector<int64_t> rows(n);

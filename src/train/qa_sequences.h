@@ -23,6 +23,13 @@ struct QaSequenceOptions {
   TrainAttention attention = TrainAttention::Causal;
   PositionScheme scheme = PositionScheme::Sequential;  // dependency attention only
   TreeContext tree_context = TreeContext::System;      // dependency attention only
+  // Dependency attention only: each tree, and everything after it, moved by
+  // a further 0..max_position_gap positions (uniform, cumulative), so that a
+  // tree is trained at distances from the system text that vary as they do
+  // when its cached KV is reused at another offset. The draws come from a
+  // stream seeded by position_gap_seed and the first request's id.
+  int32_t max_position_gap = 0;
+  uint64_t position_gap_seed = 0;
   // Language-model loss on the context and question too (a small model
   // learns to read its context only so), or on the answer alone.
   bool loss_on_prompt = true;
@@ -44,6 +51,12 @@ QaSequence qa_sequence(const Tokenizer& tok, const RagRequest& request, const Qa
 // are the first request's. A request with another context is InvalidInput.
 QaSequence qa_sequence(const Tokenizer& tok, std::span<const RagRequest> group,
                        const QaSequenceOptions& options);
+
+// Moves each tree segment of p, and every segment after it, by a further
+// 0..max_gap positions drawn from the stream `seed` (QaSequenceOptions::
+// max_position_gap). A tree's own relative positions, and so its rotated
+// keys, are unchanged; its distance from the segments before it grows.
+void add_position_gaps(const DepPrompt& p, std::vector<int32_t>& positions, int32_t max_gap, uint64_t seed);
 
 // The text the model is trained to produce after the task: the answer as the
 // prompt's next word, then a newline. It is encoded on its own, so a

@@ -70,8 +70,11 @@ std::filesystem::path* TrainCli::dir_ = nullptr;
 
 TEST_F(TrainCli, TrainsLogsAndWritesAModelTheEngineRuns) {
   const auto r = run_cli(train_args("model.gguf", 20) + " --attention dependency --scheme depth --log " +
-                         file("log.jsonl"));
+                         file("log.jsonl") + " --position-gap 16");
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("depth positions, trees see the system text, gaps of 0..16 before each tree"),
+            std::string::npos)
+      << r.out;
   std::ifstream log(file("log.jsonl"));
   std::string line;
   int lines = 0;
@@ -248,6 +251,18 @@ TEST_F(TrainCli, Errors) {
                     file("x.gguf") + " --attention sideways")
                 .code,
             2);
+  // Position gaps move context trees, which only dependency attention has.
+  const auto gap = run_cli("train --init " + file("init.gguf") + " --requests " + file("train.jsonl") + " -o " +
+                           file("x.gguf") + " --position-gap 8");
+  EXPECT_EQ(gap.code, 3) << gap.out;
+  EXPECT_NE(gap.out.find("--position-gap moves context trees: it needs --attention dependency"),
+            std::string::npos)
+      << gap.out;
+  EXPECT_EQ(run_cli("train --init " + file("init.gguf") + " --requests " + file("train.jsonl") + " -o " +
+                    file("x.gguf") + " --attention dependency --position-gap -1")
+                .code,
+            2);
+  EXPECT_FALSE(std::filesystem::exists(file("x.gguf")));
 }
 
 }  // namespace DEPCACHE_TEST_FILE

@@ -112,6 +112,58 @@ TEST(QaSequence, DependencyIsTheDepPromptWithTheAnswerUnderTheTask) {
   }
 }
 
+// Position gaps: the served DepPrompt's tokens and visibility, each tree
+// moved whole by a cumulative gap of 0..G (its own relative positions kept),
+// the system text unmoved, and the task and answer after the last tree's
+// gap. Over many request ids the gaps take every value 0..G.
+TEST(QaSequence, PositionGapsMoveEachTreeWholeBy0ToGMore) {
+  const Tokenizer tok(Vocab::builtin_bytes());
+  RagRequest r = two_entity_request();
+  QaSequenceOptions plain;
+  plain.attention = TrainAttention::Dependency;
+  const QaSequence base = qa_sequence(tok, r, plain);
+  const DepPrompt served = make_prompt_parts(tok, r).dep_prompt();
+  const std::vector<PromptSegment>& segs = served.segments();
+  ASSERT_EQ(segs.size(), 4u);  // system, two trees, task
+  constexpr int32_t kGap = 5;
+  QaSequenceOptions gapped = plain;
+  gapped.max_position_gap = kGap;
+  std::vector<int> seen(kGap + 1, 0);
+  bool varies = false;
+  std::vector<int32_t> first;
+  for (int k = 0; k < 200; ++k) {
+    r.id = "q" + std::to_string(k);
+    const QaSequence q = qa_sequence(tok, r, gapped);
+    ASSERT_EQ(q.sequence.tokens, base.sequence.tokens);
+    ASSERT_EQ(q.sequence.targets, base.sequence.targets);
+    for (int64_t i = 0; i < static_cast<int64_t>(q.sequence.tokens.size()); ++i)
+      ASSERT_EQ(q.sequence.visibility.n_visible(i), base.sequence.visibility.n_visible(i));
+    // The shift of each token from its served position, segment by segment.
+    const auto shift = [&](int64_t i) { return q.sequence.positions[i] - base.sequence.positions[i]; };
+    int32_t before = 0;
+    for (const PromptSegment& seg : segs) {
+      const int32_t s0 = shift(seg.tokens.begin);
+      for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) ASSERT_EQ(shift(i), s0) << "moved whole";
+      if (seg.kind == SegmentKind::Tree) {
+        ASSERT_GE(s0 - before, 0);
+        ASSERT_LE(s0 - before, kGap);
+        ++seen[s0 - before];
+      } else {
+        ASSERT_EQ(s0, before) << seg.label << ": only trees add a gap";
+      }
+      before = s0;
+    }
+    for (int64_t i = served.size(); i < static_cast<int64_t>(q.sequence.tokens.size()); ++i)
+      ASSERT_EQ(shift(i), before) << "the answer follows the task";
+    if (first.empty()) first = q.sequence.positions;
+    varies |= q.sequence.positions != first;
+    // The same request id draws the same gaps.
+    ASSERT_EQ(qa_sequence(tok, r, gapped).sequence.positions, q.sequence.positions);
+  }
+  EXPECT_TRUE(varies);
+  for (int g = 0; g <= kGap; ++g) EXPECT_GT(seen[g], 20) << "gap " << g;
+}
+
 // Trees alone: what a tree token sees in training is what the served
 // DepPrompt says, the system text no longer; the task still sees everything.
 TEST(QaSequence, TreesAloneAreTrainedAsServed) {
