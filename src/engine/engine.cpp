@@ -441,9 +441,11 @@ bool Engine::step() {
 
 void Engine::prepare_step() {
   if (admission_.lookahead()) {
-    std::vector<const std::vector<Lookup>*> pending;
-    for (size_t i = 0; i < waiting_.size() && i < admission_.window(); ++i)
-      pending.push_back(&live(waiting_[i]).lookups);
+    std::vector<WaitingRequest> pending;
+    for (size_t i = 0; i < waiting_.size() && i < admission_.window(); ++i) {
+      Sequence& w = live(waiting_[i]);
+      pending.push_back({&w.lookups, static_cast<int64_t>(w.plan.tokens.size()), &w.passed_over});
+    }
     admission_.refresh_lookahead(index_, pending);
   }
   make_room_to_decode();

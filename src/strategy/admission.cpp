@@ -1,6 +1,7 @@
 #include "strategy/admission.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "strategy/lookahead.h"
 
@@ -20,10 +21,35 @@ void Admission::admitted(std::span<const WaitingRequest> candidates, size_t chos
     if (i != chosen) ++*candidates[i].passed_over;
 }
 
-void Admission::refresh_lookahead(RadixIndex& index,
-                                  std::span<const std::vector<Lookup>* const> waiting) const {
+void Admission::refresh_lookahead(RadixIndex& index, std::span<const WaitingRequest> waiting) const {
   if (!options_.lookahead) return;
-  index.set_lookahead(lookahead_weights(index, waiting.first(std::min(waiting.size(), window_))));
+  waiting = waiting.first(std::min(waiting.size(), window_));
+  std::vector<const std::vector<Lookup>*> queue;
+  for (size_t i : expected_order(waiting, index)) queue.push_back(waiting[i].lookups);
+  index.set_lookahead(lookahead_weights(index, queue));
+}
+
+std::vector<size_t> Admission::expected_order(std::span<const WaitingRequest> window,
+                                              const RadixIndex& index) const {
+  std::vector<size_t> order(window.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (options_.scheduler.order == "fifo" || window.size() < 2) return order;
+  std::vector<int> passed(window.size());
+  std::vector<WaitingRequest> left;
+  for (size_t i = 0; i < window.size(); ++i) {
+    passed[i] = *window[i].passed_over;
+    left.push_back({window[i].lookups, window[i].prompt_tokens, &passed[i]});
+  }
+  std::vector<size_t> at = order;  // left[k] is window[at[k]]
+  order.clear();
+  while (!left.empty()) {
+    const size_t k = pick_next(options_.scheduler, left, index);
+    admitted(left, k);
+    order.push_back(at[k]);
+    left.erase(left.begin() + static_cast<std::ptrdiff_t>(k));
+    at.erase(at.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  return order;
 }
 
 }  // namespace depcache

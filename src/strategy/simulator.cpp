@@ -172,8 +172,8 @@ SimulationResult simulate(const std::vector<SimulatedRequest>& requests, const S
     // DepCache's future priority from the requests still waiting, refreshed
     // before serving and again once this request's nodes are in.
     const auto refresh_lookahead = [&] {
-      std::vector<const std::vector<Lookup>*> pending;
-      for (size_t q : queue) pending.push_back(&reqs[q].lookups);
+      std::vector<WaitingRequest> pending;
+      for (size_t q : queue) pending.push_back({&reqs[q].lookups, requests[q].tokens, &passed_over[q]});
       admission.refresh_lookahead(index, pending);
     };
     refresh_lookahead();

@@ -129,7 +129,8 @@ TEST(Admission, LookaheadFromTheWindowOnly) {
   index.insert_virtual(1, Tokens{1, 2}, 1);
   index.insert_virtual(1, Tokens{5, 6}, 1);
   const std::vector<Lookup> first{{1, {1, 2}}}, second{{1, {5, 6}}};
-  const std::vector<const std::vector<Lookup>*> waiting{&first, &second};
+  int passed[2] = {0, 0};
+  const std::vector<WaitingRequest> waiting{{&first, 2, &passed[0]}, {&second, 2, &passed[1]}};
   Admission({{"fifo", 3}, 2, false}).refresh_lookahead(index, waiting);
   EXPECT_EQ(seen.size(), 1u) << "no lookahead unless asked";
   Admission({{"fifo", 3}, 1, true}).refresh_lookahead(index, waiting);
@@ -137,6 +138,43 @@ TEST(Admission, LookaheadFromTheWindowOnly) {
   EXPECT_EQ(seen.count(-1), 0u);
   Admission({{"fifo", 3}, 2, true}).refresh_lookahead(index, waiting);
   EXPECT_EQ(seen.size(), 2u);
+}
+
+// The lookahead weighs requests by when the scheduler will run them: under
+// lpm the longest match goes first and weighs 1 however late it arrived,
+// fifo keeps arrival order, a starved request keeps its turn, and the real
+// passed-over counts are left alone.
+TEST(Admission, LookaheadRanksTheWindowInTheSchedulersOrder) {
+  std::unordered_map<int32_t, double> seen;
+  RadixIndex index(1 << 20, std::make_unique<LookaheadSeen>(&seen));
+  index.insert_virtual(1, Tokens{1, 2, 3, 4, 5, 6}, 1);  // node of "a": six tokens
+  index.insert_virtual(1, Tokens{9, 9}, 1);              // "b": two
+  index.insert_virtual(1, Tokens{7}, 1);                 // "c": one
+  Queue q;
+  q.lookups = {{{1, {7, 8}}}, {{1, {9, 9, 8}}}, {{1, {1, 2, 3, 4, 5, 6, 8}}}};
+  const auto node = [&](Tokens t) { return index.peek(1, t).pieces.at(0).node; };
+  const int32_t a = node({1, 2, 3, 4, 5, 6}), b = node({9, 9}), c = node({7});
+  auto waiting = q.waiting({2, 3, 7});
+  const Admission lpm({{"lpm", 3}, 3, true});
+  EXPECT_EQ(lpm.expected_order(waiting, index), (std::vector<size_t>{2, 1, 0}));
+  lpm.refresh_lookahead(index, waiting);
+  EXPECT_DOUBLE_EQ(seen.at(a), 1.0) << "the longest match runs next";
+  EXPECT_DOUBLE_EQ(seen.at(b), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(seen.at(c), 1.0 / 3);
+  EXPECT_EQ(q.passed, (std::vector<int>{0, 0, 0})) << "the prediction counts on copies";
+  const Admission fifo({{"fifo", 3}, 3, true});
+  EXPECT_EQ(fifo.expected_order(waiting, index), (std::vector<size_t>{0, 1, 2}));
+  fifo.refresh_lookahead(index, waiting);
+  EXPECT_DOUBLE_EQ(seen.at(c), 1.0);
+  EXPECT_DOUBLE_EQ(seen.at(a), 1.0 / 3);
+  // #0 has waited 3 times (the bound): it goes first, then lpm's order.
+  waiting = q.waiting({2, 3, 7}, {3, 0, 0});
+  EXPECT_EQ(lpm.expected_order(waiting, index), (std::vector<size_t>{0, 2, 1}));
+  // #0 reaches the bound when the first predicted pick passes it over: it
+  // then goes before #1, whose match is longer.
+  waiting = q.waiting({2, 3, 7}, {2, 0, 0});
+  EXPECT_EQ(lpm.expected_order(waiting, index), (std::vector<size_t>{2, 0, 1}));
+  EXPECT_EQ(q.passed, (std::vector<int>{2, 0, 0}));
 }
 
 }  // namespace DEPCACHE_TEST_FILE
