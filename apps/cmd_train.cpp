@@ -81,11 +81,12 @@ void add_data_options(CLI::App* cmd, TrainCliOptions& c) {
                   "positions too); written into the model")
       ->capture_default_str()
       ->check(CLI::IsMember({"system", "none"}));
-  cmd->add_option("--position-gap", c.position_gap,
-                  "Under dependency attention, move each context tree and what follows it by a further random "
-                  "0..N positions (drawn per request from --seed), so that trees are trained at the varying "
-                  "distances from the system text that reuse at other offsets gives them; the held-out "
-                  "requests keep the served positions")
+  cmd->add_option(
+         "--position-gap", c.position_gap,
+         "Under dependency attention, move each context tree and what follows it by a further random "
+         "0..N positions (drawn per request from --seed), so that trees are trained at the varying "
+         "distances from the system text that reuse at other offsets gives them; the held-out "
+         "requests keep the served positions")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--answer-loss-only", c.answer_loss_only, "Loss on the answer alone (default: every token)");

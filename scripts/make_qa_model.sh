@@ -39,8 +39,13 @@
 # SEED (of its initial weights, 2), THREADS, BIN. The defaults are the
 # shipped models' recipe (models/depcache-qa.gguf is its causal.gguf,
 # models/depcache-qa-depth.gguf its dep-depth.gguf,
-# models/depcache-qa-sequential.gguf its dep-sequential.gguf and
-# models/depcache-qa-alone.gguf its dep-alone.gguf).
+# models/depcache-qa-sequential.gguf its dep-sequential.gguf,
+# models/depcache-qa-alone.gguf its dep-alone.gguf and
+# models/depcache-qa-gaps.gguf its dep-gaps.gguf; that one was fine-tuned
+# from the shipped causal model on the first 1500 training worlds' requests,
+# as GAP_WORLDS=1500 does). POSITION_GAP (the gaps copy's largest gap before
+# each tree, 128), GAP_WORLDS (its training worlds: 0, the default, those of
+# the fine-tunings above).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/depcache}
@@ -251,6 +256,15 @@ for scheme in depth sequential; do
 done
 train dep-alone.gguf "$OUT/causal.gguf" "$FT_STEPS" "$MORE_DATA" --attention dependency --scheme sequential \
   --tree-context none --lr 1e-3 --warmup 50
+# DepCache's layout again, each tree moved by a random gap from the system
+# text (and the trees before it), as reuse at another offset moves it.
+GAP_DATA=$MORE_DATA
+if [ "${GAP_WORLDS:-0}" -gt 0 ]; then
+  GAP_DATA=$D/train-gaps.jsonl
+  training_set "$GAP_DATA" 1 "$GAP_WORLDS"
+fi
+train dep-gaps.gguf "$OUT/causal.gguf" "$FT_STEPS" "$GAP_DATA" --attention dependency --scheme sequential \
+  --position-gap "${POSITION_GAP:-128}" --lr 1e-3 --warmup 50
 
 # Exact match on the held-out worlds (DepCache Fig. 14 and reuse), as
 # Markdown tables: one row per (model, strategy, options), one column per set.
@@ -306,5 +320,7 @@ header() {
     --tree-context none
   row "dependency (trees alone) + fine-tuning, sequential" dep-alone.gguf depcache
   row "dependency (trees alone) + fine-tuning, sequential, no reuse" dep-alone.gguf depcache --no-reuse
+  row "dependency + fine-tuning with position gaps, sequential" dep-gaps.gguf depcache
+  row "dependency + fine-tuning with position gaps, sequential, no reuse" dep-gaps.gguf depcache --no-reuse
 } | tee "$OUT/eval.md"
 log "done: models and logs in $OUT, exact match in $OUT/eval.md"

@@ -87,8 +87,8 @@ void run_eval(const EvalOptions& o, const std::string& command) {
   speed_model_path(o);  // refuses an unknown name before anything runs
   if (!gnuplot_available())
     fail(ErrorKind::NotFound, "eval draws its plots with gnuplot: install it (scripts/setup.sh does)");
-  for (const char* m :
-       {"depcache-qa.gguf", "depcache-qa-alone.gguf", "depcache-qa-sequential.gguf", "depcache-qa-csv.gguf"})
+  for (const char* m : {"depcache-qa.gguf", "depcache-qa-alone.gguf", "depcache-qa-sequential.gguf",
+                        "depcache-qa-gaps.gguf", "depcache-qa-csv.gguf"})
     experiments::shipped_model_path(o.models_dir, m);
   fs::create_directories(o.out);
   fs::create_directories(o.work_dir);

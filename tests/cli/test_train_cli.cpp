@@ -252,8 +252,8 @@ TEST_F(TrainCli, Errors) {
                 .code,
             2);
   // Position gaps move context trees, which only dependency attention has.
-  const auto gap = run_cli("train --init " + file("init.gguf") + " --requests " + file("train.jsonl") + " -o " +
-                           file("x.gguf") + " --position-gap 8");
+  const auto gap = run_cli("train --init " + file("init.gguf") + " --requests " + file("train.jsonl") +
+                           " -o " + file("x.gguf") + " --position-gap 8");
   EXPECT_EQ(gap.code, 3) << gap.out;
   EXPECT_NE(gap.out.find("--position-gap moves context trees: it needs --attention dependency"),
             std::string::npos)
