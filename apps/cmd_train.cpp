@@ -88,7 +88,7 @@ void add_data_options(CLI::App* cmd, TrainCliOptions& c) {
          "distances from the system text that reuse at other offsets gives them; the held-out "
          "requests keep the served positions")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 65536));
   cmd->add_flag("--answer-loss-only", c.answer_loss_only, "Loss on the answer alone (default: every token)");
   cmd->add_flag("--pack-shared-context", c.pack,
                 "Consecutive training requests over the same context form one sequence: the context once, "

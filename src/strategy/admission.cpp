@@ -1,7 +1,6 @@
 #include "strategy/admission.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "strategy/lookahead.h"
 
@@ -31,25 +30,7 @@ void Admission::refresh_lookahead(RadixIndex& index, std::span<const WaitingRequ
 
 std::vector<size_t> Admission::expected_order(std::span<const WaitingRequest> window,
                                               const RadixIndex& index) const {
-  std::vector<size_t> order(window.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  if (options_.scheduler.order == "fifo" || window.size() < 2) return order;
-  std::vector<int> passed(window.size());
-  std::vector<WaitingRequest> left;
-  for (size_t i = 0; i < window.size(); ++i) {
-    passed[i] = *window[i].passed_over;
-    left.push_back({window[i].lookups, window[i].prompt_tokens, &passed[i]});
-  }
-  std::vector<size_t> at = order;  // left[k] is window[at[k]]
-  order.clear();
-  while (!left.empty()) {
-    const size_t k = pick_next(options_.scheduler, left, index);
-    admitted(left, k);
-    order.push_back(at[k]);
-    left.erase(left.begin() + static_cast<std::ptrdiff_t>(k));
-    at.erase(at.begin() + static_cast<std::ptrdiff_t>(k));
-  }
-  return order;
+  return depcache::expected_order(options_.scheduler, window, index);
 }
 
 }  // namespace depcache

@@ -37,6 +37,12 @@ struct SchedulerOptions {
 size_t pick_next(const SchedulerOptions& options, std::span<const WaitingRequest> queue,
                  const RadixIndex& index);
 
+// Every index of `queue` in the order pick_next would serve them were the
+// index to stay as it is: its pick, then its pick among the rest, the
+// passed-over counts advanced on a copy (the real ones are left alone).
+std::vector<size_t> expected_order(const SchedulerOptions& options, std::span<const WaitingRequest> queue,
+                                   const RadixIndex& index);
+
 std::vector<std::string> scheduler_names();
 void check_scheduler(std::string_view name);  // InvalidInput for an unknown order
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <iterator>
+#include <limits>
 
 #include "exec/visibility.h"
 #include "prompt/prompt_parts.h"
@@ -26,11 +27,17 @@ std::vector<int32_t> answer_tokens(const Tokenizer& tok, const std::string& answ
 void add_position_gaps(const DepPrompt& p, std::vector<int32_t>& positions, int32_t max_gap, uint64_t seed) {
   if (max_gap < 0) fail(ErrorKind::InvalidInput, "a position gap of {} is negative", max_gap);
   uint64_t state = seed;
-  int32_t shift = 0;
+  int64_t shift = 0;
   for (const PromptSegment& seg : p.segments()) {
     if (seg.kind == SegmentKind::Tree)
-      shift += static_cast<int32_t>(splitmix64(state) % (static_cast<uint64_t>(max_gap) + 1));
-    for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) positions[i] += shift;
+      shift += static_cast<int64_t>(splitmix64(state) % (static_cast<uint64_t>(max_gap) + 1));
+    for (int32_t i = seg.tokens.begin; i < seg.tokens.end; ++i) {
+      const int64_t moved = positions[i] + shift;
+      if (moved > std::numeric_limits<int32_t>::max())
+        fail(ErrorKind::InvalidInput, "position gaps of up to {} move token {} past the largest position",
+             max_gap, i);
+      positions[i] = static_cast<int32_t>(moved);
+    }
   }
 }
 

@@ -262,6 +262,10 @@ TEST_F(TrainCli, Errors) {
                     file("x.gguf") + " --attention dependency --position-gap -1")
                 .code,
             2);
+  EXPECT_EQ(run_cli("train --init " + file("init.gguf") + " --requests " + file("train.jsonl") + " -o " +
+                    file("x.gguf") + " --attention dependency --position-gap 65537")
+                .code,
+            2);
   EXPECT_FALSE(std::filesystem::exists(file("x.gguf")));
 }
 

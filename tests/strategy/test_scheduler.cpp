@@ -6,6 +6,7 @@
 #include "strategy/admission.h"
 #include "strategy/scheduler.h"
 #include "util/error.h"
+#include "util/random.h"
 
 namespace depcache {
 namespace DEPCACHE_TEST_FILE {
@@ -84,6 +85,62 @@ TEST(Scheduler, StarvationBound) {
   EXPECT_EQ(pick_next({"ragcache", 4}, q.waiting({3, 4}, {4, 0}), index), 0u);
   // Among several starved requests, the oldest first.
   EXPECT_EQ(pick_next({"lpm", 4}, q.waiting({3, 4}, {5, 9}), index), 0u);
+}
+
+// expected_order is pick_next repeated: on random queues over a random
+// index, for every order and with starvation in play, the same sequence as
+// picking, counting the waits (Admission::admitted) and taking the pick out.
+TEST(Scheduler, ExpectedOrderIsPickNextRepeated) {
+  uint64_t seed = 7;
+  const auto draw = [&](int n) { return static_cast<int32_t>(splitmix64(seed) % static_cast<uint64_t>(n)); };
+  for (int trial = 0; trial < 60; ++trial) {
+    RadixIndex index(1 << 20);
+    for (int i = 0; i < 6; ++i) {
+      Tokens t;
+      for (int k = 0, len = 1 + draw(10); k < len; ++k) t.push_back(draw(4));
+      index.insert_virtual(1, t, 1);
+    }
+    // Runs drawn from a small pool, so that requests share groups (lsp).
+    std::vector<Tokens> pool(6);
+    for (Tokens& t : pool)
+      for (int k = 0, len = 1 + draw(12); k < len; ++k) t.push_back(draw(4));
+    for (int i = 0; i < 3; ++i)  // parts of some runs cached
+      index.insert_virtual(
+          1, Tokens(pool[i].begin(), pool[i].begin() + 1 + draw(static_cast<int>(pool[i].size()))), 1);
+    Queue q;
+    std::vector<int64_t> prompt;
+    std::vector<int> passed;
+    const int n = 1 + draw(12);
+    for (int r = 0; r < n; ++r) {
+      std::vector<Lookup> lookups;
+      for (int run = 0, runs = 1 + draw(3); run < runs; ++run) lookups.push_back({1, pool[draw(6)]});
+      q.lookups.push_back(lookups);
+      prompt.push_back(4 + draw(30));
+      passed.push_back(draw(4));
+    }
+    // A bound of 32 is never reached here: the claims decide every pick.
+    for (const SchedulerOptions& o :
+         {SchedulerOptions{"lpm", 5}, SchedulerOptions{"lpm", 32}, SchedulerOptions{"lsp", 5},
+          SchedulerOptions{"lsp", 32}, SchedulerOptions{"ragcache", 5}, SchedulerOptions{"ragcache", 32},
+          SchedulerOptions{"fifo", 5}}) {
+      const std::string& order = o.order;
+      const std::vector<size_t> expected = expected_order(o, q.waiting(prompt, passed), index);
+      // The reference: pick, count the waits, take the pick out, again.
+      std::vector<size_t> ids(static_cast<size_t>(n)), got;
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+      std::vector<int> counts = passed;
+      while (!ids.empty()) {
+        std::vector<WaitingRequest> left;
+        for (size_t id : ids) left.push_back({&q.lookups[id], prompt[id], &counts[id]});
+        const size_t k = pick_next(o, left, index);
+        Admission::admitted(left, k);
+        got.push_back(ids[k]);
+        ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+      ASSERT_EQ(expected, got) << order << ", trial " << trial;
+      ASSERT_EQ(q.passed, passed) << "expected_order counts on copies";
+    }
+  }
 }
 
 // Admission, as the engine and the simulator use it: the scheduler sees the
