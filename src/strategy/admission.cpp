@@ -24,13 +24,8 @@ void Admission::refresh_lookahead(RadixIndex& index, std::span<const WaitingRequ
   if (!options_.lookahead) return;
   waiting = waiting.first(std::min(waiting.size(), window_));
   std::vector<const std::vector<Lookup>*> queue;
-  for (size_t i : expected_order(waiting, index)) queue.push_back(waiting[i].lookups);
+  for (size_t i : expected_order(options_.scheduler, waiting, index)) queue.push_back(waiting[i].lookups);
   index.set_lookahead(lookahead_weights(index, queue));
-}
-
-std::vector<size_t> Admission::expected_order(std::span<const WaitingRequest> window,
-                                              const RadixIndex& index) const {
-  return depcache::expected_order(options_.scheduler, window, index);
 }
 
 }  // namespace depcache

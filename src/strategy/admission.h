@@ -32,15 +32,11 @@ class Admission {
   // candidates[chosen] was admitted: every other one waited once more.
   static void admitted(std::span<const WaitingRequest> candidates, size_t chosen);
   // With the lookahead on: the index's lookahead weights from the first
-  // window() of `waiting` (arrival order), ranked in expected_order;
-  // otherwise nothing.
+  // window() of `waiting` (arrival order), ranked in the scheduler's
+  // expected_order (scheduler.h): LACR's lookahead weighs a request by how
+  // soon it runs, which a reordering scheduler decides, not its arrival.
+  // Otherwise nothing.
   void refresh_lookahead(RadixIndex& index, std::span<const WaitingRequest> waiting) const;
-  // Indices of `window` in the order the scheduler would admit them were the
-  // cache to stay as it is: its pick, then its pick among the rest, and so
-  // on, each passed-over count advanced on a copy. LACR's lookahead weighs a
-  // request by how soon it runs, which a reordering scheduler decides, not
-  // its arrival.
-  std::vector<size_t> expected_order(std::span<const WaitingRequest> window, const RadixIndex& index) const;
 
  private:
   AdmissionOptions options_;

@@ -213,24 +213,24 @@ TEST(Admission, LookaheadRanksTheWindowInTheSchedulersOrder) {
   const int32_t a = node({1, 2, 3, 4, 5, 6}), b = node({9, 9}), c = node({7});
   auto waiting = q.waiting({2, 3, 7});
   const Admission lpm({{"lpm", 3}, 3, true});
-  EXPECT_EQ(lpm.expected_order(waiting, index), (std::vector<size_t>{2, 1, 0}));
+  EXPECT_EQ(expected_order(lpm.scheduler(), waiting, index), (std::vector<size_t>{2, 1, 0}));
   lpm.refresh_lookahead(index, waiting);
   EXPECT_DOUBLE_EQ(seen.at(a), 1.0) << "the longest match runs next";
   EXPECT_DOUBLE_EQ(seen.at(b), 2.0 / 3);
   EXPECT_DOUBLE_EQ(seen.at(c), 1.0 / 3);
   EXPECT_EQ(q.passed, (std::vector<int>{0, 0, 0})) << "the prediction counts on copies";
   const Admission fifo({{"fifo", 3}, 3, true});
-  EXPECT_EQ(fifo.expected_order(waiting, index), (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(expected_order(fifo.scheduler(), waiting, index), (std::vector<size_t>{0, 1, 2}));
   fifo.refresh_lookahead(index, waiting);
   EXPECT_DOUBLE_EQ(seen.at(c), 1.0);
   EXPECT_DOUBLE_EQ(seen.at(a), 1.0 / 3);
   // #0 has waited 3 times (the bound): it goes first, then lpm's order.
   waiting = q.waiting({2, 3, 7}, {3, 0, 0});
-  EXPECT_EQ(lpm.expected_order(waiting, index), (std::vector<size_t>{0, 2, 1}));
+  EXPECT_EQ(expected_order(lpm.scheduler(), waiting, index), (std::vector<size_t>{0, 2, 1}));
   // #0 reaches the bound when the first predicted pick passes it over: it
   // then goes before #1, whose match is longer.
   waiting = q.waiting({2, 3, 7}, {2, 0, 0});
-  EXPECT_EQ(lpm.expected_order(waiting, index), (std::vector<size_t>{2, 0, 1}));
+  EXPECT_EQ(expected_order(lpm.scheduler(), waiting, index), (std::vector<size_t>{2, 0, 1}));
   EXPECT_EQ(q.passed, (std::vector<int>{2, 0, 0}));
 }
 
